@@ -1,0 +1,22 @@
+//! The svc domain model, shared by every service, client and updater.
+//!
+//! This crate has no socket, file-watching or process code: everything here is a plain function
+//! over data (with a [`clock`](crate::clock) passed in where time matters), so it can be tested
+//! without a network and embedded anywhere. The crates above it (`svc-net`, `svc-update`,
+//! `svc-bins`) do the I/O.
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`version`] | [`Version`], the compatibility rule, the product's own version and limits |
+//! | [`addr`] | [`Addr`], one host:port type for every address in the cluster |
+//! | [`secret`] | [`Secret`], a wrapper that never prints what it holds |
+#![deny(missing_docs)]
+#![warn(clippy::unwrap_used)]
+
+pub mod addr;
+pub mod secret;
+pub mod version;
+
+pub use addr::{Addr, AddrError, Host};
+pub use secret::Secret;
+pub use version::{Compatibility, Version, VersionError};

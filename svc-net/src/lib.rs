@@ -1,0 +1,6 @@
+//! svc's networking: tower Services that move bytes.
+//!
+//! Modules follow a connection as it travels: listen → route (peek, detect, ALPN/SNI) →
+//! handlers (web, SSH, databases) → tunnel → dial.
+#![deny(missing_docs)]
+#![warn(clippy::unwrap_used)]

@@ -1,0 +1,4 @@
+//! svc's automatic agent updates: version channels and the critical flag, schedule export,
+//! and the Linux and Kubernetes updaters.
+#![deny(missing_docs)]
+#![warn(clippy::unwrap_used)]
