@@ -10,10 +10,14 @@
 //! | [`version`] | [`Version`], the compatibility rule, the product's own version and limits |
 //! | [`addr`] | [`Addr`], one host:port type for every address in the cluster |
 //! | [`secret`] | [`Secret`], a wrapper that never prints what it holds |
+//! | [`channel`] | version channel definitions (`automatic_upgrades_channels`) |
+//! | [`config`] | the configuration file model (`svc.yaml`) |
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
 pub mod addr;
+pub mod channel;
+pub mod config;
 pub mod secret;
 pub mod version;
 
