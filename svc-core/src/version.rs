@@ -159,15 +159,22 @@ impl Compatibility {
     }
 }
 
+/// The version this build was stamped with: `SVC_BUILD_VERSION` at compile time when set (release
+/// and package builds stamp the package version this way), else the workspace version.
+const BUILD_VERSION: &str = match option_env!("SVC_BUILD_VERSION") {
+    Some(v) => v,
+    None => env!("CARGO_PKG_VERSION"),
+};
+
 /// The version of this build of svc (the workspace version, `v17.0.0-dev` at the start of the
-/// 17 line).
+/// 17 line, unless the build was stamped with `SVC_BUILD_VERSION`).
 pub fn current() -> &'static Version {
     static CURRENT: OnceLock<Version> = OnceLock::new();
-    CURRENT.get_or_init(|| match Version::parse(env!("CARGO_PKG_VERSION")) {
+    CURRENT.get_or_init(|| match Version::parse(BUILD_VERSION) {
         Ok(v) => v,
-        // The workspace version is a compile-time constant checked by a unit test; a build
-        // with an invalid one cannot pass CI.
-        Err(e) => panic!("the workspace version is not a valid version: {e}"),
+        // A compile-time constant checked by a unit test; a build stamped with an invalid
+        // version cannot pass CI, and fails loudly at start-up rather than misreport itself.
+        Err(e) => panic!("this build's version is not a valid version: {e}"),
     })
 }
 
@@ -317,7 +324,10 @@ mod tests {
 
     #[test]
     fn product_version_and_client_minimum() {
-        assert_eq!(current().to_string(), format!("v{}", env!("CARGO_PKG_VERSION")));
+        assert_eq!(
+            current().to_string(),
+            format!("v{}", BUILD_VERSION.trim_start_matches('v'))
+        );
         assert_eq!(min_client_version(), v("17.0.0-dev"));
         assert!(
             *current() >= min_client_version(),
