@@ -12,12 +12,16 @@
 //! | [`secret`] | [`Secret`], a wrapper that never prints what it holds |
 //! | [`channel`] | version channel definitions (`automatic_upgrades_channels`) |
 //! | [`config`] | the configuration file model (`svc.yaml`) |
+//! | [`backend`] | storage: the [`Backend`](backend::Backend) trait, in-memory and embedded (redb) backends |
+//! | [`identity`] | certificate authorities, X.509 and OpenSSH certificates, identity verification |
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
 pub mod addr;
+pub mod backend;
 pub mod channel;
 pub mod config;
+pub mod identity;
 pub mod secret;
 pub mod version;
 
