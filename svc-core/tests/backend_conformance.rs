@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, ensure};
 use svc_core::backend::{
-    Backend, BackendError, EmbeddedBackend, Event, Item, Key, KeyRange, MemoryBackend, NowFn,
-    Revision, WatchError,
+    Backend, BackendError, EmbeddedBackend, Event, Item, Key, KeyRange, MemoryBackend, NowFn, Revision,
+    WatchError,
 };
 
 /// A clock the test moves by hand, in whole seconds since the epoch.
@@ -80,9 +80,7 @@ async fn crud_and_typed_errors(make: fn(NowFn, usize) -> Subject) -> Result<()> 
         .await
         .unwrap_err();
     match err {
-        BackendError::RevisionMismatch {
-            expected, found, ..
-        } => ensure!(expected == r1 && found == r2),
+        BackendError::RevisionMismatch { expected, found, .. } => ensure!(expected == r1 && found == r2),
         other => anyhow::bail!("expected a revision mismatch, got {other}"),
     }
     ensure!(b.get(&key).await?.expect("item").value == b"v2");
@@ -120,9 +118,7 @@ async fn range_prefix_and_bounds(make: fn(NowFn, usize) -> Subject) -> Result<()
     for key in ["/a/2", "/a/1", "/ab", "/a/3/x", "/b/1", "/c"] {
         b.put(Item::new(key, key)).await?;
     }
-    let keys = |items: Vec<Item>| -> Vec<String> {
-        items.into_iter().map(|i| i.key.to_string()).collect()
-    };
+    let keys = |items: Vec<Item>| -> Vec<String> { items.into_iter().map(|i| i.key.to_string()).collect() };
     ensure!(keys(b.range(&KeyRange::prefix("/a/")).await?) == ["/a/1", "/a/2", "/a/3/x"]);
     ensure!(keys(b.range(&KeyRange::prefix("/a")).await?) == ["/a/1", "/a/2", "/a/3/x", "/ab"]);
     ensure!(keys(b.range(&KeyRange::between("/a/2", "/b/1")).await?) == ["/a/2", "/a/3/x", "/ab"]);
@@ -263,10 +259,16 @@ async fn watch_delivers_every_change_in_order(make: fn(NowFn, usize) -> Subject)
     let mut deletes = 0;
     for _ in 0..expected {
         let event = w.next().await?;
-        ensure!(event.revision() > last, "revisions strictly increase: {event:?} after {last}");
+        ensure!(
+            event.revision() > last,
+            "revisions strictly increase: {event:?} after {last}"
+        );
         last = event.revision();
         let key = event.key().expect("a change has a key");
-        ensure!(key.has_prefix(&Key::from("/nodes/")), "only the watched prefix: {key}");
+        ensure!(
+            key.has_prefix(&Key::from("/nodes/")),
+            "only the watched prefix: {key}"
+        );
         match event {
             Event::Put(item) => {
                 ensure!(item.value == b"v");
@@ -373,6 +375,9 @@ async fn embedded_reopen_keeps_items_and_revisions() -> Result<()> {
     ensure!(b.current_revision().await? == last);
     ensure!(b.get(&Key::from("/a")).await?.is_none());
     ensure!(b.get(&Key::from("/b")).await?.expect("kept").value == b"2");
-    ensure!(b.put(Item::new("/c", "3")).await? > last, "revisions keep growing");
+    ensure!(
+        b.put(Item::new("/c", "3")).await? > last,
+        "revisions keep growing"
+    );
     Ok(())
 }

@@ -21,8 +21,8 @@ use tokio::sync::broadcast;
 
 use super::memory::DEFAULT_WATCH_BUFFER;
 use super::{
-    Backend, BackendError, Event, Item, Key, KeyRange, NowFn, Revision, WriteOp, Watcher,
-    check_write, system_now,
+    Backend, BackendError, Event, Item, Key, KeyRange, NowFn, Revision, Watcher, WriteOp, check_write,
+    system_now,
 };
 
 const ITEMS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("items");
@@ -68,8 +68,7 @@ impl EmbeddedBackend {
     /// Opens (or creates) `<data_dir>/backend.redb`, creating `data_dir` if needed.
     pub fn open_in_dir(data_dir: impl AsRef<Path>) -> Result<Self, BackendError> {
         let dir = data_dir.as_ref();
-        std::fs::create_dir_all(dir)
-            .map_err(|e| BackendError::storage("creating the data directory", e))?;
+        std::fs::create_dir_all(dir).map_err(|e| BackendError::storage("creating the data directory", e))?;
         Self::open(dir.join(Self::FILE_NAME))
     }
 
@@ -81,8 +80,8 @@ impl EmbeddedBackend {
         watch_buffer: usize,
     ) -> Result<Self, BackendError> {
         let path = path.as_ref().to_path_buf();
-        let db = Database::create(&path)
-            .map_err(|e| BackendError::storage("opening the database file", e))?;
+        let db =
+            Database::create(&path).map_err(|e| BackendError::storage("opening the database file", e))?;
         // Create both tables up front so readers never meet a missing table.
         let txn = db
             .begin_write()
@@ -230,8 +229,9 @@ impl Backend for EmbeddedBackend {
                 .get(key.as_bytes())
                 .map_err(|e| BackendError::storage("reading an item", e))?;
             match found {
-                Some(v) => Ok(Some(decode_value(key.clone(), v.value())?)
-                    .filter(|i: &Item| !i.is_expired(now))),
+                Some(v) => {
+                    Ok(Some(decode_value(key.clone(), v.value())?).filter(|i: &Item| !i.is_expired(now)))
+                }
                 None => Ok(None),
             }
         })
@@ -246,11 +246,7 @@ impl Backend for EmbeddedBackend {
         self.write(WriteOp::Create, item).await
     }
 
-    async fn compare_and_swap(
-        &self,
-        expected: Revision,
-        item: Item,
-    ) -> Result<Revision, BackendError> {
+    async fn compare_and_swap(&self, expected: Revision, item: Item) -> Result<Revision, BackendError> {
         self.write(WriteOp::CompareAndSwap(expected), item).await
     }
 
@@ -267,11 +263,7 @@ impl Backend for EmbeddedBackend {
     async fn watch(&self, prefix: &Key) -> Result<Watcher, BackendError> {
         // Subscribing under the writer lock: no commit can land between `revision` and the
         // first event this receiver sees. The lock is only held by short critical sections.
-        let last = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let last = self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let rx = self.inner.events.subscribe();
         Ok(Watcher::from_broadcast(rx, prefix.clone(), *last))
     }
@@ -293,11 +285,7 @@ impl Backend for EmbeddedBackend {
     }
 
     async fn current_revision(&self) -> Result<Revision, BackendError> {
-        Ok(*self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner))
+        Ok(*self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
@@ -406,9 +394,7 @@ fn decode_value(key: Key, bytes: &[u8]) -> Result<Item, BackendError> {
             },
         )
     };
-    let (&version, rest) = bytes
-        .split_first()
-        .ok_or_else(|| malformed(&key, "empty"))?;
+    let (&version, rest) = bytes.split_first().ok_or_else(|| malformed(&key, "empty"))?;
     if version != FORMAT_V1 {
         return Err(malformed(&key, "unknown format version"));
     }
@@ -427,8 +413,7 @@ fn decode_value(key: Key, bytes: &[u8]) -> Result<Item, BackendError> {
             let (nanos, rest) = rest
                 .split_first_chunk::<4>()
                 .ok_or_else(|| malformed(&key, "truncated expiry"))?;
-            let since_epoch =
-                Duration::new(u64::from_be_bytes(*secs), u32::from_be_bytes(*nanos));
+            let since_epoch = Duration::new(u64::from_be_bytes(*secs), u32::from_be_bytes(*nanos));
             let at = UNIX_EPOCH
                 .checked_add(since_epoch)
                 .ok_or_else(|| malformed(&key, "expiry out of range"))?;
@@ -462,8 +447,12 @@ mod tests {
 
     #[test]
     fn malformed_values_are_errors() {
-        for bad in [&b""[..], b"\x02", b"\x01\x00\x00", b"\x01\x00\x00\x00\x00\x00\x00\x00\x01\x07"]
-        {
+        for bad in [
+            &b""[..],
+            b"\x02",
+            b"\x01\x00\x00",
+            b"\x01\x00\x00\x00\x00\x00\x00\x00\x01\x07",
+        ] {
             let err = decode_value(Key::from("/k"), bad).unwrap_err();
             assert!(err.to_string().contains("/k"), "{err}");
         }

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use tokio::sync::broadcast;
 
 use super::{
-    Backend, BackendError, Event, Item, Key, KeyRange, NowFn, Revision, WriteOp, Watcher,
-    check_write, system_now,
+    Backend, BackendError, Event, Item, Key, KeyRange, NowFn, Revision, Watcher, WriteOp, check_write,
+    system_now,
 };
 
 /// How many events a watcher may fall behind before it gets
@@ -93,12 +93,7 @@ impl MemoryBackend {
 impl Backend for MemoryBackend {
     async fn get(&self, key: &Key) -> Result<Option<Item>, BackendError> {
         let now = (self.now)();
-        Ok(self
-            .lock()
-            .items
-            .get(key)
-            .filter(|i| !i.is_expired(now))
-            .cloned())
+        Ok(self.lock().items.get(key).filter(|i| !i.is_expired(now)).cloned())
     }
 
     async fn put(&self, item: Item) -> Result<Revision, BackendError> {
@@ -109,11 +104,7 @@ impl Backend for MemoryBackend {
         self.write(WriteOp::Create, item)
     }
 
-    async fn compare_and_swap(
-        &self,
-        expected: Revision,
-        item: Item,
-    ) -> Result<Revision, BackendError> {
+    async fn compare_and_swap(&self, expected: Revision, item: Item) -> Result<Revision, BackendError> {
         self.write(WriteOp::CompareAndSwap(expected), item)
     }
 

@@ -349,8 +349,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Writes `item` only if its key currently has revision `expected`. Fails with
     /// [`BackendError::NotFound`] if the key does not exist and
     /// [`BackendError::RevisionMismatch`] if it has another revision.
-    async fn compare_and_swap(&self, expected: Revision, item: Item)
-    -> Result<Revision, BackendError>;
+    async fn compare_and_swap(&self, expected: Revision, item: Item) -> Result<Revision, BackendError>;
 
     /// Deletes `key`; returns the revision of the deletion. Fails with
     /// [`BackendError::NotFound`] if the key does not exist.
@@ -382,11 +381,7 @@ pub(crate) enum WriteOp {
 
 /// Decides whether `op` may proceed given the key's current item (already filtered for
 /// expiry: `None` when absent or expired).
-pub(crate) fn check_write(
-    op: &WriteOp,
-    key: &Key,
-    current: Option<&Item>,
-) -> Result<(), BackendError> {
+pub(crate) fn check_write(op: &WriteOp, key: &Key, current: Option<&Item>) -> Result<(), BackendError> {
     match (op, current) {
         (WriteOp::Put, _) => Ok(()),
         (WriteOp::Create, None) => Ok(()),

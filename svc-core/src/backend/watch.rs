@@ -49,11 +49,7 @@ impl Watcher {
     /// A watcher over a local backend's broadcast channel. `start` is the backend revision
     /// when `rx` subscribed; the caller subscribes under the write lock so no change can fall
     /// between `start` and the first event received.
-    pub(crate) fn from_broadcast(
-        rx: broadcast::Receiver<Event>,
-        prefix: Key,
-        start: Revision,
-    ) -> Self {
+    pub(crate) fn from_broadcast(rx: broadcast::Receiver<Event>, prefix: Key, start: Revision) -> Self {
         Self {
             source: Source::Broadcast {
                 rx,

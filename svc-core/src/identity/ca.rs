@@ -12,9 +12,7 @@ use ssh_key::private::Ed25519Keypair;
 use ssh_key::{Certificate, LineEnding, PrivateKey, PublicKey};
 
 use super::x509::{self, random_nonce};
-use super::{
-    Claims, HostCertRequest, IdentityError, IdentityKind, UserCertRequest, VerifyError,
-};
+use super::{Claims, HostCertRequest, IdentityError, IdentityKind, UserCertRequest, VerifyError};
 use crate::Secret;
 use crate::backend::{Backend, Item, Key, Revision};
 
@@ -204,10 +202,7 @@ impl CertAuthority {
     ) -> Result<CertificateDer<'static>, IdentityError> {
         let subject = SubjectPublicKeyInfo::from_der(subject_spki_der)?;
         let params = x509::leaf_params(claims, kind, now, ttl, self.not_after)?;
-        Ok(params
-            .signed_by(&subject, self.issuer.expose())?
-            .der()
-            .clone())
+        Ok(params.signed_by(&subject, self.issuer.expose())?.der().clone())
     }
 
     /// Signs an OpenSSH host certificate (principals: host ID, node name, additional names).
@@ -271,8 +266,8 @@ impl CertAuthority {
     /// Loads bytes written by [`to_stored`](Self::to_stored).
     pub fn from_stored(bytes: &[u8]) -> Result<Self, IdentityError> {
         // serde_json's error names a position, never the content: safe with keys inside.
-        let stored: StoredCa = serde_json::from_slice(bytes)
-            .map_err(|e| IdentityError::MalformedStored(e.to_string()))?;
+        let stored: StoredCa =
+            serde_json::from_slice(bytes).map_err(|e| IdentityError::MalformedStored(e.to_string()))?;
         if stored.version != STORED_VERSION {
             return Err(IdentityError::MalformedStored(format!(
                 "expected version {STORED_VERSION}, found {}",
@@ -469,10 +464,7 @@ mod tests {
     #[test]
     fn bad_cluster_names_are_refused() {
         for bad in ["", "a/b", "a\nb"] {
-            assert!(
-                CertAuthority::generate(IdentityKind::Host, bad, now(), Duration::from_secs(1))
-                    .is_err()
-            );
+            assert!(CertAuthority::generate(IdentityKind::Host, bad, now(), Duration::from_secs(1)).is_err());
         }
     }
 }

@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    HostCertRequest, HostIdentity, IdentityError, IdentityKind, SystemRole, UserCertRequest,
-    UserIdentity, Validity, VerifyError, host_id,
+    HostCertRequest, HostIdentity, IdentityError, IdentityKind, SystemRole, UserCertRequest, UserIdentity,
+    Validity, VerifyError, host_id,
 };
 
 /// Version of the claims encoding; a verifier refuses versions it does not know.
@@ -215,6 +215,9 @@ mod tests {
             ttl: std::time::Duration::from_secs(60),
         };
         let err = Claims::for_user(&req, "c").unwrap_err();
-        assert!(err.to_string().starts_with("invalid certificate request: username: control"));
+        assert!(
+            err.to_string()
+                .starts_with("invalid certificate request: username: control")
+        );
     }
 }

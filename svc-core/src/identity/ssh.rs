@@ -11,11 +11,7 @@ use super::{CLOCK_SKEW, Claims, IdentityError, IdentityKind, SSH_IDENTITY_EXTENS
 
 /// The standard extensions a user certificate carries: what an interactive session needs.
 /// (X11 forwarding and `~/.ssh/rc` are left off; RBAC can narrow the rest later.)
-const USER_PERMITS: [&str; 3] = [
-    "permit-agent-forwarding",
-    "permit-port-forwarding",
-    "permit-pty",
-];
+const USER_PERMITS: [&str; 3] = ["permit-agent-forwarding", "permit-port-forwarding", "permit-pty"];
 
 fn unix(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_secs()
@@ -68,11 +64,10 @@ pub(crate) fn sign(
     for principal in principals.into_iter().filter(|p| seen.insert(*p)) {
         builder.valid_principal(principal.as_str())?;
     }
-    let json = serde_json::to_string(claims)
-        .map_err(|e| IdentityError::InvalidRequest {
-            field: "claims",
-            reason: e.to_string(),
-        })?;
+    let json = serde_json::to_string(claims).map_err(|e| IdentityError::InvalidRequest {
+        field: "claims",
+        reason: e.to_string(),
+    })?;
     builder.extension(SSH_IDENTITY_EXTENSION, json)?;
     Ok(builder.sign(ca_key)?)
 }
@@ -83,8 +78,8 @@ pub(crate) fn read_claims(cert: &Certificate) -> Result<Claims, VerifyError> {
         .extensions()
         .get(SSH_IDENTITY_EXTENSION)
         .ok_or(VerifyError::MissingIdentity)?;
-    let claims: Claims = serde_json::from_str(json)
-        .map_err(|e| VerifyError::Malformed(format!("identity extension: {e}")))?;
+    let claims: Claims =
+        serde_json::from_str(json).map_err(|e| VerifyError::Malformed(format!("identity extension: {e}")))?;
     if cert.key_id() != claims.name {
         return Err(VerifyError::Malformed(format!(
             "key id {:?} does not match the identity name {:?}",

@@ -16,10 +16,7 @@ use rustls::server::danger::ClientCertVerifier;
 use ssh_key::{Certificate, HashAlg};
 use webpki::{EndEntityCert, KeyUsage};
 
-use super::{
-    HostIdentity, Identity, IdentityKind, SystemRole, TrustedCa, UserIdentity, Validity, ssh,
-    x509,
-};
+use super::{HostIdentity, Identity, IdentityKind, SystemRole, TrustedCa, UserIdentity, Validity, ssh, x509};
 
 /// Why a presented certificate was refused. Every variant is a refusal: the peer is not
 /// authenticated.
@@ -33,7 +30,11 @@ pub enum VerifyError {
     #[error("malformed certificate: {0}")]
     Malformed(String),
     /// The certificate's validity ended.
-    #[error("certificate expired at {not_after:?}, now is {now:?}")]
+    #[error(
+        "certificate expired at {}, now is {}",
+        humantime::format_rfc3339(*not_after),
+        humantime::format_rfc3339(*now)
+    )]
     Expired {
         /// End of validity.
         not_after: SystemTime,
@@ -41,7 +42,11 @@ pub enum VerifyError {
         now: SystemTime,
     },
     /// The certificate's validity has not started.
-    #[error("certificate not valid before {not_before:?}, now is {now:?}")]
+    #[error(
+        "certificate not valid before {}, now is {}",
+        humantime::format_rfc3339(*not_before),
+        humantime::format_rfc3339(*now)
+    )]
     NotYetValid {
         /// Start of validity.
         not_before: SystemTime,
@@ -112,10 +117,7 @@ fn unix_time(t: SystemTime) -> UnixTime {
 impl Verifier {
     /// A verifier for `cluster` trusting `cas`. Every CA must belong to `cluster`: another
     /// cluster's CA is trusted only through an explicit trust relationship, not here.
-    pub fn new(
-        cluster: &str,
-        cas: impl IntoIterator<Item = TrustedCa>,
-    ) -> Result<Self, VerifyError> {
+    pub fn new(cluster: &str, cas: impl IntoIterator<Item = TrustedCa>) -> Result<Self, VerifyError> {
         let cas: Vec<TrustedCa> = cas.into_iter().collect();
         if let Some(other) = cas.iter().find(|ca| ca.cluster() != cluster) {
             return Err(VerifyError::WrongCluster {
@@ -199,15 +201,11 @@ impl Verifier {
         expected: IdentityKind,
     ) -> Result<Identity, VerifyError> {
         let (leaf_der, intermediates) = chain.split_first().ok_or(VerifyError::NoCertificate)?;
-        let leaf = EndEntityCert::try_from(leaf_der).map_err(|e| {
-            VerifyError::Malformed(format!("certificate: {e}"))
-        })?;
+        let leaf = EndEntityCert::try_from(leaf_der)
+            .map_err(|e| VerifyError::Malformed(format!("certificate: {e}")))?;
         let parsed = x509::parse(leaf_der)?;
         let validity = x509::validity(&parsed)?;
-        let other = match expected {
-            IdentityKind::Host => IdentityKind::User,
-            IdentityKind::User => IdentityKind::Host,
-        };
+        let other = other_kind(expected);
         match self.check_chain(expected, &leaf, intermediates, now) {
             Ok(()) => {}
             Err(webpki::Error::CertExpired { .. }) => {
@@ -224,19 +222,17 @@ impl Verifier {
             }
             Err(webpki::Error::UnknownIssuer) => {
                 // Name the real problem when the other CA of this cluster signed it.
-                return Err(
-                    if self.check_chain(other, &leaf, intermediates, now).is_ok() {
-                        VerifyError::WrongKind {
-                            expected,
-                            found: other,
-                        }
-                    } else {
-                        VerifyError::UntrustedIssuer {
-                            expected,
-                            cluster: self.cluster.clone(),
-                        }
-                    },
-                );
+                return Err(if self.check_chain(other, &leaf, intermediates, now).is_ok() {
+                    VerifyError::WrongKind {
+                        expected,
+                        found: other,
+                    }
+                } else {
+                    VerifyError::UntrustedIssuer {
+                        expected,
+                        cluster: self.cluster.clone(),
+                    }
+                });
             }
             Err(webpki::Error::InvalidSignatureForPublicKey) => {
                 return Err(VerifyError::BadSignature);
@@ -298,10 +294,10 @@ impl Verifier {
                 .map(|ca| ca.ssh_public_key().fingerprint(HashAlg::Sha256))
         };
         if !fingerprints(expected).any(|f| f == signer) {
-            return Err(if fingerprints(found_other(expected)).any(|f| f == signer) {
+            return Err(if fingerprints(other_kind(expected)).any(|f| f == signer) {
                 VerifyError::WrongKind {
                     expected,
-                    found: found_other(expected),
+                    found: other_kind(expected),
                 }
             } else {
                 VerifyError::UntrustedIssuer {
@@ -355,11 +351,7 @@ impl Verifier {
     }
 
     /// Verifies an OpenSSH user certificate.
-    pub fn verify_user_ssh(
-        &self,
-        cert: &Certificate,
-        now: SystemTime,
-    ) -> Result<UserIdentity, VerifyError> {
+    pub fn verify_user_ssh(&self, cert: &Certificate, now: SystemTime) -> Result<UserIdentity, VerifyError> {
         match self.verify_ssh(cert, now, IdentityKind::User)? {
             Identity::User(user) => Ok(user),
             other => Err(VerifyError::WrongKind {
@@ -392,17 +384,14 @@ impl Verifier {
     }
 }
 
-fn found_other(kind: IdentityKind) -> IdentityKind {
+fn other_kind(kind: IdentityKind) -> IdentityKind {
     match kind {
         IdentityKind::Host => IdentityKind::User,
         IdentityKind::User => IdentityKind::Host,
     }
 }
 
-fn require_role(
-    host: HostIdentity,
-    required: Option<SystemRole>,
-) -> Result<HostIdentity, VerifyError> {
+fn require_role(host: HostIdentity, required: Option<SystemRole>) -> Result<HostIdentity, VerifyError> {
     match required {
         Some(role) if !host.has_role(role) => Err(VerifyError::MissingRole {
             found: host

@@ -4,8 +4,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CustomExtension, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, KeyUsagePurpose, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, CustomExtension, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
+    IsCa, KeyUsagePurpose, SanType, SerialNumber,
 };
 use ring::rand::{SecureRandom, SystemRandom};
 use time::OffsetDateTime;
@@ -123,12 +123,10 @@ pub(crate) fn leaf_params(
             params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         }
     }
-    params
-        .custom_extensions
-        .push(CustomExtension::from_oid_content(
-            IDENTITY_EXTENSION_OID,
-            claims.to_der(),
-        ));
+    params.custom_extensions.push(CustomExtension::from_oid_content(
+        IDENTITY_EXTENSION_OID,
+        claims.to_der(),
+    ));
     Ok(params)
 }
 
@@ -147,14 +145,14 @@ fn san(name: &str) -> Result<SanType, IdentityError> {
 }
 
 fn to_system_time(t: x509_parser::time::ASN1Time) -> Result<SystemTime, VerifyError> {
-    let secs = u64::try_from(t.timestamp())
-        .map_err(|_| VerifyError::Malformed("validity before 1970".into()))?;
+    let secs =
+        u64::try_from(t.timestamp()).map_err(|_| VerifyError::Malformed("validity before 1970".into()))?;
     Ok(UNIX_EPOCH + Duration::from_secs(secs))
 }
 
 pub(crate) fn parse(der: &[u8]) -> Result<X509Certificate<'_>, VerifyError> {
-    let (rest, cert) = X509Certificate::from_der(der)
-        .map_err(|e| VerifyError::Malformed(format!("certificate: {e}")))?;
+    let (rest, cert) =
+        X509Certificate::from_der(der).map_err(|e| VerifyError::Malformed(format!("certificate: {e}")))?;
     if !rest.is_empty() {
         return Err(VerifyError::Malformed(
             "trailing bytes after the certificate".into(),
