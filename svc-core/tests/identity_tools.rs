@@ -69,7 +69,7 @@ fn ssh_keygen_reads_ca_key_and_user_certificate() -> Result<()> {
 
     // The CA public key, in the form sshd's TrustedUserCAKeys takes.
     let ca_pub = dir.path().join("user_ca.pub");
-    std::fs::write(&ca_pub, user_ca.trusted().ssh_authorized_key() + "\n")?;
+    std::fs::write(&ca_pub, user_ca.trusted().ssh_authorized_key()? + "\n")?;
     let fingerprint = user_ca.ssh_public_key().fingerprint(HashAlg::Sha256).to_string();
     let listed = ssh_keygen(&["-l", "-f", path(&ca_pub)])?;
     ensure!(

@@ -40,8 +40,12 @@ pub struct EmbeddedBackend {
 struct Inner {
     db: Database,
     path: PathBuf,
-    /// Held for the whole of every write; holds the last committed revision.
+    /// Held for the whole of every write (including the fsync); holds the last committed
+    /// revision.
     writer: Mutex<Revision>,
+    /// The last revision announced to watchers. Held only to publish an event or to
+    /// subscribe, never across disk I/O, so async callers of `watch` never wait for an fsync.
+    published: Mutex<Revision>,
     events: broadcast::Sender<Event>,
     now: NowFn,
 }
@@ -104,6 +108,7 @@ impl EmbeddedBackend {
                 db,
                 path,
                 writer: Mutex::new(Revision(revision)),
+                published: Mutex::new(Revision(revision)),
                 events,
                 now,
             }),
@@ -179,8 +184,17 @@ impl Inner {
         } else {
             Event::Put(item)
         };
-        let _ = self.events.send(event);
+        self.publish(event);
         Ok(revision)
+    }
+
+    /// Announces a committed change. Called with the writer lock still held, so events go
+    /// out in revision order.
+    fn publish(&self, event: Event) {
+        let mut published = self.published.lock().unwrap_or_else(PoisonError::into_inner);
+        *published = event.revision();
+        // No watcher is not an error.
+        let _ = self.events.send(event);
     }
 
     fn read_range(&self, range: &KeyRange) -> Result<Vec<Item>, BackendError> {
@@ -261,11 +275,15 @@ impl Backend for EmbeddedBackend {
     }
 
     async fn watch(&self, prefix: &Key) -> Result<Watcher, BackendError> {
-        // Subscribing under the writer lock: no commit can land between `revision` and the
-        // first event this receiver sees. The lock is only held by short critical sections.
-        let last = self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        // Subscribing under the publish lock: no event can be announced between `revision`
+        // and the first event this receiver sees.
+        let published = self
+            .inner
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let rx = self.inner.events.subscribe();
-        Ok(Watcher::from_broadcast(rx, prefix.clone(), *last))
+        Ok(Watcher::from_broadcast(rx, prefix.clone(), *published))
     }
 
     async fn purge_expired(&self) -> Result<usize, BackendError> {
@@ -285,7 +303,11 @@ impl Backend for EmbeddedBackend {
     }
 
     async fn current_revision(&self) -> Result<Revision, BackendError> {
-        Ok(*self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner))
+        Ok(*self
+            .inner
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))
     }
 }
 
@@ -346,7 +368,7 @@ impl Inner {
         txn.commit()
             .map_err(|e| BackendError::storage("committing a purge", e))?;
         *last = revision;
-        let _ = self.events.send(Event::Delete {
+        self.publish(Event::Delete {
             key: key.clone(),
             revision,
         });

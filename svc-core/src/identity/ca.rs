@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use ssh_key::private::Ed25519Keypair;
 use ssh_key::{Certificate, LineEnding, PrivateKey, PublicKey};
 
-use super::x509::{self, random_nonce};
+use super::x509::{self, random_32_bytes};
 use super::{Claims, HostCertRequest, IdentityError, IdentityKind, UserCertRequest, VerifyError};
 use crate::Secret;
 use crate::backend::{Backend, Item, Key, Revision};
@@ -78,7 +78,7 @@ impl CertAuthority {
         let tls_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
         let params = x509::ca_params(kind, cluster, now, ttl)?;
         let tls_cert = params.self_signed(&tls_key)?.der().clone();
-        let ssh_key = PrivateKey::from(Ed25519Keypair::from_seed(&random_nonce()?));
+        let ssh_key = PrivateKey::from(Ed25519Keypair::from_seed(&random_32_bytes()?));
         Self::assemble(kind, cluster.to_owned(), tls_cert, tls_key, ssh_key)
     }
 
@@ -403,12 +403,10 @@ impl TrustedCa {
     /// The CA public key as an `authorized_keys` / `TrustedUserCAKeys` line
     /// (`ssh-ed25519 AAAA… svc-<kind>-ca@<cluster>`); prefix it with `@cert-authority <host
     /// pattern> ` for `known_hosts`.
-    pub fn ssh_authorized_key(&self) -> String {
+    pub fn ssh_authorized_key(&self) -> Result<String, IdentityError> {
         let mut key = self.ssh_public_key.clone();
         key.set_comment(format!("svc-{}-ca@{}", self.kind, self.cluster));
-        // Encoding a key we hold cannot fail; fall back to the bare key if it ever did.
-        key.to_openssh()
-            .unwrap_or_else(|_| self.ssh_public_key.algorithm().to_string())
+        Ok(key.to_openssh()?)
     }
 
     /// `sha256:<hex>` of the CA certificate's SubjectPublicKeyInfo (see

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ssh_key::certificate::{Builder, CertType};
 use ssh_key::{Certificate, PrivateKey, PublicKey};
 
-use super::x509::{random_nonce, random_u64, whole_seconds};
+use super::x509::{random_32_bytes, random_u64, whole_seconds};
 use super::{CLOCK_SKEW, Claims, IdentityError, IdentityKind, SSH_IDENTITY_EXTENSION, VerifyError};
 
 /// The standard extensions a user certificate carries: what an interactive session needs.
@@ -31,7 +31,7 @@ pub(crate) fn sign(
     let valid_after = unix(now - CLOCK_SKEW);
     let valid_before = unix((now + ttl).min(ca_not_after));
     let mut builder = Builder::new(
-        random_nonce()?.to_vec(),
+        random_32_bytes()?.to_vec(),
         subject.key_data().clone(),
         valid_after,
         valid_before,

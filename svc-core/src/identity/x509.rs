@@ -41,7 +41,7 @@ pub(crate) fn random_u64() -> Result<u64, IdentityError> {
     Ok(u64::from_be_bytes(random_bytes::<8>()?))
 }
 
-pub(crate) fn random_nonce() -> Result<[u8; 32], IdentityError> {
+pub(crate) fn random_32_bytes() -> Result<[u8; 32], IdentityError> {
     random_bytes::<32>()
 }
 
