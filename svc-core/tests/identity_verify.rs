@@ -95,8 +95,12 @@ fn host_identity_reads_back_exactly() -> Result<()> {
         .sign_host_x509(&req, &tls_key()?.subject_public_key_info(), t0())?;
     let got = c
         .verifier
-        .verify_host_x509(&[cert], t0() + HOUR, Some(SystemRole::Node))?;
+        .verify_host_x509(&[cert.clone()], t0() + HOUR, Some(SystemRole::Node))?;
     ensure!(got == expected, "x509: {got:?}");
+    ensure!(matches!(
+        c.verifier.verify_any_x509(&[cert], t0())?,
+        Identity::Host(ref h) if *h == expected
+    ));
 
     let ssh_cert = c.host_ca.sign_host_ssh(&req, ssh_key(1).public_key(), t0())?;
     let got = c
@@ -123,10 +127,17 @@ fn user_identity_reads_back_exactly() -> Result<()> {
     let cert = c
         .user_ca
         .sign_user_x509(&req, &tls_key()?.subject_public_key_info(), t0())?;
-    match c.verifier.verify_x509(&[cert], t0(), IdentityKind::User)? {
+    match c
+        .verifier
+        .verify_x509(&[cert.clone()], t0(), IdentityKind::User)?
+    {
         Identity::User(got) => ensure!(got == expected, "x509: {got:?}"),
         other => bail!("expected a user, got {other:?}"),
     }
+    ensure!(matches!(
+        c.verifier.verify_any_x509(&[cert.clone()], t0())?,
+        Identity::User(ref u) if *u == expected
+    ));
     let ssh_cert = c.user_ca.sign_user_ssh(&req, ssh_key(2).public_key(), t0())?;
     let got = c.verifier.verify_user_ssh(&ssh_cert, t0())?;
     ensure!(got == expected, "ssh: {got:?}");
@@ -281,6 +292,11 @@ fn negative_matrix() -> Result<()> {
                     }
                 )
             },
+        ),
+        (
+            "x509 either-kind client from another cluster's user CA",
+            Box::new(|| v.verify_any_x509(&one(&foreign_user_x509), t0()).map(drop)),
+            |e| matches!(e, VerifyError::UntrustedIssuer { .. }),
         ),
         (
             "x509 empty chain",

@@ -243,6 +243,22 @@ impl Verifier {
         self.identity(claims, expected, validity)
     }
 
+    /// Verifies an X.509 chain from a client that may be either kind (the Auth API serves
+    /// agents and users on one port): as a host if the host CA signed it, else as a user.
+    pub fn verify_any_x509(
+        &self,
+        chain: &[CertificateDer<'_>],
+        now: SystemTime,
+    ) -> Result<Identity, VerifyError> {
+        match self.verify_x509(chain, now, IdentityKind::Host) {
+            Err(VerifyError::WrongKind {
+                found: IdentityKind::User,
+                ..
+            }) => self.verify_x509(chain, now, IdentityKind::User),
+            other => other,
+        }
+    }
+
     /// Verifies an X.509 host certificate; with `required_role`, the host must have it.
     pub fn verify_host_x509(
         &self,
