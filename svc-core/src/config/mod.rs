@@ -212,3 +212,6 @@ impl FromStr for ListenerMode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

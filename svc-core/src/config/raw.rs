@@ -43,6 +43,7 @@ pub(crate) struct RawConfig {
 pub(crate) struct RawSvc {
     pub(crate) nodename: Option<String>,
     pub(crate) data_dir: Option<PathBuf>,
+    #[serde(deserialize_with = "secret_scalar")]
     pub(crate) auth_token: Option<Secret>,
     pub(crate) proxy_server: Option<String>,
     pub(crate) auth_server: Option<OneOrMany>,
@@ -233,4 +234,40 @@ impl<'de> Deserialize<'de> for OneOrMany {
         }
         deserializer.deserialize_any(V)
     }
+}
+
+/// Reads a secret written as a YAML string or number. A number is kept as written rather than
+/// rejected, because the rejection message would quote the secret.
+fn secret_scalar<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Secret>, D::Error> {
+    struct V;
+    impl Visitor<'_> for V {
+        type Value = Option<Secret>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(Secret::new(v.to_owned())))
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(Secret::new(v.to_string())))
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            Ok(Some(Secret::new(v.to_string())))
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Err(E::custom(
+                "invalid type: number, expected a string (quote the token)",
+            ))
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    deserializer.deserialize_any(V)
 }
