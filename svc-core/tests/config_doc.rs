@@ -56,10 +56,10 @@ fn allowed_fields(steps: &[Step]) -> Vec<String> {
             )])),
         };
     }
-    if let Value::Mapping(m) = &mut inner {
-        if !steps.is_empty() {
-            m.insert("version".into(), "v1".into());
-        }
+    if let Value::Mapping(m) = &mut inner
+        && !steps.is_empty()
+    {
+        m.insert("version".into(), "v1".into());
     }
     let text = serde_yaml_ng::to_string(&inner).unwrap();
     let message = match Config::from_yaml_str_with_hostname(&text, "h") {

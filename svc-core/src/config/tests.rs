@@ -88,6 +88,23 @@ fn tunnel_address_follows_the_listener_mode() {
 }
 
 #[test]
+fn all_in_one_agents_dial_the_local_proxy() {
+    for (listen, want) in [
+        ("0.0.0.0:443", "127.0.0.1:443"),
+        ("'[::]:3443'", "[::1]:3443"),
+        ("10.1.1.1", "10.1.1.1:3080"),
+    ] {
+        let c = parse(&format!(
+            "version: v1\nproxy_service: {{web_listen_addr: {listen}}}"
+        ))
+        .unwrap();
+        assert_eq!(c.svc.proxy_server, Some(Addr::parse(want).unwrap()), "{listen}");
+    }
+    let c = parse("version: v1\nproxy_service: {enabled: false, web_listen_addr: 0.0.0.0:443}").unwrap();
+    assert_eq!(c.svc.proxy_server, Some(Addr::parse("127.0.0.1:3080").unwrap()));
+}
+
+#[test]
 fn join_targets() {
     let c = parse("version: v1\nsvc: {proxy_server: p.example.com}").unwrap();
     assert_eq!(

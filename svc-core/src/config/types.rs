@@ -78,9 +78,10 @@ pub struct SvcConfig {
     pub data_dir: PathBuf,
     /// The join token, when this process joins a cluster run elsewhere.
     pub auth_token: Option<Secret>,
-    /// The Proxy Service agents dial (reverse tunnels). Defaults to `127.0.0.1:3080` when
-    /// neither `proxy_server` nor `auth_server` is set; `None` when only `auth_server` is set
-    /// (the agent joins the Auth Service directly, specification §1 rule 2).
+    /// The Proxy Service agents dial (reverse tunnels). When neither `proxy_server` nor
+    /// `auth_server` is set: this process's own web listener (an unspecified host dialled as
+    /// loopback), so `127.0.0.1:3080` by default. `None` when only `auth_server` is set (the
+    /// agent joins the Auth Service directly, specification §1 rule 2).
     pub proxy_server: Option<Addr>,
     /// Auth Service addresses to join directly; may be empty.
     pub auth_servers: Vec<Addr>,

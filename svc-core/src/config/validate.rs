@@ -5,7 +5,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     time::Duration,
 };
@@ -44,9 +44,18 @@ fn loopback(port: u16) -> Addr {
 /// Validates a parsed file. `hostname` is the default `svc.nodename`.
 pub(crate) fn validate(raw: RawConfig, hostname: &str) -> Result<Config, ConfigError> {
     one_of("version", &raw.version, &[FILE_VERSION], &[FILE_VERSION])?;
-    let svc = svc(raw.svc, hostname)?;
+    let mut svc = svc(raw.svc, hostname)?;
     let auth = auth(raw.auth_service)?;
     let proxy = proxy(raw.proxy_service, auth.proxy_listener_mode)?;
+    if svc.proxy_server.is_none() && svc.auth_servers.is_empty() {
+        // Joining nothing explicit means the all-in-one cluster: agents dial this process's own
+        // proxy, through loopback when it listens on every interface.
+        svc.proxy_server = Some(if proxy.enabled {
+            local_dial_addr(&proxy.web_listen_addr)
+        } else {
+            loopback(ports::PROXY_WEB)
+        });
+    }
     let ssh = ssh(raw.ssh_service)?;
     let app = app(raw.app_service)?;
     let db = db(raw.db_service)?;
@@ -62,6 +71,18 @@ pub(crate) fn validate(raw: RawConfig, hostname: &str) -> Result<Config, ConfigE
         kube,
         windows_desktop,
     })
+}
+
+/// The address to dial a local listener at: an unspecified host (`0.0.0.0`, `::`) becomes the
+/// loopback address of the same family.
+fn local_dial_addr(listen: &Addr) -> Addr {
+    match listen.host().ip() {
+        Some(IpAddr::V4(ip)) if ip.is_unspecified() => Addr::new(LOOPBACK, listen.port()),
+        Some(IpAddr::V6(ip)) if ip.is_unspecified() => {
+            Addr::new(Host::V6(Ipv6Addr::LOCALHOST), listen.port())
+        }
+        _ => listen.clone(),
+    }
 }
 
 /// Maps `found` to the value at the same index in `values`, or an error listing `allowed`.
@@ -188,12 +209,7 @@ fn svc(raw: RawSvc, hostname: &str) -> Result<SvcConfig, ConfigError> {
         None => hostname.trim().to_owned(),
     };
     let auth_servers = addr_list("svc.auth_server", raw.auth_server.as_ref(), ports::AUTH)?;
-    let proxy_server = match opt_addr("svc.proxy_server", raw.proxy_server.as_deref(), ports::PROXY_WEB)? {
-        Some(a) => Some(a),
-        // Joining nothing explicit means the all-in-one cluster: dial our own proxy.
-        None if auth_servers.is_empty() => Some(loopback(ports::PROXY_WEB)),
-        None => None,
-    };
+    let proxy_server = opt_addr("svc.proxy_server", raw.proxy_server.as_deref(), ports::PROXY_WEB)?;
     let ca_pins = raw
         .ca_pin
         .map(|OneOrMany(pins)| {
