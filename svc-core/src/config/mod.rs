@@ -8,9 +8,12 @@
 //!
 //! The reference for users is `docs/configuration.md`; a test checks it mentions every field.
 
-use std::{fmt, path::Path, str::FromStr};
+use std::{collections::BTreeMap, fmt, path::Path, str::FromStr};
 
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
+
+use crate::{Addr, channel::ChannelSpec};
 
 mod error;
 mod raw;
@@ -23,10 +26,6 @@ pub use types::{
     KubeConfig, LogConfig, LogFormat, LogOutput, LogSeverity, ProxyConfig, ProxyDbAddrs, ProxyProtocol,
     SshConfig, SvcConfig, WindowsDesktopConfig, ports,
 };
-
-use crate::{Addr, channel::ChannelSpec};
-use ipnet::IpNet;
-use std::collections::BTreeMap;
 
 /// The commented default configuration written by `svc configure`; it parses to
 /// [`Config::all_in_one_default`].
