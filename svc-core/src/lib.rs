@@ -1,7 +1,7 @@
 //! The svc domain model, shared by every service, client and updater.
 //!
 //! This crate has no socket, file-watching or process code: everything here is a plain function
-//! over data (with a [`clock`](crate::clock) passed in where time matters), so it can be tested
+//! over data (with a [`clock`] passed in where time matters), so it can be tested
 //! without a network and embedded anywhere. The crates above it (`svc-net`, `svc-update`,
 //! `svc-bins`) do the I/O.
 //!
@@ -33,6 +33,6 @@ pub use addr::{Addr, AddrError, Host};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use maintenance::{AgentUpgradeWindow, MaintenanceError, ScheduleError, Window};
 pub use rbac::{AccessDenied, RoleSet, Verb};
-pub use resource::{Kind, Resource, ResourceError, Revision, parse_resource, parse_resources};
+pub use resource::{Kind, Resource, ResourceError, ResourceRef, Revision, parse_resource, parse_resources};
 pub use secret::Secret;
 pub use version::{Compatibility, Version, VersionError};

@@ -264,7 +264,10 @@ impl<'de> Deserialize<'de> for Hour {
         let value = i64::deserialize(deserializer)?;
         match u8::try_from(value) {
             Ok(h) if h <= 23 => Ok(Hour(h)),
-            _ => Err(serde::de::Error::custom(MaintenanceError::Hour(value))),
+            // The path (`…utc_start_hour`) is added by the caller, so the message omits the name.
+            _ => Err(serde::de::Error::custom(format!(
+                "expected an hour from 0 to 23, got {value}"
+            ))),
         }
     }
 }

@@ -126,6 +126,53 @@ impl FromStr for Kind {
     }
 }
 
+/// A reference to resources as `tctl get` takes it: `<kind>` (all of that kind) or
+/// `<kind>/<name>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ResourceRef {
+    /// The kind.
+    pub kind: Kind,
+    /// The name; `None` means every resource of the kind.
+    pub name: Option<String>,
+}
+
+impl FromStr for ResourceRef {
+    type Err = ResourceError;
+
+    /// Parses `role`, `role/editor` or `cluster_maintenance_config/cluster-maintenance-config`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (kind, name) = match s.split_once('/') {
+            Some((kind, name)) => (kind, Some(name)),
+            None => (s, None),
+        };
+        let kind: Kind = kind.parse()?;
+        match name {
+            Some(name) if name.is_empty() || name.contains(|c: char| c == '/' || c.is_whitespace()) => {
+                Err(ResourceError::Field {
+                    document: None,
+                    path: "name".into(),
+                    message: format!("expected <kind> or <kind>/<name> with a non-empty name, got \"{s}\""),
+                })
+            }
+            name => Ok(Self {
+                kind,
+                name: name.map(str::to_owned),
+            }),
+        }
+    }
+}
+
+/// `<kind>` or `<kind>/<name>`. A join token's name is its secret value and is redacted.
+impl fmt::Display for ResourceRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.name, self.kind) {
+            (None, kind) => write!(f, "{kind}"),
+            (Some(_), Kind::Token) => write!(f, "token/***"),
+            (Some(name), kind) => write!(f, "{kind}/{name}"),
+        }
+    }
+}
+
 /// An opaque revision for compare-and-swap: the Auth Service sets it on every write, and an
 /// update that carries a stale revision is refused. Written as a string or a non-negative integer.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -660,8 +707,9 @@ fn split_documents(text: &str) -> Result<Vec<(usize, serde_yaml_ng::Value)>, Res
     }
     let mut out = Vec::new();
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        // The parser's line number is absolute; the document number only helps past the first.
         let value = serde_yaml_ng::Value::deserialize(doc).map_err(|e| ResourceError::Syntax {
-            document: Some(i + 1),
+            document: (i > 0).then_some(i + 1),
             format: "YAML",
             message: e.to_string(),
         })?;
@@ -669,8 +717,6 @@ fn split_documents(text: &str) -> Result<Vec<(usize, serde_yaml_ng::Value)>, Res
             out.push((i + 1, value));
         }
     }
-    // A syntax error's document number only helps when there are several documents; the
-    // parser's line number is absolute either way.
     Ok(out)
 }
 
@@ -796,6 +842,52 @@ mod tests {
         let err =
             parse_resources(&ROLE.replace("name: maint", "name: maint\n  expires: tomorrow")).unwrap_err();
         assert!(err.to_string().starts_with("metadata.expires: "), "{err}");
+    }
+
+    #[test]
+    fn resource_refs() {
+        let r: ResourceRef = "cluster_maintenance_config/cluster-maintenance-config"
+            .parse()
+            .unwrap();
+        assert_eq!(r.kind, Kind::ClusterMaintenanceConfig);
+        assert_eq!(r.name.as_deref(), Some("cluster-maintenance-config"));
+        assert_eq!(
+            r.to_string(),
+            "cluster_maintenance_config/cluster-maintenance-config"
+        );
+        let all: ResourceRef = "github".parse().unwrap();
+        assert_eq!((all.kind, all.name), (Kind::Github, None));
+        let token: ResourceRef = "token/s3cret".parse().unwrap();
+        assert_eq!(token.to_string(), "token/***");
+        assert!(
+            "roles/editor"
+                .parse::<ResourceRef>()
+                .unwrap_err()
+                .to_string()
+                .starts_with("kind: unknown")
+        );
+        assert_eq!(
+            "role/".parse::<ResourceRef>().unwrap_err().to_string(),
+            "name: expected <kind> or <kind>/<name> with a non-empty name, got \"role/\""
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn maintenance_config_round_trips(hour in 0u8..24, days in proptest::collection::vec(0u8..7, 0..9)) {
+            let window = crate::maintenance::AgentUpgradeWindow::new(
+                hour,
+                days.into_iter().map(|d| time::Weekday::Sunday.nth_next(d)),
+            ).unwrap();
+            let r = Resource::ClusterMaintenanceConfig(ClusterMaintenanceConfig::new(Some(window)));
+            proptest::prop_assert_eq!(&parse_resource(&r.to_yaml().unwrap()).unwrap(), &r);
+            proptest::prop_assert_eq!(&parse_resource(&r.to_json().unwrap()).unwrap(), &r);
+        }
+
+        #[test]
+        fn parser_never_panics(text in "[ -~\n]{0,200}") {
+            let _ = parse_resources(&text);
+        }
     }
 
     #[test]
