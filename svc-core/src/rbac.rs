@@ -211,7 +211,10 @@ impl RoleSet {
 
     /// Whether `verb` on `resource` (a kind name such as `cluster_maintenance_config`) is allowed:
     /// some role's allow rule covers it and no role's deny rule does.
-    pub fn check(&self, verb: Verb, resource: &str) -> Result<(), AccessDenied> {
+    ///
+    /// `resource` is a [`Kind`](crate::resource::Kind) or any name of [`RULE_RESOURCES`].
+    pub fn check(&self, verb: Verb, resource: impl AsRef<str>) -> Result<(), AccessDenied> {
+        let resource = resource.as_ref();
         let denied = self
             .roles
             .iter()
@@ -233,7 +236,7 @@ impl RoleSet {
     }
 
     /// [`check`](Self::check) as a boolean.
-    pub fn allows(&self, verb: Verb, resource: &str) -> bool {
+    pub fn allows(&self, verb: Verb, resource: impl AsRef<str>) -> bool {
         self.check(verb, resource).is_ok()
     }
 
@@ -450,7 +453,8 @@ spec:
         let mut admin = Role::new("admin");
         admin.spec.allow.rules = vec![Rule::new(["*"], [Verb::All])];
         let set = RoleSet::new([admin]);
-        set.check(Verb::Update, "cluster_maintenance_config").unwrap();
+        set.check(Verb::Update, crate::resource::Kind::ClusterMaintenanceConfig)
+            .unwrap();
         set.check(Verb::All, "token").unwrap();
         assert!(!RoleSet::default().allows(Verb::Read, "role"));
     }
