@@ -179,6 +179,20 @@ fn maintenance_config_drives_the_windows() -> Result<()> {
 }
 
 #[test]
+fn minimal_maintenance_config_gets_version_and_name() -> Result<()> {
+    let r = load("cluster_maintenance_config_minimal.yaml")?;
+    ensure!(r.name() == "cluster-maintenance-config");
+    let yaml = r.to_yaml()?;
+    ensure!(
+        yaml.starts_with(
+            "kind: cluster_maintenance_config\nversion: v1\nmetadata:\n  name: cluster-maintenance-config\n"
+        ),
+        "{yaml}"
+    );
+    Ok(())
+}
+
+#[test]
 fn spec_role_file_grants_maintenance_access() -> Result<()> {
     let Resource::Role(role) = load("role_maintenance.yaml")? else {
         bail!("expected a role")

@@ -37,6 +37,28 @@ impl ClusterMaintenanceConfig {
     }
 }
 
+/// Fills in what a singleton can do without: the documented way to configure maintenance is a
+/// file with only `kind` and `spec` (specification §2.3), so a missing `version` means `v1` and a
+/// missing `metadata` or `metadata.name` means the singleton's name. Anything present is still
+/// checked as usual.
+pub(super) fn fill_defaults(mut value: serde_yaml_ng::Value) -> serde_yaml_ng::Value {
+    use serde_yaml_ng::{Mapping, Value};
+    if let Some(doc) = value.as_mapping_mut() {
+        if !doc.contains_key("version") {
+            doc.insert("version".into(), Kind::ClusterMaintenanceConfig.version().into());
+        }
+        let metadata = doc
+            .entry("metadata".into())
+            .or_insert_with(|| Value::Mapping(Mapping::new()));
+        if let Some(metadata) = metadata.as_mapping_mut()
+            && !metadata.contains_key("name")
+        {
+            metadata.insert("name".into(), CLUSTER_MAINTENANCE_CONFIG_NAME.into());
+        }
+    }
+    value
+}
+
 impl KindResource for ClusterMaintenanceConfig {
     const KIND: Kind = Kind::ClusterMaintenanceConfig;
     type Name = String;

@@ -603,7 +603,9 @@ impl Resource {
     fn decode(kind: Kind, value: serde_yaml_ng::Value) -> Result<Resource, Invalid> {
         Ok(match kind {
             Kind::Role => Resource::Role(decode_kind(value)?),
-            Kind::ClusterMaintenanceConfig => Resource::ClusterMaintenanceConfig(decode_kind(value)?),
+            Kind::ClusterMaintenanceConfig => {
+                Resource::ClusterMaintenanceConfig(decode_kind(maintenance_config::fill_defaults(value))?)
+            }
             Kind::User => Resource::User(decode_kind(value)?),
             Kind::Github => Resource::Github(decode_kind(value)?),
             Kind::Saml => Resource::Saml(decode_kind(value)?),
