@@ -14,7 +14,11 @@
 use std::{fmt, time::SystemTime};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use time::{Date, Duration, OffsetDateTime, Time, Weekday, format_description::well_known::Rfc3339};
+use time::{Date, Duration, OffsetDateTime, Time, format_description::well_known::Rfc3339};
+
+/// The weekday type used in [`AgentUpgradeWindow`], re-exported so callers need not depend on
+/// `time` themselves.
+pub use time::Weekday;
 
 /// Length of every maintenance window (specification §8).
 pub const WINDOW_LENGTH: std::time::Duration = std::time::Duration::from_secs(3600);
