@@ -1,7 +1,7 @@
 //! The svc domain model, shared by every service, client and updater.
 //!
 //! This crate has no socket, file-watching or process code: everything here is a plain function
-//! over data (with a [`clock`](crate::clock) passed in where time matters), so it can be tested
+//! over data (with a [`clock`] passed in where time matters), so it can be tested
 //! without a network and embedded anywhere. The crates above it (`svc-net`, `svc-update`,
 //! `svc-bins`) do the I/O.
 //!
@@ -12,6 +12,10 @@
 //! | [`secret`] | [`Secret`], a wrapper that never prints what it holds |
 //! | [`channel`] | version channel definitions (`automatic_upgrades_channels`) |
 //! | [`config`] | the configuration file model (`svc.yaml`) |
+//! | [`clock`] | [`Clock`]: time as an input ([`SystemClock`], [`ManualClock`] for tests) |
+//! | [`resource`] | dynamic resources (`role`, `cluster_maintenance_config`, `user`, connectors, `token`): strict parsing, serialization |
+//! | [`rbac`] | [`RoleSet`]: verbs on resources, logins, label selectors, preset roles |
+//! | [`maintenance`] | maintenance windows and the schedules exported to updaters |
 //! | [`backend`] | storage: the [`Backend`](backend::Backend) trait, in-memory and embedded (redb) backends |
 //! | [`identity`] | certificate authorities, X.509 and OpenSSH certificates, identity verification |
 #![deny(missing_docs)]
@@ -20,11 +24,19 @@
 pub mod addr;
 pub mod backend;
 pub mod channel;
+pub mod clock;
 pub mod config;
 pub mod identity;
+pub mod maintenance;
+pub mod rbac;
+pub mod resource;
 pub mod secret;
 pub mod version;
 
 pub use addr::{Addr, AddrError, Host};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use maintenance::{AgentUpgradeWindow, MaintenanceError, ScheduleError, Window};
+pub use rbac::{AccessDenied, RoleSet, Verb};
+pub use resource::{Kind, Resource, ResourceError, ResourceRef, Revision, parse_resource, parse_resources};
 pub use secret::Secret;
 pub use version::{Compatibility, Version, VersionError};

@@ -3,33 +3,16 @@
 //! the `conformance!` invocations at the bottom.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use svc_core::backend::{
-    Backend, BackendError, EmbeddedBackend, Event, Item, Key, KeyRange, MemoryBackend, NowFn, Revision,
-    WatchError,
+    Backend, BackendError, EmbeddedBackend, Event, Item, Key, KeyRange, MemoryBackend, Revision, WatchError,
 };
+use svc_core::{Clock, ManualClock};
 
-/// A clock the test moves by hand, in whole seconds since the epoch.
-#[derive(Clone)]
-struct ManualClock(Arc<AtomicU64>);
-
-impl ManualClock {
-    fn new() -> Self {
-        Self(Arc::new(AtomicU64::new(1_800_000_000)))
-    }
-    fn now(&self) -> SystemTime {
-        UNIX_EPOCH + Duration::from_secs(self.0.load(Ordering::SeqCst))
-    }
-    fn advance(&self, secs: u64) {
-        self.0.fetch_add(secs, Ordering::SeqCst);
-    }
-    fn as_now_fn(&self) -> NowFn {
-        let clock = self.clone();
-        Arc::new(move || clock.now())
-    }
+fn clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::at_unix(1_800_000_000))
 }
 
 /// A backend under test plus whatever keeps it alive (a temporary directory).
@@ -38,16 +21,16 @@ struct Subject {
     _dir: Option<tempfile::TempDir>,
 }
 
-fn memory(now: NowFn, buffer: usize) -> Subject {
+fn memory(clock: Arc<dyn Clock>, buffer: usize) -> Subject {
     Subject {
-        backend: Arc::new(MemoryBackend::with_options(now, buffer)),
+        backend: Arc::new(MemoryBackend::with_options(clock, buffer)),
         _dir: None,
     }
 }
 
-fn embedded(now: NowFn, buffer: usize) -> Subject {
+fn embedded(clock: Arc<dyn Clock>, buffer: usize) -> Subject {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let backend = EmbeddedBackend::open_with_options(dir.path().join("db.redb"), now, buffer)
+    let backend = EmbeddedBackend::open_with_options(dir.path().join("db.redb"), clock, buffer)
         .expect("open embedded backend");
     Subject {
         backend: Arc::new(backend),
@@ -55,8 +38,8 @@ fn embedded(now: NowFn, buffer: usize) -> Subject {
     }
 }
 
-async fn crud_and_typed_errors(make: fn(NowFn, usize) -> Subject) -> Result<()> {
-    let s = make(ManualClock::new().as_now_fn(), 64);
+async fn crud_and_typed_errors(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    let s = make(clock(), 64);
     let b = &s.backend;
     let key = Key::from("/users/alice");
     ensure!(b.get(&key).await?.is_none());
@@ -112,8 +95,8 @@ async fn crud_and_typed_errors(make: fn(NowFn, usize) -> Subject) -> Result<()> 
     Ok(())
 }
 
-async fn range_prefix_and_bounds(make: fn(NowFn, usize) -> Subject) -> Result<()> {
-    let s = make(ManualClock::new().as_now_fn(), 64);
+async fn range_prefix_and_bounds(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    let s = make(clock(), 64);
     let b = &s.backend;
     for key in ["/a/2", "/a/1", "/ab", "/a/3/x", "/b/1", "/c"] {
         b.put(Item::new(key, key)).await?;
@@ -136,9 +119,9 @@ async fn range_prefix_and_bounds(make: fn(NowFn, usize) -> Subject) -> Result<()
     Ok(())
 }
 
-async fn expiry(make: fn(NowFn, usize) -> Subject) -> Result<()> {
-    let clock = ManualClock::new();
-    let s = make(clock.as_now_fn(), 64);
+async fn expiry(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    let clock = clock();
+    let s = make(clock.clone(), 64);
     let b = &s.backend;
     let soon = clock.now() + Duration::from_secs(10);
     b.put(Item::new("/tokens/t1", "x").with_expiry(soon)).await?;
@@ -149,7 +132,7 @@ async fn expiry(make: fn(NowFn, usize) -> Subject) -> Result<()> {
     let mut watcher = b.watch(&Key::from("/tokens/")).await?;
     ensure!(matches!(watcher.next().await?, Event::Init { .. }));
 
-    clock.advance(10);
+    clock.advance(Duration::from_secs(10));
     ensure!(
         b.get(&Key::from("/tokens/t1")).await?.is_none(),
         "expired exactly at its expiry time"
@@ -181,10 +164,10 @@ async fn expiry(make: fn(NowFn, usize) -> Subject) -> Result<()> {
     Ok(())
 }
 
-async fn cas_race_loses_no_update(make: fn(NowFn, usize) -> Subject) -> Result<()> {
+async fn cas_race_loses_no_update(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
     const TASKS: u64 = 8;
     const INCREMENTS: u64 = 20;
-    let s = make(ManualClock::new().as_now_fn(), 4096);
+    let s = make(clock(), 4096);
     let key = Key::from("/counter");
     s.backend.create(Item::new(key.clone(), "0")).await?;
     let mut tasks = Vec::new();
@@ -222,8 +205,8 @@ async fn cas_race_loses_no_update(make: fn(NowFn, usize) -> Subject) -> Result<(
     Ok(())
 }
 
-async fn watch_delivers_every_change_in_order(make: fn(NowFn, usize) -> Subject) -> Result<()> {
-    let s = make(ManualClock::new().as_now_fn(), 4096);
+async fn watch_delivers_every_change_in_order(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    let s = make(clock(), 4096);
     let b = &s.backend;
     b.put(Item::new("/nodes/before", "old")).await?;
     let start = b.current_revision().await?;
@@ -289,8 +272,8 @@ async fn watch_delivers_every_change_in_order(make: fn(NowFn, usize) -> Subject)
     Ok(())
 }
 
-async fn slow_watcher_gets_lagged(make: fn(NowFn, usize) -> Subject) -> Result<()> {
-    let s = make(ManualClock::new().as_now_fn(), 4);
+async fn slow_watcher_gets_lagged(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    let s = make(clock(), 4);
     let b = &s.backend;
     let mut w = b.watch(&Key::from("/")).await?;
     ensure!(matches!(w.next().await?, Event::Init { .. }));
@@ -309,8 +292,8 @@ async fn slow_watcher_gets_lagged(make: fn(NowFn, usize) -> Subject) -> Result<(
     Ok(())
 }
 
-async fn watch_closes_with_backend(make: fn(NowFn, usize) -> Subject) -> Result<()> {
-    let s = make(ManualClock::new().as_now_fn(), 4);
+async fn watch_closes_with_backend(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    let s = make(clock(), 4);
     let mut w = s.backend.watch(&Key::from("/")).await?;
     ensure!(matches!(w.next().await?, Event::Init { .. }));
     drop(s);

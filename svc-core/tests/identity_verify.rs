@@ -93,9 +93,9 @@ fn host_identity_reads_back_exactly() -> Result<()> {
     let cert = c
         .host_ca
         .sign_host_x509(&req, &tls_key()?.subject_public_key_info(), t0())?;
-    let got = c
-        .verifier
-        .verify_host_x509(&[cert.clone()], t0() + HOUR, Some(SystemRole::Node))?;
+    let got =
+        c.verifier
+            .verify_host_x509(std::slice::from_ref(&cert), t0() + HOUR, Some(SystemRole::Node))?;
     ensure!(got == expected, "x509: {got:?}");
     ensure!(matches!(
         c.verifier.verify_any_x509(&[cert], t0())?,
@@ -129,13 +129,13 @@ fn user_identity_reads_back_exactly() -> Result<()> {
         .sign_user_x509(&req, &tls_key()?.subject_public_key_info(), t0())?;
     match c
         .verifier
-        .verify_x509(&[cert.clone()], t0(), IdentityKind::User)?
+        .verify_x509(std::slice::from_ref(&cert), t0(), IdentityKind::User)?
     {
         Identity::User(got) => ensure!(got == expected, "x509: {got:?}"),
         other => bail!("expected a user, got {other:?}"),
     }
     ensure!(matches!(
-        c.verifier.verify_any_x509(&[cert.clone()], t0())?,
+        c.verifier.verify_any_x509(std::slice::from_ref(&cert), t0())?,
         Identity::User(ref u) if *u == expected
     ));
     let ssh_cert = c.user_ca.sign_user_ssh(&req, ssh_key(2).public_key(), t0())?;

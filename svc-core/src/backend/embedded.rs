@@ -21,9 +21,9 @@ use tokio::sync::broadcast;
 
 use super::memory::DEFAULT_WATCH_BUFFER;
 use super::{
-    Backend, BackendError, Event, Item, Key, KeyRange, NowFn, Revision, Watcher, WriteOp, check_write,
-    system_now,
+    Backend, BackendError, Event, Item, Key, KeyRange, Revision, Watcher, WriteOp, check_write, system_clock,
 };
+use crate::clock::Clock;
 
 const ITEMS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("items");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
@@ -47,7 +47,7 @@ struct Inner {
     /// subscribe, never across disk I/O, so async callers of `watch` never wait for an fsync.
     published: Mutex<Revision>,
     events: broadcast::Sender<Event>,
-    now: NowFn,
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for EmbeddedBackend {
@@ -66,7 +66,7 @@ impl EmbeddedBackend {
     /// its last committed state. This does blocking file I/O: call it before serving, or from
     /// `spawn_blocking`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, BackendError> {
-        Self::open_with_options(path, system_now(), DEFAULT_WATCH_BUFFER)
+        Self::open_with_options(path, system_clock(), DEFAULT_WATCH_BUFFER)
     }
 
     /// Opens (or creates) `<data_dir>/backend.redb`, creating `data_dir` if needed.
@@ -76,11 +76,11 @@ impl EmbeddedBackend {
         Self::open(dir.join(Self::FILE_NAME))
     }
 
-    /// Like [`open`](Self::open), reading the time from `now` (for expiry), with watchers
+    /// Like [`open`](Self::open), reading the time from `clock` (for expiry), with watchers
     /// allowed to fall `watch_buffer` events behind before they lag.
     pub fn open_with_options(
         path: impl AsRef<Path>,
-        now: NowFn,
+        clock: Arc<dyn Clock>,
         watch_buffer: usize,
     ) -> Result<Self, BackendError> {
         let path = path.as_ref().to_path_buf();
@@ -110,7 +110,7 @@ impl EmbeddedBackend {
                 writer: Mutex::new(Revision(revision)),
                 published: Mutex::new(Revision(revision)),
                 events,
-                now,
+                clock,
             }),
         })
     }
@@ -138,7 +138,7 @@ impl EmbeddedBackend {
 
 impl Inner {
     fn write(&self, op: WriteOp, mut item: Item) -> Result<Revision, BackendError> {
-        let now = (self.now)();
+        let now = self.clock.now();
         let mut last = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let txn = self
             .db
@@ -198,7 +198,7 @@ impl Inner {
     }
 
     fn read_range(&self, range: &KeyRange) -> Result<Vec<Item>, BackendError> {
-        let now = (self.now)();
+        let now = self.clock.now();
         let txn = self
             .db
             .begin_read()
@@ -231,7 +231,7 @@ impl Backend for EmbeddedBackend {
     async fn get(&self, key: &Key) -> Result<Option<Item>, BackendError> {
         let key = key.clone();
         self.blocking(move |inner| {
-            let now = (inner.now)();
+            let now = inner.clock.now();
             let txn = inner
                 .db
                 .begin_read()
@@ -288,7 +288,7 @@ impl Backend for EmbeddedBackend {
 
     async fn purge_expired(&self) -> Result<usize, BackendError> {
         self.blocking(|inner| {
-            let now = (inner.now)();
+            let now = inner.clock.now();
             let mut purged = 0;
             for key in expired_keys(inner, now)? {
                 // Each delete re-checks under the writer lock: an item rewritten since the

@@ -3,15 +3,15 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use tokio::sync::broadcast;
 
 use super::{
-    Backend, BackendError, Event, Item, Key, KeyRange, NowFn, Revision, Watcher, WriteOp, check_write,
-    system_now,
+    Backend, BackendError, Event, Item, Key, KeyRange, Revision, Watcher, WriteOp, check_write, system_clock,
 };
+use crate::clock::Clock;
 
 /// How many events a watcher may fall behind before it gets
 /// [`WatchError::Lagged`](super::WatchError::Lagged).
@@ -21,7 +21,7 @@ pub(crate) const DEFAULT_WATCH_BUFFER: usize = 4096;
 pub struct MemoryBackend {
     state: Mutex<State>,
     events: broadcast::Sender<Event>,
-    now: NowFn,
+    clock: Arc<dyn Clock>,
 }
 
 #[derive(Default)]
@@ -45,17 +45,17 @@ impl Default for MemoryBackend {
 impl MemoryBackend {
     /// An empty backend on the system clock.
     pub fn new() -> Self {
-        Self::with_options(system_now(), DEFAULT_WATCH_BUFFER)
+        Self::with_options(system_clock(), DEFAULT_WATCH_BUFFER)
     }
 
-    /// An empty backend reading the time from `now` (for expiry), whose watchers may fall
+    /// An empty backend reading the time from `clock` (for expiry), whose watchers may fall
     /// `watch_buffer` events behind before they lag.
-    pub fn with_options(now: NowFn, watch_buffer: usize) -> Self {
+    pub fn with_options(clock: Arc<dyn Clock>, watch_buffer: usize) -> Self {
         let (events, _) = broadcast::channel(watch_buffer.max(1));
         Self {
             state: Mutex::new(State::default()),
             events,
-            now,
+            clock,
         }
     }
 
@@ -66,7 +66,7 @@ impl MemoryBackend {
     }
 
     fn write(&self, op: WriteOp, mut item: Item) -> Result<Revision, BackendError> {
-        let now = (self.now)();
+        let now = self.clock.now();
         let mut state = self.lock();
         let current = state.items.get(&item.key).filter(|i| !i.is_expired(now));
         check_write(&op, &item.key, current)?;
@@ -92,7 +92,7 @@ impl MemoryBackend {
 #[async_trait]
 impl Backend for MemoryBackend {
     async fn get(&self, key: &Key) -> Result<Option<Item>, BackendError> {
-        let now = (self.now)();
+        let now = self.clock.now();
         Ok(self.lock().items.get(key).filter(|i| !i.is_expired(now)).cloned())
     }
 
@@ -113,7 +113,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn range(&self, range: &KeyRange) -> Result<Vec<Item>, BackendError> {
-        let now = (self.now)();
+        let now = self.clock.now();
         let (start, end) = range.bounds();
         let end = end.map_or(Bound::Unbounded, |e| Bound::Excluded(Key::new(e)));
         Ok(self
@@ -135,7 +135,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn purge_expired(&self) -> Result<usize, BackendError> {
-        let now = (self.now)();
+        let now = self.clock.now();
         let expired: Vec<Key> = self
             .lock()
             .items

@@ -36,6 +36,8 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 
+use crate::clock::{Clock, SystemClock};
+
 pub use embedded::EmbeddedBackend;
 pub use memory::MemoryBackend;
 pub use watch::{WatchError, Watcher};
@@ -130,6 +132,14 @@ impl Revision {
 impl fmt::Display for Revision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
+    }
+}
+
+/// A stored resource's opaque revision ([`crate::resource::Revision`], what `tctl` and the API
+/// show and send back for compare-and-swap) is the backend revision written as a number.
+impl From<Revision> for crate::resource::Revision {
+    fn from(revision: Revision) -> Self {
+        crate::resource::Revision::from(revision.0)
     }
 }
 
@@ -324,12 +334,9 @@ impl BackendError {
     }
 }
 
-/// Where a backend reads the time, for expiry. Defaults to the system clock; tests inject a
-/// controllable one. (A plain function so any clock type adapts with a closure.)
-pub type NowFn = Arc<dyn Fn() -> SystemTime + Send + Sync>;
-
-pub(crate) fn system_now() -> NowFn {
-    Arc::new(SystemTime::now)
+/// The system clock, the default for expiry checks.
+pub(crate) fn system_clock() -> Arc<dyn Clock> {
+    Arc::new(SystemClock)
 }
 
 /// The storage contract of the Auth Service. See the [module docs](self) for the semantics
@@ -410,6 +417,12 @@ mod tests {
         assert_eq!(prefix_end(b"a\xff\xff"), Some(b"b".to_vec()));
         assert_eq!(prefix_end(b"\xff"), None);
         assert_eq!(prefix_end(b""), None);
+    }
+
+    #[test]
+    fn resource_revision_is_the_backend_revision() {
+        let r: crate::resource::Revision = Revision(42).into();
+        assert_eq!(r.as_str(), "42");
     }
 
     #[test]

@@ -1,0 +1,505 @@
+//! Role-based access control: what a signed-in user may do, decided from their roles.
+//!
+//! Data flow: the Auth Service loads the roles named in a user's certificate into a [`RoleSet`],
+//! then asks [`RoleSet::check`] before every API call on a resource (`tctl create`, `get`, …),
+//! [`RoleSet::logins`] when issuing SSH certificates, and [`RoleSet::labels_allowed`] before
+//! showing or dialing a node, app, database, Kubernetes cluster or desktop. Deny always beats
+//! allow, across all roles.
+//!
+//! The preset roles ([`preset_editor`], [`preset_access`], [`preset_auditor`]) deliberately do not
+//! grant anything on `cluster_maintenance_config`: the specification (§2.4) requires an
+//! administrator to create a role for it.
+
+use std::{collections::BTreeMap, collections::BTreeSet, fmt};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::resource::{LabelSelector, LabelValues, Role, RoleConditions, Rule};
+
+/// The resource names a rule may list, besides `*`: every resource kind plus the read-only
+/// views and the resources agents serve.
+pub const RULE_RESOURCES: &[&str] = &[
+    "role",
+    "cluster_maintenance_config",
+    "user",
+    "github",
+    "saml",
+    "oidc",
+    "token",
+    "inventory",
+    "cluster_status",
+    "node",
+    "app",
+    "db",
+    "kube_cluster",
+    "windows_desktop",
+];
+
+/// Name of the preset `editor` role.
+pub const EDITOR_ROLE: &str = "editor";
+/// Name of the preset `access` role.
+pub const ACCESS_ROLE: &str = "access";
+/// Name of the preset `auditor` role.
+pub const AUDITOR_ROLE: &str = "auditor";
+
+/// An action on a resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Verb {
+    /// `create`
+    Create,
+    /// `read`
+    Read,
+    /// `list`
+    List,
+    /// `update`
+    Update,
+    /// `delete`
+    Delete,
+    /// `*`: every verb.
+    All,
+}
+
+impl Verb {
+    /// Every verb, in the order error messages list them.
+    pub const ALL: [Verb; 6] = [
+        Verb::Create,
+        Verb::Read,
+        Verb::List,
+        Verb::Update,
+        Verb::Delete,
+        Verb::All,
+    ];
+
+    /// The name written in rules.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Verb::Create => "create",
+            Verb::Read => "read",
+            Verb::List => "list",
+            Verb::Update => "update",
+            Verb::Delete => "delete",
+            Verb::All => "*",
+        }
+    }
+
+    /// Whether a rule listing `self` covers a request for `requested`.
+    fn covers(self, requested: Verb) -> bool {
+        self == Verb::All || self == requested
+    }
+}
+
+impl fmt::Display for Verb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Verb {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Verb::ALL.into_iter().find(|v| v.as_str() == s).ok_or_else(|| {
+            let all: Vec<&str> = Verb::ALL.iter().map(|v| v.as_str()).collect();
+            format!("unknown verb \"{s}\", expected one of: {}", all.join(", "))
+        })
+    }
+}
+
+impl Serialize for Verb {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Verb {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A refused action. The message names the verb and the resource, never the caller's secrets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("access denied to perform action \"{verb}\" on \"{resource}\"")]
+pub struct AccessDenied {
+    /// The verb asked for.
+    pub verb: Verb,
+    /// The resource kind asked about.
+    pub resource: String,
+}
+
+/// Which label selector of a role applies to a resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LabelKind {
+    /// SSH nodes: `node_labels`.
+    Node,
+    /// Applications: `app_labels`.
+    App,
+    /// Databases: `db_labels`.
+    Db,
+    /// Kubernetes clusters: `kubernetes_labels`.
+    Kubernetes,
+    /// Windows desktops: `windows_desktop_labels`.
+    WindowsDesktop,
+}
+
+impl LabelKind {
+    /// The selector of `conditions` that applies to this kind.
+    pub fn selector(self, conditions: &RoleConditions) -> &LabelSelector {
+        match self {
+            LabelKind::Node => &conditions.node_labels,
+            LabelKind::App => &conditions.app_labels,
+            LabelKind::Db => &conditions.db_labels,
+            LabelKind::Kubernetes => &conditions.kubernetes_labels,
+            LabelKind::WindowsDesktop => &conditions.windows_desktop_labels,
+        }
+    }
+}
+
+/// Whether `labels` satisfy `selector`.
+///
+/// Every key of the selector must match (AND); a key matches when the resource has that label
+/// with one of the listed values, or the list holds `*` (any value, label present). The selector
+/// `{"*": "*"}` matches every resource, labelled or not. An empty selector matches nothing, so a
+/// role that says nothing about a kind grants nothing on it.
+pub fn matches_labels(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    if selector.is_empty() {
+        return false;
+    }
+    selector.iter().all(|(key, LabelValues(values))| {
+        let any = values.iter().any(|v| v == "*");
+        if key == "*" {
+            return any;
+        }
+        match labels.get(key) {
+            Some(actual) => any || values.iter().any(|v| v == actual),
+            None => false,
+        }
+    })
+}
+
+/// The roles of one user, evaluated together.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoleSet {
+    roles: Vec<Role>,
+}
+
+fn rule_matches(rule: &Rule, verb: Verb, resource: &str) -> bool {
+    rule.resources.iter().any(|r| r == "*" || r == resource) && rule.verbs.iter().any(|v| v.covers(verb))
+}
+
+impl RoleSet {
+    /// Evaluates these roles together.
+    pub fn new(roles: impl IntoIterator<Item = Role>) -> Self {
+        Self {
+            roles: roles.into_iter().collect(),
+        }
+    }
+
+    /// The roles, in the order given.
+    pub fn roles(&self) -> &[Role] {
+        &self.roles
+    }
+
+    /// The role names, in the order given.
+    pub fn names(&self) -> Vec<&str> {
+        self.roles.iter().map(|r| r.metadata.name.as_str()).collect()
+    }
+
+    /// Whether `verb` on `resource` (a kind name such as `cluster_maintenance_config`) is allowed:
+    /// some role's allow rule covers it and no role's deny rule does.
+    ///
+    /// `resource` is a [`Kind`](crate::resource::Kind) or any name of [`RULE_RESOURCES`].
+    pub fn check(&self, verb: Verb, resource: impl AsRef<str>) -> Result<(), AccessDenied> {
+        let resource = resource.as_ref();
+        let denied = self
+            .roles
+            .iter()
+            .flat_map(|r| &r.spec.deny.rules)
+            .any(|rule| rule_matches(rule, verb, resource));
+        let allowed = self
+            .roles
+            .iter()
+            .flat_map(|r| &r.spec.allow.rules)
+            .any(|rule| rule_matches(rule, verb, resource));
+        if allowed && !denied {
+            Ok(())
+        } else {
+            Err(AccessDenied {
+                verb,
+                resource: resource.to_owned(),
+            })
+        }
+    }
+
+    /// [`check`](Self::check) as a boolean.
+    pub fn allows(&self, verb: Verb, resource: impl AsRef<str>) -> bool {
+        self.check(verb, resource).is_ok()
+    }
+
+    /// The OS logins granted: the union of all allowed logins minus every denied one (a denied
+    /// `*` removes them all).
+    pub fn logins(&self) -> BTreeSet<String> {
+        let denied: BTreeSet<&str> = self
+            .roles
+            .iter()
+            .flat_map(|r| &r.spec.deny.logins)
+            .map(String::as_str)
+            .collect();
+        if denied.contains("*") {
+            return BTreeSet::new();
+        }
+        self.roles
+            .iter()
+            .flat_map(|r| &r.spec.allow.logins)
+            .filter(|l| !denied.contains(l.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// Whether a resource of `kind` carrying `labels` is accessible: some role's allow selector
+    /// matches and no role's deny selector does.
+    pub fn labels_allowed(&self, kind: LabelKind, labels: &BTreeMap<String, String>) -> bool {
+        let denied = self
+            .roles
+            .iter()
+            .any(|r| matches_labels(kind.selector(&r.spec.deny), labels));
+        !denied
+            && self
+                .roles
+                .iter()
+                .any(|r| matches_labels(kind.selector(&r.spec.allow), labels))
+    }
+}
+
+/// The `editor` preset: manages users, roles, connectors and join tokens, and reads the agent
+/// inventory and cluster status. Nothing on `cluster_maintenance_config` (specification §2.4).
+pub fn preset_editor() -> Role {
+    let mut role = Role::new(EDITOR_ROLE);
+    role.metadata.description = Some("Edit cluster configuration".into());
+    role.spec.allow.rules = vec![
+        Rule::new(["user", "role", "github", "saml", "oidc", "token"], [Verb::All]),
+        Rule::new(["inventory", "cluster_status"], [Verb::Read, Verb::List]),
+    ];
+    role
+}
+
+/// The `access` preset: the given OS logins and every node, app, database, Kubernetes cluster and
+/// desktop. Pass the user's `logins` trait ([`crate::resource::User::logins`]).
+pub fn preset_access<S: Into<String>>(logins: impl IntoIterator<Item = S>) -> Role {
+    let mut role = Role::new(ACCESS_ROLE);
+    role.metadata.description = Some("Access cluster resources".into());
+    let everything = || LabelSelector::from([("*".to_owned(), LabelValues::any())]);
+    let allow = &mut role.spec.allow;
+    allow.logins = logins.into_iter().map(Into::into).collect();
+    allow.node_labels = everything();
+    allow.app_labels = everything();
+    allow.db_labels = everything();
+    allow.kubernetes_labels = everything();
+    allow.windows_desktop_labels = everything();
+    role
+}
+
+/// The `auditor` preset: reads and lists users, roles, connectors (secrets are never shown by
+/// reading), the inventory and the cluster status. No tokens: their names are secrets.
+pub fn preset_auditor() -> Role {
+    let mut role = Role::new(AUDITOR_ROLE);
+    role.metadata.description = Some("Review cluster configuration".into());
+    role.spec.allow.rules = vec![Rule::new(
+        [
+            "user",
+            "role",
+            "github",
+            "saml",
+            "oidc",
+            "inventory",
+            "cluster_status",
+        ],
+        [Verb::Read, Verb::List],
+    )];
+    role
+}
+
+/// All preset roles, the `access` one with `access_logins`.
+pub fn preset_roles<S: Into<String>>(access_logins: impl IntoIterator<Item = S>) -> Vec<Role> {
+    vec![preset_editor(), preset_access(access_logins), preset_auditor()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::{Resource, parse_resource};
+
+    const SPEC_ROLE: &str = "\
+kind: role
+version: v7
+metadata:
+  name: maintenance-admin
+spec:
+  allow:
+    rules:
+    - resources: [cluster_maintenance_config]
+      verbs: [create, read, update, delete]
+";
+
+    fn spec_role() -> Role {
+        match parse_resource(SPEC_ROLE).unwrap() {
+            Resource::Role(r) => r,
+            other => panic!("expected a role, got {other:?}"),
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn no_preset_role_grants_anything_on_cluster_maintenance_config() {
+        let presets = preset_roles(["root"]);
+        assert_eq!(presets.len(), 3);
+        for role in &presets {
+            let set = RoleSet::new([role.clone()]);
+            for verb in Verb::ALL {
+                assert!(
+                    !set.allows(verb, "cluster_maintenance_config"),
+                    "preset {} grants {verb} on cluster_maintenance_config",
+                    role.metadata.name
+                );
+            }
+        }
+        let all = RoleSet::new(presets);
+        for verb in Verb::ALL {
+            assert!(!all.allows(verb, "cluster_maintenance_config"));
+        }
+        assert_eq!(
+            all.check(Verb::Create, "cluster_maintenance_config")
+                .unwrap_err()
+                .to_string(),
+            "access denied to perform action \"create\" on \"cluster_maintenance_config\""
+        );
+    }
+
+    #[test]
+    fn spec_role_grants_exactly_its_verbs() {
+        let set = RoleSet::new(preset_roles(["root"]).into_iter().chain([spec_role()]));
+        for verb in [Verb::Create, Verb::Read, Verb::Update, Verb::Delete] {
+            set.check(verb, "cluster_maintenance_config").unwrap();
+        }
+        assert!(!set.allows(Verb::List, "cluster_maintenance_config"));
+        assert!(!set.allows(Verb::All, "cluster_maintenance_config"));
+        assert!(!RoleSet::new([spec_role()]).allows(Verb::Create, "role"));
+    }
+
+    #[test]
+    fn presets_grant_what_they_say() {
+        let editor = RoleSet::new([preset_editor()]);
+        for kind in ["user", "role", "github", "saml", "oidc", "token"] {
+            for verb in Verb::ALL {
+                editor.check(verb, kind).unwrap();
+            }
+        }
+        editor.check(Verb::Read, "inventory").unwrap();
+        editor.check(Verb::List, "inventory").unwrap();
+        assert!(!editor.allows(Verb::Delete, "inventory"));
+        let auditor = RoleSet::new([preset_auditor()]);
+        auditor.check(Verb::List, "role").unwrap();
+        assert!(!auditor.allows(Verb::Update, "role"));
+        assert!(!auditor.allows(Verb::Read, "token"));
+        let access = RoleSet::new([preset_access(["root", "ubuntu"])]);
+        assert_eq!(
+            access.logins(),
+            BTreeSet::from(["root".to_owned(), "ubuntu".to_owned()])
+        );
+        assert!(access.labels_allowed(LabelKind::Node, &labels(&[])));
+        assert!(access.labels_allowed(LabelKind::Db, &labels(&[("env", "prod")])));
+        assert!(!access.allows(Verb::Read, "user"));
+        // Presets are valid roles: they survive a round trip through the parser.
+        for role in preset_roles(["root"]) {
+            let text = Resource::Role(role.clone()).to_yaml().unwrap();
+            assert_eq!(parse_resource(&text).unwrap(), Resource::Role(role));
+        }
+    }
+
+    #[test]
+    fn deny_beats_allow() {
+        let mut deny = Role::new("no-tokens");
+        deny.spec.deny.rules = vec![Rule::new(["token"], [Verb::Delete])];
+        deny.spec.deny.logins = vec!["root".into()];
+        let set = RoleSet::new([preset_editor(), preset_access(["root", "alice"]), deny.clone()]);
+        assert!(set.allows(Verb::Create, "token"));
+        assert_eq!(
+            set.check(Verb::Delete, "token").unwrap_err(),
+            AccessDenied {
+                verb: Verb::Delete,
+                resource: "token".into()
+            }
+        );
+        assert_eq!(set.logins(), BTreeSet::from(["alice".to_owned()]));
+        deny.spec.deny.rules = vec![Rule::new(["*"], [Verb::All])];
+        deny.spec.deny.logins = vec!["*".into()];
+        let set = RoleSet::new([preset_editor(), preset_access(["root"]), deny]);
+        assert!(!set.allows(Verb::Read, "user"));
+        assert!(set.logins().is_empty());
+    }
+
+    #[test]
+    fn wildcards_in_rules() {
+        let mut admin = Role::new("admin");
+        admin.spec.allow.rules = vec![Rule::new(["*"], [Verb::All])];
+        let set = RoleSet::new([admin]);
+        set.check(Verb::Update, crate::resource::Kind::ClusterMaintenanceConfig)
+            .unwrap();
+        set.check(Verb::All, "token").unwrap();
+        assert!(!RoleSet::default().allows(Verb::Read, "role"));
+    }
+
+    #[test]
+    fn label_matching() {
+        let sel = |pairs: &[(&str, &[&str])]| -> LabelSelector {
+            pairs
+                .iter()
+                .map(|(k, vs)| ((*k).to_owned(), vs.iter().copied().collect()))
+                .collect()
+        };
+        let prod = labels(&[("env", "prod"), ("team", "db")]);
+        assert!(!matches_labels(&LabelSelector::new(), &prod));
+        assert!(matches_labels(&sel(&[("*", &["*"])]), &prod));
+        assert!(matches_labels(&sel(&[("*", &["*"])]), &labels(&[])));
+        assert!(!matches_labels(&sel(&[("*", &["prod"])]), &prod));
+        assert!(matches_labels(&sel(&[("env", &["staging", "prod"])]), &prod));
+        assert!(matches_labels(&sel(&[("env", &["*"])]), &prod));
+        assert!(!matches_labels(&sel(&[("region", &["*"])]), &prod));
+        assert!(matches_labels(
+            &sel(&[("env", &["prod"]), ("team", &["db"])]),
+            &prod
+        ));
+        assert!(!matches_labels(
+            &sel(&[("env", &["prod"]), ("team", &["web"])]),
+            &prod
+        ));
+
+        let mut no_prod = Role::new("no-prod");
+        no_prod.spec.deny.node_labels = sel(&[("env", &["prod"])]);
+        let set = RoleSet::new([preset_access(["root"]), no_prod]);
+        assert!(!set.labels_allowed(LabelKind::Node, &prod));
+        assert!(set.labels_allowed(LabelKind::Node, &labels(&[("env", "dev")])));
+        assert!(set.labels_allowed(LabelKind::App, &prod));
+    }
+
+    #[test]
+    fn verb_names() {
+        for verb in Verb::ALL {
+            assert_eq!(verb.as_str().parse::<Verb>().unwrap(), verb);
+        }
+        assert_eq!(
+            "write".parse::<Verb>().unwrap_err(),
+            "unknown verb \"write\", expected one of: create, read, list, update, delete, *"
+        );
+    }
+}
