@@ -109,10 +109,10 @@ fn start_sshd(dir: &Path, host_ca: &CertAuthority, user_ca: &CertAuthority) -> R
         let mut ready = Some(ready_tx);
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             eprintln!("sshd: {line}");
-            if line.contains("Server listening on") {
-                if let Some(tx) = ready.take() {
-                    let _ = tx.send(());
-                }
+            if line.contains("Server listening on")
+                && let Some(tx) = ready.take()
+            {
+                let _ = tx.send(());
             }
         }
     });
