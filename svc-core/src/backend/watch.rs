@@ -4,8 +4,10 @@
 //! sent while the writer still holds the write lock, so receivers see changes in revision
 //! order. Each [`Watcher`] filters by its prefix. A watcher whose buffer overflows gets
 //! [`WatchError::Lagged`] once and is closed: the caller re-lists and watches again, which is
-//! exactly what an etcd watcher does after a compaction. Other implementations (etcd) feed a
-//! watcher through [`Watcher::from_channel`].
+//! exactly what an etcd watcher does after a compaction. The buffer is shared by all prefixes,
+//! so a busy prefix can make a watcher of a quiet one lag too (and `missed` counts events of
+//! every prefix): the remedy is the same re-list. Other implementations (etcd) feed a watcher
+//! through [`Watcher::from_channel`].
 
 use tokio::sync::{broadcast, mpsc};
 
