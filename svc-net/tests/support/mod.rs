@@ -91,11 +91,10 @@ impl ProcGuard {
 
 impl Drop for ProcGuard {
     fn drop(&mut self) {
-        // The group: squid starts helper processes (authenticator, pinger).
-        let pgid = self.child.id();
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{pgid}")])
-            .status();
+        // The whole group: squid starts helpers (the authenticator). Helpers orphaned this way
+        // are reaped by PID 1 where it reaps; a TERM first did not avoid that and cost seconds.
+        let pgid = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &pgid]).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
