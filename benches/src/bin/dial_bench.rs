@@ -8,7 +8,7 @@
 //!   starting one process per connection, which is how socat is used as a proxy client).
 //!
 //! Run: `cargo run --release -p svc-benches --bin dial_bench` (needs apt `tinyproxy`, `socat`).
-//! Options: `--gib N` (default 1), `--reps N` (default 5), `--conns N` (default 300).
+//! Options: `--gib N` (default 1), `--reps N` (default 9), `--conns N` (default 300).
 
 use std::{
     net::SocketAddr,
@@ -20,11 +20,7 @@ use std::{
 use anyhow::{Context, bail};
 use svc_core::{Addr, proxy_env::ProxyUrl};
 use svc_net::dial::{HttpConnect, ProxyConnector, TcpConnector, Tunneled, proxy_tls_config};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpListener,
-    sync::mpsc,
-};
+use tokio::{io::AsyncWriteExt, sync::mpsc};
 use tower::ServiceExt;
 
 const PROXY_IP: &str = "127.0.0.2";
@@ -59,18 +55,23 @@ fn need(bin: &str, package: &str) -> anyhow::Result<()> {
 }
 
 /// A sink that counts bytes per connection and reports each finished connection's count.
-async fn sink() -> anyhow::Result<(SocketAddr, mpsc::UnboundedReceiver<(u64, Instant)>)> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
+///
+/// Plain threads with blocking sockets, outside the client's runtime: the sink costs the same
+/// whichever client (ours or socat) sends, and does not compete with our client for its runtime.
+fn sink() -> anyhow::Result<(SocketAddr, mpsc::UnboundedReceiver<(u64, Instant)>)> {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut s) = conn else { continue };
             let _ = s.set_nodelay(true);
             let tx = tx.clone();
-            tokio::spawn(async move {
+            std::thread::spawn(move || {
                 let mut buf = vec![0u8; 256 * 1024];
                 let mut total = 0u64;
-                while let Ok(n) = s.read(&mut buf).await {
+                while let Ok(n) = s.read(&mut buf) {
                     if n == 0 {
                         break;
                     }
@@ -218,17 +219,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+// One thread for our client, as socat is one process.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     need("tinyproxy", "tinyproxy")?;
     need("socat", "socat")?;
     let bytes = arg("--gib", 1)? << 30;
-    let reps = arg("--reps", 5)?.max(1);
+    let reps = arg("--reps", 9)?.max(1);
     let conns = arg("--conns", 300)?.max(1);
 
     let dir = tempfile::tempdir()?;
     let (_proxy, proxy_port) = start_tinyproxy(dir.path()).await?;
-    let (sink_addr, mut done) = sink().await?;
+    let (sink_addr, mut done) = sink()?;
     let target = Addr::from(sink_addr);
     let proxy = ProxyUrl::parse("bench", &format!("http://{PROXY_IP}:{proxy_port}"))?;
     let connect = HttpConnect::new(
@@ -243,8 +245,14 @@ async fn main() -> anyhow::Result<()> {
     );
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for rep in 0..reps {
-        let a = ours_bulk(&connect, &target, bytes, &mut done).await?;
-        let b = socat_bulk(proxy_port, sink_addr, bytes, &mut done).await?;
+        // Who goes first alternates too, so drift in the machine's load hits both alike.
+        let (a, b) = if rep % 2 == 0 {
+            let a = ours_bulk(&connect, &target, bytes, &mut done).await?;
+            (a, socat_bulk(proxy_port, sink_addr, bytes, &mut done).await?)
+        } else {
+            let b = socat_bulk(proxy_port, sink_addr, bytes, &mut done).await?;
+            (ours_bulk(&connect, &target, bytes, &mut done).await?, b)
+        };
         let gbps = |d: Duration| bytes as f64 * 8.0 / d.as_secs_f64() / 1e9;
         println!(
             "  rep {rep}: svc {:.2} Gbit/s, socat {:.2} Gbit/s",
@@ -263,8 +271,13 @@ async fn main() -> anyhow::Result<()> {
     println!("setup: {conns} sequential tunnels per run, {reps} repetitions, alternating");
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for rep in 0..reps {
-        let a = ours_setup(&connect, &target, conns, &mut done).await?;
-        let b = socat_setup(proxy_port, sink_addr, conns, &mut done).await?;
+        let (a, b) = if rep % 2 == 0 {
+            let a = ours_setup(&connect, &target, conns, &mut done).await?;
+            (a, socat_setup(proxy_port, sink_addr, conns, &mut done).await?)
+        } else {
+            let b = socat_setup(proxy_port, sink_addr, conns, &mut done).await?;
+            (ours_setup(&connect, &target, conns, &mut done).await?, b)
+        };
         let rate = |d: Duration| conns as f64 / d.as_secs_f64();
         println!(
             "  rep {rep}: svc {:.0} tunnels/s, socat {:.0} tunnels/s",
