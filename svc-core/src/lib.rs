@@ -9,6 +9,7 @@
 //! |---|---|
 //! | [`version`] | [`Version`], the compatibility rule, the product's own version and limits |
 //! | [`addr`] | [`Addr`], one host:port type for every address in the cluster |
+//! | [`proxy_env`] | `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`: which proxy (if any) a dial uses |
 //! | [`secret`] | [`Secret`], a wrapper that never prints what it holds |
 //! | [`channel`] | version channel definitions (`automatic_upgrades_channels`) |
 //! | [`config`] | the configuration file model (`svc.yaml`) |
@@ -28,6 +29,7 @@ pub mod clock;
 pub mod config;
 pub mod identity;
 pub mod maintenance;
+pub mod proxy_env;
 pub mod rbac;
 pub mod resource;
 pub mod secret;

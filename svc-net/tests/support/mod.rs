@@ -1,0 +1,296 @@
+//! Test support for the dial tests: real proxies (tinyproxy, squid, stunnel) started per test on
+//! their own free port and temp dir, killed on drop; a loopback echo target.
+#![allow(dead_code, clippy::unwrap_used, unreachable_pub)]
+
+use std::{
+    net::{SocketAddr, TcpListener as StdListener},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+
+/// Where the test proxies listen. The specification forbids `127.0.0.1` and `localhost` as a
+/// proxy host, so proxies use another loopback address.
+pub const PROXY_IP: &str = "127.0.0.2";
+pub const USER: &str = "alice";
+pub const PASSWORD: &str = "Zq8-vL2_pw";
+/// The password percent-encoded for a URL (tinyproxy accepts few special characters, so an
+/// escaped unreserved one shows the decoding).
+pub const PASSWORD_URL: &str = "Zq8%2DvL2_pw";
+
+/// The path of a binary, or a failure naming the Debian package to install.
+pub fn require(binary: &str, package: &str) -> PathBuf {
+    for dir in [
+        "/usr/bin",
+        "/usr/sbin",
+        "/usr/local/bin",
+        "/usr/local/sbin",
+        "/bin",
+        "/sbin",
+    ] {
+        let p = Path::new(dir).join(binary);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "{binary} is not installed: this test needs the Debian package `{package}` \
+         (apt-get install -y {package}; CI installs it from .ci/apt-packages.d/dial.list)"
+    );
+}
+
+/// A free TCP port on `ip` (bound and released; the tool binds it next).
+pub fn free_port(ip: &str) -> u16 {
+    StdListener::bind((ip, 0)).unwrap().local_addr().unwrap().port()
+}
+
+/// Waits (bounded) until `addr` accepts connections.
+pub async fn wait_for_port(addr: SocketAddr, what: &str, child: &mut Child, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "{what} exited before listening on {addr}: {status}; its output:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not listen on {addr} within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A child process (in its own process group) killed with its group on drop.
+pub struct ProcGuard {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    pub name: &'static str,
+}
+
+impl ProcGuard {
+    pub fn addr(&self) -> SocketAddr {
+        format!("{PROXY_IP}:{}", self.port).parse().unwrap()
+    }
+
+    pub fn log(&self, file: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(file)).unwrap_or_default()
+    }
+}
+
+impl Drop for ProcGuard {
+    fn drop(&mut self) {
+        // The whole group: squid starts helpers (the authenticator). Helpers orphaned this way
+        // are reaped by PID 1 where it reaps; a TERM first did not avoid that and cost seconds.
+        let pgid = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &pgid]).status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(cmd: &mut Command, dir: &Path, log: &str) -> Child {
+    let out = std::fs::File::create(dir.join(log)).unwrap();
+    cmd.stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .process_group(0)
+        .spawn()
+        .unwrap()
+}
+
+fn tempdir_open() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    // squid drops to the `proxy` user and must read its files and write its logs.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}
+
+/// tinyproxy with `BasicAuth` and the given `ConnectPort`s (none: every port allowed).
+pub async fn tinyproxy(connect_ports: &[u16]) -> ProcGuard {
+    let bin = require("tinyproxy", "tinyproxy");
+    let dir = tempdir_open();
+    let port = free_port(PROXY_IP);
+    let mut conf = format!(
+        "Port {port}\nListen {PROXY_IP}\nTimeout 600\nLogLevel Connect\nMaxClients 200\n\
+         BasicAuth {USER} {PASSWORD}\n"
+    );
+    for p in connect_ports {
+        conf.push_str(&format!("ConnectPort {p}\n"));
+    }
+    let conf_path = dir.path().join("tinyproxy.conf");
+    std::fs::write(&conf_path, conf).unwrap();
+    let mut child = spawn(
+        Command::new(bin).arg("-d").arg("-c").arg(&conf_path),
+        dir.path(),
+        "tinyproxy.log",
+    );
+    let log = dir.path().join("tinyproxy.log");
+    let addr = format!("{PROXY_IP}:{port}").parse().unwrap();
+    wait_for_port(addr, "tinyproxy", &mut child, &log).await;
+    ProcGuard {
+        child,
+        dir,
+        port,
+        name: "tinyproxy",
+    }
+}
+
+/// squid with basic auth (basic_ncsa_auth, apr1 password file), CONNECT allowed to `443` and
+/// `connect_ports`, and names from `hosts` (`name → 127.0.0.1`) resolved from its own hosts file.
+pub async fn squid(connect_ports: &[u16], hosts: &[&str]) -> ProcGuard {
+    let bin = require("squid", "squid");
+    let helper = Path::new("/usr/lib/squid/basic_ncsa_auth");
+    assert!(
+        helper.exists(),
+        "{} is missing: install the Debian package `squid`",
+        helper.display()
+    );
+    let openssl = require("openssl", "openssl");
+    let dir = tempdir_open();
+    let d = dir.path().display().to_string();
+    let hash = Command::new(openssl)
+        .args(["passwd", "-apr1", PASSWORD])
+        .output()
+        .unwrap();
+    assert!(hash.status.success());
+    let hash = String::from_utf8(hash.stdout).unwrap();
+    std::fs::write(dir.path().join("passwd"), format!("{USER}:{}\n", hash.trim())).unwrap();
+    let hosts_file: String = hosts.iter().map(|h| format!("127.0.0.1 {h}\n")).collect();
+    std::fs::write(dir.path().join("hosts"), hosts_file).unwrap();
+    let port = free_port(PROXY_IP);
+    let ports: Vec<String> = connect_ports.iter().map(u16::to_string).collect();
+    let conf = format!(
+        "http_port {PROXY_IP}:{port}\n\
+         pid_filename none\n\
+         cache_log stdio:{d}/cache.log\n\
+         access_log stdio:{d}/access.log\n\
+         cache deny all\n\
+         cache_mem 8 MB\n\
+         coredump_dir {d}\n\
+         hosts_file {d}/hosts\n\
+         dns_nameservers 127.0.0.1\n\
+         pinger_enable off\n\
+         shutdown_lifetime 0 seconds\n\
+         auth_param basic program {} {d}/passwd\n\
+         auth_param basic realm svc-test\n\
+         acl authed proxy_auth REQUIRED\n\
+         acl tunnel_ports port 443 {}\n\
+         acl CONNECT method CONNECT\n\
+         http_access deny CONNECT !tunnel_ports\n\
+         http_access allow authed\n\
+         http_access deny all\n",
+        helper.display(),
+        ports.join(" ")
+    );
+    let conf_path = dir.path().join("squid.conf");
+    std::fs::write(&conf_path, conf).unwrap();
+    let mut child = spawn(
+        Command::new(bin).arg("-N").arg("-f").arg(&conf_path),
+        dir.path(),
+        "squid.out",
+    );
+    let log = dir.path().join("squid.out");
+    let addr = format!("{PROXY_IP}:{port}").parse().unwrap();
+    wait_for_port(addr, "squid", &mut child, &log).await;
+    ProcGuard {
+        child,
+        dir,
+        port,
+        name: "squid",
+    }
+}
+
+/// A test CA and a server certificate for `PROXY_IP`, as PEM: (ca_cert, server_cert, server_key).
+pub fn test_pki() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "svc test proxy CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.subject_alt_names = vec![SanType::IpAddress(PROXY_IP.parse().unwrap())];
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "svc test proxy");
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    (ca_cert.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// stunnel terminating TLS on its own port and forwarding to `backend` (plain).
+pub async fn stunnel(backend: SocketAddr, cert_pem: &str, key_pem: &str) -> ProcGuard {
+    let bin = require("stunnel4", "stunnel4");
+    let dir = tempdir_open();
+    std::fs::write(dir.path().join("cert.pem"), cert_pem).unwrap();
+    std::fs::write(dir.path().join("key.pem"), key_pem).unwrap();
+    let port = free_port(PROXY_IP);
+    let d = dir.path().display();
+    let conf = format!(
+        "foreground = yes\npid =\ndebug = 5\n[proxy]\naccept = {PROXY_IP}:{port}\n\
+         connect = {backend}\ncert = {d}/cert.pem\nkey = {d}/key.pem\n"
+    );
+    let conf_path = dir.path().join("stunnel.conf");
+    std::fs::write(&conf_path, conf).unwrap();
+    let mut child = spawn(Command::new(bin).arg(&conf_path), dir.path(), "stunnel.log");
+    let log = dir.path().join("stunnel.log");
+    let addr = format!("{PROXY_IP}:{port}").parse().unwrap();
+    wait_for_port(addr, "stunnel4", &mut child, &log).await;
+    ProcGuard {
+        child,
+        dir,
+        port,
+        name: "stunnel",
+    }
+}
+
+/// A loopback echo server; returns its address.
+pub async fn echo_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// Writes `msg`, reads the same number of bytes back.
+pub async fn round_trip<S>(stream: &mut S, msg: &[u8]) -> Vec<u8>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    stream.write_all(msg).await.unwrap();
+    let mut back = vec![0; msg.len()];
+    stream.read_exact(&mut back).await.unwrap();
+    back
+}
+
+/// A proxy URL for the test proxy with the test credentials.
+pub fn proxy_url(scheme: &str, port: u16, user: &str, password_url: Option<&str>) -> String {
+    match password_url {
+        Some(p) => format!("{scheme}://{user}:{p}@{PROXY_IP}:{port}"),
+        None => format!("{scheme}://{PROXY_IP}:{port}"),
+    }
+}
