@@ -17,13 +17,17 @@
 //! | [`resource`] | dynamic resources (`role`, `cluster_maintenance_config`, `user`, connectors, `token`): strict parsing, serialization |
 //! | [`rbac`] | [`RoleSet`]: verbs on resources, logins, label selectors, preset roles |
 //! | [`maintenance`] | maintenance windows and the schedules exported to updaters |
+//! | [`backend`] | storage: the [`Backend`](backend::Backend) trait, in-memory and embedded (redb) backends |
+//! | [`identity`] | certificate authorities, X.509 and OpenSSH certificates, identity verification |
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
 pub mod addr;
+pub mod backend;
 pub mod channel;
 pub mod clock;
 pub mod config;
+pub mod identity;
 pub mod maintenance;
 pub mod proxy_env;
 pub mod rbac;

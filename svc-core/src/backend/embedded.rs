@@ -1,0 +1,482 @@
+//! [`EmbeddedBackend`]: the default [`Backend`], one redb database file in the data directory.
+//!
+//! redb is a pure-Rust, copy-on-write B-tree with ACID transactions. Every write here is one
+//! transaction committed with `Durability::Immediate` (redb's default: the commit returns only
+//! after the data and the new root are fsynced), so an acknowledged write survives `kill -9`
+//! and power loss, and a crash mid-commit leaves the previous committed state. Writes are
+//! serialized by one lock, which also orders the watch events; they run on tokio's blocking
+//! pool because a commit waits for the disk.
+//!
+//! Layout: table `items` maps the key bytes to an encoded [`Item`] (see [`encode_value`]); table
+//! `meta` holds the revision counter, so revisions keep growing across restarts.
+
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::broadcast;
+
+use super::memory::DEFAULT_WATCH_BUFFER;
+use super::{
+    Backend, BackendError, Event, Item, Key, KeyRange, Revision, Watcher, WriteOp, check_write, system_clock,
+};
+use crate::clock::Clock;
+
+const ITEMS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("items");
+const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+const REVISION: &str = "revision";
+
+/// The value encoding's version byte; bumped if the layout below ever changes.
+const FORMAT_V1: u8 = 1;
+
+/// The crash-safe default [`Backend`]: a redb database file. Share it in an `Arc`.
+pub struct EmbeddedBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Database,
+    path: PathBuf,
+    /// Held for the whole of every write (including the fsync); holds the last committed
+    /// revision.
+    writer: Mutex<Revision>,
+    /// The last revision announced to watchers. Held only to publish an event or to
+    /// subscribe, never across disk I/O, so async callers of `watch` never wait for an fsync.
+    published: Mutex<Revision>,
+    events: broadcast::Sender<Event>,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for EmbeddedBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedBackend")
+            .field("path", &self.inner.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EmbeddedBackend {
+    /// The file name used inside a data directory by [`EmbeddedBackend::open_in_dir`].
+    pub const FILE_NAME: &'static str = "backend.redb";
+
+    /// Opens (or creates) the database file at `path`. A file left by a crash is recovered to
+    /// its last committed state. This does blocking file I/O: call it before serving, or from
+    /// `spawn_blocking`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, BackendError> {
+        Self::open_with_options(path, system_clock(), DEFAULT_WATCH_BUFFER)
+    }
+
+    /// Opens (or creates) `<data_dir>/backend.redb`, creating `data_dir` if needed.
+    pub fn open_in_dir(data_dir: impl AsRef<Path>) -> Result<Self, BackendError> {
+        let dir = data_dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|e| BackendError::storage("creating the data directory", e))?;
+        Self::open(dir.join(Self::FILE_NAME))
+    }
+
+    /// Like [`open`](Self::open), reading the time from `clock` (for expiry), with watchers
+    /// allowed to fall `watch_buffer` events behind before they lag.
+    pub fn open_with_options(
+        path: impl AsRef<Path>,
+        clock: Arc<dyn Clock>,
+        watch_buffer: usize,
+    ) -> Result<Self, BackendError> {
+        let path = path.as_ref().to_path_buf();
+        let db =
+            Database::create(&path).map_err(|e| BackendError::storage("opening the database file", e))?;
+        // Create both tables up front so readers never meet a missing table.
+        let txn = db
+            .begin_write()
+            .map_err(|e| BackendError::storage("starting the first transaction", e))?;
+        let revision = {
+            txn.open_table(ITEMS)
+                .map_err(|e| BackendError::storage("opening the items table", e))?;
+            let meta = txn
+                .open_table(META)
+                .map_err(|e| BackendError::storage("opening the meta table", e))?;
+            meta.get(REVISION)
+                .map_err(|e| BackendError::storage("reading the revision", e))?
+                .map_or(0, |v| v.value())
+        };
+        txn.commit()
+            .map_err(|e| BackendError::storage("committing the first transaction", e))?;
+        let (events, _) = broadcast::channel(watch_buffer.max(1));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                db,
+                path,
+                writer: Mutex::new(Revision(revision)),
+                published: Mutex::new(Revision(revision)),
+                events,
+                clock,
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    async fn blocking<T, F>(&self, f: F) -> Result<T, BackendError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner) -> Result<T, BackendError> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| BackendError::storage("running a blocking database task", e))?
+    }
+
+    async fn write(&self, op: WriteOp, item: Item) -> Result<Revision, BackendError> {
+        self.blocking(move |inner| inner.write(op, item)).await
+    }
+}
+
+impl Inner {
+    fn write(&self, op: WriteOp, mut item: Item) -> Result<Revision, BackendError> {
+        let now = self.clock.now();
+        let mut last = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let txn = self
+            .db
+            .begin_write()
+            .map_err(|e| BackendError::storage("starting a write", e))?;
+        let revision = last.next();
+        {
+            let mut items = txn
+                .open_table(ITEMS)
+                .map_err(|e| BackendError::storage("opening the items table", e))?;
+            let current = items
+                .get(item.key.as_bytes())
+                .map_err(|e| BackendError::storage("reading the current item", e))?
+                .map(|v| decode_value(item.key.clone(), v.value()))
+                .transpose()?
+                .filter(|i| !i.is_expired(now));
+            check_write(&op, &item.key, current.as_ref())?;
+            if matches!(op, WriteOp::Delete) {
+                items
+                    .remove(item.key.as_bytes())
+                    .map_err(|e| BackendError::storage("deleting an item", e))?;
+            } else {
+                item.revision = revision;
+                items
+                    .insert(item.key.as_bytes(), encode_value(&item).as_slice())
+                    .map_err(|e| BackendError::storage("writing an item", e))?;
+            }
+            let mut meta = txn
+                .open_table(META)
+                .map_err(|e| BackendError::storage("opening the meta table", e))?;
+            meta.insert(REVISION, revision.0)
+                .map_err(|e| BackendError::storage("writing the revision", e))?;
+        }
+        // Durability::Immediate is redb's default: this returns after fsync.
+        txn.commit()
+            .map_err(|e| BackendError::storage("committing a write", e))?;
+        *last = revision;
+        let event = if matches!(op, WriteOp::Delete) {
+            Event::Delete {
+                key: item.key,
+                revision,
+            }
+        } else {
+            Event::Put(item)
+        };
+        self.publish(event);
+        Ok(revision)
+    }
+
+    /// Announces a committed change. Called with the writer lock still held, so events go
+    /// out in revision order.
+    fn publish(&self, event: Event) {
+        let mut published = self.published.lock().unwrap_or_else(PoisonError::into_inner);
+        *published = event.revision();
+        // No watcher is not an error.
+        let _ = self.events.send(event);
+    }
+
+    fn read_range(&self, range: &KeyRange) -> Result<Vec<Item>, BackendError> {
+        let now = self.clock.now();
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| BackendError::storage("starting a read", e))?;
+        let items = txn
+            .open_table(ITEMS)
+            .map_err(|e| BackendError::storage("opening the items table", e))?;
+        let (start, end) = range.bounds();
+        let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (
+            Bound::Included(start.as_slice()),
+            end.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
+        );
+        let mut out = Vec::new();
+        for entry in items
+            .range::<&[u8]>(bounds)
+            .map_err(|e| BackendError::storage("reading a range", e))?
+        {
+            let (k, v) = entry.map_err(|e| BackendError::storage("reading a range", e))?;
+            let item = decode_value(Key::new(k.value()), v.value())?;
+            if !item.is_expired(now) {
+                out.push(item);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Backend for EmbeddedBackend {
+    async fn get(&self, key: &Key) -> Result<Option<Item>, BackendError> {
+        let key = key.clone();
+        self.blocking(move |inner| {
+            let now = inner.clock.now();
+            let txn = inner
+                .db
+                .begin_read()
+                .map_err(|e| BackendError::storage("starting a read", e))?;
+            let items = txn
+                .open_table(ITEMS)
+                .map_err(|e| BackendError::storage("opening the items table", e))?;
+            let found = items
+                .get(key.as_bytes())
+                .map_err(|e| BackendError::storage("reading an item", e))?;
+            match found {
+                Some(v) => {
+                    Ok(Some(decode_value(key.clone(), v.value())?).filter(|i: &Item| !i.is_expired(now)))
+                }
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn put(&self, item: Item) -> Result<Revision, BackendError> {
+        self.write(WriteOp::Put, item).await
+    }
+
+    async fn create(&self, item: Item) -> Result<Revision, BackendError> {
+        self.write(WriteOp::Create, item).await
+    }
+
+    async fn compare_and_swap(&self, expected: Revision, item: Item) -> Result<Revision, BackendError> {
+        self.write(WriteOp::CompareAndSwap(expected), item).await
+    }
+
+    async fn delete(&self, key: &Key) -> Result<Revision, BackendError> {
+        self.write(WriteOp::Delete, Item::new(key.clone(), Vec::new()))
+            .await
+    }
+
+    async fn range(&self, range: &KeyRange) -> Result<Vec<Item>, BackendError> {
+        let range = range.clone();
+        self.blocking(move |inner| inner.read_range(&range)).await
+    }
+
+    async fn watch(&self, prefix: &Key) -> Result<Watcher, BackendError> {
+        // Subscribing under the publish lock: no event can be announced between `revision`
+        // and the first event this receiver sees.
+        let published = self
+            .inner
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let rx = self.inner.events.subscribe();
+        Ok(Watcher::from_broadcast(rx, prefix.clone(), *published))
+    }
+
+    async fn purge_expired(&self) -> Result<usize, BackendError> {
+        self.blocking(|inner| {
+            let now = inner.clock.now();
+            let mut purged = 0;
+            for key in expired_keys(inner, now)? {
+                // Each delete re-checks under the writer lock: an item rewritten since the
+                // scan is live again and is left alone.
+                if inner.purge_one(&key, now)? {
+                    purged += 1;
+                }
+            }
+            Ok(purged)
+        })
+        .await
+    }
+
+    async fn current_revision(&self) -> Result<Revision, BackendError> {
+        Ok(*self
+            .inner
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// The keys of every expired item (the range read filters them out, so scan raw).
+fn expired_keys(inner: &Inner, now: SystemTime) -> Result<Vec<Key>, BackendError> {
+    let txn = inner
+        .db
+        .begin_read()
+        .map_err(|e| BackendError::storage("starting a read", e))?;
+    let items = txn
+        .open_table(ITEMS)
+        .map_err(|e| BackendError::storage("opening the items table", e))?;
+    let mut out = Vec::new();
+    for entry in items
+        .iter()
+        .map_err(|e| BackendError::storage("scanning items", e))?
+    {
+        let (k, v) = entry.map_err(|e| BackendError::storage("scanning items", e))?;
+        let item = decode_value(Key::new(k.value()), v.value())?;
+        if item.is_expired(now) {
+            out.push(item.key);
+        }
+    }
+    Ok(out)
+}
+
+impl Inner {
+    /// Deletes `key` if it is still expired; emits the delete event.
+    fn purge_one(&self, key: &Key, now: SystemTime) -> Result<bool, BackendError> {
+        let mut last = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let txn = self
+            .db
+            .begin_write()
+            .map_err(|e| BackendError::storage("starting a write", e))?;
+        let revision = last.next();
+        {
+            let mut items = txn
+                .open_table(ITEMS)
+                .map_err(|e| BackendError::storage("opening the items table", e))?;
+            let still_expired = items
+                .get(key.as_bytes())
+                .map_err(|e| BackendError::storage("reading an item", e))?
+                .map(|v| decode_value(key.clone(), v.value()))
+                .transpose()?
+                .is_some_and(|i| i.is_expired(now));
+            if !still_expired {
+                return Ok(false);
+            }
+            items
+                .remove(key.as_bytes())
+                .map_err(|e| BackendError::storage("deleting an expired item", e))?;
+            let mut meta = txn
+                .open_table(META)
+                .map_err(|e| BackendError::storage("opening the meta table", e))?;
+            meta.insert(REVISION, revision.0)
+                .map_err(|e| BackendError::storage("writing the revision", e))?;
+        }
+        txn.commit()
+            .map_err(|e| BackendError::storage("committing a purge", e))?;
+        *last = revision;
+        self.publish(Event::Delete {
+            key: key.clone(),
+            revision,
+        });
+        Ok(true)
+    }
+}
+
+/// Encodes an item's stored part: `[version=1][revision u64 BE][has_expiry u8]` then, if the
+/// item expires, `[seconds since epoch u64 BE][nanoseconds u32 BE]`, then the value bytes.
+fn encode_value(item: &Item) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 8 + 1 + 12 + item.value.len());
+    out.push(FORMAT_V1);
+    out.extend_from_slice(&item.revision.0.to_be_bytes());
+    match item
+        .expires
+        .map(|at| at.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO))
+    {
+        Some(since_epoch) => {
+            out.push(1);
+            out.extend_from_slice(&since_epoch.as_secs().to_be_bytes());
+            out.extend_from_slice(&since_epoch.subsec_nanos().to_be_bytes());
+        }
+        None => out.push(0),
+    }
+    out.extend_from_slice(&item.value);
+    out
+}
+
+/// Why a stored value could not be decoded: the file holds something this version did not
+/// write.
+#[derive(Debug, thiserror::Error)]
+#[error("stored value of key {key} is malformed: {reason}")]
+struct MalformedValue {
+    key: Key,
+    reason: &'static str,
+}
+
+fn decode_value(key: Key, bytes: &[u8]) -> Result<Item, BackendError> {
+    let malformed = |key: &Key, reason| {
+        BackendError::storage(
+            "decoding a stored item",
+            MalformedValue {
+                key: key.clone(),
+                reason,
+            },
+        )
+    };
+    let (&version, rest) = bytes.split_first().ok_or_else(|| malformed(&key, "empty"))?;
+    if version != FORMAT_V1 {
+        return Err(malformed(&key, "unknown format version"));
+    }
+    let (revision, rest) = rest
+        .split_first_chunk::<8>()
+        .ok_or_else(|| malformed(&key, "truncated revision"))?;
+    let (&has_expiry, rest) = rest
+        .split_first()
+        .ok_or_else(|| malformed(&key, "truncated expiry flag"))?;
+    let (expires, value) = match has_expiry {
+        0 => (None, rest),
+        1 => {
+            let (secs, rest) = rest
+                .split_first_chunk::<8>()
+                .ok_or_else(|| malformed(&key, "truncated expiry"))?;
+            let (nanos, rest) = rest
+                .split_first_chunk::<4>()
+                .ok_or_else(|| malformed(&key, "truncated expiry"))?;
+            let since_epoch = Duration::new(u64::from_be_bytes(*secs), u32::from_be_bytes(*nanos));
+            let at = UNIX_EPOCH
+                .checked_add(since_epoch)
+                .ok_or_else(|| malformed(&key, "expiry out of range"))?;
+            (Some(at), rest)
+        }
+        _ => return Err(malformed(&key, "bad expiry flag")),
+    };
+    Ok(Item {
+        key,
+        value: value.to_vec(),
+        revision: Revision(u64::from_be_bytes(*revision)),
+        expires,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_encoding_round_trips() {
+        let mut item = Item::new("/k", b"\x00value".to_vec())
+            .with_expiry(UNIX_EPOCH + Duration::new(1_700_000_000, 123));
+        item.revision = Revision(42);
+        let back = decode_value(item.key.clone(), &encode_value(&item)).unwrap();
+        assert_eq!(back, item);
+        item.expires = None;
+        let back = decode_value(item.key.clone(), &encode_value(&item)).unwrap();
+        assert_eq!(back, item);
+    }
+
+    #[test]
+    fn malformed_values_are_errors() {
+        for bad in [
+            &b""[..],
+            b"\x02",
+            b"\x01\x00\x00",
+            b"\x01\x00\x00\x00\x00\x00\x00\x00\x01\x07",
+        ] {
+            let err = decode_value(Key::from("/k"), bad).unwrap_err();
+            assert!(err.to_string().contains("/k"), "{err}");
+        }
+    }
+}

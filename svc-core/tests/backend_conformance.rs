@@ -1,0 +1,366 @@
+//! The storage contract, run against every `Backend` implementation: the same tests for the
+//! in-memory backend and the embedded (redb) one. A new implementation (etcd) adds one line to
+//! the `conformance!` invocations at the bottom.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use svc_core::backend::{
+    Backend, BackendError, EmbeddedBackend, Event, Item, Key, KeyRange, MemoryBackend, Revision, WatchError,
+};
+use svc_core::{Clock, ManualClock};
+
+fn clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::at_unix(1_800_000_000))
+}
+
+/// A backend under test plus whatever keeps it alive (a temporary directory).
+struct Subject {
+    backend: Arc<dyn Backend>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn memory(clock: Arc<dyn Clock>, buffer: usize) -> Subject {
+    Subject {
+        backend: Arc::new(MemoryBackend::with_options(clock, buffer)),
+        _dir: None,
+    }
+}
+
+fn embedded(clock: Arc<dyn Clock>, buffer: usize) -> Subject {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let backend = EmbeddedBackend::open_with_options(dir.path().join("db.redb"), clock, buffer)
+        .expect("open embedded backend");
+    Subject {
+        backend: Arc::new(backend),
+        _dir: Some(dir),
+    }
+}
+
+async fn crud_and_typed_errors(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    let s = make(clock(), 64);
+    let b = &s.backend;
+    let key = Key::from("/users/alice");
+    ensure!(b.get(&key).await?.is_none());
+    ensure!(b.current_revision().await? == Revision::ZERO);
+
+    let r1 = b.create(Item::new(key.clone(), "v1")).await?;
+    ensure!(r1 > Revision::ZERO);
+    let got = b.get(&key).await?.expect("created item");
+    ensure!(got.value == b"v1" && got.revision == r1 && got.expires.is_none());
+
+    let err = b.create(Item::new(key.clone(), "again")).await.unwrap_err();
+    ensure!(
+        matches!(err, BackendError::AlreadyExists { .. }),
+        "create over an existing key: {err}"
+    );
+
+    let r2 = b.compare_and_swap(r1, Item::new(key.clone(), "v2")).await?;
+    ensure!(r2 > r1);
+    let err = b
+        .compare_and_swap(r1, Item::new(key.clone(), "stale"))
+        .await
+        .unwrap_err();
+    match err {
+        BackendError::RevisionMismatch { expected, found, .. } => ensure!(expected == r1 && found == r2),
+        other => anyhow::bail!("expected a revision mismatch, got {other}"),
+    }
+    ensure!(b.get(&key).await?.expect("item").value == b"v2");
+
+    let r3 = b.put(Item::new(key.clone(), "v3")).await?;
+    ensure!(r3 > r2);
+    let r4 = b.delete(&key).await?;
+    ensure!(r4 > r3, "a delete takes a revision too");
+    ensure!(b.get(&key).await?.is_none());
+    ensure!(matches!(
+        b.delete(&key).await.unwrap_err(),
+        BackendError::NotFound { .. }
+    ));
+    ensure!(matches!(
+        b.compare_and_swap(r3, Item::new(key.clone(), "x"))
+            .await
+            .unwrap_err(),
+        BackendError::NotFound { .. }
+    ));
+    ensure!(b.current_revision().await? == r4);
+    // An error message says what was expected and what was found.
+    let msg = BackendError::RevisionMismatch {
+        key: key.clone(),
+        expected: Revision(3),
+        found: Revision(5),
+    }
+    .to_string();
+    ensure!(msg == "key /users/alice: expected revision 3, found revision 5");
+    Ok(())
+}
+
+async fn range_prefix_and_bounds(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    let s = make(clock(), 64);
+    let b = &s.backend;
+    for key in ["/a/2", "/a/1", "/ab", "/a/3/x", "/b/1", "/c"] {
+        b.put(Item::new(key, key)).await?;
+    }
+    let keys = |items: Vec<Item>| -> Vec<String> { items.into_iter().map(|i| i.key.to_string()).collect() };
+    ensure!(keys(b.range(&KeyRange::prefix("/a/")).await?) == ["/a/1", "/a/2", "/a/3/x"]);
+    ensure!(keys(b.range(&KeyRange::prefix("/a")).await?) == ["/a/1", "/a/2", "/a/3/x", "/ab"]);
+    ensure!(keys(b.range(&KeyRange::between("/a/2", "/b/1")).await?) == ["/a/2", "/a/3/x", "/ab"]);
+    ensure!(b.range(&KeyRange::prefix("/z")).await?.is_empty());
+    ensure!(b.range(&KeyRange::prefix("")).await?.len() == 6);
+    // Binary keys, including the 0xff edge of the prefix end.
+    b.put(Item::new(Key::new(b"\xff\xff\x01".to_vec()), "bin"))
+        .await?;
+    ensure!(
+        b.range(&KeyRange::prefix(Key::new(b"\xff\xff".to_vec())))
+            .await?
+            .len()
+            == 1
+    );
+    Ok(())
+}
+
+async fn expiry(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    let clock = clock();
+    let s = make(clock.clone(), 64);
+    let b = &s.backend;
+    let soon = clock.now() + Duration::from_secs(10);
+    b.put(Item::new("/tokens/t1", "x").with_expiry(soon)).await?;
+    b.put(Item::new("/tokens/t2", "y")).await?;
+    let got = b.get(&Key::from("/tokens/t1")).await?.expect("live item");
+    ensure!(got.expires == Some(soon), "expiry round-trips exactly");
+
+    let mut watcher = b.watch(&Key::from("/tokens/")).await?;
+    ensure!(matches!(watcher.next().await?, Event::Init { .. }));
+
+    clock.advance(Duration::from_secs(10));
+    ensure!(
+        b.get(&Key::from("/tokens/t1")).await?.is_none(),
+        "expired exactly at its expiry time"
+    );
+    ensure!(b.range(&KeyRange::prefix("/tokens/")).await?.len() == 1);
+    // An expired key counts as absent for writes too.
+    ensure!(matches!(
+        b.compare_and_swap(Revision(1), Item::new("/tokens/t1", "z"))
+            .await
+            .unwrap_err(),
+        BackendError::NotFound { .. }
+    ));
+    ensure!(matches!(
+        b.delete(&Key::from("/tokens/t1")).await.unwrap_err(),
+        BackendError::NotFound { .. }
+    ));
+
+    let before = b.current_revision().await?;
+    ensure!(b.purge_expired().await? == 1);
+    match watcher.next().await? {
+        Event::Delete { key, revision } => {
+            ensure!(key == Key::from("/tokens/t1") && revision > before)
+        }
+        other => anyhow::bail!("expected the purge's delete event, got {other:?}"),
+    }
+    ensure!(b.purge_expired().await? == 0);
+    // After expiry the key can be created again.
+    b.create(Item::new("/tokens/t1", "new")).await?;
+    Ok(())
+}
+
+async fn cas_race_loses_no_update(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    const TASKS: u64 = 8;
+    const INCREMENTS: u64 = 20;
+    let s = make(clock(), 4096);
+    let key = Key::from("/counter");
+    s.backend.create(Item::new(key.clone(), "0")).await?;
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let b = Arc::clone(&s.backend);
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conflicts = 0u64;
+            for _ in 0..INCREMENTS {
+                loop {
+                    let item = b.get(&key).await?.expect("counter exists");
+                    let n: u64 = std::str::from_utf8(&item.value)?.parse()?;
+                    // Let the other tasks run between the read and the write, so the race is
+                    // real even for the in-memory backend, which never suspends.
+                    tokio::task::yield_now().await;
+                    let next = Item::new(key.clone(), (n + 1).to_string());
+                    match b.compare_and_swap(item.revision, next).await {
+                        Ok(_) => break,
+                        Err(BackendError::RevisionMismatch { .. }) => conflicts += 1,
+                        Err(other) => return Err(other.into()),
+                    }
+                }
+            }
+            anyhow::Ok(conflicts)
+        }));
+    }
+    let mut conflicts = 0;
+    for task in tasks {
+        conflicts += task.await??;
+    }
+    let item = s.backend.get(&key).await?.expect("counter exists");
+    let n: u64 = std::str::from_utf8(&item.value)?.parse()?;
+    println!("cas race: {TASKS} tasks x {INCREMENTS} increments = {n}, {conflicts} conflicts retried");
+    ensure!(n == TASKS * INCREMENTS, "lost updates: counter is {n}");
+    Ok(())
+}
+
+async fn watch_delivers_every_change_in_order(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    let s = make(clock(), 4096);
+    let b = &s.backend;
+    b.put(Item::new("/nodes/before", "old")).await?;
+    let start = b.current_revision().await?;
+    let mut w = b.watch(&Key::from("/nodes/")).await?;
+    match w.next().await? {
+        Event::Init { revision } => ensure!(revision == start),
+        other => anyhow::bail!("a watch starts with Init, got {other:?}"),
+    }
+
+    // Concurrent writers inside and outside the prefix.
+    const WRITERS: usize = 4;
+    const EACH: usize = 15;
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let b = Arc::clone(b);
+        tasks.push(tokio::spawn(async move {
+            for i in 0..EACH {
+                b.put(Item::new(format!("/nodes/{w}/{i}"), "v")).await?;
+                b.put(Item::new(format!("/other/{w}/{i}"), "v")).await?;
+                if i % 3 == 0 {
+                    b.delete(&Key::from(format!("/nodes/{w}/{i}"))).await?;
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let expected = WRITERS * (EACH + EACH.div_ceil(3));
+    let mut last = start;
+    let mut puts = 0;
+    let mut deletes = 0;
+    for _ in 0..expected {
+        let event = w.next().await?;
+        ensure!(
+            event.revision() > last,
+            "revisions strictly increase: {event:?} after {last}"
+        );
+        last = event.revision();
+        let key = event.key().expect("a change has a key");
+        ensure!(
+            key.has_prefix(&Key::from("/nodes/")),
+            "only the watched prefix: {key}"
+        );
+        match event {
+            Event::Put(item) => {
+                ensure!(item.value == b"v");
+                puts += 1;
+            }
+            Event::Delete { .. } => deletes += 1,
+            other => anyhow::bail!("unexpected {other:?}"),
+        }
+    }
+    ensure!(puts == WRITERS * EACH && deletes == WRITERS * EACH.div_ceil(3));
+    // The last event is the latest /nodes/ write; a marker write proves nothing else queued.
+    b.put(Item::new("/nodes/marker", "m")).await?;
+    match w.next().await? {
+        Event::Put(item) => ensure!(item.key == Key::from("/nodes/marker")),
+        other => anyhow::bail!("expected the marker, got {other:?}"),
+    }
+    println!("watch: {puts} puts and {deletes} deletes in revision order");
+    Ok(())
+}
+
+async fn slow_watcher_gets_lagged(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    let s = make(clock(), 4);
+    let b = &s.backend;
+    let mut w = b.watch(&Key::from("/")).await?;
+    ensure!(matches!(w.next().await?, Event::Init { .. }));
+    for i in 0..10 {
+        b.put(Item::new(format!("/k/{i}"), "v")).await?;
+    }
+    match w.next().await {
+        Err(WatchError::Lagged { missed }) => ensure!(missed == 6, "missed {missed}"),
+        other => anyhow::bail!("a watcher past its buffer must lag, got {other:?}"),
+    }
+    // A lagged watcher stays finished: no silent resumption in the middle of the stream.
+    ensure!(matches!(w.next().await, Err(WatchError::Lagged { .. })));
+    // A fresh watch starts cleanly.
+    let mut w = b.watch(&Key::from("/")).await?;
+    ensure!(matches!(w.next().await?, Event::Init { .. }));
+    Ok(())
+}
+
+async fn watch_closes_with_backend(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+    let s = make(clock(), 4);
+    let mut w = s.backend.watch(&Key::from("/")).await?;
+    ensure!(matches!(w.next().await?, Event::Init { .. }));
+    drop(s);
+    ensure!(matches!(w.next().await, Err(WatchError::Closed)));
+    Ok(())
+}
+
+macro_rules! conformance {
+    ($backend:ident) => {
+        mod $backend {
+            use super::*;
+
+            #[tokio::test]
+            async fn crud_and_typed_errors() -> Result<()> {
+                super::crud_and_typed_errors(super::$backend).await
+            }
+            #[tokio::test]
+            async fn range_prefix_and_bounds() -> Result<()> {
+                super::range_prefix_and_bounds(super::$backend).await
+            }
+            #[tokio::test]
+            async fn expiry() -> Result<()> {
+                super::expiry(super::$backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn cas_race_loses_no_update() -> Result<()> {
+                super::cas_race_loses_no_update(super::$backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn watch_delivers_every_change_in_order() -> Result<()> {
+                super::watch_delivers_every_change_in_order(super::$backend).await
+            }
+            #[tokio::test]
+            async fn slow_watcher_gets_lagged() -> Result<()> {
+                super::slow_watcher_gets_lagged(super::$backend).await
+            }
+            #[tokio::test]
+            async fn watch_closes_with_backend() -> Result<()> {
+                super::watch_closes_with_backend(super::$backend).await
+            }
+        }
+    };
+}
+
+conformance!(memory);
+conformance!(embedded);
+
+/// Embedded only: data and the revision counter survive closing and reopening the file.
+#[tokio::test]
+async fn embedded_reopen_keeps_items_and_revisions() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let last = {
+        let b = EmbeddedBackend::open_in_dir(dir.path())?;
+        b.put(Item::new("/a", "1")).await?;
+        let r = b.put(Item::new("/b", "2")).await?;
+        b.delete(&Key::from("/a")).await?;
+        ensure!(b.current_revision().await? > r);
+        b.current_revision().await?
+    };
+    let b = EmbeddedBackend::open_in_dir(dir.path())?;
+    ensure!(b.path() == dir.path().join(EmbeddedBackend::FILE_NAME));
+    ensure!(b.current_revision().await? == last);
+    ensure!(b.get(&Key::from("/a")).await?.is_none());
+    ensure!(b.get(&Key::from("/b")).await?.expect("kept").value == b"2");
+    ensure!(
+        b.put(Item::new("/c", "3")).await? > last,
+        "revisions keep growing"
+    );
+    Ok(())
+}
