@@ -363,6 +363,10 @@ impl Apt {
         }
     }
 
+    fn apt_mark(&self) -> Invocation {
+        Invocation::new("apt-mark").args(self.options.iter().cloned())
+    }
+
     fn apt_get(&self) -> Invocation {
         Invocation::new("apt-get")
             .env("DEBIAN_FRONTEND", "noninteractive")
@@ -402,11 +406,15 @@ impl PackageManager for Apt {
     }
 
     async fn hold(&self, package: &str) -> Result<(), PkgError> {
-        Invocation::new("apt-mark").args(["hold", package]).run().await.map(drop)
+        self.apt_mark().args(["hold", package]).run().await.map(drop)
     }
 
     async fn unhold(&self, package: &str) -> Result<(), PkgError> {
-        Invocation::new("apt-mark").args(["unhold", package]).run().await.map(drop)
+        // apt-mark refuses a package it knows nothing of; nothing installed, nothing held.
+        if self.installed_version(package).await?.is_none() {
+            return Ok(());
+        }
+        self.apt_mark().args(["unhold", package]).run().await.map(drop)
     }
 
     async fn installed_version(&self, package: &str) -> Result<Option<Version>, PkgError> {
