@@ -46,15 +46,24 @@ fn verify_root(programs: &[&str]) -> Result<tempfile::TempDir> {
     std::fs::create_dir_all(root.path().join("usr/bin"))?;
     std::fs::create_dir_all(root.path().join("etc/systemd/system"))?;
     std::os::unix::fs::symlink("usr/bin", root.path().join("bin"))?;
-    let copied = run(Command::new("cp").args(["-a", "/usr/lib/systemd/system"]).arg(&lib))?;
-    ensure!(copied.status.success(), "copying the system's units: {}", String::from_utf8_lossy(&copied.stderr));
+    let copied = run(Command::new("cp")
+        .args(["-a", "/usr/lib/systemd/system"])
+        .arg(&lib))?;
+    ensure!(
+        copied.status.success(),
+        "copying the system's units: {}",
+        String::from_utf8_lossy(&copied.stderr)
+    );
     for program in programs {
         let path = root.path().join("usr/bin").join(program);
         std::fs::write(&path, "#!/bin/sh\n")?;
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     }
     for unit in UNITS {
-        std::fs::copy(deploy("systemd").join(unit), root.path().join("etc/systemd/system").join(unit))?;
+        std::fs::copy(
+            deploy("systemd").join(unit),
+            root.path().join("etc/systemd/system").join(unit),
+        )?;
     }
     Ok(root)
 }
@@ -73,7 +82,10 @@ fn systemd_units_verify_cleanly() -> Result<()> {
     for unit in UNITS {
         let out = verify(root.path(), unit)?;
         let stderr = String::from_utf8_lossy(&out.stderr);
-        ensure!(out.status.success() && stderr.trim().is_empty(), "systemd-analyze verify {unit}:\n{stderr}");
+        ensure!(
+            out.status.success() && stderr.trim().is_empty(),
+            "systemd-analyze verify {unit}:\n{stderr}"
+        );
     }
     Ok(())
 }
@@ -85,8 +97,14 @@ fn systemd_verify_catches_a_missing_program() -> Result<()> {
     let root = verify_root(&["svc", "kill"])?;
     let out = verify(root.path(), "svc-upgrade.service")?;
     let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(!out.status.success(), "verify passed without /usr/bin/svc-upgrade");
-    ensure!(stderr.contains("/usr/bin/svc-upgrade is not executable"), "{stderr}");
+    ensure!(
+        !out.status.success(),
+        "verify passed without /usr/bin/svc-upgrade"
+    );
+    ensure!(
+        stderr.contains("/usr/bin/svc-upgrade is not executable"),
+        "{stderr}"
+    );
     Ok(())
 }
 
@@ -111,10 +129,16 @@ fn units_carry_the_specified_settings() -> Result<()> {
     assert_eq!(one("svc.service", "RestartSec")?, "5");
     assert_eq!(one("svc.service", "LimitNOFILE")?, "524288");
     assert_eq!(one("svc.service", "EnvironmentFile")?, "-/etc/default/svc");
-    assert_eq!(one("svc.service", "ExecStart")?, "/usr/bin/svc start --config /etc/svc.yaml");
+    assert_eq!(
+        one("svc.service", "ExecStart")?,
+        "/usr/bin/svc start --config /etc/svc.yaml"
+    );
     assert_eq!(one("svc.service", "ExecReload")?, "/bin/kill -HUP $MAINPID");
     assert_eq!(one("svc-upgrade.service", "Type")?, "oneshot");
-    assert_eq!(one("svc-upgrade.service", "ExecStart")?, "/usr/bin/svc-upgrade run");
+    assert_eq!(
+        one("svc-upgrade.service", "ExecStart")?,
+        "/usr/bin/svc-upgrade run"
+    );
     assert_eq!(one("svc-upgrade.timer", "RandomizedDelaySec")?, "5min");
     assert_eq!(one("svc-upgrade.timer", "WantedBy")?, "timers.target");
     Ok(())
@@ -124,7 +148,10 @@ fn units_carry_the_specified_settings() -> Result<()> {
 fn timer_fires_every_thirty_minutes() -> Result<()> {
     require("systemd-analyze", "systemd")?;
     let calendars = unit_values("svc-upgrade.timer", "OnCalendar")?;
-    ensure!(calendars.len() == 1, "expected one OnCalendar=, found {calendars:?}");
+    ensure!(
+        calendars.len() == 1,
+        "expected one OnCalendar=, found {calendars:?}"
+    );
     let out = run(Command::new("systemd-analyze").args([
         "calendar",
         "--iterations=3",
@@ -132,9 +159,16 @@ fn timer_fires_every_thirty_minutes() -> Result<()> {
         &calendars[0],
     ]))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(out.status.success(), "systemd-analyze calendar: {}", String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "systemd-analyze calendar: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for elapse in ["10:30:00", "11:00:00", "11:30:00"] {
-        ensure!(stdout.contains(&format!("2026-01-01 {elapse}")), "expected an elapse at {elapse}:\n{stdout}");
+        ensure!(
+            stdout.contains(&format!("2026-01-01 {elapse}")),
+            "expected an elapse at {elapse}:\n{stdout}"
+        );
     }
     Ok(())
 }
@@ -144,27 +178,48 @@ fn shell_scripts_pass_shellcheck() -> Result<()> {
     require("shellcheck", "shellcheck")?;
     for script in ["install.sh", "packaging/build-packages.sh"] {
         let out = run(Command::new("shellcheck").arg(deploy(script)))?;
-        ensure!(out.status.success(), "shellcheck {script}:\n{}", String::from_utf8_lossy(&out.stdout));
+        ensure!(
+            out.status.success(),
+            "shellcheck {script}:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
     }
     Ok(())
 }
 
 fn script_version(mode: &str, input: &str) -> Result<Output> {
-    run(Command::new("bash").arg(deploy("packaging/build-packages.sh")).args([mode, input]))
+    run(Command::new("bash")
+        .arg(deploy("packaging/build-packages.sh"))
+        .args([mode, input]))
 }
 
 #[test]
 fn packaging_script_maps_versions_like_the_updater() -> Result<()> {
-    for input in ["17.0.0-dev", "v17.0.0-dev", "17.0.0", "v15.1.3-rc.1", "16.2.0-alpha.2+build.5", "14.3.7+linux"] {
+    for input in [
+        "17.0.0-dev",
+        "v17.0.0-dev",
+        "17.0.0",
+        "v15.1.3-rc.1",
+        "16.2.0-alpha.2+build.5",
+        "14.3.7+linux",
+    ] {
         let version = Version::parse(input)?;
         let expected = to_package_version(&version)?;
         let out = script_version("package-version", input)?;
-        ensure!(out.status.success(), "package-version {input}: {}", String::from_utf8_lossy(&out.stderr));
+        ensure!(
+            out.status.success(),
+            "package-version {input}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mapped = String::from_utf8(out.stdout)?.trim().to_owned();
         assert_eq!(mapped, expected, "package-version {input}");
         let back = script_version("svc-version", &mapped)?;
         let back = String::from_utf8(back.stdout)?.trim().to_owned();
-        assert_eq!(from_package_version(&mapped)?, Version::parse(&back)?, "svc-version {mapped}");
+        assert_eq!(
+            from_package_version(&mapped)?,
+            Version::parse(&back)?,
+            "svc-version {mapped}"
+        );
     }
     assert_eq!(to_package_version(&Version::parse("17.0.0-dev")?)?, "17.0.0~dev");
     // Both refuse a hyphen inside the pre-release, which neither dpkg nor rpm accept.
@@ -172,13 +227,19 @@ fn packaging_script_maps_versions_like_the_updater() -> Result<()> {
     let out = script_version("package-version", "17.0.0-dev-1")?;
     ensure!(!out.status.success(), "the script accepted 17.0.0-dev-1");
     for junk in ["17.0", "seventeen", "17.0.0 dev"] {
-        ensure!(!script_version("package-version", junk)?.status.success(), "the script accepted {junk:?}");
+        ensure!(
+            !script_version("package-version", junk)?.status.success(),
+            "the script accepted {junk:?}"
+        );
     }
     Ok(())
 }
 
 fn install_script(args: &[&str], env: &[(&str, &str)]) -> Result<(i32, String)> {
-    let out = run(Command::new("/bin/bash").arg(deploy("install.sh")).args(args).envs(env.iter().copied()))?;
+    let out = run(Command::new("/bin/bash")
+        .arg(deploy("install.sh"))
+        .args(args)
+        .envs(env.iter().copied()))?;
     let code = match out.status.code() {
         Some(code) => code,
         None => bail!("install.sh was killed by a signal"),
@@ -190,13 +251,22 @@ fn install_script(args: &[&str], env: &[(&str, &str)]) -> Result<(i32, String)> 
 fn install_script_refuses_bad_arguments() -> Result<()> {
     let (code, stderr) = install_script(&[], &[])?;
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("usage: install.sh <version> <cloud|enterprise>"), "{stderr}");
+    assert!(
+        stderr.contains("usage: install.sh <version> <cloud|enterprise>"),
+        "{stderr}"
+    );
     let (code, stderr) = install_script(&["17.0", "cloud"], &[])?;
     assert_eq!(code, 1);
-    assert!(stderr.contains("invalid version \"17.0\": expected <major>.<minor>.<patch>"), "{stderr}");
+    assert!(
+        stderr.contains("invalid version \"17.0\": expected <major>.<minor>.<patch>"),
+        "{stderr}"
+    );
     let (code, stderr) = install_script(&["v17.0.0", "community"], &[])?;
     assert_eq!(code, 1);
-    assert!(stderr.contains("invalid edition \"community\": expected cloud"), "{stderr}");
+    assert!(
+        stderr.contains("invalid edition \"community\": expected cloud"),
+        "{stderr}"
+    );
     Ok(())
 }
 
@@ -208,7 +278,9 @@ fn install_script_refuses_an_unsupported_system() -> Result<()> {
         let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
             .map(|dir| dir.join(program))
             .find(|p| p.is_file());
-        let Some(found) = found else { bail!("{program} not found: install the Debian package coreutils / curl") };
+        let Some(found) = found else {
+            bail!("{program} not found: install the Debian package coreutils / curl")
+        };
         std::os::unix::fs::symlink(found, bin.path().join(program))?;
     }
     let path = bin.path().to_str().context("utf-8 temp path")?;
@@ -224,10 +296,16 @@ fn install_script_refuses_an_unsupported_system() -> Result<()> {
     );
     let (code, stderr) = install_script(&["17.0.0", "enterprise"], &[("SVC_INSTALLER", "pacman")])?;
     assert_eq!(code, 1);
-    assert!(stderr.contains("SVC_INSTALLER=\"pacman\": expected apt, yum or zypper"), "{stderr}");
+    assert!(
+        stderr.contains("SVC_INSTALLER=\"pacman\": expected apt, yum or zypper"),
+        "{stderr}"
+    );
     Ok(())
 }
 
 fn nix_is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
 }

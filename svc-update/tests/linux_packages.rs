@@ -74,6 +74,8 @@ struct Fixture {
     repo: PathBuf,
     /// The armored public key that signed the repositories.
     key: PathBuf,
+    /// An rpm that provides `/bin/sh` (see [`build_host_compat_rpm`]).
+    host_compat: PathBuf,
 }
 
 static FIXTURE: OnceLock<Result<Fixture, String>> = OnceLock::new();
@@ -91,7 +93,10 @@ fn fixture() -> Result<&'static Fixture> {
 fn stamped_target_dir() -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     // <target>/debug/deps/linux_packages-<hash>
-    let target = exe.ancestors().nth(3).context("test binary outside a target directory")?;
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .context("test binary outside a target directory")?;
     Ok(target.join("svc-stamped"))
 }
 
@@ -123,7 +128,10 @@ fn build_fixture() -> Result<Fixture> {
         std::fs::create_dir_all(&bin)?;
         std::fs::copy(target_dir.join("debug/svc"), bin.join("svc"))?;
         let said = sh(Command::new(bin.join("svc")).arg("version"))?;
-        ensure!(said.trim() == format!("svc v{version}"), "stamped build says {said:?}");
+        ensure!(
+            said.trim() == format!("svc v{version}"),
+            "stamped build says {said:?}"
+        );
         let started = Instant::now();
         sh(Command::new("bash")
             .arg(repo_root().join("deploy/packaging/build-packages.sh"))
@@ -137,31 +145,56 @@ fn build_fixture() -> Result<Fixture> {
     let gnupg = dir.path().join("gnupg");
     std::fs::create_dir_all(&gnupg)?;
     std::fs::set_permissions(&gnupg, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-    let gpg = |args: &[&str]| -> Result<String> { sh(Command::new("gpg").env("GNUPGHOME", &gnupg).args(["--batch", "--quiet"]).args(args)) };
-    gpg(&["--passphrase", "", "--quick-gen-key", "svc test repository <repo@example.invalid>", "ed25519", "sign", "never"])?;
+    let gpg = |args: &[&str]| -> Result<String> {
+        sh(Command::new("gpg")
+            .env("GNUPGHOME", &gnupg)
+            .args(["--batch", "--quiet"])
+            .args(args))
+    };
+    gpg(&[
+        "--passphrase",
+        "",
+        "--quick-gen-key",
+        "svc test repository <repo@example.invalid>",
+        "ed25519",
+        "sign",
+        "never",
+    ])?;
     std::fs::create_dir_all(&repo)?;
     let key = repo.join("svc-pubkey.asc");
     std::fs::write(&key, gpg(&["--armor", "--export"])?)?;
 
     // apt: pool plus dists/stable/{cloud,v17}/binary-<arch>/Packages, Release signed into InRelease.
-    let arch = sh(Command::new("dpkg").arg("--print-architecture"))?.trim().to_owned();
+    let arch = sh(Command::new("dpkg").arg("--print-architecture"))?
+        .trim()
+        .to_owned();
     let apt = repo.join("apt");
     std::fs::create_dir_all(apt.join("pool"))?;
     for entry in std::fs::read_dir(&pool)? {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "deb") {
-            std::fs::copy(&path, apt.join("pool").join(path.file_name().context("file name")?))?;
+            std::fs::copy(
+                &path,
+                apt.join("pool").join(path.file_name().context("file name")?),
+            )?;
         }
     }
     for component in ["cloud", "v17"] {
         let binary = apt.join(format!("dists/stable/{component}/binary-{arch}"));
         std::fs::create_dir_all(&binary)?;
-        let packages = sh(Command::new("apt-ftparchive").current_dir(&apt).args(["packages", "pool"]))?;
+        let packages = sh(Command::new("apt-ftparchive")
+            .current_dir(&apt)
+            .args(["packages", "pool"]))?;
         std::fs::write(binary.join("Packages"), packages)?;
     }
     let release = sh(Command::new("apt-ftparchive")
         .current_dir(apt.join("dists/stable"))
-        .args(["-o", "APT::FTPArchive::Release::Suite=stable", "-o", "APT::FTPArchive::Release::Codename=stable"])
+        .args([
+            "-o",
+            "APT::FTPArchive::Release::Suite=stable",
+            "-o",
+            "APT::FTPArchive::Release::Codename=stable",
+        ])
         .args(["-o", "APT::FTPArchive::Release::Components=cloud v17"])
         .arg("-o")
         .arg(format!("APT::FTPArchive::Release::Architectures={arch}"))
@@ -190,7 +223,32 @@ fn build_fixture() -> Result<Fixture> {
             .args(["--batch", "--yes", "--armor", "--detach-sign"])
             .arg(tree.join("repodata/repomd.xml")))?;
     }
-    Ok(Fixture { _dir: dir, repo, key })
+    let host_compat = build_host_compat_rpm(dir.path())?;
+    Ok(Fixture {
+        _dir: dir,
+        repo,
+        key,
+        host_compat,
+    })
+}
+
+/// The rpm database of a Debian host knows nothing of the files dpkg installed, so the `/bin/sh`
+/// every package with maintainer scripts requires is declared by an empty package, as a real
+/// rpm-based system's `bash` package would.
+fn build_host_compat_rpm(dir: &Path) -> Result<PathBuf> {
+    let top = dir.join("host-compat");
+    std::fs::create_dir_all(top.join("SPECS"))?;
+    let spec = top.join("SPECS/host-compat.spec");
+    std::fs::write(
+        &spec,
+        "Name: svc-test-host-compat\nVersion: 1\nRelease: 1\nSummary: the Debian host's /bin/sh\n\
+         License: Apache-2.0\nBuildArch: noarch\nProvides: /bin/sh\n%description\nTest fixture.\n%files\n",
+    )?;
+    sh(Command::new("rpmbuild")
+        .args(["--quiet", "-bb", "--define"])
+        .arg(format!("_topdir {}", top.display()))
+        .arg(&spec))?;
+    Ok(top.join("RPMS/noarch/svc-test-host-compat-1-1.noarch.rpm"))
 }
 
 fn installed_svc_says() -> Result<String> {
@@ -200,7 +258,11 @@ fn installed_svc_says() -> Result<String> {
 /// The steps every package manager goes through, with `routine_upgrade` running the system's
 /// ordinary upgrade command (which the hold must resist).
 async fn exercise(pm: &dyn PackageManager, routine_upgrade: impl Fn() -> Result<()>) -> Result<()> {
-    assert_eq!(pm.installed_version("svc").await?, None, "svc installed before the test");
+    assert_eq!(
+        pm.installed_version("svc").await?,
+        None,
+        "svc installed before the test"
+    );
 
     install_and_hold(pm, "svc", &v(V1), false).await?;
     assert_eq!(pm.installed_version("svc").await?, Some(v(V1)));
@@ -212,9 +274,15 @@ async fn exercise(pm: &dyn PackageManager, routine_upgrade: impl Fn() -> Result<
     assert_eq!(installed_svc_says()?, format!("svc v{V2}"));
 
     routine_upgrade()?;
-    assert_eq!(installed_svc_says()?, format!("svc v{V2}"), "a routine upgrade moved the held package");
+    assert_eq!(
+        installed_svc_says()?,
+        format!("svc v{V2}"),
+        "a routine upgrade moved the held package"
+    );
 
-    let err = install_and_hold(pm, "svc", &v("99.0.0"), false).await.expect_err("no such version");
+    let err = install_and_hold(pm, "svc", &v("99.0.0"), false)
+        .await
+        .expect_err("no such version");
     match &err {
         PkgError::Failed { code, stderr, .. } => {
             ensure!(code.is_some_and(|c| c != 0), "exit code {code:?}");
@@ -225,9 +293,18 @@ async fn exercise(pm: &dyn PackageManager, routine_upgrade: impl Fn() -> Result<
     eprintln!("{:?} refused 99.0.0: {err}", pm.kind());
     assert_eq!(installed_svc_says()?, format!("svc v{V2}"));
     routine_upgrade()?;
-    assert_eq!(installed_svc_says()?, format!("svc v{V2}"), "the failed install left the package unheld");
+    assert_eq!(
+        installed_svc_says()?,
+        format!("svc v{V2}"),
+        "the failed install left the package unheld"
+    );
 
-    // Forced back to v1 (a cluster rolled back).
+    // Below the installed version only when forced (a cluster rolled back).
+    let err = install_and_hold(pm, "svc", &v(V1), false)
+        .await
+        .expect_err("unforced downgrade");
+    eprintln!("{:?} refused the unforced downgrade: {err}", pm.kind());
+    assert_eq!(installed_svc_says()?, format!("svc v{V2}"));
     install_and_hold(pm, "svc", &v(V1), true).await?;
     assert_eq!(installed_svc_says()?, format!("svc v{V1}"));
     Ok(())
@@ -239,7 +316,10 @@ async fn exercise(pm: &dyn PackageManager, routine_upgrade: impl Fn() -> Result<
 fn apt_cleanup() {
     quietly(Command::new("apt-mark").args(["unhold", "svc", "svc-ent-updater"]));
     quietly(Command::new("dpkg").args(["--purge", "svc-ent-updater", "svc"]));
-    for path in ["/etc/apt/sources.list.d/svc.list", "/usr/share/keyrings/svc-archive-keyring.asc"] {
+    for path in [
+        "/etc/apt/sources.list.d/svc.list",
+        "/usr/share/keyrings/svc-archive-keyring.asc",
+    ] {
         let _ = std::fs::remove_file(path);
     }
     let _ = std::fs::remove_dir_all("/etc/svc-upgrade.d");
@@ -256,7 +336,11 @@ async fn apt_installs_pinned_versions_and_holds_them() -> Result<()> {
     let list = state.path().join("svc-test.list");
     std::fs::write(
         &list,
-        format!("deb [signed-by={}] file://{}/apt stable v17\n", fixture.key.display(), fixture.repo.display()),
+        format!(
+            "deb [signed-by={}] file://{}/apt stable v17\n",
+            fixture.key.display(),
+            fixture.repo.display()
+        ),
     )?;
     std::fs::create_dir_all(state.path().join("lists/partial"))?;
     let options: Vec<String> = [
@@ -274,22 +358,13 @@ async fn apt_installs_pinned_versions_and_holds_them() -> Result<()> {
         let held = sh(Command::new("apt-mark").arg("showhold"))?;
         ensure!(held.lines().any(|l| l == "svc"), "apt-mark showhold: {held}");
         let policy = sh(Command::new("apt-cache").args(&options).args(["policy", "svc"]))?;
-        ensure!(policy.contains(&format!("Candidate: {V3}")), "v3 not offered, so the hold proved nothing:\n{policy}");
+        ensure!(
+            policy.contains(&format!("Candidate: {V3}")),
+            "v3 not offered, so the hold proved nothing:\n{policy}"
+        );
         Ok(())
     })
     .await;
-    let downgrade = async {
-        // Unforced, apt refuses to go below the installed version.
-        install_and_hold(&apt, "svc", &v(V2), false).await?;
-        let err = install_and_hold(&apt, "svc", &v(V1), false).await.expect_err("downgrade without force");
-        ensure!(err.to_string().contains("--allow-downgrades"), "{err}");
-        assert_eq!(installed_svc_says()?, format!("svc v{V2}"));
-        Ok::<_, anyhow::Error>(())
-    };
-    let result = match result {
-        Ok(()) => downgrade.await,
-        Err(e) => Err(e),
-    };
     apt_cleanup();
     result
 }
@@ -303,11 +378,33 @@ async fn apt_wrong_signing_key_is_refused() -> Result<()> {
     let gnupg = state.path().join("gnupg");
     std::fs::create_dir_all(&gnupg)?;
     std::fs::set_permissions(&gnupg, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-    sh(Command::new("gpg").env("GNUPGHOME", &gnupg).args(["--batch", "--quiet", "--passphrase", "", "--quick-gen-key", "other <other@example.invalid>", "ed25519", "sign", "never"]))?;
+    sh(Command::new("gpg").env("GNUPGHOME", &gnupg).args([
+        "--batch",
+        "--quiet",
+        "--passphrase",
+        "",
+        "--quick-gen-key",
+        "other <other@example.invalid>",
+        "ed25519",
+        "sign",
+        "never",
+    ]))?;
     let other = state.path().join("other.asc");
-    std::fs::write(&other, sh(Command::new("gpg").env("GNUPGHOME", &gnupg).args(["--batch", "--armor", "--export"]))?)?;
+    std::fs::write(
+        &other,
+        sh(Command::new("gpg")
+            .env("GNUPGHOME", &gnupg)
+            .args(["--batch", "--armor", "--export"]))?,
+    )?;
     let list = state.path().join("svc-test.list");
-    std::fs::write(&list, format!("deb [signed-by={}] file://{}/apt stable v17\n", other.display(), fixture.repo.display()))?;
+    std::fs::write(
+        &list,
+        format!(
+            "deb [signed-by={}] file://{}/apt stable v17\n",
+            other.display(),
+            fixture.repo.display()
+        ),
+    )?;
     std::fs::create_dir_all(state.path().join("lists/partial"))?;
     let apt = Apt::with_options(vec![
         "-o".into(),
@@ -317,8 +414,14 @@ async fn apt_wrong_signing_key_is_refused() -> Result<()> {
         "-o".into(),
         format!("Dir::State::lists={}/lists", state.path().display()),
     ]);
-    let err = apt.install("svc", &v(V1), false).await.expect_err("unsigned for this key");
-    ensure!(err.to_string().contains("NO_PUBKEY") || err.to_string().contains("not signed"), "{err}");
+    let err = apt
+        .install("svc", &v(V1), false)
+        .await
+        .expect_err("unsigned for this key");
+    ensure!(
+        err.to_string().contains("NO_PUBKEY") || err.to_string().contains("not signed"),
+        "{err}"
+    );
     assert_eq!(apt.installed_version("svc").await?, None);
     Ok(())
 }
@@ -330,9 +433,16 @@ async fn install_script_with_apt() -> Result<()> {
     apt_cleanup();
     let result = run_install_script(fixture, "apt", &[]).and_then(|()| {
         let held = sh(Command::new("apt-mark").arg("showhold"))?;
-        ensure!(held.contains("svc\n") && held.contains("svc-ent-updater"), "apt-mark showhold: {held}");
+        ensure!(
+            held.contains("svc\n") && held.contains("svc-ent-updater"),
+            "apt-mark showhold: {held}"
+        );
         let list = std::fs::read_to_string("/etc/apt/sources.list.d/svc.list")?;
-        ensure!(list.contains("[signed-by=/usr/share/keyrings/svc-archive-keyring.asc]") && list.contains(" stable v17"), "{list}");
+        ensure!(
+            list.contains("[signed-by=/usr/share/keyrings/svc-archive-keyring.asc]")
+                && list.contains(" stable v17"),
+            "{list}"
+        );
         Ok(())
     });
     apt_cleanup();
@@ -356,8 +466,14 @@ fn run_install_script(fixture: &Fixture, installer: &str, env: &[(&str, &str)]) 
     assert_eq!(owner.trim(), "nobody 644");
     let dir_mode = sh(Command::new("stat").args(["-c", "%a"]).arg("/etc/svc-upgrade.d"))?;
     assert_eq!(dir_mode.trim(), "755");
-    assert_eq!(std::fs::read_to_string("/etc/svc-upgrade.d/installer")?.trim(), installer);
-    ensure!(Path::new("/lib/systemd/system/svc-upgrade.timer").is_file(), "svc-ent-updater installed no timer");
+    assert_eq!(
+        std::fs::read_to_string("/etc/svc-upgrade.d/installer")?.trim(),
+        installer
+    );
+    ensure!(
+        Path::new("/lib/systemd/system/svc-upgrade.timer").is_file(),
+        "svc-ent-updater installed no timer"
+    );
     Ok(())
 }
 
@@ -366,21 +482,52 @@ fn run_install_script(fixture: &Fixture, installer: &str, env: &[(&str, &str)]) 
 
 const RPM_MACROS: &str = "/etc/rpm/macros.svc-test-dbpath";
 
-fn rpm_setup() -> Result<()> {
-    std::fs::create_dir_all("/etc/rpm")?;
-    std::fs::write(RPM_MACROS, "%_dbpath /var/lib/rpm\n")?;
+/// After [`rpm_cleanup`], which writes the `%_dbpath` macro.
+fn rpm_setup(fixture: &Fixture) -> Result<()> {
     std::fs::create_dir_all("/var/lib/rpm")?;
     sh(Command::new("rpm").arg("--initdb"))?;
+    sh(Command::new("rpm")
+        .args(["-i", "--replacepkgs"])
+        .arg(&fixture.host_compat))?;
     Ok(())
 }
 
 fn rpm_cleanup(dnf_conf: Option<&str>) {
+    // The macro first, so rpm sees the database dnf and zypper wrote.
+    let _ = std::fs::create_dir_all("/etc/rpm");
+    let _ = std::fs::write(RPM_MACROS, "%_dbpath /var/lib/rpm\n");
     quietly(Command::new("zypper").args(["--non-interactive", "removelock", "svc", "svc-ent-updater"]));
-    quietly(Command::new("rpm").args(["-e", "--nodeps", "svc-ent-updater", "svc"]));
+    // One at a time: `rpm -e a b` removes nothing when a is not installed.
+    for package in ["svc-ent-updater", "svc", "svc-test-host-compat"] {
+        quietly(Command::new("rpm").args(["-e", "--nodeps", package]));
+    }
     if let Some(conf) = dnf_conf {
         let _ = std::fs::write("/etc/dnf/dnf.conf", conf);
     }
-    for path in ["/etc/yum.repos.d/svc.repo", "/etc/zypp/repos.d/svc.repo", "/etc/pki/rpm-gpg/RPM-GPG-KEY-svc"] {
+    // Repository keys imported by zypper or install.sh: the tests' keys only.
+    if let Ok(out) = Command::new("rpm")
+        .args([
+            "-q",
+            "gpg-pubkey",
+            "--qf",
+            "%{NAME}-%{VERSION}-%{RELEASE} %{SUMMARY}\\n",
+        ])
+        .output()
+    {
+        for line in String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("example.invalid"))
+        {
+            if let Some(key) = line.split_whitespace().next() {
+                quietly(Command::new("rpm").args(["-e", key]));
+            }
+        }
+    }
+    for path in [
+        "/etc/yum.repos.d/svc.repo",
+        "/etc/zypp/repos.d/svc.repo",
+        "/etc/pki/rpm-gpg/RPM-GPG-KEY-svc",
+    ] {
         let _ = std::fs::remove_file(path);
     }
     let _ = std::fs::remove_dir_all("/etc/svc-upgrade.d");
@@ -409,7 +556,7 @@ async fn dnf_installs_pinned_versions_and_holds_them() -> Result<()> {
     let fixture = fixture()?;
     let dnf_conf = std::fs::read_to_string("/etc/dnf/dnf.conf")?;
     rpm_cleanup(Some(&dnf_conf));
-    rpm_setup()?;
+    rpm_setup(fixture)?;
     let repos = tempfile::tempdir()?;
     rpm_repo_file(fixture, repos.path())?;
     let options = vec![
@@ -420,14 +567,29 @@ async fn dnf_installs_pinned_versions_and_holds_them() -> Result<()> {
     let result = async {
         // This machine's dnf has no versionlock plugin (its package conflicts with zypper's), so
         // the hold is the exclude= line.
-        assert_eq!(dnf.hold_method().await?, &DnfHold::Exclude("/etc/dnf/dnf.conf".into()));
+        assert_eq!(
+            dnf.hold_method().await?,
+            &DnfHold::Exclude("/etc/dnf/dnf.conf".into())
+        );
         exercise(&dnf, || {
             let upgrade = sh(Command::new("dnf").args(&options).args(["-y", "upgrade"]))?;
             eprintln!("dnf upgrade:\n{upgrade}");
             let conf = std::fs::read_to_string("/etc/dnf/dnf.conf")?;
-            ensure!(conf.lines().any(|l| l == "exclude=svc"), "no hold in dnf.conf:\n{conf}");
-            let offered = sh(Command::new("dnf").args(&options).args(["-q", "--disableexcludes=all", "list", "--available", "svc"]))?;
-            ensure!(offered.contains("17.0.1"), "v3 not offered, so the hold proved nothing:\n{offered}");
+            ensure!(
+                conf.lines().any(|l| l == "exclude=svc"),
+                "no hold in dnf.conf:\n{conf}"
+            );
+            let offered = sh(Command::new("dnf").args(&options).args([
+                "-q",
+                "--disableexcludes=all",
+                "list",
+                "--available",
+                "svc",
+            ]))?;
+            ensure!(
+                offered.contains("17.0.1"),
+                "v3 not offered, so the hold proved nothing:\n{offered}"
+            );
             Ok(())
         })
         .await
@@ -445,19 +607,32 @@ async fn zypper_installs_pinned_versions_and_locks_them() -> Result<()> {
     require("rpm", "rpm")?;
     let fixture = fixture()?;
     rpm_cleanup(None);
-    rpm_setup()?;
+    rpm_setup(fixture)?;
     let repos = tempfile::tempdir()?;
     rpm_repo_file(fixture, repos.path())?;
     let reposd = repos.path().to_str().context("utf-8 temp path")?.to_owned();
-    let options = vec!["--gpg-auto-import-keys".to_owned(), "--reposd-dir".to_owned(), reposd.clone()];
+    let options = vec![
+        "--gpg-auto-import-keys".to_owned(),
+        "--reposd-dir".to_owned(),
+        reposd.clone(),
+    ];
     let zypper = Zypper::with_options(options.clone());
     let result = exercise(&zypper, || {
-        let upgrade = sh(Command::new("zypper").arg("--non-interactive").args(&options).arg("update"))?;
+        let upgrade = sh(Command::new("zypper")
+            .arg("--non-interactive")
+            .args(&options)
+            .arg("update"))?;
         eprintln!("zypper update:\n{upgrade}");
         let locks = sh(Command::new("zypper").args(["--non-interactive", "locks"]))?;
         ensure!(locks.contains("svc"), "zypper locks:\n{locks}");
-        let offered = sh(Command::new("zypper").arg("--non-interactive").args(&options).args(["search", "-s", "svc"]))?;
-        ensure!(offered.contains("17.0.1"), "v3 not offered, so the lock proved nothing:\n{offered}");
+        let offered = sh(Command::new("zypper")
+            .arg("--non-interactive")
+            .args(&options)
+            .args(["search", "-s", "svc"]))?;
+        ensure!(
+            offered.contains("17.0.1"),
+            "v3 not offered, so the lock proved nothing:\n{offered}"
+        );
         Ok(())
     })
     .await;
@@ -473,12 +648,18 @@ async fn install_script_with_dnf() -> Result<()> {
     let fixture = fixture()?;
     let dnf_conf = std::fs::read_to_string("/etc/dnf/dnf.conf")?;
     rpm_cleanup(Some(&dnf_conf));
-    rpm_setup()?;
+    rpm_setup(fixture)?;
     let result = run_install_script(fixture, "yum", &[("SVC_RPM_GPGCHECK", "metadata")]).and_then(|()| {
         let conf = std::fs::read_to_string("/etc/dnf/dnf.conf")?;
-        ensure!(conf.lines().any(|l| l == "exclude=svc svc-ent-updater"), "no hold in dnf.conf:\n{conf}");
+        ensure!(
+            conf.lines().any(|l| l == "exclude=svc svc-ent-updater"),
+            "no hold in dnf.conf:\n{conf}"
+        );
         let repo = std::fs::read_to_string("/etc/yum.repos.d/svc.repo")?;
-        ensure!(repo.contains("/rpm/stable/v17/$basearch") && repo.contains("repo_gpgcheck=1"), "{repo}");
+        ensure!(
+            repo.contains("/rpm/stable/v17/$basearch") && repo.contains("repo_gpgcheck=1"),
+            "{repo}"
+        );
         Ok(())
     });
     rpm_cleanup(Some(&dnf_conf));
@@ -492,7 +673,7 @@ async fn install_script_with_zypper() -> Result<()> {
     require("zypper", "zypper")?;
     let fixture = fixture()?;
     rpm_cleanup(None);
-    rpm_setup()?;
+    rpm_setup(fixture)?;
     let result = run_install_script(fixture, "zypper", &[("SVC_RPM_GPGCHECK", "metadata")]).and_then(|()| {
         let locks = sh(Command::new("zypper").args(["--non-interactive", "locks"]))?;
         ensure!(locks.contains("svc-ent-updater"), "zypper locks:\n{locks}");

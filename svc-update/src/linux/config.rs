@@ -239,7 +239,11 @@ mod tests {
     #[test]
     fn values_are_read_trimmed() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        write(tmp.path(), "endpoint", "proxy.example.com:443/v1/webapi/automaticupgrades/channel/default\n");
+        write(
+            tmp.path(),
+            "endpoint",
+            "proxy.example.com:443/v1/webapi/automaticupgrades/channel/default\n",
+        );
         write(tmp.path(), "installer", "zypper\n");
         write(tmp.path(), "package", " svc-ent \n");
         write(tmp.path(), "restart-mode", "reload");
@@ -264,21 +268,36 @@ mod tests {
     #[test]
     fn invalid_values_name_the_file_and_the_allowed_values() {
         let cases = [
-            ("installer", "pacman", "installer: expected one of apt, yum, zypper, nop, found \"pacman\""),
-            ("restart-mode", "kill", "restart-mode: expected one of restart, reload, none, found \"kill\""),
+            (
+                "installer",
+                "pacman",
+                "installer: expected one of apt, yum, zypper, nop, found \"pacman\"",
+            ),
+            (
+                "restart-mode",
+                "kill",
+                "restart-mode: expected one of restart, reload, none, found \"kill\"",
+            ),
             (
                 "package",
                 "Svc Agent",
                 "package: expected a package name of lowercase letters, digits and . + - (for example svc), found \"Svc Agent\"",
             ),
-            ("endpoint", "https://proxy.example.com/v1", "endpoint: expected host[:port]/path without a scheme"),
+            (
+                "endpoint",
+                "https://proxy.example.com/v1",
+                "endpoint: expected host[:port]/path without a scheme",
+            ),
         ];
         for (file, value, message) in cases {
             let tmp = tempfile::tempdir().expect("tempdir");
             write(tmp.path(), file, value);
             let err = UpgradeConfig::load_dir(tmp.path()).expect_err(file).to_string();
             let expected = format!("{}/{message}", tmp.path().display());
-            assert!(err.starts_with(&expected), "{err}\n  does not start with\n{expected}");
+            assert!(
+                err.starts_with(&expected),
+                "{err}\n  does not start with\n{expected}"
+            );
         }
     }
 
@@ -287,17 +306,28 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(tmp.path().join("installer")).expect("mkdir");
         let err = UpgradeConfig::load_dir(tmp.path()).expect_err("a directory is not a value");
-        assert!(err.to_string().starts_with(&format!("cannot read {}/installer: ", tmp.path().display())));
+        assert!(
+            err.to_string()
+                .starts_with(&format!("cannot read {}/installer: ", tmp.path().display()))
+        );
     }
 
     #[test]
     fn environment_variable_overrides_the_directory() {
-        assert_eq!(UpgradeConfig::dir_from_env(|_| None), PathBuf::from("/etc/svc-upgrade.d"));
         assert_eq!(
-            UpgradeConfig::dir_from_env(|k| (k == "SVC_UPGRADE_CONFIG").then(|| "/opt/svc/upgrade.d".to_owned())),
+            UpgradeConfig::dir_from_env(|_| None),
+            PathBuf::from("/etc/svc-upgrade.d")
+        );
+        assert_eq!(
+            UpgradeConfig::dir_from_env(
+                |k| (k == "SVC_UPGRADE_CONFIG").then(|| "/opt/svc/upgrade.d".to_owned())
+            ),
             PathBuf::from("/opt/svc/upgrade.d")
         );
-        assert_eq!(UpgradeConfig::dir_from_env(|_| Some(String::new())), PathBuf::from(DEFAULT_DIR));
+        assert_eq!(
+            UpgradeConfig::dir_from_env(|_| Some(String::new())),
+            PathBuf::from(DEFAULT_DIR)
+        );
         let tmp = tempfile::tempdir().expect("tempdir");
         write(tmp.path(), "installer", "nop");
         let dir = tmp.path().to_str().expect("utf-8 temp path").to_owned();

@@ -113,6 +113,16 @@ pub enum PkgError {
         /// The operating system's reason.
         source: io::Error,
     },
+    /// Without force, a version below the installed one is not installed.
+    #[error("refusing to downgrade {package} from {installed} to {requested} without force")]
+    Downgrade {
+        /// The package.
+        package: String,
+        /// The installed version.
+        installed: Version,
+        /// The version asked for.
+        requested: Version,
+    },
     /// No supported package manager was found.
     #[error("no supported package manager found: expected one of apt-get, dnf, yum, zypper on PATH")]
     NotFound,
@@ -300,6 +310,24 @@ impl fmt::Display for Invocation {
     }
 }
 
+/// [`PkgError::Downgrade`] when `requested` is below `installed` and the caller did not force
+/// it: dnf and zypper would otherwise downgrade (or not) by rules of their own.
+fn refuse_unforced_downgrade(
+    package: &str,
+    installed: Option<Version>,
+    requested: &Version,
+    force: bool,
+) -> Result<(), PkgError> {
+    match installed {
+        Some(installed) if !force && *requested < installed => Err(PkgError::Downgrade {
+            package: package.to_owned(),
+            installed,
+            requested: requested.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The installed version of an rpm package, `None` when it is not installed.
 async fn rpm_installed_version(package: &str) -> Result<Option<Version>, PkgError> {
     let query = Invocation::new("rpm").args(["-q", "--queryformat", "%{VERSION}\\n", package]);
@@ -401,7 +429,10 @@ impl PackageManager for Apt {
         if force {
             install = install.args(["--allow-downgrades"]);
         }
-        install.args(["install".to_owned(), format!("{package}={package_version}")]).run().await?;
+        install
+            .args(["install".to_owned(), format!("{package}={package_version}")])
+            .run()
+            .await?;
         Ok(())
     }
 
@@ -459,7 +490,11 @@ impl Dnf {
     /// `yum` where it exists (on current systems a link to dnf), else `dnf`; the hold method is
     /// detected on first use.
     pub fn system() -> Self {
-        let program = if find_program("yum").is_some() { "yum" } else { "dnf" };
+        let program = if find_program("yum").is_some() {
+            "yum"
+        } else {
+            "dnf"
+        };
         Dnf::new(program, Vec::new())
     }
 
@@ -529,25 +564,37 @@ impl PackageManager for Dnf {
 
     async fn install(&self, package: &str, version: &Version, force: bool) -> Result<(), PkgError> {
         let spec = format!("{package}-{}", to_package_version(version)?);
-        // `install` of a lower version than the installed one is refused; with force, the
-        // same request goes through `downgrade`.
-        let below_installed = self.installed_version(package).await?.is_some_and(|v| *version < v);
-        let command = if force && below_installed { "downgrade" } else { "install" };
-        self.invocation().args(["-y", "--refresh", command, &spec]).run().await.map(drop)
+        let installed = self.installed_version(package).await?;
+        let below_installed = installed.as_ref().is_some_and(|v| version < v);
+        refuse_unforced_downgrade(package, installed, version, force)?;
+        let command = if below_installed { "downgrade" } else { "install" };
+        self.invocation()
+            .args(["-y", "--refresh", command, &spec])
+            .run()
+            .await
+            .map(drop)
     }
 
     async fn hold(&self, package: &str) -> Result<(), PkgError> {
         match self.hold_method().await? {
-            DnfHold::VersionLock => self.invocation().args(["versionlock", "add", package]).run().await.map(drop),
+            DnfHold::VersionLock => self
+                .invocation()
+                .args(["versionlock", "add", package])
+                .run()
+                .await
+                .map(drop),
             DnfHold::Exclude(conf) => self.set_excluded(conf, package, true).await,
         }
     }
 
     async fn unhold(&self, package: &str) -> Result<(), PkgError> {
         match self.hold_method().await? {
-            DnfHold::VersionLock => {
-                self.invocation().args(["versionlock", "delete", package]).run().await.map(drop)
-            }
+            DnfHold::VersionLock => self
+                .invocation()
+                .args(["versionlock", "delete", package])
+                .run()
+                .await
+                .map(drop),
             DnfHold::Exclude(conf) => self.set_excluded(conf, package, false).await,
         }
     }
@@ -644,6 +691,7 @@ impl PackageManager for Zypper {
 
     async fn install(&self, package: &str, version: &Version, force: bool) -> Result<(), PkgError> {
         let spec = format!("{package}={}", to_package_version(version)?);
+        refuse_unforced_downgrade(package, self.installed_version(package).await?, version, force)?;
         let mut install = self.invocation().args(["install"]);
         if force {
             install = install.args(["--oldpackage"]);
@@ -652,11 +700,19 @@ impl PackageManager for Zypper {
     }
 
     async fn hold(&self, package: &str) -> Result<(), PkgError> {
-        self.invocation().args(["addlock", package]).run_accepting(&ZYPPER_OK).await.map(drop)
+        self.invocation()
+            .args(["addlock", package])
+            .run_accepting(&ZYPPER_OK)
+            .await
+            .map(drop)
     }
 
     async fn unhold(&self, package: &str) -> Result<(), PkgError> {
-        self.invocation().args(["removelock", package]).run_accepting(&ZYPPER_OK).await.map(drop)
+        self.invocation()
+            .args(["removelock", package])
+            .run_accepting(&ZYPPER_OK)
+            .await
+            .map(drop)
     }
 
     async fn installed_version(&self, package: &str) -> Result<Option<Version>, PkgError> {
@@ -712,6 +768,7 @@ impl PackageManager for Nop {
 
     async fn install(&self, package: &str, version: &Version, force: bool) -> Result<(), PkgError> {
         let package_version = to_package_version(version)?;
+        refuse_unforced_downgrade(package, self.lock().installed.clone(), version, force)?;
         let force = if force { "--force " } else { "" };
         self.record(format!("install {force}{package}={package_version}"));
         self.lock().installed = Some(version.clone());
@@ -743,7 +800,12 @@ mod tests {
 
     #[test]
     fn installer_names_round_trip() {
-        for kind in [InstallerKind::Apt, InstallerKind::Yum, InstallerKind::Zypper, InstallerKind::Nop] {
+        for kind in [
+            InstallerKind::Apt,
+            InstallerKind::Yum,
+            InstallerKind::Zypper,
+            InstallerKind::Nop,
+        ] {
             assert_eq!(kind.as_str().parse::<InstallerKind>(), Ok(kind));
         }
         assert_eq!("dnf".parse::<InstallerKind>(), Err(()));
@@ -752,7 +814,10 @@ mod tests {
     #[test]
     fn detection_prefers_apt_then_dnf_yum_zypper() {
         assert_eq!(detect_installer(|_| true), Some(InstallerKind::Apt));
-        assert_eq!(detect_installer(|p| p == "yum" || p == "zypper"), Some(InstallerKind::Yum));
+        assert_eq!(
+            detect_installer(|p| p == "yum" || p == "zypper"),
+            Some(InstallerKind::Yum)
+        );
         assert_eq!(detect_installer(|p| p == "dnf"), Some(InstallerKind::Yum));
         assert_eq!(detect_installer(|p| p == "zypper"), Some(InstallerKind::Zypper));
         assert_eq!(detect_installer(|_| false), None);
@@ -762,16 +827,30 @@ mod tests {
     fn exclude_is_added_and_removed_in_main_only() {
         let conf = "# see man dnf.conf\n[main]\ngpgcheck=True\n\n[other]\nexclude=kernel\n";
         let held = set_excluded(conf, "svc", true);
-        assert_eq!(held, "# see man dnf.conf\n[main]\nexclude=svc\ngpgcheck=True\n\n[other]\nexclude=kernel\n");
-        assert_eq!(set_excluded(&held, "svc", true), held, "holding twice changes nothing");
+        assert_eq!(
+            held,
+            "# see man dnf.conf\n[main]\nexclude=svc\ngpgcheck=True\n\n[other]\nexclude=kernel\n"
+        );
+        assert_eq!(
+            set_excluded(&held, "svc", true),
+            held,
+            "holding twice changes nothing"
+        );
         assert_eq!(set_excluded(&held, "svc", false), conf);
-        assert_eq!(set_excluded(conf, "svc", false), conf, "unholding what is not held changes nothing");
+        assert_eq!(
+            set_excluded(conf, "svc", false),
+            conf,
+            "unholding what is not held changes nothing"
+        );
     }
 
     #[test]
     fn exclude_keeps_other_packages_and_dnf_spelling() {
         let conf = "[main]\nexcludepkgs=kernel*, svc-old\n";
-        assert_eq!(set_excluded(conf, "svc", true), "[main]\nexcludepkgs=kernel* svc-old svc\n");
+        assert_eq!(
+            set_excluded(conf, "svc", true),
+            "[main]\nexcludepkgs=kernel* svc-old svc\n"
+        );
         assert_eq!(set_excluded("[main]\nexclude = svc\n", "svc", false), "[main]\n");
         assert_eq!(set_excluded("", "svc", true), "[main]\nexclude=svc\n");
         assert_eq!(set_excluded("a=b", "svc", true), "a=b\n[main]\nexclude=svc\n");
@@ -780,9 +859,16 @@ mod tests {
     #[tokio::test]
     async fn nop_records_and_reports() {
         let nop = Nop::new(Some(v("16.4.0")));
-        assert_eq!(nop.installed_version("svc").await.expect("nop").as_ref(), Some(&v("16.4.0")));
-        install_and_hold(&nop, "svc", &v("17.0.0-dev"), false).await.expect("nop install");
-        install_and_hold(&nop, "svc", &v("16.4.1"), true).await.expect("nop install");
+        assert_eq!(
+            nop.installed_version("svc").await.expect("nop").as_ref(),
+            Some(&v("16.4.0"))
+        );
+        install_and_hold(&nop, "svc", &v("17.0.0-dev"), false)
+            .await
+            .expect("nop install");
+        install_and_hold(&nop, "svc", &v("16.4.1"), true)
+            .await
+            .expect("nop install");
         assert_eq!(
             nop.actions(),
             [
@@ -794,13 +880,27 @@ mod tests {
                 "hold svc"
             ]
         );
-        assert_eq!(nop.installed_version("svc").await.expect("nop"), Some(v("16.4.1")));
+        assert_eq!(
+            nop.installed_version("svc").await.expect("nop"),
+            Some(v("16.4.1"))
+        );
+        let err = nop
+            .install("svc", &v("16.4.0"), false)
+            .await
+            .expect_err("unforced downgrade");
+        assert_eq!(
+            err.to_string(),
+            "refusing to downgrade svc from v16.4.1 to v16.4.0 without force"
+        );
     }
 
     #[tokio::test]
     async fn failure_carries_exit_code_and_stderr() {
         let err = Invocation::new("sh")
-            .args(["-c", "echo out; echo 'E: Version 9 for svc was not found' >&2; exit 100"])
+            .args([
+                "-c",
+                "echo out; echo 'E: Version 9 for svc was not found' >&2; exit 100",
+            ])
             .run()
             .await
             .expect_err("exit 100");
@@ -811,12 +911,18 @@ mod tests {
             }
             other => panic!("expected Failed, got {other:?}"),
         }
-        assert!(err.to_string().ends_with("failed (exit code 100): E: Version 9 for svc was not found"));
+        assert!(
+            err.to_string()
+                .ends_with("failed (exit code 100): E: Version 9 for svc was not found")
+        );
     }
 
     #[tokio::test]
     async fn missing_program_is_a_spawn_error() {
-        let err = Invocation::new("/nonexistent/apt-get").run().await.expect_err("no such program");
+        let err = Invocation::new("/nonexistent/apt-get")
+            .run()
+            .await
+            .expect_err("no such program");
         assert!(matches!(err, PkgError::Spawn { .. }), "{err:?}");
         assert!(err.to_string().starts_with("cannot run `/nonexistent/apt-get`: "));
     }

@@ -85,8 +85,16 @@ mod tests {
             ("v16.2.0-alpha.2+build.5", "16.2.0~alpha.2+build.5"),
             ("v14.3.7+linux", "14.3.7+linux"),
         ] {
-            assert_eq!(to_package_version(&v(version)).expect("maps"), package, "{version}");
-            assert_eq!(from_package_version(package).expect("maps back"), v(version), "{package}");
+            assert_eq!(
+                to_package_version(&v(version)).expect("maps"),
+                package,
+                "{version}"
+            );
+            assert_eq!(
+                from_package_version(package).expect("maps back"),
+                v(version),
+                "{package}"
+            );
         }
     }
 
@@ -102,9 +110,15 @@ mod tests {
 
     #[test]
     fn query_output_is_trimmed_and_junk_refused() {
-        assert_eq!(from_package_version("17.0.0~dev\n").expect("trimmed"), v("17.0.0-dev"));
+        assert_eq!(
+            from_package_version("17.0.0~dev\n").expect("trimmed"),
+            v("17.0.0-dev")
+        );
         let err = from_package_version("1:17.0.0-1").expect_err("epoch and revision");
-        assert!(err.to_string().starts_with("package version \"1:17.0.0-1\" is not an svc version"));
+        assert!(
+            err.to_string()
+                .starts_with("package version \"1:17.0.0-1\" is not an svc version")
+        );
         assert!(from_package_version("").is_err());
     }
 
