@@ -165,7 +165,7 @@ install_zypper() {
   rpm --import /etc/pki/rpm-gpg/RPM-GPG-KEY-svc
   rpm_repo_file /etc/zypp/repos.d/svc.repo
   say "added /etc/zypp/repos.d/svc.repo (channel $channel)"
-  zypper --non-interactive --gpg-auto-import-keys refresh svc
+  zypper --non-interactive refresh svc
   zypper --non-interactive removelock "${packages[@]}" >/dev/null || true
   local specs=() p
   for p in "${packages[@]}"; do specs+=("$p=$pkg_version"); done

@@ -11,6 +11,10 @@
 #   build-packages.sh package-version <version>     # prints the package version: 17.0.0-dev -> 17.0.0~dev
 #   build-packages.sh svc-version <package-version> # the inverse: 17.0.0~dev -> 17.0.0-dev
 #
+# Environment: SVC_RPM_SIGN_KEY, a gpg key (id or e-mail) in the current GNUPGHOME, signs the
+# .rpm packages with rpmsign; .deb packages are not signed one by one (apt checks the
+# repository's signed InRelease, which holds their checksums).
+#
 # Needs dpkg-deb (dpkg) for .deb and rpmbuild (rpm) for .rpm. The version mapping is the one
 # svc_update::linux::version implements; keep them in step.
 set -euo pipefail
@@ -175,6 +179,11 @@ build_rpm() { # name version bin_dir out_dir files_fn postinst_fn prerm_fn requi
   local rpm
   rpm=$(find "$top/RPMS" -name '*.rpm' | head -n 1)
   [ -n "$rpm" ] || die "rpmbuild produced no package for $name"
+  if [ -n "${SVC_RPM_SIGN_KEY:-}" ]; then
+    # rpm's default signing program is gpg2, which Debian does not ship under that name.
+    rpmsign --addsign --define "_gpg_name $SVC_RPM_SIGN_KEY" --define "__gpg $(command -v gpg)" "$rpm" \
+      </dev/null >/dev/null 2>&1 || die "rpmsign with key $SVC_RPM_SIGN_KEY failed for $rpm"
+  fi
   cp "$rpm" "$out/"
   rm -rf "$top"
   echo "$out/$(basename "$rpm")"

@@ -116,31 +116,6 @@ fn build_fixture() -> Result<Fixture> {
     let pool = dir.path().join("pool");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let target_dir = stamped_target_dir()?;
-    for version in [V1, V2, V3] {
-        let started = Instant::now();
-        sh(Command::new(&cargo)
-            .current_dir(repo_root())
-            .args(["build", "-q", "-p", "svc-bins", "--bin", "svc", "--target-dir"])
-            .arg(&target_dir)
-            .env("SVC_BUILD_VERSION", version))?;
-        eprintln!("stamped svc {version} built in {:.1?}", started.elapsed());
-        let bin = dir.path().join("bin").join(version);
-        std::fs::create_dir_all(&bin)?;
-        std::fs::copy(target_dir.join("debug/svc"), bin.join("svc"))?;
-        let said = sh(Command::new(bin.join("svc")).arg("version"))?;
-        ensure!(
-            said.trim() == format!("svc v{version}"),
-            "stamped build says {said:?}"
-        );
-        let started = Instant::now();
-        sh(Command::new("bash")
-            .arg(repo_root().join("deploy/packaging/build-packages.sh"))
-            .args(["build", version])
-            .arg(&bin)
-            .arg(&pool))?;
-        eprintln!("packages of {version} built in {:.1?}", started.elapsed());
-    }
-
     // A signing key of our own, in a keyring of our own.
     let gnupg = dir.path().join("gnupg");
     std::fs::create_dir_all(&gnupg)?;
@@ -163,6 +138,44 @@ fn build_fixture() -> Result<Fixture> {
     std::fs::create_dir_all(&repo)?;
     let key = repo.join("svc-pubkey.asc");
     std::fs::write(&key, gpg(&["--armor", "--export"])?)?;
+
+    for version in [V1, V2, V3] {
+        let started = Instant::now();
+        sh(Command::new(&cargo)
+            .current_dir(repo_root())
+            .args(["build", "-q", "-p", "svc-bins", "--bin", "svc", "--target-dir"])
+            .arg(&target_dir)
+            .env("SVC_BUILD_VERSION", version))?;
+        eprintln!("stamped svc {version} built in {:.1?}", started.elapsed());
+        let bin = dir.path().join("bin").join(version);
+        std::fs::create_dir_all(&bin)?;
+        std::fs::copy(target_dir.join("debug/svc"), bin.join("svc"))?;
+        let said = sh(Command::new(bin.join("svc")).arg("version"))?;
+        ensure!(
+            said.trim() == format!("svc v{version}"),
+            "stamped build says {said:?}"
+        );
+        let started = Instant::now();
+        sh(Command::new("bash")
+            .arg(repo_root().join("deploy/packaging/build-packages.sh"))
+            .args(["build", version])
+            .arg(&bin)
+            .arg(&pool)
+            .env("GNUPGHOME", &gnupg)
+            .env("SVC_RPM_SIGN_KEY", "repo@example.invalid"))?;
+        eprintln!("packages of {version} built in {:.1?}", started.elapsed());
+        let signature = sh(Command::new("rpm")
+            .args(["-qp", "--qf", "%{DSAHEADER:pgpsig} %{RSAHEADER:pgpsig}"])
+            .arg(pool.join(format!(
+                "svc-{}-1.{}.rpm",
+                version.replacen('-', "~", 1),
+                std::env::consts::ARCH
+            ))))?;
+        ensure!(
+            signature.contains("Key ID"),
+            "the svc {version} rpm is not signed: {signature}"
+        );
+    }
 
     // apt: pool plus dists/stable/{cloud,v17}/binary-<arch>/Packages, Release signed into InRelease.
     let arch = sh(Command::new("dpkg").arg("--print-architecture"))?
@@ -540,7 +553,7 @@ fn rpm_repo_file(fixture: &Fixture, dir: &Path) -> Result<()> {
         dir.join("svc-test.repo"),
         format!(
             "[svc-test]\nname=svc test\nbaseurl=file://{}/rpm/stable/v17/$basearch\nenabled=1\nautorefresh=1\n\
-             gpgcheck=0\npkg_gpgcheck=0\nrepo_gpgcheck=1\ngpgkey=file://{}\n",
+             gpgcheck=1\npkg_gpgcheck=1\nrepo_gpgcheck=1\ngpgkey=file://{}\n",
             fixture.repo.display(),
             fixture.key.display()
         ),
@@ -649,7 +662,7 @@ async fn install_script_with_dnf() -> Result<()> {
     let dnf_conf = std::fs::read_to_string("/etc/dnf/dnf.conf")?;
     rpm_cleanup(Some(&dnf_conf));
     rpm_setup(fixture)?;
-    let result = run_install_script(fixture, "yum", &[("SVC_RPM_GPGCHECK", "metadata")]).and_then(|()| {
+    let result = run_install_script(fixture, "yum", &[]).and_then(|()| {
         let conf = std::fs::read_to_string("/etc/dnf/dnf.conf")?;
         ensure!(
             conf.lines().any(|l| l == "exclude=svc svc-ent-updater"),
@@ -657,7 +670,9 @@ async fn install_script_with_dnf() -> Result<()> {
         );
         let repo = std::fs::read_to_string("/etc/yum.repos.d/svc.repo")?;
         ensure!(
-            repo.contains("/rpm/stable/v17/$basearch") && repo.contains("repo_gpgcheck=1"),
+            repo.contains("/rpm/stable/v17/$basearch")
+                && repo.contains("\ngpgcheck=1")
+                && repo.contains("repo_gpgcheck=1"),
             "{repo}"
         );
         Ok(())
@@ -674,7 +689,7 @@ async fn install_script_with_zypper() -> Result<()> {
     let fixture = fixture()?;
     rpm_cleanup(None);
     rpm_setup(fixture)?;
-    let result = run_install_script(fixture, "zypper", &[("SVC_RPM_GPGCHECK", "metadata")]).and_then(|()| {
+    let result = run_install_script(fixture, "zypper", &[]).and_then(|()| {
         let locks = sh(Command::new("zypper").args(["--non-interactive", "locks"]))?;
         ensure!(locks.contains("svc-ent-updater"), "zypper locks:\n{locks}");
         Ok(())
