@@ -69,7 +69,6 @@ fn quietly(command: &mut Command) {
 
 /// Built once per test run: stamped binaries, packages, signed repositories.
 struct Fixture {
-    _dir: tempfile::TempDir,
     /// `<dir>/repo`, served as `file://`.
     repo: PathBuf,
     /// The armored public key that signed the repositories.
@@ -111,13 +110,23 @@ fn build_fixture() -> Result<Fixture> {
     ] {
         require(program, package)?;
     }
-    let dir = tempfile::tempdir()?;
-    let repo = dir.path().join("repo");
-    let pool = dir.path().join("pool");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    // Statics are never dropped, so a temporary directory would outlive every run; this one is
+    // replaced by the next run instead.
     let target_dir = stamped_target_dir()?;
+    let dir = target_dir.join("fixture");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    // apt reads file:// repositories as user _apt.
+    for ancestor in dir.ancestors().take(3) {
+        std::fs::set_permissions(ancestor, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    }
+    let repo = dir.join("repo");
+    let pool = dir.join("pool");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     // A signing key of our own, in a keyring of our own.
-    let gnupg = dir.path().join("gnupg");
+    let gnupg = dir.join("gnupg");
     std::fs::create_dir_all(&gnupg)?;
     std::fs::set_permissions(&gnupg, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     let gpg = |args: &[&str]| -> Result<String> {
@@ -147,7 +156,7 @@ fn build_fixture() -> Result<Fixture> {
             .arg(&target_dir)
             .env("SVC_BUILD_VERSION", version))?;
         eprintln!("stamped svc {version} built in {:.1?}", started.elapsed());
-        let bin = dir.path().join("bin").join(version);
+        let bin = dir.join("bin").join(version);
         std::fs::create_dir_all(&bin)?;
         std::fs::copy(target_dir.join("debug/svc"), bin.join("svc"))?;
         let said = sh(Command::new(bin.join("svc")).arg("version"))?;
@@ -236,9 +245,8 @@ fn build_fixture() -> Result<Fixture> {
             .args(["--batch", "--yes", "--armor", "--detach-sign"])
             .arg(tree.join("repodata/repomd.xml")))?;
     }
-    let host_compat = build_host_compat_rpm(dir.path())?;
+    let host_compat = build_host_compat_rpm(&dir)?;
     Ok(Fixture {
-        _dir: dir,
         repo,
         key,
         host_compat,
@@ -334,6 +342,18 @@ fn apt_cleanup() {
         "/usr/share/keyrings/svc-archive-keyring.asc",
     ] {
         let _ = std::fs::remove_file(path);
+    }
+    // The lists `install.sh` fetched from the fixture repository.
+    if let Ok(lists) = std::fs::read_dir("/var/lib/apt/lists") {
+        for entry in lists.flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .contains("_svc-stamped_fixture_repo_apt_")
+            {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
     let _ = std::fs::remove_dir_all("/etc/svc-upgrade.d");
 }

@@ -917,6 +917,74 @@ mod tests {
         );
     }
 
+    /// A stand-in `dnf` that appends its arguments to a log and succeeds only for `versionlock`
+    /// when `plugin` is true. The real versionlock plugin cannot be installed on the test
+    /// machines (its Debian package conflicts with zypper); the exclude= path runs against the
+    /// real dnf in tests/linux_packages.rs.
+    fn recording_dnf(dir: &Path, plugin: bool) -> PathBuf {
+        let script = dir.join("dnf");
+        let log = dir.join("log");
+        let plugin = if plugin {
+            "exit 0"
+        } else {
+            "echo 'No such command: versionlock' >&2; exit 1"
+        };
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho \"$*\" >> '{}'\ncase \"$1\" in versionlock) {plugin};; esac\nexit 0\n",
+                log.display()
+            ),
+        )
+        .expect("write script");
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        script
+    }
+
+    #[tokio::test]
+    async fn dnf_holds_with_versionlock_when_the_plugin_answers() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dnf = Dnf::new(
+            recording_dnf(tmp.path(), true).to_str().expect("utf-8"),
+            vec!["--releasever=9".into()],
+        );
+        assert_eq!(dnf.hold_method().await.expect("probe"), &DnfHold::VersionLock);
+        dnf.hold("svc").await.expect("hold");
+        dnf.unhold("svc").await.expect("unhold");
+        let log = std::fs::read_to_string(tmp.path().join("log")).expect("log");
+        assert_eq!(
+            log,
+            "--releasever=9 versionlock --help\n--releasever=9 versionlock add svc\n--releasever=9 versionlock delete svc\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn dnf_without_the_plugin_holds_with_exclude() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dnf = Dnf::new(
+            recording_dnf(tmp.path(), false).to_str().expect("utf-8"),
+            Vec::new(),
+        );
+        assert_eq!(
+            dnf.hold_method().await.expect("probe"),
+            &DnfHold::Exclude("/etc/dnf/dnf.conf".into())
+        );
+        let conf = tmp.path().join("dnf.conf");
+        std::fs::write(&conf, "[main]\ngpgcheck=1\n").expect("write conf");
+        let dnf = Dnf::new("dnf", Vec::new()).with_hold(DnfHold::Exclude(conf.clone()));
+        dnf.hold("svc").await.expect("hold");
+        assert_eq!(
+            std::fs::read_to_string(&conf).expect("conf"),
+            "[main]\nexclude=svc\ngpgcheck=1\n"
+        );
+        dnf.unhold("svc").await.expect("unhold");
+        assert_eq!(
+            std::fs::read_to_string(&conf).expect("conf"),
+            "[main]\ngpgcheck=1\n"
+        );
+    }
+
     #[tokio::test]
     async fn missing_program_is_a_spawn_error() {
         let err = Invocation::new("/nonexistent/apt-get")
