@@ -155,7 +155,7 @@ install_yum() {
   dnf_unhold "$program"
   local specs=() p
   for p in "${packages[@]}"; do specs+=("$p-$pkg_version"); done
-  "$program" -y --refresh --repo svc install "${specs[@]}"
+  "$program" -y --refresh install "${specs[@]}"
   dnf_hold "$program"
 }
 

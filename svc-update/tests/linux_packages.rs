@@ -19,7 +19,7 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 use svc_core::Version;
 use svc_update::linux::{
-    PkgError, install_and_hold,
+    PkgError, UpgradeConfig, install_and_hold, package_manager,
     pkg::{Apt, Dnf, DnfHold, PackageManager, Zypper},
 };
 
@@ -100,6 +100,11 @@ fn stamped_target_dir() -> Result<PathBuf> {
 }
 
 fn build_fixture() -> Result<Fixture> {
+    let uid = sh(Command::new("id").arg("-u"))?;
+    ensure!(
+        uid.trim() == "0",
+        "these tests install packages into the system: run them as root (on a throwaway machine)"
+    );
     for (program, package) in [
         ("dpkg-deb", "dpkg"),
         ("dpkg-scanpackages", "dpkg-dev"),
@@ -152,7 +157,16 @@ fn build_fixture() -> Result<Fixture> {
         let started = Instant::now();
         sh(Command::new(&cargo)
             .current_dir(repo_root())
-            .args(["build", "-q", "-p", "svc-bins", "--bin", "svc", "--target-dir"])
+            .args([
+                "build",
+                "-q",
+                "--locked",
+                "-p",
+                "svc-bins",
+                "--bin",
+                "svc",
+                "--target-dir",
+            ])
             .arg(&target_dir)
             .env("SVC_BUILD_VERSION", version))?;
         eprintln!("stamped svc {version} built in {:.1?}", started.elapsed());
@@ -464,7 +478,7 @@ async fn install_script_with_apt() -> Result<()> {
     let _system = SYSTEM.lock().await;
     let fixture = fixture()?;
     apt_cleanup();
-    let result = run_install_script(fixture, "apt", &[]).and_then(|()| {
+    let result = run_install_script(fixture, "apt", &[], || {
         let held = sh(Command::new("apt-mark").arg("showhold"))?;
         ensure!(
             held.contains("svc\n") && held.contains("svc-ent-updater"),
@@ -477,14 +491,23 @@ async fn install_script_with_apt() -> Result<()> {
             "{list}"
         );
         Ok(())
-    });
+    })
+    .await;
     apt_cleanup();
     result
 }
 
 /// Runs `deploy/install.sh v17.0.0 enterprise` against the fixture repository with `installer`,
-/// for a non-root agent user, and checks what every installer must leave behind.
-fn run_install_script(fixture: &Fixture, installer: &str, env: &[(&str, &str)]) -> Result<()> {
+/// for a non-root agent user, checks what every installer must leave behind and what
+/// `installer_checks` says; then moves the enrolled agent to v3 the way `svc-upgrade` will: the
+/// configuration directory the script wrote, the package manager it names with the system's
+/// defaults, [`install_and_hold`].
+async fn run_install_script(
+    fixture: &Fixture,
+    installer: &str,
+    env: &[(&str, &str)],
+    installer_checks: impl FnOnce() -> Result<()>,
+) -> Result<()> {
     let out = sh(Command::new("/bin/bash")
         .arg(repo_root().join("deploy/install.sh"))
         .args([&format!("v{V2}"), "enterprise"])
@@ -507,6 +530,17 @@ fn run_install_script(fixture: &Fixture, installer: &str, env: &[(&str, &str)]) 
         Path::new("/lib/systemd/system/svc-upgrade.timer").is_file(),
         "svc-ent-updater installed no timer"
     );
+    installer_checks()?;
+
+    let config = UpgradeConfig::load(|_| None)?;
+    assert_eq!(
+        config.installer.map(|k| k.to_string()).as_deref(),
+        Some(installer)
+    );
+    let pm = package_manager(config.installer)?;
+    install_and_hold(pm.as_ref(), &config.package, &v(V3), false).await?;
+    assert_eq!(pm.installed_version("svc").await?, Some(v(V3)));
+    assert_eq!(installed_svc_says()?, format!("svc v{V3}"));
     Ok(())
 }
 
@@ -682,7 +716,7 @@ async fn install_script_with_dnf() -> Result<()> {
     let dnf_conf = std::fs::read_to_string("/etc/dnf/dnf.conf")?;
     rpm_cleanup(Some(&dnf_conf));
     rpm_setup(fixture)?;
-    let result = run_install_script(fixture, "yum", &[]).and_then(|()| {
+    let result = run_install_script(fixture, "yum", &[], || {
         let conf = std::fs::read_to_string("/etc/dnf/dnf.conf")?;
         ensure!(
             conf.lines().any(|l| l == "exclude=svc svc-ent-updater"),
@@ -696,7 +730,8 @@ async fn install_script_with_dnf() -> Result<()> {
             "{repo}"
         );
         Ok(())
-    });
+    })
+    .await;
     rpm_cleanup(Some(&dnf_conf));
     let _ = std::fs::remove_file(RPM_MACROS);
     result
@@ -709,11 +744,12 @@ async fn install_script_with_zypper() -> Result<()> {
     let fixture = fixture()?;
     rpm_cleanup(None);
     rpm_setup(fixture)?;
-    let result = run_install_script(fixture, "zypper", &[]).and_then(|()| {
+    let result = run_install_script(fixture, "zypper", &[], || {
         let locks = sh(Command::new("zypper").args(["--non-interactive", "locks"]))?;
         ensure!(locks.contains("svc-ent-updater"), "zypper locks:\n{locks}");
         Ok(())
-    });
+    })
+    .await;
     rpm_cleanup(None);
     let _ = std::fs::remove_file(RPM_MACROS);
     result
