@@ -46,7 +46,6 @@ rpm_arch() { uname -m; }
 # Files of each package: "source destination mode" lines.
 svc_files() {
   local bin_dir=$1 b
-  [ -x "$bin_dir/svc" ] || die "$bin_dir/svc: not found or not executable (the svc package needs at least svc)"
   for b in svc tctl tsh; do
     [ -x "$bin_dir/$b" ] && echo "$bin_dir/$b /usr/bin/$b 0755"
   done
@@ -197,6 +196,8 @@ build() {
   mkdir -p "$3"
   out=$(cd "$3" && pwd)
   case $formats in deb|rpm|all) ;; *) die "format must be deb, rpm or all, got \"$formats\"" ;; esac
+  # Checked here: the file lists run in subshells, where die would not stop the build.
+  [ -x "$bin_dir/svc" ] || die "$bin_dir/svc: not found or not executable (the svc package needs at least svc)"
   if [ "$formats" != rpm ]; then
     command -v dpkg-deb >/dev/null || die "dpkg-deb not found (Debian package dpkg)"
     build_deb svc "$version" "$bin_dir" "$out" svc_files svc_postinst "" "" "svc cluster access service"

@@ -309,3 +309,135 @@ fn nix_is_root() -> bool {
         .output()
         .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
 }
+
+/// Stand-in executables: the package contents, not the programs, are under test here (the real
+/// stamped binaries go through linux_packages.rs).
+fn bin_dir(programs: &[&str]) -> Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    for program in programs {
+        let path = dir.path().join(program);
+        std::fs::write(&path, "#!/bin/sh\n")?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    }
+    Ok(dir)
+}
+
+fn build_packages(bin: &Path, out: &Path, format: &str) -> Result<Output> {
+    run(Command::new("bash")
+        .arg(deploy("packaging/build-packages.sh"))
+        .args(["build", "v17.0.0-dev"])
+        .arg(bin)
+        .arg(out)
+        .arg(format))
+}
+
+#[test]
+fn deb_packages_hold_what_exists_and_map_the_version() -> Result<()> {
+    require("dpkg-deb", "dpkg")?;
+    let bin = bin_dir(&["svc", "tctl", "svc-upgrade"])?;
+    let out = tempfile::tempdir()?;
+    let built = build_packages(bin.path(), out.path(), "deb")?;
+    ensure!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let arch = String::from_utf8(run(Command::new("dpkg").arg("--print-architecture"))?.stdout)?;
+    let deb = |name: &str| out.path().join(format!("{name}_17.0.0~dev_{}.deb", arch.trim()));
+    let field = |name: &str, field: &str| -> Result<String> {
+        let out = run(Command::new("dpkg-deb").arg("-f").arg(deb(name)).arg(field))?;
+        Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+    };
+    let contents = |name: &str| -> Result<String> {
+        Ok(String::from_utf8(
+            run(Command::new("dpkg-deb").arg("-c").arg(deb(name)))?.stdout,
+        )?)
+    };
+    assert_eq!(field("svc", "Version")?, "17.0.0~dev");
+    assert_eq!(field("svc-ent-updater", "Depends")?, "svc");
+    let svc = contents("svc")?;
+    for path in [
+        "./usr/bin/svc",
+        "./usr/bin/tctl",
+        "./lib/systemd/system/svc.service",
+    ] {
+        ensure!(svc.contains(path), "svc lacks {path}:\n{svc}");
+    }
+    ensure!(
+        !svc.contains("./usr/bin/tsh"),
+        "svc holds a tsh that was never built:\n{svc}"
+    );
+    let updater = contents("svc-ent-updater")?;
+    for path in [
+        "./usr/bin/svc-upgrade",
+        "./lib/systemd/system/svc-upgrade.service",
+        "./lib/systemd/system/svc-upgrade.timer",
+    ] {
+        ensure!(updater.contains(path), "svc-ent-updater lacks {path}:\n{updater}");
+    }
+    let postinst = run(Command::new("dpkg-deb")
+        .arg("-I")
+        .arg(deb("svc-ent-updater"))
+        .arg("postinst"))?;
+    let postinst = String::from_utf8(postinst.stdout)?;
+    ensure!(
+        postinst.contains("mkdir -p /etc/svc-upgrade.d") && postinst.contains("[ -d /run/systemd/system ]"),
+        "{postinst}"
+    );
+    Ok(())
+}
+
+#[test]
+fn rpm_packages_hold_what_exists_and_map_the_version() -> Result<()> {
+    require("rpmbuild", "rpm")?;
+    let bin = bin_dir(&["svc", "tsh"])?;
+    let out = tempfile::tempdir()?;
+    let built = build_packages(bin.path(), out.path(), "rpm")?;
+    ensure!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let rpm = |name: &str| {
+        out.path()
+            .join(format!("{name}-17.0.0~dev-1.{}.rpm", std::env::consts::ARCH))
+    };
+    let query = |name: &str, args: &[&str]| -> Result<String> {
+        Ok(String::from_utf8(
+            run(Command::new("rpm").arg("-qp").args(args).arg(rpm(name)))?.stdout,
+        )?)
+    };
+    assert_eq!(query("svc", &["--qf", "%{VERSION}-%{RELEASE}"])?, "17.0.0~dev-1");
+    assert_eq!(
+        query("svc", &["-l"])?,
+        "/lib/systemd/system/svc.service\n/usr/bin/svc\n/usr/bin/tsh\n"
+    );
+    assert_eq!(
+        query("svc-ent-updater", &["-l"])?,
+        "/lib/systemd/system/svc-upgrade.service\n/lib/systemd/system/svc-upgrade.timer\n"
+    );
+    ensure!(
+        query("svc-ent-updater", &["-R"])?.lines().any(|l| l == "svc"),
+        "svc-ent-updater does not require svc"
+    );
+    let scripts = query("svc-ent-updater", &["--scripts"])?;
+    ensure!(
+        scripts.contains("mkdir -p /etc/svc-upgrade.d") && scripts.contains("[ \"$1\" -eq 1 ]"),
+        "{scripts}"
+    );
+    Ok(())
+}
+
+#[test]
+fn packaging_without_svc_fails_clearly() -> Result<()> {
+    let bin = bin_dir(&["tctl"])?;
+    let out = tempfile::tempdir()?;
+    let built = build_packages(bin.path(), out.path(), "deb")?;
+    ensure!(!built.status.success(), "packages built without svc");
+    let stderr = String::from_utf8_lossy(&built.stderr);
+    ensure!(
+        stderr.contains("svc: not found or not executable (the svc package needs at least svc)"),
+        "{stderr}"
+    );
+    Ok(())
+}

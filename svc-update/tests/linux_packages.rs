@@ -342,6 +342,19 @@ async fn exercise(pm: &dyn PackageManager, routine_upgrade: impl Fn() -> Result<
     assert_eq!(installed_svc_says()?, format!("svc v{V2}"));
     install_and_hold(pm, "svc", &v(V1), true).await?;
     assert_eq!(installed_svc_says()?, format!("svc v{V1}"));
+
+    // The updater package's install script creates the configuration directory.
+    ensure!(
+        !Path::new("/etc/svc-upgrade.d").exists(),
+        "/etc/svc-upgrade.d left from before"
+    );
+    pm.install("svc-ent-updater", &v(V1), false).await?;
+    let mode = sh(Command::new("stat").args(["-c", "%a"]).arg("/etc/svc-upgrade.d"))?;
+    assert_eq!(mode.trim(), "755");
+    ensure!(
+        Path::new("/lib/systemd/system/svc-upgrade.timer").is_file(),
+        "no timer installed"
+    );
     Ok(())
 }
 
