@@ -102,12 +102,13 @@ install_apt() {
   echo "deb [signed-by=$keyring] $repo_url/apt stable $channel" >"$list"
   say "added $list (channel $channel)"
   # Refresh only the svc repository: an unrelated unreachable mirror must not stop the install.
+  local lock=(-o DPkg::Lock::Timeout=300) # wait for unattended-upgrades rather than fail
   apt-get -q -o Dir::Etc::sourcelist="$list" -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0 update
-  apt-mark unhold "${packages[@]}" >/dev/null 2>&1 || true
+  apt-mark "${lock[@]}" unhold "${packages[@]}" >/dev/null 2>&1 || true
   local specs=() p
   for p in "${packages[@]}"; do specs+=("$p=$pkg_version"); done
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "${specs[@]}"
-  apt-mark hold "${packages[@]}"
+  DEBIAN_FRONTEND=noninteractive apt-get "${lock[@]}" install -y -q --allow-downgrades "${specs[@]}"
+  apt-mark "${lock[@]}" hold "${packages[@]}"
 }
 
 dnf_hold() { # program

@@ -757,7 +757,9 @@ async fn install_script_with_zypper() -> Result<()> {
     let fixture = fixture()?;
     rpm_cleanup(None);
     rpm_setup(fixture)?;
-    let result = run_install_script(fixture, "zypper", &[], || {
+    // The key as a local file this time (the other installers download it from the repository).
+    let key = fixture.key.to_str().context("utf-8 key path")?.to_owned();
+    let result = run_install_script(fixture, "zypper", &[("SVC_REPO_KEY", key.as_str())], || {
         let locks = sh(Command::new("zypper").args(["--non-interactive", "locks"]))?;
         ensure!(locks.contains("svc-ent-updater"), "zypper locks:\n{locks}");
         Ok(())

@@ -16,6 +16,9 @@
 //! | [`Zypper`] | `zypper --non-interactive install svc=<v>` (`--oldpackage` when forced) | `addlock` / `removelock` | `rpm -q` |
 //! | [`Nop`] | records what it would do | records | what it was given |
 //!
+//! Without `force`, a version below the installed one is refused: by apt itself, and for the
+//! others with [`PkgError::Downgrade`] before the tool runs.
+//!
 //! Versions go through [`to_package_version`] (`17.0.0-dev` → `17.0.0~dev`), the same mapping
 //! `deploy/packaging/build-packages.sh` uses.
 
@@ -392,7 +395,9 @@ impl Apt {
     }
 
     fn apt_mark(&self) -> Invocation {
-        Invocation::new("apt-mark").args(self.options.iter().cloned())
+        Invocation::new("apt-mark")
+            .args(self.options.iter().cloned())
+            .args(["-o", "DPkg::Lock::Timeout=300"])
     }
 
     fn apt_get(&self) -> Invocation {
