@@ -491,7 +491,7 @@ async fn install_script_with_apt() -> Result<()> {
     let _system = SYSTEM.lock().await;
     let fixture = fixture()?;
     apt_cleanup();
-    let result = run_install_script(fixture, "apt", &[], || {
+    let result = run_install_script(fixture, "enterprise", "apt", &[], || {
         let held = sh(Command::new("apt-mark").arg("showhold"))?;
         ensure!(
             held.contains("svc\n") && held.contains("svc-ent-updater"),
@@ -510,20 +510,21 @@ async fn install_script_with_apt() -> Result<()> {
     result
 }
 
-/// Runs `deploy/install.sh v17.0.0 enterprise` against the fixture repository with `installer`,
+/// Runs `deploy/install.sh v17.0.0 <edition>` against the fixture repository with `installer`,
 /// for a non-root agent user, checks what every installer must leave behind and what
 /// `installer_checks` says; then moves the enrolled agent to v3 the way `svc-upgrade` will: the
 /// configuration directory the script wrote, the package manager it names with the system's
 /// defaults, [`install_and_hold`].
 async fn run_install_script(
     fixture: &Fixture,
+    edition: &str,
     installer: &str,
     env: &[(&str, &str)],
     installer_checks: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
     let out = sh(Command::new("/bin/bash")
         .arg(repo_root().join("deploy/install.sh"))
-        .args([&format!("v{V2}"), "enterprise"])
+        .args([&format!("v{V2}"), edition])
         .env("SVC_REPO_URL", format!("file://{}", fixture.repo.display()))
         .env("SVC_INSTALLER", installer)
         .env("SVC_AGENT_USER", "nobody")
@@ -729,7 +730,7 @@ async fn install_script_with_dnf() -> Result<()> {
     let dnf_conf = std::fs::read_to_string("/etc/dnf/dnf.conf")?;
     rpm_cleanup(Some(&dnf_conf));
     rpm_setup(fixture)?;
-    let result = run_install_script(fixture, "yum", &[], || {
+    let result = run_install_script(fixture, "cloud", "yum", &[], || {
         let conf = std::fs::read_to_string("/etc/dnf/dnf.conf")?;
         ensure!(
             conf.lines().any(|l| l == "exclude=svc svc-ent-updater"),
@@ -737,7 +738,7 @@ async fn install_script_with_dnf() -> Result<()> {
         );
         let repo = std::fs::read_to_string("/etc/yum.repos.d/svc.repo")?;
         ensure!(
-            repo.contains("/rpm/stable/v17/$basearch")
+            repo.contains("/rpm/stable/cloud/$basearch")
                 && repo.contains("\ngpgcheck=1")
                 && repo.contains("repo_gpgcheck=1"),
             "{repo}"
@@ -759,11 +760,17 @@ async fn install_script_with_zypper() -> Result<()> {
     rpm_setup(fixture)?;
     // The key as a local file this time (the other installers download it from the repository).
     let key = fixture.key.to_str().context("utf-8 key path")?.to_owned();
-    let result = run_install_script(fixture, "zypper", &[("SVC_REPO_KEY", key.as_str())], || {
-        let locks = sh(Command::new("zypper").args(["--non-interactive", "locks"]))?;
-        ensure!(locks.contains("svc-ent-updater"), "zypper locks:\n{locks}");
-        Ok(())
-    })
+    let result = run_install_script(
+        fixture,
+        "enterprise",
+        "zypper",
+        &[("SVC_REPO_KEY", key.as_str())],
+        || {
+            let locks = sh(Command::new("zypper").args(["--non-interactive", "locks"]))?;
+            ensure!(locks.contains("svc-ent-updater"), "zypper locks:\n{locks}");
+            Ok(())
+        },
+    )
     .await;
     rpm_cleanup(None);
     let _ = std::fs::remove_file(RPM_MACROS);
