@@ -67,6 +67,17 @@ fn quietly(command: &mut Command) {
     let _ = command.output();
 }
 
+/// Stops the gpg-agent that gpg (or dnf, importing a repository key) started for `home`; it
+/// would otherwise outlive the test.
+fn stop_gpg_agent(home: &Path) {
+    quietly(
+        Command::new("gpgconf")
+            .arg("--homedir")
+            .arg(home)
+            .args(["--kill", "gpg-agent"]),
+    );
+}
+
 /// Built once per test run: stamped binaries, packages, signed repositories.
 struct Fixture {
     /// `<dir>/repo`, served as `file://`.
@@ -132,6 +143,8 @@ fn build_fixture() -> Result<Fixture> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     // A signing key of our own, in a keyring of our own.
     let gnupg = dir.join("gnupg");
+    // An agent of an earlier run may still serve this path (its socket directory is gone).
+    stop_gpg_agent(&gnupg);
     std::fs::create_dir_all(&gnupg)?;
     std::fs::set_permissions(&gnupg, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     let gpg = |args: &[&str]| -> Result<String> {
@@ -260,6 +273,7 @@ fn build_fixture() -> Result<Fixture> {
             .arg(tree.join("repodata/repomd.xml")))?;
     }
     let host_compat = build_host_compat_rpm(&dir)?;
+    stop_gpg_agent(&gnupg);
     Ok(Fixture {
         repo,
         key,
@@ -456,6 +470,7 @@ async fn apt_wrong_signing_key_is_refused() -> Result<()> {
             .env("GNUPGHOME", &gnupg)
             .args(["--batch", "--armor", "--export"]))?,
     )?;
+    stop_gpg_agent(&gnupg);
     let list = state.path().join("svc-test.list");
     std::fs::write(
         &list,
@@ -613,6 +628,13 @@ fn rpm_cleanup(dnf_conf: Option<&str>) {
     }
     let _ = std::fs::remove_dir_all("/etc/svc-upgrade.d");
     quietly(Command::new("zypper").args(["--non-interactive", "clean", "--all"]));
+    if let Ok(caches) = std::fs::read_dir("/var/cache/dnf") {
+        for cache in caches.flatten() {
+            if cache.file_name().to_string_lossy().starts_with("svc") {
+                stop_gpg_agent(&cache.path().join("pubring"));
+            }
+        }
+    }
     quietly(Command::new("dnf").args(["clean", "all"]));
 }
 
