@@ -616,6 +616,8 @@ fn rpm_cleanup(dnf_conf: Option<&str>) {
         {
             if let Some(key) = line.split_whitespace().next() {
                 quietly(Command::new("rpm").args(["-e", key]));
+                // zypper keeps a copy of every key it saw in the rpm database.
+                let _ = std::fs::remove_file(format!("/var/cache/zypp/pubkeys/{key}.key"));
             }
         }
     }
@@ -632,6 +634,8 @@ fn rpm_cleanup(dnf_conf: Option<&str>) {
         for cache in caches.flatten() {
             if cache.file_name().to_string_lossy().starts_with("svc") {
                 stop_gpg_agent(&cache.path().join("pubring"));
+                // `dnf clean all` keeps caches of repositories it no longer knows.
+                let _ = std::fs::remove_dir_all(cache.path());
             }
         }
     }
