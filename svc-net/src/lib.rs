@@ -4,3 +4,6 @@
 //! handlers (web, SSH, databases) → tunnel → dial.
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
+
+pub mod listen;
+pub mod route;
