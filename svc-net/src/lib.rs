@@ -6,4 +6,7 @@
 #![warn(clippy::unwrap_used)]
 
 pub mod listen;
+pub mod proxy;
 pub mod route;
+pub mod tls;
+pub mod web;

@@ -62,6 +62,19 @@ impl Connection {
     pub fn classified(&mut self) {
         self.peek_permit = None;
     }
+
+    /// Takes the connection apart for a handler that consumes the stream: the stream, the peek
+    /// deadline, the shutdown token, and the classification slot (drop it once classified).
+    pub fn into_parts(self) -> (Rewind<BoxIo>, Instant, CancellationToken, ClassifySlot) {
+        (
+            self.io,
+            self.peek_deadline,
+            self.shutdown,
+            ClassifySlot {
+                _permit: self.peek_permit,
+            },
+        )
+    }
 }
 
 impl fmt::Debug for Connection {
@@ -71,6 +84,13 @@ impl fmt::Debug for Connection {
             .field("local_addr", &self.local_addr)
             .finish_non_exhaustive()
     }
+}
+
+/// A connection's place among those being classified; dropping it frees the place.
+#[derive(Debug)]
+pub struct ClassifySlot {
+    // Held only for its Drop, which returns the place to the semaphore.
+    _permit: Option<OwnedSemaphorePermit>,
 }
 
 /// Limits of the accept loop.
