@@ -216,7 +216,12 @@ impl ProxyBuilder {
         &self.settings
     }
 
-    /// The version the proxy reports (tests pin one).
+    /// The version the proxy reports.
+    pub fn version(&self) -> &Version {
+        &self.version
+    }
+
+    /// Sets the version the proxy reports (tests pin one).
     pub fn with_version(mut self, version: Version) -> Self {
         self.version = version;
         self

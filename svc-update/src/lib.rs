@@ -2,3 +2,5 @@
 //! and the Linux and Kubernetes updaters.
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
+
+pub mod channel;
