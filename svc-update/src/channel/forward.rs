@@ -169,74 +169,94 @@ where
             cache.entry(url.to_owned()).or_default().clone()
         };
         // Holding the slot's lock across the fetch makes concurrent misses wait for one fetch.
-        let mut entry = slot.lock().await;
+        let mut entry = slot.lock_owned().await;
         if let Some((at, result)) = entry.as_ref()
             && self.clock.now().saturating_duration_since(*at) < CACHE_TTL
         {
             return result.clone();
         }
-        let result = match tokio::time::timeout(FETCH_TIMEOUT, self.fetch(url)).await {
-            Ok(r) => r,
-            Err(_) => Err(FetchError::Timeout { url: url.to_owned() }),
-        };
-        if let Err(e) = &result {
-            tracing::warn!(error = %e, "version channel upstream failed; the error is cached for a minute");
-        }
-        *entry = Some((self.clock.now(), result.clone()));
-        result
-    }
-
-    async fn fetch(&self, url: &str) -> Result<String, FetchError> {
-        let transport = |reason: String| FetchError::Transport {
-            url: url.to_owned(),
-            reason,
-        };
-        let uri: Uri = url.parse().map_err(|_| FetchError::Url { url: url.to_owned() })?;
-        let (https, host) = match (uri.scheme_str(), uri.host()) {
-            (Some("https"), Some(h)) => (true, h.to_owned()),
-            (Some("http"), Some(h)) => (false, h.to_owned()),
-            _ => return Err(FetchError::Url { url: url.to_owned() }),
-        };
-        let io = self
-            .connector
-            .clone()
-            .oneshot(uri.clone())
-            .await
-            .map_err(|e| transport(format!("connecting: {}", e.into())))?;
-        let req = Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
-            .header(
-                header::HOST,
-                uri.authority().map_or(host.as_str(), |a| a.as_str()),
-            )
-            .header(
-                header::USER_AGENT,
-                concat!("svc-proxy/", env!("CARGO_PKG_VERSION")),
-            )
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| transport(e.to_string()))?;
-        let resp = if https {
-            let name = rustls::pki_types::ServerName::try_from(
-                host.trim_start_matches('[').trim_end_matches(']').to_owned(),
-            )
-            .map_err(|e| transport(format!("server name: {e}")))?;
-            let tls = self
-                .tls
-                .connect(name, TokioIo::new(io))
-                .await
-                .map_err(|e| transport(format!("TLS: {e}")))?;
-            send(TokioIo::new(tls), req).await
-        } else {
-            send(io, req).await
-        }
-        .map_err(transport)?;
-        if resp.0 != StatusCode::OK {
-            return Err(FetchError::Status {
+        // The fetch runs in its own task: a requester that gives up (the 5 s request timeout)
+        // does not cancel it, so its result — or its error — still lands in the cache.
+        let (connector, tls, clock, owned_url) = (
+            self.connector.clone(),
+            self.tls.clone(),
+            self.clock.clone(),
+            url.to_owned(),
+        );
+        let task = tokio::spawn(async move {
+            let result = match tokio::time::timeout(FETCH_TIMEOUT, fetch(connector, tls, &owned_url)).await {
+                Ok(r) => r,
+                Err(_) => Err(FetchError::Timeout { url: owned_url }),
+            };
+            if let Err(e) = &result {
+                tracing::warn!(error = %e, "version channel upstream failed; the error is cached for a minute");
+            }
+            *entry = Some((clock.now(), result.clone()));
+            result
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) => Err(FetchError::Transport {
                 url: url.to_owned(),
-                status: resp.0.as_u16(),
-            });
+                reason: format!("fetch task failed: {e}"),
+            }),
         }
-        Ok(resp.1)
     }
+}
+
+async fn fetch<C>(connector: C, tls: tokio_rustls::TlsConnector, url: &str) -> Result<String, FetchError>
+where
+    C: Service<Uri> + Send + 'static,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+    C::Error: Into<BoxError>,
+    C::Future: Send,
+{
+    let transport = |reason: String| FetchError::Transport {
+        url: url.to_owned(),
+        reason,
+    };
+    let uri: Uri = url.parse().map_err(|_| FetchError::Url { url: url.to_owned() })?;
+    let (https, host) = match (uri.scheme_str(), uri.host()) {
+        (Some("https"), Some(h)) => (true, h.to_owned()),
+        (Some("http"), Some(h)) => (false, h.to_owned()),
+        _ => return Err(FetchError::Url { url: url.to_owned() }),
+    };
+    let io = connector
+        .oneshot(uri.clone())
+        .await
+        .map_err(|e| transport(format!("connecting: {}", e.into())))?;
+    let req = Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
+        .header(
+            header::HOST,
+            uri.authority().map_or(host.as_str(), |a| a.as_str()),
+        )
+        .header(
+            header::USER_AGENT,
+            concat!("svc-proxy/", env!("CARGO_PKG_VERSION")),
+        )
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| transport(e.to_string()))?;
+    let resp = if https {
+        let name = rustls::pki_types::ServerName::try_from(
+            host.trim_start_matches('[').trim_end_matches(']').to_owned(),
+        )
+        .map_err(|e| transport(format!("server name: {e}")))?;
+        let tls = tls
+            .connect(name, TokioIo::new(io))
+            .await
+            .map_err(|e| transport(format!("TLS: {e}")))?;
+        send(TokioIo::new(tls), req).await
+    } else {
+        send(io, req).await
+    }
+    .map_err(transport)?;
+    if resp.0 != StatusCode::OK {
+        return Err(FetchError::Status {
+            url: url.to_owned(),
+            status: resp.0.as_u16(),
+        });
+    }
+    Ok(resp.1)
 }
 
 async fn send<T>(io: T, req: Request<Empty<Bytes>>) -> Result<(StatusCode, String), String>
