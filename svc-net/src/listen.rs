@@ -184,6 +184,9 @@ where
             }
         });
     }
+    // Close the socket first: new clients are refused at once rather than queued in the
+    // backlog of a listener that will never accept them.
+    drop(listener);
     tracker.close();
     tracing::info!(listener = ?local, in_flight = tracker.len(), "stopped accepting; draining");
     if tokio::time::timeout(options.drain_timeout, tracker.wait())
