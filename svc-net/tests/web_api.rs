@@ -172,6 +172,11 @@ async fn plain_http_gets_a_hint_and_the_certificate_is_reused() -> Result<()> {
         .output()
         .await
         .context("running curl: install the Debian package `curl`")?;
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout)?;
     assert!(text.ends_with("\n400"), "{text}");
     assert!(text.contains("use https://"), "{text}");

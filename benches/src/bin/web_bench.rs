@@ -5,7 +5,8 @@
 //! pays a TCP and TLS handshake). Targets alternate, each is measured several times, medians and
 //! the svc/nginx ratio are printed as a Markdown table.
 //!
-//! Run: `cargo run --release -p svc-benches --bin web_bench -- [--secs 5] [--reps 3]`
+//! Run: `cargo run --release -p svc-benches --bin web_bench -- [--secs 5] [--reps 3]
+//! [--connections 100] [--svc-threads 1]`
 //! Needs the Debian packages `nginx-light` and `wrk`.
 
 use std::{
@@ -28,6 +29,7 @@ struct Args {
     secs: u64,
     reps: usize,
     connections: usize,
+    svc_threads: usize,
 }
 
 fn args() -> Result<Args> {
@@ -35,6 +37,7 @@ fn args() -> Result<Args> {
         secs: 5,
         reps: 3,
         connections: 100,
+        svc_threads: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -43,7 +46,8 @@ fn args() -> Result<Args> {
             "--secs" => a.secs = value.parse()?,
             "--reps" => a.reps = value.parse()?,
             "--connections" => a.connections = value.parse()?,
-            other => bail!("unknown flag {other}; expected --secs, --reps, --connections"),
+            "--svc-threads" => a.svc_threads = value.parse()?,
+            other => bail!("unknown flag {other}; expected --secs, --reps, --connections, --svc-threads"),
         }
     }
     Ok(a)
@@ -183,7 +187,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> Result<()> {
     let a = args()?;
     let dir = tempfile::tempdir()?;
-    let rt = tokio::runtime::Runtime::new()?;
+    // One worker thread by default: the same CPU budget as nginx's single worker process.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(a.svc_threads)
+        .enable_all()
+        .build()?;
     let mut settings = ProxySettings::default();
     settings.web_listen_addr = "127.0.0.1:0".parse()?;
     settings.tls = TlsSource::Generated {
@@ -215,8 +223,8 @@ fn main() -> Result<()> {
     )?;
 
     println!(
-        "wrk -t2 -c{} -d{}s --latency, {} repetitions alternating, medians; TLS on 127.0.0.1",
-        a.connections, a.secs, a.reps
+        "wrk -t2 -c{} -d{}s --latency, {} repetitions alternating, medians; TLS on 127.0.0.1; nginx 1 worker, svc {} worker thread(s)",
+        a.connections, a.secs, a.reps, a.svc_threads
     );
     println!();
     println!("| endpoint | mode | nginx rps | svc rps | svc/nginx | nginx p50 / p99 ms | svc p50 / p99 ms |");

@@ -287,8 +287,15 @@ pub enum DetectError {
     PlainHttp,
 }
 
-/// The plain-HTTP answer: clients that forgot `https://` learn what to do.
-const HTTPS_HINT: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 75\r\n\r\n{\"error\":{\"message\":\"this port speaks TLS only; use https:// to connect\"}}";
+/// The plain-HTTP answer's body: clients that forgot `https://` learn what to do.
+const HTTPS_HINT: &str = r#"{"error":{"message":"this port speaks TLS only; use https:// to connect"}}"#;
+
+fn https_hint_response() -> String {
+    format!(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{HTTPS_HINT}",
+        HTTPS_HINT.len()
+    )
+}
 
 impl Service<Connection> for Multiplexer {
     type Response = ();
@@ -374,7 +381,7 @@ async fn classify(inner: &MultiplexerBuilder, mut conn: Connection) -> Result<()
             Protocol::Http => {
                 conn.classified();
                 // Best effort: the peer may already be gone.
-                let _ = conn.io.write_all(HTTPS_HINT).await;
+                let _ = conn.io.write_all(https_hint_response().as_bytes()).await;
                 let _ = conn.io.shutdown().await;
                 return Err(DetectError::PlainHttp);
             }
