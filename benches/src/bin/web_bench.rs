@@ -6,7 +6,7 @@
 //! the svc/nginx ratio are printed as a Markdown table.
 //!
 //! Run: `cargo run --release -p svc-benches --bin web_bench -- [--secs 5] [--reps 3]
-//! [--connections 100] [--svc-threads 1]`
+//! [--connections 100] [--svc-threads 1] [--modes keep-alive,new-connection]`
 //! Needs the Debian packages `nginx-light` and `wrk`.
 
 use std::{
@@ -30,6 +30,7 @@ struct Args {
     reps: usize,
     connections: usize,
     svc_threads: usize,
+    modes: String,
 }
 
 fn args() -> Result<Args> {
@@ -38,6 +39,7 @@ fn args() -> Result<Args> {
         reps: 3,
         connections: 100,
         svc_threads: 1,
+        modes: "keep-alive,new-connection".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -47,7 +49,10 @@ fn args() -> Result<Args> {
             "--reps" => a.reps = value.parse()?,
             "--connections" => a.connections = value.parse()?,
             "--svc-threads" => a.svc_threads = value.parse()?,
-            other => bail!("unknown flag {other}; expected --secs, --reps, --connections, --svc-threads"),
+            "--modes" => a.modes = value,
+            other => {
+                bail!("unknown flag {other}; expected --secs, --reps, --connections, --svc-threads, --modes")
+            }
         }
     }
     Ok(a)
@@ -100,6 +105,9 @@ fn wrk(url: &str, a: &Args, new_connection: bool) -> Result<Sample> {
     let rps = field("Requests/sec:").and_then(|v| v.parse().ok());
     let p50 = field("50%").and_then(parse_latency);
     let p99 = field("99%").and_then(parse_latency);
+    if let Some(errors) = text.lines().find(|l| l.contains("Socket errors")) {
+        eprintln!("{url} (new connection: {new_connection}): {}", errors.trim());
+    }
     if text.contains("Non-2xx") {
         bail!("wrk saw non-2xx answers from {url}:\n{text}");
     }
@@ -149,6 +157,8 @@ http {{
         listen 127.0.0.1:{port} ssl;
         ssl_certificate {cert};
         ssl_certificate_key {key};
+        # nginx 1.22 leaves TLS 1.3 out of its default; svc negotiates 1.3, so must the baseline.
+        ssl_protocols TLSv1.2 TLSv1.3;
         location = {PING} {{ default_type application/json; return 200 '{ping_body}'; }}
         location = {VERSION} {{ default_type text/plain; return 200 '{version_body}'; }}
     }}
@@ -231,6 +241,9 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|---|---|---|");
     for (name, path) in [("ping", PING), ("version", VERSION)] {
         for (mode, new_conn) in [("keep-alive", false), ("new connection", true)] {
+            if !a.modes.split(',').any(|m| m.replace('-', " ") == mode) {
+                continue;
+            }
             let (mut n, mut s) = (Vec::new(), Vec::new());
             for _ in 0..a.reps {
                 n.push(wrk(&format!("https://{nginx_addr}{path}"), &a, new_conn)?);
