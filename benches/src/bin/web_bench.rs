@@ -241,7 +241,11 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|---|---|---|");
     for (name, path) in [("ping", PING), ("version", VERSION)] {
         for (mode, new_conn) in [("keep-alive", false), ("new connection", true)] {
-            if !a.modes.split(',').any(|m| m.replace('-', " ") == mode.replace('-', " ")) {
+            if !a
+                .modes
+                .split(',')
+                .any(|m| m.replace('-', " ") == mode.replace('-', " "))
+            {
                 continue;
             }
             let (mut n, mut s) = (Vec::new(), Vec::new());
