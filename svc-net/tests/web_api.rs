@@ -194,3 +194,30 @@ async fn plain_http_gets_a_hint_and_the_certificate_is_reused() -> Result<()> {
     again.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_peers_are_closed_and_the_loop_keeps_serving() -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir()?;
+    let proxy = start(dir.path(), ListenerMode::Multiplex).await?;
+    let garbage: [&[u8]; 6] = [
+        b"\x00\x01\x02garbage\r\n",
+        b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00",
+        b"\x16\x03\x01\x00\x00",
+        b"PROXY TCP4 192.0.2.1 127.0.0.1 1000 443\r\n",
+        b"\x00\x00\x00\x08\x04\xD2\x16\x2F",
+        b"SSH-2.0-OpenSSH_9.2\r\n",
+    ];
+    for bytes in garbage {
+        let mut s = tokio::net::TcpStream::connect(proxy.addrs().web).await?;
+        s.write_all(bytes).await?;
+        let mut buf = Vec::new();
+        // Closed by the server (EOF or reset), with nothing sent back.
+        let n = s.read_to_end(&mut buf).await.unwrap_or(0);
+        assert_eq!(n, 0, "{bytes:?} got {buf:?}");
+    }
+    let (code, _, _) = curl(&proxy, &[], "/webapi/ping").await?;
+    assert_eq!(code, 200);
+    proxy.shutdown().await;
+    Ok(())
+}
