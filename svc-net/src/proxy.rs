@@ -193,6 +193,7 @@ pub struct ProxyBuilder {
     postgres: Option<ConnService>,
     mysql: Option<ConnService>,
     mongo: Option<ConnService>,
+    kube: Option<ConnService>,
 }
 
 impl ProxyBuilder {
@@ -208,6 +209,7 @@ impl ProxyBuilder {
             postgres: None,
             mysql: None,
             mongo: None,
+            kube: None,
         }
     }
 
@@ -240,9 +242,11 @@ impl ProxyBuilder {
         self
     }
 
-    /// Routes SNI `kube-svc-proxy-alpn.*` (TLS routing) to the Kubernetes proxy.
+    /// The Kubernetes proxy: SNI `kube-svc-proxy-alpn.*` with TLS routing, and the
+    /// `kube_listen_addr` listener in separate mode.
     pub fn kube(mut self, svc: ConnService) -> Self {
-        self.routes = self.routes.kube(svc);
+        self.routes = self.routes.kube(svc.clone());
+        self.kube = Some(svc);
         self
     }
 

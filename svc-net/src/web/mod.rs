@@ -20,7 +20,7 @@ use std::{
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio_rustls::TlsAcceptor;
 use tower::{Service, util::BoxCloneSyncService};
 
@@ -180,6 +180,9 @@ impl hyper::service::Service<Request<Body>> for WebApiService {
     }
 }
 
+/// How long an HTTP/1.1 client has to send a request head.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The ALPN names the web API advertises, in the server's order of preference.
 pub const WEB_ALPN: [&str; 2] = ["http/1.1", "h2"];
 
@@ -237,7 +240,12 @@ impl WebHandler {
                 }
             }
         } else {
-            let c = hyper::server::conn::http1::Builder::new().serve_connection(io, self.api);
+            // A client that completes TLS and then sends no request head is cut off rather than
+            // holding a connection forever.
+            let c = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(io, self.api);
             tokio::pin!(c);
             tokio::select! {
                 r = c.as_mut() => r?,
