@@ -357,3 +357,36 @@ async fn a_burst_of_1000_requests_hits_the_upstream_once_per_minute() -> Result<
     proxy.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_upstream_gets_the_5s_request_timeout() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // Accepts connections and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/channel/x", silent.local_addr()?);
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((tcp, _)) = silent.accept().await {
+            conns.push(tcp);
+        }
+    });
+    let channels = BTreeMap::from([("slow".to_owned(), ChannelSpec::Forward { url })]);
+    let (proxy, _) = start_proxy(
+        dir.path(),
+        channels,
+        Version::new(17, 2, 1),
+        None,
+        ManualClock::new(),
+    )
+    .await?;
+    let (code, body) = curl(&proxy, &[], &v1("slow", "version")).await?;
+    assert_eq!(code, 504, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body)?;
+    assert!(
+        json["error"]["message"].as_str().unwrap().contains("slow"),
+        "{body}"
+    );
+    held.abort();
+    proxy.shutdown().await;
+    Ok(())
+}
