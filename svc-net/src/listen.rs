@@ -6,7 +6,16 @@
 //! one bad peer; every peek runs under a deadline; connections still being classified are capped
 //! by a semaphore so silent peers cannot exhaust the proxy; shutdown stops accepting and drains.
 
-use std::{error::Error as StdError, fmt, net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    error::Error as StdError,
+    fmt,
+    future::Future,
+    net::SocketAddr,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use tokio::{
     io::{AsyncRead, AsyncWrite},
@@ -83,6 +92,31 @@ impl fmt::Debug for Connection {
             .field("peer_addr", &self.peer_addr)
             .field("local_addr", &self.local_addr)
             .finish_non_exhaustive()
+    }
+}
+
+/// The future of every connection service in this crate (multiplexer, router, web handler):
+/// named so that stacks have one nameable type; boxed because each holds an `async` block.
+pub struct ConnFuture(Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>);
+
+impl ConnFuture {
+    /// Wraps a connection-serving future.
+    pub fn new(fut: impl Future<Output = Result<(), BoxError>> + Send + 'static) -> Self {
+        Self(Box::pin(fut))
+    }
+}
+
+impl Future for ConnFuture {
+    type Output = Result<(), BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for ConnFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ConnFuture")
     }
 }
 

@@ -17,10 +17,8 @@
 
 use std::{
     collections::BTreeMap,
-    future::Future,
     net::SocketAddr,
     path::PathBuf,
-    pin::Pin,
     sync::Arc,
     task::{Context, Poll},
     time::Duration,
@@ -33,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tower::Service;
 
 use crate::{
-    listen::{self, BoxError, Connection, ListenOptions},
+    listen::{self, BoxError, ConnFuture, Connection, ListenOptions},
     route::{ConnService, RouterBuilder, alpn, conn_service, detect::Multiplexer},
     tls::{ServerIdentity, TlsError, TlsSource},
     web::{self, WebApi, WebHandler, WebService},
@@ -421,7 +419,7 @@ struct MissingHandler(&'static str);
 impl Service<Connection> for MissingHandler {
     type Response = ();
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+    type Future = ConnFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
@@ -429,7 +427,7 @@ impl Service<Connection> for MissingHandler {
 
     fn call(&mut self, conn: Connection) -> Self::Future {
         let field = self.0;
-        Box::pin(async move {
+        ConnFuture::new(async move {
             tracing::warn!(peer = %conn.peer_addr, listener = field, "no handler registered for this listener; closing the connection");
             Ok(())
         })

@@ -7,9 +7,7 @@
 //! address), and hands the connection — peeked bytes replayed — to the handler for its protocol.
 
 use std::{
-    future::Future,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    pin::Pin,
     sync::Arc,
     task::{Context, Poll},
 };
@@ -20,7 +18,7 @@ use tokio::io::AsyncWriteExt;
 use tower::{Service, ServiceExt};
 
 use crate::{
-    listen::{BoxError, Connection},
+    listen::{BoxError, ConnFuture, Connection},
     route::ConnService,
 };
 
@@ -300,7 +298,7 @@ fn https_hint_response() -> String {
 impl Service<Connection> for Multiplexer {
     type Response = ();
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+    type Future = ConnFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
@@ -308,7 +306,7 @@ impl Service<Connection> for Multiplexer {
 
     fn call(&mut self, conn: Connection) -> Self::Future {
         let inner = self.inner.clone();
-        Box::pin(async move {
+        ConnFuture::new(async move {
             let peer = conn.peer_addr;
             match classify(&inner, conn).await {
                 Ok(()) => Ok(()),

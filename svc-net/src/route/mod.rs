@@ -17,8 +17,6 @@ pub mod rewind;
 
 use std::{
     collections::HashMap,
-    future::Future,
-    pin::Pin,
     sync::Arc,
     task::{Context, Poll},
 };
@@ -28,7 +26,7 @@ use tower::{Service, ServiceExt, util::BoxCloneSyncService};
 
 pub use client_hello::ClientHello;
 
-use crate::listen::{BoxError, Connection};
+use crate::listen::{BoxError, ConnFuture, Connection};
 
 /// A handler of connections: what routes and the multiplexer hand connections to.
 pub type ConnService = BoxCloneSyncService<Connection, (), BoxError>;
@@ -198,7 +196,7 @@ pub async fn peek_client_hello(conn: &mut Connection) -> Result<ClientHello, Rou
 impl Service<Connection> for Router {
     type Response = ();
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+    type Future = ConnFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
@@ -206,7 +204,7 @@ impl Service<Connection> for Router {
 
     fn call(&mut self, mut conn: Connection) -> Self::Future {
         let router = self.clone();
-        Box::pin(async move {
+        ConnFuture::new(async move {
             let peer = conn.peer_addr;
             let hello = match peek_client_hello(&mut conn).await {
                 Ok(hello) => hello,

@@ -24,7 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio_rustls::TlsAcceptor;
 use tower::{Service, util::BoxCloneSyncService};
 
-use crate::listen::{BoxError, Connection};
+use crate::listen::{BoxError, ConnFuture, Connection};
 
 /// The request body handlers receive.
 pub type Body = hyper::body::Incoming;
@@ -262,7 +262,7 @@ impl WebHandler {
 impl Service<Connection> for WebHandler {
     type Response = ();
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+    type Future = ConnFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
@@ -271,7 +271,7 @@ impl Service<Connection> for WebHandler {
     fn call(&mut self, conn: Connection) -> Self::Future {
         let this = self.clone();
         let peer = conn.peer_addr;
-        Box::pin(async move {
+        ConnFuture::new(async move {
             this.serve(conn).await.map_err(|e| {
                 tracing::debug!(%peer, error = %e, "web connection ended");
                 e.into()
