@@ -40,6 +40,9 @@ pub type BoxIo = Box<dyn Io>;
 
 /// An accepted connection travelling through detection and routing to its handler.
 pub struct Connection {
+    // Declared first so it is dropped first: the classification slot is free before the peer
+    // can see the socket close.
+    peek_permit: Option<OwnedSemaphorePermit>,
     /// The stream; bytes peeked by detection are replayed from its front.
     pub io: Rewind<BoxIo>,
     /// The client's address: the TCP peer, or the source a trusted PROXY header named.
@@ -50,7 +53,6 @@ pub struct Connection {
     pub peek_deadline: Instant,
     /// Cancelled when the server shuts down; long-lived handlers start draining then.
     pub shutdown: CancellationToken,
-    peek_permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Connection {

@@ -97,3 +97,61 @@ async fn slow_and_silent_peers_do_not_block_an_honest_client() -> Result<()> {
     proxy.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_the_peek_cap_new_connections_are_shed() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut settings = ProxySettings::default();
+    settings.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.tls = svc_net::tls::TlsSource::Generated {
+        data_dir: dir.path().to_owned(),
+    };
+    settings.listen = ListenOptions::default()
+        .with_peek_timeout(Duration::from_secs(2))
+        .with_max_peeking(5);
+    let proxy = ProxyBuilder::new(settings).bind().await?;
+    let addr = proxy.addrs().web;
+
+    // Five silent peers fill the cap (accepted in order, before the sixth).
+    let mut silent = Vec::new();
+    for _ in 0..5 {
+        silent.push(TcpStream::connect(addr).await?);
+    }
+    let mut sixth = TcpStream::connect(addr).await?;
+    let mut buf = [0u8; 8];
+    let n = tokio::time::timeout(Duration::from_secs(60), sixth.read(&mut buf))
+        .await
+        .context("the sixth connection was never closed")?
+        .unwrap_or(0);
+    assert_eq!(n, 0, "shed without an answer");
+
+    // Once the silent peers hit their deadline and are closed, honest clients get in again.
+    for mut s in silent {
+        let n = tokio::time::timeout(Duration::from_secs(60), s.read(&mut buf))
+            .await
+            .context("a silent peer was never closed")?
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
+    let port = addr.port();
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "20",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--cacert",
+        ])
+        .arg(proxy.ca_file().context("ca")?)
+        .args(["--resolve", &format!("localhost:{port}:127.0.0.1")])
+        .arg(format!("https://localhost:{port}/webapi/ping"))
+        .output()
+        .await
+        .context("running curl: install the Debian package `curl`")?;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    proxy.shutdown().await;
+    Ok(())
+}
