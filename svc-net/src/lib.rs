@@ -6,3 +6,8 @@
 #![warn(clippy::unwrap_used)]
 
 pub mod dial;
+pub mod listen;
+pub mod proxy;
+pub mod route;
+pub mod tls;
+pub mod web;

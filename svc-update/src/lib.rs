@@ -3,4 +3,5 @@
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
+pub mod channel;
 pub mod linux;

@@ -1,0 +1,486 @@
+//! The Proxy Service assembled: listeners, multiplexer, router and web API per listener mode.
+//!
+//! Sits on top of the data flow (`listen → route → web/handlers`). [`ProxySettings`] is the
+//! runtime form of the `proxy_service` configuration (the config file model maps onto it);
+//! [`ProxyBuilder`] takes the handlers later work registers (reverse tunnel, SSH proxy,
+//! databases) and binds the listeners; [`RunningProxy`] reports the bound addresses and drains
+//! on shutdown.
+//!
+//! Listener modes:
+//! - TLS routing (`multiplex`, the default): one web port. The multiplexer detects TLS, SSH,
+//!   PROXY headers, plain HTTP and Postgres; TLS goes to the ALPN router, whose `http/1.1` and
+//!   `h2` routes are the web API and whose other routes are whatever was registered. Unknown
+//!   ALPN → closed with a log line.
+//! - `separate`: web (3080), SSH (3023) and tunnel (3024) listeners, plus the database listeners
+//!   that are configured. A listener whose handler has not been registered accepts and closes
+//!   each connection with a log line naming the missing handler (docs/ports.md says so).
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use ipnet::IpNet;
+use svc_core::{Addr, Version, channel::ChannelSpec, config::ListenerMode};
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tower::Service;
+
+use crate::{
+    listen::{self, BoxError, ConnFuture, Connection, ListenOptions},
+    route::{ConnService, RouterBuilder, alpn, conn_service, detect::Multiplexer},
+    tls::{ServerIdentity, TlsError, TlsSource},
+    web::{self, WebApi, WebHandler, WebService},
+};
+
+/// The Proxy Service's runtime settings. [`Default`] is a loopback-only proxy in multiplex mode
+/// with a generated certificate under `/var/lib/svc`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ProxySettings {
+    /// The cluster name (`cluster_name` in the ping).
+    pub cluster_name: String,
+    /// TLS routing (one port) or separate ports.
+    pub listener_mode: ListenerMode,
+    /// Where HTTPS (and, in multiplex mode, everything) is served.
+    pub web_listen_addr: Addr,
+    /// The public web address (exactly one, specification §2.1).
+    pub web_public_addr: Option<Addr>,
+    /// SSH listener (separate mode).
+    pub ssh_listen_addr: Addr,
+    /// Where SSH clients connect, if not the listen address.
+    pub ssh_public_addr: Option<Addr>,
+    /// Reverse tunnel listener (separate mode).
+    pub tunnel_listen_addr: Addr,
+    /// Where agents dial their tunnel (separate mode), if not derived.
+    pub tunnel_public_addr: Option<Addr>,
+    /// `SVC_TUNNEL_PUBLIC_ADDR`, read by the binary: wins over every other tunnel address.
+    pub tunnel_public_addr_override: Option<Addr>,
+    /// Proxy peering listener (3021); served by the peering work, reported here only.
+    pub peer_listen_addr: Option<Addr>,
+    /// Whether Kubernetes access is served.
+    pub kube_enabled: bool,
+    /// Kubernetes listener (separate mode).
+    pub kube_listen_addr: Option<Addr>,
+    /// Where Kubernetes clients connect.
+    pub kube_public_addr: Option<Addr>,
+    /// Postgres listener (separate mode; otherwise multiplexed on the web port).
+    pub postgres_listen_addr: Option<Addr>,
+    /// Where Postgres clients connect.
+    pub postgres_public_addr: Option<Addr>,
+    /// MySQL listener (separate mode).
+    pub mysql_listen_addr: Option<Addr>,
+    /// Where MySQL clients connect.
+    pub mysql_public_addr: Option<Addr>,
+    /// MongoDB listener (separate mode).
+    pub mongo_listen_addr: Option<Addr>,
+    /// Where MongoDB clients connect.
+    pub mongo_public_addr: Option<Addr>,
+    /// The certificate: configured files or generated in the data directory.
+    pub tls: TlsSource,
+    /// Networks whose PROXY protocol headers are honoured.
+    pub trusted_proxy_networks: Vec<IpNet>,
+    /// `automatic_upgrades_channels`, validated.
+    pub channels: BTreeMap<String, ChannelSpec>,
+    /// Whether the cluster runs automatic agent updates (`automatic_upgrades` in the ping).
+    pub automatic_upgrades: bool,
+    /// How long the proxy waits when dialing resources (`proxy.ssh.dial_timeout`).
+    pub dial_timeout: Duration,
+    /// The authentication type (`auth.type`).
+    pub auth_type: String,
+    /// The second factor (`auth.second_factor`).
+    pub second_factor: String,
+    /// The local connector's name (`auth.local.name`).
+    pub local_auth_connector: String,
+    /// Accept loop limits (peek deadline, cap on connections being classified, drain time).
+    pub listen: ListenOptions,
+}
+
+/// The default data directory.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/svc";
+
+fn loopback(port: u16) -> Addr {
+    Addr::new(svc_core::Host::V4(std::net::Ipv4Addr::LOCALHOST), port)
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self {
+            cluster_name: "svc.local".into(),
+            listener_mode: ListenerMode::default(),
+            web_listen_addr: loopback(3080),
+            web_public_addr: None,
+            ssh_listen_addr: loopback(3023),
+            ssh_public_addr: None,
+            tunnel_listen_addr: loopback(3024),
+            tunnel_public_addr: None,
+            tunnel_public_addr_override: None,
+            peer_listen_addr: None,
+            kube_enabled: false,
+            kube_listen_addr: None,
+            kube_public_addr: None,
+            postgres_listen_addr: None,
+            postgres_public_addr: None,
+            mysql_listen_addr: None,
+            mysql_public_addr: None,
+            mongo_listen_addr: None,
+            mongo_public_addr: None,
+            tls: TlsSource::Generated {
+                data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            },
+            trusted_proxy_networks: Vec::new(),
+            channels: BTreeMap::new(),
+            automatic_upgrades: false,
+            dial_timeout: Duration::from_secs(30),
+            auth_type: "local".into(),
+            second_factor: "otp".into(),
+            local_auth_connector: String::new(),
+            listen: ListenOptions::default(),
+        }
+    }
+}
+
+impl ProxySettings {
+    /// Host names and addresses the generated certificate must name.
+    fn certificate_names(&self) -> Vec<String> {
+        [
+            &self.web_public_addr,
+            &self.ssh_public_addr,
+            &self.tunnel_public_addr,
+            &self.kube_public_addr,
+        ]
+        .into_iter()
+        .flatten()
+        .chain([&self.web_listen_addr])
+        .map(Addr::host_str)
+        .collect()
+    }
+}
+
+/// Why the proxy could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProxyError {
+    /// The TLS identity.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// A listener could not be bound.
+    #[error("binding {field} on {addr}: {source}")]
+    Bind {
+        /// The settings field (`web_listen_addr`, …).
+        field: &'static str,
+        /// The address.
+        addr: Addr,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// Assembles the proxy: handlers registered by other modules, then [`bind`](ProxyBuilder::bind).
+pub struct ProxyBuilder {
+    settings: ProxySettings,
+    version: Version,
+    routes: RouterBuilder,
+    web_mounts: Vec<(String, WebService)>,
+    ssh: Option<ConnService>,
+    tunnel: Option<ConnService>,
+    postgres: Option<ConnService>,
+    mysql: Option<ConnService>,
+    mongo: Option<ConnService>,
+    kube: Option<ConnService>,
+}
+
+impl ProxyBuilder {
+    /// Starts from settings; the proxy reports `svc_core::version::current()`.
+    pub fn new(settings: ProxySettings) -> Self {
+        Self {
+            settings,
+            version: svc_core::version::current().clone(),
+            routes: RouterBuilder::default(),
+            web_mounts: Vec::new(),
+            ssh: None,
+            tunnel: None,
+            postgres: None,
+            mysql: None,
+            mongo: None,
+            kube: None,
+        }
+    }
+
+    /// The settings (handlers read e.g. `channels` from here).
+    pub fn settings(&self) -> &ProxySettings {
+        &self.settings
+    }
+
+    /// The version the proxy reports.
+    pub fn version(&self) -> &Version {
+        &self.version
+    }
+
+    /// Sets the version the proxy reports (tests pin one).
+    pub fn with_version(mut self, version: Version) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// Routes a TLS ALPN protocol (`svc-reversetunnel`, `svc-proxy-ssh`, …) on the web port in
+    /// TLS routing mode. The service receives the raw TLS stream, ClientHello replayed.
+    pub fn route(mut self, protocol: &str, svc: ConnService) -> Self {
+        self.routes = self.routes.route(protocol, svc);
+        self
+    }
+
+    /// Routes ALPN names starting with `prefix` (`svc-auth@`).
+    pub fn route_prefix(mut self, prefix: &str, svc: ConnService) -> Self {
+        self.routes = self.routes.route_prefix(prefix, svc);
+        self
+    }
+
+    /// The Kubernetes proxy: SNI `kube-svc-proxy-alpn.*` with TLS routing, and the
+    /// `kube_listen_addr` listener in separate mode.
+    pub fn kube(mut self, svc: ConnService) -> Self {
+        self.routes = self.routes.kube(svc.clone());
+        self.kube = Some(svc);
+        self
+    }
+
+    /// Mounts an HTTP service on the web API under a path prefix.
+    pub fn web_mount(mut self, prefix: &str, svc: WebService) -> Self {
+        self.web_mounts.push((prefix.to_owned(), svc));
+        self
+    }
+
+    /// The SSH handler: plain SSH detected on the multiplexed port, and the SSH listener in
+    /// separate mode.
+    pub fn ssh(mut self, svc: ConnService) -> Self {
+        self.ssh = Some(svc);
+        self
+    }
+
+    /// The plain-SSH reverse tunnel handler for the tunnel listener (separate mode).
+    pub fn tunnel(mut self, svc: ConnService) -> Self {
+        self.tunnel = Some(svc);
+        self
+    }
+
+    /// The Postgres handler: SSLRequest detected on the web port, and the Postgres listener.
+    pub fn postgres(mut self, svc: ConnService) -> Self {
+        self.postgres = Some(svc);
+        self
+    }
+
+    /// The MySQL handler for the MySQL listener (separate mode).
+    pub fn mysql(mut self, svc: ConnService) -> Self {
+        self.mysql = Some(svc);
+        self
+    }
+
+    /// The MongoDB handler for the MongoDB listener (separate mode).
+    pub fn mongo(mut self, svc: ConnService) -> Self {
+        self.mongo = Some(svc);
+        self
+    }
+
+    /// Loads the certificate, binds every listener of the mode and starts serving.
+    pub async fn bind(self) -> Result<RunningProxy, ProxyError> {
+        let identity = ServerIdentity::load(&self.settings.tls, &self.settings.certificate_names())?;
+        let mut settings = self.settings;
+        let separate = !settings.listener_mode.tls_routing();
+
+        // Bind first, so the ping reports the addresses actually bound (port 0 in tests).
+        let web = bind("web_listen_addr", &mut settings.web_listen_addr).await?;
+        let mut extra: Vec<(&'static str, TcpListener, Option<ConnService>)> = Vec::new();
+        if separate {
+            extra.push((
+                "ssh_listen_addr",
+                bind("ssh_listen_addr", &mut settings.ssh_listen_addr).await?,
+                self.ssh.clone(),
+            ));
+            extra.push((
+                "tunnel_listen_addr",
+                bind("tunnel_listen_addr", &mut settings.tunnel_listen_addr).await?,
+                self.tunnel.clone(),
+            ));
+            for (field, addr, handler) in [
+                (
+                    "postgres_listen_addr",
+                    &mut settings.postgres_listen_addr,
+                    self.postgres.clone(),
+                ),
+                (
+                    "mysql_listen_addr",
+                    &mut settings.mysql_listen_addr,
+                    self.mysql.clone(),
+                ),
+                (
+                    "mongo_listen_addr",
+                    &mut settings.mongo_listen_addr,
+                    self.mongo.clone(),
+                ),
+            ] {
+                if let Some(addr) = addr {
+                    extra.push((field, bind(field, addr).await?, handler));
+                }
+            }
+        }
+
+        let ping = web::ping::ping(&settings, &self.version);
+        let find = web::ping::find(&settings, &self.version);
+        let mut api = WebApi::new(&ping, &find);
+        for (prefix, svc) in self.web_mounts {
+            api = api.mount(prefix, svc);
+        }
+        let web_handler = conn_service(WebHandler::new(api, identity.server_config(&web::WEB_ALPN)?));
+        let routes = self
+            .routes
+            .route(alpn::HTTP1, web_handler.clone())
+            .route(alpn::H2, web_handler.clone());
+        let mut mux = Multiplexer::builder()
+            .tls(if separate {
+                web_handler
+            } else {
+                conn_service(routes.build())
+            })
+            .trusted_proxies(settings.trusted_proxy_networks.clone());
+        if let Some(ssh) = self.ssh.filter(|_| !separate) {
+            mux = mux.ssh(ssh);
+        }
+        if let Some(pg) = self.postgres {
+            mux = mux.postgres(pg);
+        }
+
+        let shutdown = CancellationToken::new();
+        let mut addrs = BoundAddrs {
+            web: web.local_addr().map_err(|source| ProxyError::Bind {
+                field: "web_listen_addr",
+                addr: settings.web_listen_addr.clone(),
+                source,
+            })?,
+            others: Vec::new(),
+        };
+        let opts = settings.listen.clone();
+        let mut tasks = vec![tokio::spawn(listen::serve(
+            web,
+            mux.build(),
+            opts.clone(),
+            shutdown.clone(),
+        ))];
+        for (field, listener, handler) in extra {
+            if let Ok(a) = listener.local_addr() {
+                addrs.others.push((field, a));
+            }
+            let svc = handler.unwrap_or_else(|| conn_service(MissingHandler(field)));
+            tasks.push(tokio::spawn(listen::serve(
+                listener,
+                svc,
+                opts.clone(),
+                shutdown.clone(),
+            )));
+        }
+        tracing::info!(mode = %settings.listener_mode, web = %addrs.web, others = ?addrs.others, "proxy listening");
+        Ok(RunningProxy {
+            addrs,
+            ca_file: identity.ca_file.clone(),
+            settings: Arc::new(settings),
+            shutdown,
+            tasks,
+        })
+    }
+}
+
+async fn bind(field: &'static str, addr: &mut Addr) -> Result<TcpListener, ProxyError> {
+    let err = |source| ProxyError::Bind {
+        field,
+        addr: addr.clone(),
+        source,
+    };
+    let listener = TcpListener::bind((
+        addr.host_str().trim_start_matches('[').trim_end_matches(']'),
+        addr.port(),
+    ))
+    .await
+    .map_err(err)?;
+    if addr.port() == 0
+        && let Ok(local) = listener.local_addr()
+    {
+        *addr = addr.with_port(local.port());
+    }
+    Ok(listener)
+}
+
+/// The handler of a listener whose protocol is served by work not registered in this build.
+#[derive(Clone)]
+struct MissingHandler(&'static str);
+
+impl Service<Connection> for MissingHandler {
+    type Response = ();
+    type Error = BoxError;
+    type Future = ConnFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, conn: Connection) -> Self::Future {
+        let field = self.0;
+        ConnFuture::new(async move {
+            tracing::warn!(peer = %conn.peer_addr, listener = field, "no handler registered for this listener; closing the connection");
+            Ok(())
+        })
+    }
+}
+
+/// The addresses a running proxy bound.
+#[derive(Debug, Clone)]
+pub struct BoundAddrs {
+    /// The web (in multiplex mode: the only) listener.
+    pub web: SocketAddr,
+    /// Other listeners (separate mode), by settings field.
+    pub others: Vec<(&'static str, SocketAddr)>,
+}
+
+impl BoundAddrs {
+    /// The bound address of the listener configured by `field` (`ssh_listen_addr`, …).
+    pub fn get(&self, field: &str) -> Option<SocketAddr> {
+        self.others.iter().find(|(f, _)| *f == field).map(|(_, a)| *a)
+    }
+}
+
+/// A serving proxy.
+pub struct RunningProxy {
+    addrs: BoundAddrs,
+    ca_file: Option<PathBuf>,
+    settings: Arc<ProxySettings>,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningProxy {
+    /// The bound addresses.
+    pub fn addrs(&self) -> &BoundAddrs {
+        &self.addrs
+    }
+
+    /// The generated CA's PEM file, when the certificate was generated.
+    pub fn ca_file(&self) -> Option<&PathBuf> {
+        self.ca_file.as_ref()
+    }
+
+    /// The settings, with listen addresses as bound.
+    pub fn settings(&self) -> &ProxySettings {
+        &self.settings
+    }
+
+    /// Stops accepting and waits for in-flight connections to drain (bounded by
+    /// `settings.listen.drain_timeout`).
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}

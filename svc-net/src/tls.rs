@@ -1,0 +1,268 @@
+//! The proxy's TLS identity and rustls configurations.
+//!
+//! Sits beside the router: routes that terminate TLS (the web API first) build their
+//! `rustls::ServerConfig` here. The certificate comes from configured PEM files, or — by
+//! default — is generated with rcgen (a self-signed CA and a server certificate naming the
+//! public and listen addresses plus `localhost` and `127.0.0.1`) and persisted in the data
+//! directory so a restart reuses it. Also here: a client-side TLS connector for `forward_url`
+//! fetches that wraps any plain connector.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Where the server certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TlsSource {
+    /// PEM files given in the configuration (`https_keypairs`).
+    Files {
+        /// The certificate chain, leaf first.
+        cert: PathBuf,
+        /// The private key.
+        key: PathBuf,
+    },
+    /// Generated on first start and kept in this directory.
+    Generated {
+        /// The data directory.
+        data_dir: PathBuf,
+    },
+}
+
+/// Why the TLS identity could not be loaded or made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A PEM file holds no certificate or no private key.
+    #[error("{path}: expected PEM {expected}, found none")]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What was expected (`CERTIFICATE`, `PRIVATE KEY`).
+        expected: &'static str,
+    },
+    /// Generating the certificate failed.
+    #[error("generating the proxy certificate: {0}")]
+    Generate(#[from] rcgen::Error),
+    /// rustls refused the certificate and key.
+    #[error("building the TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// The server certificate chain and key the proxy presents.
+pub struct ServerIdentity {
+    /// The chain, leaf first.
+    pub chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    /// The generated CA's PEM file (clients pass it to `curl --cacert`), when generated.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for ServerIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerIdentity")
+            .field("chain_len", &self.chain.len())
+            .field("key", &"***")
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+/// File names inside the data directory.
+const CA_FILE: &str = "proxy-ca.pem";
+const CERT_FILE: &str = "proxy-cert.pem";
+const KEY_FILE: &str = "proxy-key.pem";
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> TlsError + '_ {
+    move |source| TlsError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+impl ServerIdentity {
+    /// Loads or generates the identity. `names` are the host names and IP addresses the
+    /// generated certificate must cover (public and listen addresses); `localhost` and
+    /// `127.0.0.1` are always added.
+    pub fn load(source: &TlsSource, names: &[String]) -> Result<Self, TlsError> {
+        match source {
+            TlsSource::Files { cert, key } => Self::from_files(cert, key, None),
+            TlsSource::Generated { data_dir } => {
+                let (ca, cert, key) = (
+                    data_dir.join(CA_FILE),
+                    data_dir.join(CERT_FILE),
+                    data_dir.join(KEY_FILE),
+                );
+                if cert.exists() && key.exists() {
+                    tracing::info!(cert = %cert.display(), ca = %ca.display(), "reusing the generated self-signed proxy certificate");
+                } else {
+                    generate(data_dir, names)?;
+                    tracing::info!(
+                        cert = %cert.display(),
+                        ca = %ca.display(),
+                        "generated a self-signed proxy certificate (configure https_keypairs for a publicly trusted one)"
+                    );
+                }
+                Self::from_files(&cert, &key, Some(ca))
+            }
+        }
+    }
+
+    fn from_files(cert: &Path, key: &Path, ca_file: Option<PathBuf>) -> Result<Self, TlsError> {
+        let pem = fs::read(cert).map_err(io_err(cert))?;
+        let chain = rustls_pemfile::certs(&mut pem.as_slice())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(io_err(cert))?;
+        if chain.is_empty() {
+            return Err(TlsError::Pem {
+                path: cert.to_owned(),
+                expected: "CERTIFICATE",
+            });
+        }
+        let pem = fs::read(key).map_err(io_err(key))?;
+        let key_der = rustls_pemfile::private_key(&mut pem.as_slice())
+            .map_err(io_err(key))?
+            .ok_or_else(|| TlsError::Pem {
+                path: key.to_owned(),
+                expected: "PRIVATE KEY",
+            })?;
+        Ok(Self {
+            chain,
+            key: key_der,
+            ca_file,
+        })
+    }
+
+    /// A server configuration advertising `alpn` (in the server's order of preference).
+    pub fn server_config(&self, alpn: &[&str]) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()?
+                .with_no_client_auth()
+                .with_single_cert(self.chain.clone(), self.key.clone_key())?;
+        config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+        Ok(Arc::new(config))
+    }
+}
+
+fn generate(dir: &Path, names: &[String]) -> Result<(), TlsError> {
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "svc proxy self-signed CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key)?;
+
+    let mut sans: Vec<String> = vec!["localhost".into(), "127.0.0.1".into()];
+    for n in names {
+        let n = n.trim_start_matches('[').trim_end_matches(']').to_owned();
+        if !n.is_empty() && !sans.contains(&n) && n != "0.0.0.0" && n != "::" {
+            sans.push(n);
+        }
+    }
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(sans)?;
+    params.distinguished_name.push(DnType::CommonName, "svc proxy");
+    let cert = params.signed_by(&key, &ca)?;
+
+    let write = |name: &str, body: String, private: bool| -> Result<(), TlsError> {
+        let path = dir.join(name);
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let mut opts = fs::OpenOptions::new();
+        opts.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        if private {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600);
+        }
+        #[cfg(not(unix))]
+        let _ = private;
+        use std::io::Write;
+        let mut f = opts.open(&tmp).map_err(io_err(&tmp))?;
+        f.write_all(body.as_bytes()).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+        fs::rename(&tmp, &path).map_err(io_err(&path))
+    };
+    write(CA_FILE, ca.pem(), false)?;
+    // The key last: its presence marks a complete set.
+    write(CERT_FILE, format!("{}{}", cert.pem(), ca.pem()), false)?;
+    write(KEY_FILE, key.serialize_pem(), true)?;
+    Ok(())
+}
+
+/// A client configuration trusting the public web roots plus `extra_ca_pem` (a PEM bundle).
+pub fn client_config(extra_ca_pem: Option<&[u8]>) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(mut pem) = extra_ca_pem {
+        for cert in rustls_pemfile::certs(&mut pem) {
+            let cert = cert.map_err(|source| TlsError::Io {
+                path: PathBuf::from("<ca bundle>"),
+                source,
+            })?;
+            roots.add(cert)?;
+        }
+    }
+    let config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generates_once_and_reuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = TlsSource::Generated {
+            data_dir: dir.path().to_owned(),
+        };
+        let first = ServerIdentity::load(&source, &["proxy.example.com".into()]).unwrap();
+        assert_eq!(first.chain.len(), 2);
+        let again = ServerIdentity::load(&source, &[]).unwrap();
+        assert_eq!(first.chain, again.chain, "a restart reuses the certificate");
+        first.server_config(&["http/1.1", "h2"]).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(dir.path().join(KEY_FILE))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+
+    #[test]
+    fn missing_files_name_the_path() {
+        let err = ServerIdentity::load(
+            &TlsSource::Files {
+                cert: "/nonexistent/cert.pem".into(),
+                key: "/nonexistent/key.pem".into(),
+            },
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/cert.pem"), "{err}");
+    }
+}

@@ -1,0 +1,281 @@
+//! The web API: HTTPS on hyper, HTTP/1.1 and HTTP/2 by ALPN.
+//!
+//! Sits behind the router's `http/1.1` and `h2` routes (or directly behind the web listener):
+//! [`WebHandler`] terminates TLS (advertising `http/1.1` before `h2`), then serves [`WebApi`]:
+//! `GET /webapi/ping` and `GET /webapi/find` from bytes computed once, services mounted under
+//! path prefixes by the caller (the version server under `/v1/webapi/automaticupgrades/` comes
+//! from `svc-update` this way, keeping the dependency direction), and JSON errors
+//! `{"error":{"message":…}}` for everything else.
+
+pub mod ping;
+
+use std::{
+    convert::Infallible,
+    future::{Future, Ready, ready},
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio_rustls::TlsAcceptor;
+use tower::{Service, util::BoxCloneSyncService};
+
+use crate::listen::{BoxError, ConnFuture, Connection};
+
+/// The request body handlers receive.
+pub type Body = hyper::body::Incoming;
+/// The response body handlers return.
+pub type ResponseBody = BoxBody<Bytes, BoxError>;
+/// A mounted HTTP service.
+pub type WebService = BoxCloneSyncService<Request<Body>, Response<ResponseBody>, Infallible>;
+
+/// Wraps any suitable service as a [`WebService`].
+pub fn web_service<S>(svc: S) -> WebService
+where
+    S: Service<Request<Body>, Response = Response<ResponseBody>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    BoxCloneSyncService::new(svc)
+}
+
+/// A response with a fixed body.
+pub fn full(bytes: impl Into<Bytes>) -> ResponseBody {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+}
+
+/// A JSON error `{"error":{"message":…}}` with `status`.
+pub fn json_error(status: StatusCode, message: &str) -> Response<ResponseBody> {
+    let body = serde_json::json!({ "error": { "message": message } }).to_string();
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn json_ok(body: &Bytes) -> Response<ResponseBody> {
+    let mut resp = Response::new(full(body.clone()));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// The routes of the web API.
+#[derive(Clone)]
+pub struct WebApi {
+    ping: Bytes,
+    find: Bytes,
+    mounts: Vec<(String, WebService)>,
+}
+
+impl WebApi {
+    /// A web API serving these pre-serialized ping and find documents.
+    pub fn new(ping: &ping::Ping, find: &ping::Find) -> Self {
+        // Serializing plain structs of strings and numbers cannot fail.
+        let ser = |v: serde_json::Result<Vec<u8>>| Bytes::from(v.unwrap_or_default());
+        Self {
+            ping: ser(serde_json::to_vec(ping)),
+            find: ser(serde_json::to_vec(find)),
+            mounts: Vec::new(),
+        }
+    }
+
+    /// Serves every path starting with `prefix` with `svc` (checked in mounting order).
+    pub fn mount(mut self, prefix: impl Into<String>, svc: WebService) -> Self {
+        self.mounts.push((prefix.into(), svc));
+        self
+    }
+
+    /// The ping body served (for tests and embedding).
+    pub fn ping_body(&self) -> &Bytes {
+        &self.ping
+    }
+}
+
+/// The per-request service: `Arc`ed so cloning it per connection is cheap.
+#[derive(Clone)]
+pub struct WebApiService(Arc<WebApi>);
+
+impl WebApiService {
+    /// Wraps the routes.
+    pub fn new(api: WebApi) -> Self {
+        Self(Arc::new(api))
+    }
+}
+
+/// The future of [`WebApiService`]: ready for built-in routes, boxed for mounted services.
+pub enum WebFuture {
+    /// A response computed in place.
+    Ready(Ready<Result<Response<ResponseBody>, Infallible>>),
+    /// A mounted service's future.
+    Mounted(Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, Infallible>> + Send>>),
+}
+
+impl Future for WebFuture {
+    type Output = Result<Response<ResponseBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            WebFuture::Ready(r) => Pin::new(r).poll(cx),
+            WebFuture::Mounted(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+impl WebApiService {
+    fn route(&self, req: Request<Body>) -> WebFuture {
+        let api = &self.0;
+        let path = req.uri().path();
+        let builtin = match path {
+            "/webapi/ping" => Some(&api.ping),
+            "/webapi/find" => Some(&api.find),
+            _ => None,
+        };
+        if let Some(body) = builtin {
+            let resp = if req.method() == Method::GET || req.method() == Method::HEAD {
+                json_ok(body)
+            } else {
+                json_error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    &format!("method {} not allowed on {path}; use GET", req.method()),
+                )
+            };
+            return WebFuture::Ready(ready(Ok(resp)));
+        }
+        if let Some((_, svc)) = api
+            .mounts
+            .iter()
+            .find(|(prefix, _)| path.starts_with(prefix.as_str()))
+        {
+            let mut svc = svc.clone();
+            return WebFuture::Mounted(Box::pin(async move {
+                std::future::poll_fn(|cx| svc.poll_ready(cx)).await?;
+                svc.call(req).await
+            }));
+        }
+        let msg = format!("not found: {path}");
+        WebFuture::Ready(ready(Ok(json_error(StatusCode::NOT_FOUND, &msg))))
+    }
+}
+
+impl hyper::service::Service<Request<Body>> for WebApiService {
+    type Response = Response<ResponseBody>;
+    type Error = Infallible;
+    type Future = WebFuture;
+
+    fn call(&self, req: Request<Body>) -> Self::Future {
+        self.route(req)
+    }
+}
+
+/// How long an HTTP/1.1 client has to send a request head.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The ALPN names the web API advertises, in the server's order of preference.
+pub const WEB_ALPN: [&str; 2] = ["http/1.1", "h2"];
+
+/// Terminates TLS and serves [`WebApi`] on each connection: `Connection → ()`.
+#[derive(Clone)]
+pub struct WebHandler {
+    api: WebApiService,
+    tls: TlsAcceptor,
+}
+
+/// Why a web connection ended early.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WebError {
+    /// The TLS handshake did not finish before the peek deadline.
+    #[error("TLS handshake did not finish before the deadline")]
+    HandshakeTimeout,
+    /// The TLS handshake failed.
+    #[error("TLS handshake: {0}")]
+    Handshake(std::io::Error),
+    /// Serving HTTP failed.
+    #[error("serving HTTP: {0}")]
+    Http(#[from] hyper::Error),
+}
+
+impl WebHandler {
+    /// A handler presenting `tls` (its ALPN list should be [`WEB_ALPN`]).
+    pub fn new(api: WebApi, tls: Arc<rustls::ServerConfig>) -> Self {
+        Self {
+            api: WebApiService::new(api),
+            tls: TlsAcceptor::from(tls),
+        }
+    }
+
+    async fn serve(self, conn: Connection) -> Result<(), WebError> {
+        let (io, deadline, shutdown, permit) = conn.into_parts();
+        let tls = match tokio::time::timeout_at(deadline, self.tls.accept(io)).await {
+            Err(_) => return Err(WebError::HandshakeTimeout),
+            Ok(Err(e)) => return Err(WebError::Handshake(e)),
+            Ok(Ok(tls)) => tls,
+        };
+        // Past the handshake the connection no longer counts as being classified.
+        drop(permit);
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        let io = TokioIo::new(tls);
+        if h2 {
+            let c =
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(io, self.api);
+            tokio::pin!(c);
+            tokio::select! {
+                r = c.as_mut() => r?,
+                () = shutdown.cancelled() => {
+                    c.as_mut().graceful_shutdown();
+                    c.await?;
+                }
+            }
+        } else {
+            // A client that completes TLS and then sends no request head is cut off rather than
+            // holding a connection forever.
+            let c = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(io, self.api);
+            tokio::pin!(c);
+            tokio::select! {
+                r = c.as_mut() => r?,
+                () = shutdown.cancelled() => {
+                    c.as_mut().graceful_shutdown();
+                    c.await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Service<Connection> for WebHandler {
+    type Response = ();
+    type Error = BoxError;
+    type Future = ConnFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, conn: Connection) -> Self::Future {
+        let this = self.clone();
+        let peer = conn.peer_addr;
+        ConnFuture::new(async move {
+            this.serve(conn).await.map_err(|e| {
+                tracing::debug!(%peer, error = %e, "web connection ended");
+                e.into()
+            })
+        })
+    }
+}

@@ -1,0 +1,289 @@
+//! `forward_url` channels: fetching an upstream version server, with a cache.
+//!
+//! Sits under the [`VersionResolver`](super::VersionResolver): `GET <url>/version` and
+//! `GET <url>/critical` with a 10 s timeout, over any connector (`tower::Service<Uri>` yielding
+//! a hyper IO, such as hyper-util's `HttpConnector` or the environment-aware proxy dialer), with
+//! TLS added for `https://` URLs. Results — errors included — are cached for one minute and
+//! concurrent misses share one fetch, so thousands of agents never stampede the upstream.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use bytes::Bytes;
+use http::{Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::{client::legacy::connect::HttpConnector, rt::TokioIo};
+use svc_core::{Clock, SystemClock, Version, VersionError};
+use tower::{Service, ServiceExt};
+
+/// How long one upstream fetch may take.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a result (or an error) is reused.
+pub const CACHE_TTL: Duration = Duration::from_secs(60);
+/// The most body bytes read from an upstream answer.
+const MAX_BODY: usize = 4096;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why an upstream answer could not be had. Cloneable so a cached error can be served again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FetchError {
+    /// The URL is not a valid `http(s)://` URL.
+    #[error("forward_url {url}: not a valid http(s) URL")]
+    Url {
+        /// The URL.
+        url: String,
+    },
+    /// Connecting, TLS or HTTP failed.
+    #[error("GET {url}: {reason}")]
+    Transport {
+        /// The URL fetched.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// No answer within [`FETCH_TIMEOUT`].
+    #[error("GET {url}: no answer within {FETCH_TIMEOUT:?}")]
+    Timeout {
+        /// The URL fetched.
+        url: String,
+    },
+    /// The upstream answered with a status other than 200.
+    #[error("GET {url}: expected status 200, got {status}")]
+    Status {
+        /// The URL fetched.
+        url: String,
+        /// The status.
+        status: u16,
+    },
+    /// The upstream's version body is not a version.
+    #[error("GET {url}: {source}")]
+    Version {
+        /// The URL fetched.
+        url: String,
+        /// The parse error.
+        source: VersionError,
+    },
+    /// The upstream's critical body is not yes/no/true/false.
+    #[error("GET {url}: expected yes, no, true or false, got \"{body}\"")]
+    Critical {
+        /// The URL fetched.
+        url: String,
+        /// The body, trimmed.
+        body: String,
+    },
+}
+
+/// Parses a version body: trimmed, `none` means no version, a missing `v` is added.
+pub fn parse_version_body(url: &str, body: &str) -> Result<Option<Version>, FetchError> {
+    let body = body.trim();
+    if body == "none" {
+        return Ok(None);
+    }
+    Version::parse(body)
+        .map(Some)
+        .map_err(|source| FetchError::Version {
+            url: url.to_owned(),
+            source,
+        })
+}
+
+/// Parses a critical body: `yes/no/true/false` in any case.
+pub fn parse_critical_body(url: &str, body: &str) -> Result<bool, FetchError> {
+    match body.trim().to_ascii_lowercase().as_str() {
+        "yes" | "true" => Ok(true),
+        "no" | "false" => Ok(false),
+        other => Err(FetchError::Critical {
+            url: url.to_owned(),
+            body: other.chars().take(64).collect(),
+        }),
+    }
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<(SystemTime, Result<String, FetchError>)>>>;
+
+/// Fetches upstream bodies through connector `C`, caching per URL.
+pub struct Fetcher<C = HttpConnector> {
+    connector: C,
+    tls: tokio_rustls::TlsConnector,
+    clock: Arc<dyn Clock>,
+    cache: Mutex<HashMap<String, Slot>>,
+}
+
+impl Fetcher<HttpConnector> {
+    /// A fetcher dialing directly (hyper-util's `HttpConnector`), trusting `tls`'s roots for
+    /// `https://` upstreams.
+    pub fn direct(tls: Arc<rustls::ClientConfig>) -> Self {
+        let mut http = HttpConnector::new();
+        // TLS is added by the fetcher itself, so https:// URIs reach the connector too.
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        Self::new(http, tls, Arc::new(SystemClock))
+    }
+}
+
+impl<C> Fetcher<C>
+where
+    C: Service<Uri> + Clone + Send + Sync + 'static,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+    C::Error: Into<BoxError>,
+    C::Future: Send,
+{
+    /// A fetcher over any connector (e.g. the environment-aware proxy dialer).
+    pub fn new(connector: C, tls: Arc<rustls::ClientConfig>, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            connector,
+            tls: tokio_rustls::TlsConnector::from(tls),
+            clock,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The body of `GET url`, from the cache when fetched (or failed) within [`CACHE_TTL`].
+    pub async fn get(&self, url: &str) -> Result<String, FetchError> {
+        let slot = {
+            let mut cache = self
+                .cache
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            cache.entry(url.to_owned()).or_default().clone()
+        };
+        // Holding the slot's lock across the fetch makes concurrent misses wait for one fetch.
+        let mut entry = slot.lock_owned().await;
+        if let Some((at, result)) = entry.as_ref()
+            // A clock that went backwards (`Err`) counts as expired: refetch rather than serve
+            // an answer of unknown age.
+            && self.clock.now().duration_since(*at).is_ok_and(|age| age < CACHE_TTL)
+        {
+            return result.clone();
+        }
+        // The fetch runs in its own task: a requester that gives up (the 5 s request timeout)
+        // does not cancel it, so its result — or its error — still lands in the cache.
+        let (connector, tls, clock, owned_url) = (
+            self.connector.clone(),
+            self.tls.clone(),
+            self.clock.clone(),
+            url.to_owned(),
+        );
+        let task = tokio::spawn(async move {
+            let result = match tokio::time::timeout(FETCH_TIMEOUT, fetch(connector, tls, &owned_url)).await {
+                Ok(r) => r,
+                Err(_) => Err(FetchError::Timeout { url: owned_url }),
+            };
+            if let Err(e) = &result {
+                tracing::warn!(error = %e, "version channel upstream failed; the error is cached for a minute");
+            }
+            *entry = Some((clock.now(), result.clone()));
+            result
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) => Err(FetchError::Transport {
+                url: url.to_owned(),
+                reason: format!("fetch task failed: {e}"),
+            }),
+        }
+    }
+}
+
+async fn fetch<C>(connector: C, tls: tokio_rustls::TlsConnector, url: &str) -> Result<String, FetchError>
+where
+    C: Service<Uri> + Send + 'static,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+    C::Error: Into<BoxError>,
+    C::Future: Send,
+{
+    let transport = |reason: String| FetchError::Transport {
+        url: url.to_owned(),
+        reason,
+    };
+    let uri: Uri = url.parse().map_err(|_| FetchError::Url { url: url.to_owned() })?;
+    let (https, host) = match (uri.scheme_str(), uri.host()) {
+        (Some("https"), Some(h)) => (true, h.to_owned()),
+        (Some("http"), Some(h)) => (false, h.to_owned()),
+        _ => return Err(FetchError::Url { url: url.to_owned() }),
+    };
+    let io = connector
+        .oneshot(uri.clone())
+        .await
+        .map_err(|e| transport(format!("connecting: {}", e.into())))?;
+    let req = Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
+        .header(
+            header::HOST,
+            uri.authority().map_or(host.as_str(), |a| a.as_str()),
+        )
+        .header(
+            header::USER_AGENT,
+            concat!("svc-proxy/", env!("CARGO_PKG_VERSION")),
+        )
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| transport(e.to_string()))?;
+    let resp = if https {
+        let name = rustls::pki_types::ServerName::try_from(
+            host.trim_start_matches('[').trim_end_matches(']').to_owned(),
+        )
+        .map_err(|e| transport(format!("server name: {e}")))?;
+        let tls = tls
+            .connect(name, TokioIo::new(io))
+            .await
+            .map_err(|e| transport(format!("TLS: {e}")))?;
+        send(TokioIo::new(tls), req).await
+    } else {
+        send(io, req).await
+    }
+    .map_err(transport)?;
+    if resp.0 != StatusCode::OK {
+        return Err(FetchError::Status {
+            url: url.to_owned(),
+            status: resp.0.as_u16(),
+        });
+    }
+    Ok(resp.1)
+}
+
+async fn send<T>(io: T, req: Request<Empty<Bytes>>) -> Result<(StatusCode, String), String>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| e.to_string())?;
+    let driver = tokio::spawn(conn);
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = Limited::new(resp.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| format!("reading the body: {e}"))?
+        .to_bytes();
+    driver.abort();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies() {
+        assert_eq!(
+            parse_version_body("u", " v17.1.0\n"),
+            Ok(Some(Version::new(17, 1, 0)))
+        );
+        assert_eq!(
+            parse_version_body("u", "17.1.0"),
+            Ok(Some(Version::new(17, 1, 0)))
+        );
+        assert_eq!(parse_version_body("u", "none"), Ok(None));
+        assert!(parse_version_body("u", "").is_err());
+        assert!(parse_version_body("u", "<html>").is_err());
+        for (b, v) in [("yes", true), ("NO", false), ("True\n", true), ("false", false)] {
+            assert_eq!(parse_critical_body("u", b), Ok(v));
+        }
+        assert!(parse_critical_body("u", "maybe").is_err());
+    }
+}
