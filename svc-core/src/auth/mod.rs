@@ -751,6 +751,15 @@ impl AuthService {
     }
 }
 
+/// The CA pin (`sha256:<hex of the SubjectPublicKeyInfo>`) of a DER certificate: what a joining
+/// agent compares with the `--ca-pin` it was given before trusting the Auth Service.
+pub fn ca_pin_of_cert(der: &[u8]) -> Result<String, AuthError> {
+    use sha2::{Digest, Sha256};
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| AuthError::Invalid(format!("certificate: {e}")))?;
+    Ok(format!("sha256:{}", hex::encode(Sha256::digest(cert.public_key().raw))))
+}
+
 fn redacted_ref(kind: Kind, name: &str) -> String {
     if kind == Kind::Token {
         "token/***".to_owned()

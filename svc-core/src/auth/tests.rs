@@ -281,3 +281,11 @@ async fn secrets_are_stripped_unless_asked() {
         .unwrap();
     assert!(full.to_yaml().unwrap().contains("PRIVATE"));
 }
+
+#[tokio::test]
+async fn the_pin_of_the_ca_certificate_is_the_status_pin() {
+    let f = fixture().await;
+    let host_ca = &f.auth.trusted()[0];
+    assert_eq!(ca_pin_of_cert(host_ca.tls_cert_der()).unwrap(), f.auth.ca_pin());
+    assert_eq!(f.auth.status(&admin(&f.auth)).ca_pin, f.auth.ca_pin());
+}

@@ -1,0 +1,30 @@
+//! The Auth Service on the wire: its gRPC API on port 3025 over mutual TLS, and the client
+//! every other part of the cluster (proxy, agents, `tctl`, tests) calls it with.
+//!
+//! Data flow: [`server::serve`] accepts TCP, runs the TLS handshake (the client certificate, if
+//! any, must chain to one of the cluster's CAs; only [`Join`](proto::auth_client::AuthClient)
+//! is served without one), hands the verified chain to tonic with each connection, and every
+//! call turns it into a [`Caller`](svc_core::auth::Caller) before the domain logic in
+//! [`svc_core::auth::AuthService`] runs (RBAC, storage, signing).
+//!
+//! Clients: [`AuthClient::connect`] with a [`ClientIdentity`] (an identity file: the admin
+//! identity the Auth Service writes, a `tsh` profile, or an agent's joined identity); an agent
+//! without one calls [`join`] with a token and the CA pin, then [`AuthClient::heartbeat`].
+
+mod client;
+mod identity;
+mod server;
+mod tls;
+
+/// The generated protobuf messages and gRPC stubs (`proto/auth.proto`).
+#[allow(missing_docs, unreachable_pub, clippy::all)]
+pub mod proto {
+    tonic::include_proto!("svc.auth.v1");
+}
+
+pub use client::{AuthClient, ClientError, JoinParams, join};
+pub use identity::{ClientIdentity, IdentityFileError, KeyMaterial, TrustedCaPem};
+pub use server::{AuthGrpc, ServeError, serve, server_identity};
+
+/// The Auth Service's default port.
+pub const AUTH_PORT: u16 = 3025;
