@@ -1,0 +1,195 @@
+//! `svc start`: the Auth Service and the Proxy Service of one process, from a [`Config`].
+//!
+//! Order: open the backend → open the Auth Service (CAs created on first start) → serve its
+//! gRPC API → write the admin identity for `tctl` on this host → give the in-process proxy a
+//! host identity and mount `/webapi/login` (which calls the Auth API with it) and the version
+//! server (fetching `forward_url`s through the environment-aware dialer) → bind the proxy.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use svc_core::auth::AuthService;
+use svc_core::backend::{Backend, EmbeddedBackend};
+use svc_core::config::Config;
+use svc_core::identity::{HostCertRequest, SystemRole};
+use svc_core::{Addr, SystemClock};
+use svc_net::auth::{AuthClient, ClientIdentity, KeyMaterial};
+use svc_net::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
+use svc_net::tls::TlsSource;
+use tokio_util::sync::CancellationToken;
+
+/// The admin identity file in the data directory: `tctl` on the Auth host uses it.
+pub const ADMIN_IDENTITY_FILE: &str = "admin-identity.json";
+/// The embedded backend's file in the data directory.
+pub const BACKEND_FILE: &str = "backend.redb";
+
+/// The admin identity path for a data directory.
+pub fn admin_identity_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(ADMIN_IDENTITY_FILE)
+}
+
+/// Maps the configuration onto the Proxy Service's settings.
+pub fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> ProxySettings {
+    let p = &config.proxy;
+    let mut s = ProxySettings::default();
+    s.cluster_name = config.cluster_name().to_owned();
+    s.listener_mode = config.listener_mode();
+    s.web_listen_addr = p.web_listen_addr.clone();
+    s.web_public_addr = p.public_addr.clone();
+    s.ssh_listen_addr = p.ssh_listen_addr.clone();
+    s.ssh_public_addr = p.ssh_public_addr.clone();
+    s.tunnel_listen_addr = p.tunnel_listen_addr.clone();
+    s.tunnel_public_addr = p.tunnel_public_addr.clone();
+    s.tunnel_public_addr_override = tunnel_override;
+    s.peer_listen_addr = Some(p.peer_listen_addr.clone());
+    s.kube_enabled = p.kube_listen_addr.is_some() || p.kube_public_addr.is_some();
+    s.kube_listen_addr = p.kube_listen_addr.clone();
+    s.kube_public_addr = p.kube_public_addr.clone();
+    s.postgres_listen_addr = p.db.postgres_listen_addr.clone();
+    s.postgres_public_addr = p.db.postgres_public_addr.clone();
+    s.mysql_listen_addr = p.db.mysql_listen_addr.clone();
+    s.mysql_public_addr = p.db.mysql_public_addr.clone();
+    s.mongo_listen_addr = p.db.mongo_listen_addr.clone();
+    s.mongo_public_addr = p.db.mongo_public_addr.clone();
+    s.tls = match p.https_keypairs.first() {
+        Some(kp) => TlsSource::Files {
+            cert: kp.cert_file.clone(),
+            key: kp.key_file.clone(),
+        },
+        None => TlsSource::Generated {
+            data_dir: config.svc.data_dir.clone(),
+        },
+    };
+    s.trusted_proxy_networks = p.trusted_proxy_networks().to_vec();
+    s.channels = p.channels().clone();
+    s.automatic_upgrades = !s.channels.is_empty();
+    s
+}
+
+/// A running cluster process.
+pub struct Running {
+    /// The Auth API address.
+    pub auth_addr: SocketAddr,
+    /// The running proxy, if enabled.
+    pub proxy: Option<RunningProxy>,
+    /// The admin identity file written for `tctl`.
+    pub admin_identity: PathBuf,
+    /// The cluster name.
+    pub cluster: String,
+    /// The host CA pin.
+    pub ca_pin: String,
+    shutdown: CancellationToken,
+    auth_task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops the proxy (draining) and the Auth API.
+    pub async fn shutdown(self) {
+        if let Some(proxy) = self.proxy {
+            proxy.shutdown().await;
+        }
+        self.shutdown.cancel();
+        let _ = self.auth_task.await;
+    }
+}
+
+/// Where clients on this host reach a listener bound to `bound`.
+fn dialable(bound: SocketAddr) -> SocketAddr {
+    if bound.ip().is_unspecified() {
+        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), bound.port())
+    } else {
+        bound
+    }
+}
+
+fn host_identity(auth: &AuthService, node: &str, role: SystemRole, auth_addr: SocketAddr) -> anyhow::Result<ClientIdentity> {
+    let keys = KeyMaterial::generate()?;
+    let req = HostCertRequest {
+        host_uuid: uuid::Uuid::new_v4(),
+        node_name: node.to_owned(),
+        roles: vec![role],
+        additional_names: Vec::new(),
+        ttl: svc_core::auth::HOST_CERT_TTL,
+    };
+    let certs = auth.issue_host_certs(&req, &keys.tls_public_key(), keys.ssh_public_key())?;
+    let mut identity = keys.into_identity(&certs, auth.cluster())?;
+    identity.auth_addr = dialable(auth_addr).to_string();
+    Ok(identity)
+}
+
+/// Starts what `config` enables (Auth and Proxy) and returns once both listen.
+pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Result<Running> {
+    if !config.auth.enabled {
+        bail!("auth_service.enabled is false: svc start runs the Auth Service in this release; enable it");
+    }
+    let data_dir = &config.svc.data_dir;
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating the data directory {}", data_dir.display()))?;
+    let backend: Arc<dyn Backend> = Arc::new(
+        EmbeddedBackend::open(data_dir.join(BACKEND_FILE))
+            .with_context(|| format!("opening the backend in {}", data_dir.display()))?,
+    );
+    let auth = Arc::new(AuthService::open(backend, config.cluster_name(), Arc::new(SystemClock)).await?);
+
+    let listen = config.auth.listen_addr.to_string();
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .with_context(|| format!("auth_service.listen_addr {listen}"))?;
+    let auth_addr = listener.local_addr()?;
+    let mut names: Vec<String> = config.auth.public_addrs.iter().map(|a| a.host_str()).collect();
+    names.push(config.auth.listen_addr.host_str());
+    let server_identity = svc_net::auth::server_identity(&auth, &config.svc.nodename, &names)?;
+    let shutdown = CancellationToken::new();
+    let serve_auth = auth.clone();
+    let serve_shutdown = shutdown.clone();
+    let auth_task = tokio::spawn(async move {
+        if let Err(e) = svc_net::auth::serve(listener, serve_auth, &server_identity, serve_shutdown).await {
+            tracing::error!(error = %e, "auth API stopped");
+        }
+    });
+
+    let admin = host_identity(&auth, &config.svc.nodename, SystemRole::Auth, auth_addr)?;
+    let admin_identity = admin_identity_path(data_dir);
+    admin.save(&admin_identity)?;
+
+    let proxy = if config.proxy.enabled {
+        let identity = host_identity(&auth, &config.svc.nodename, SystemRole::Proxy, auth_addr)?;
+        let client = AuthClient::connect(&identity.auth_addr, &identity).await?;
+        let public_auth = config
+            .auth
+            .public_addrs
+            .first()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| dialable(auth_addr).to_string());
+        let settings = proxy_settings(config, tunnel_override);
+        let builder = ProxyBuilder::new(settings).web_mount(
+            svc_net::web::login::LOGIN_PATH,
+            svc_net::web::login::login_service(client, public_auth),
+        );
+        let builder = install_version_server(builder)?;
+        Some(builder.bind().await?)
+    } else {
+        None
+    };
+    Ok(Running {
+        auth_addr,
+        proxy,
+        admin_identity,
+        cluster: auth.cluster().to_owned(),
+        ca_pin: auth.ca_pin(),
+        shutdown,
+        auth_task,
+    })
+}
+
+/// Mounts the version server; `forward_url` upstreams are fetched through the
+/// environment-aware dialer (HTTPS_PROXY / NO_PROXY).
+fn install_version_server(builder: ProxyBuilder) -> anyhow::Result<ProxyBuilder> {
+    use svc_update::channel::{Fetcher, VersionResolver, http::VersionHandler};
+    let dialer = svc_net::dial::ProxyDialer::from_env()?;
+    let tls = svc_net::tls::client_config(None)?;
+    let fetcher = Fetcher::new(dialer, tls, Arc::new(SystemClock));
+    let resolver = VersionResolver::new(builder.settings().channels.clone(), builder.version().clone(), fetcher);
+    Ok(VersionHandler::new(resolver).install(builder))
+}
