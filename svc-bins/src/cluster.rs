@@ -104,7 +104,12 @@ fn dialable(bound: SocketAddr) -> SocketAddr {
     }
 }
 
-fn host_identity(auth: &AuthService, node: &str, role: SystemRole, auth_addr: SocketAddr) -> anyhow::Result<ClientIdentity> {
+fn host_identity(
+    auth: &AuthService,
+    node: &str,
+    role: SystemRole,
+    auth_addr: SocketAddr,
+) -> anyhow::Result<ClientIdentity> {
     let keys = KeyMaterial::generate()?;
     let req = HostCertRequest {
         host_uuid: uuid::Uuid::new_v4(),
@@ -125,7 +130,8 @@ pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Re
         bail!("auth_service.enabled is false: svc start runs the Auth Service in this release; enable it");
     }
     let data_dir = &config.svc.data_dir;
-    std::fs::create_dir_all(data_dir).with_context(|| format!("creating the data directory {}", data_dir.display()))?;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
     let backend: Arc<dyn Backend> = Arc::new(
         EmbeddedBackend::open(data_dir.join(BACKEND_FILE))
             .with_context(|| format!("opening the backend in {}", data_dir.display()))?,
@@ -190,6 +196,10 @@ fn install_version_server(builder: ProxyBuilder) -> anyhow::Result<ProxyBuilder>
     let dialer = svc_net::dial::ProxyDialer::from_env()?;
     let tls = svc_net::tls::client_config(None)?;
     let fetcher = Fetcher::new(dialer, tls, Arc::new(SystemClock));
-    let resolver = VersionResolver::new(builder.settings().channels.clone(), builder.version().clone(), fetcher);
+    let resolver = VersionResolver::new(
+        builder.settings().channels.clone(),
+        builder.version().clone(),
+        fetcher,
+    );
     Ok(VersionHandler::new(resolver).install(builder))
 }

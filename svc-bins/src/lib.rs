@@ -33,7 +33,15 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
         println!("{}", text.join(" ").trim_end());
     };
     line(header.to_vec());
-    line(widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().iter().map(String::as_str).collect());
+    line(
+        widths
+            .iter()
+            .map(|w| "-".repeat(*w))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str)
+            .collect(),
+    );
     for row in rows {
         line(row.iter().map(String::as_str).collect());
     }

@@ -49,9 +49,11 @@ impl Profile {
     pub fn load() -> anyhow::Result<Option<Profile>> {
         let path = profile_path()?;
         match std::fs::read(&path) {
-            Ok(bytes) => Ok(Some(
-                serde_json::from_slice(&bytes).with_context(|| format!("{}: not a svc profile", path.display()))?,
-            )),
+            Ok(bytes) => {
+                Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
+                    format!("{}: not a svc profile", path.display())
+                })?))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
         }
@@ -71,7 +73,9 @@ impl Profile {
             use std::os::unix::fs::OpenOptionsExt;
             opts.mode(0o600);
         }
-        let mut f = opts.open(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        let mut f = opts
+            .open(&tmp)
+            .with_context(|| format!("writing {}", tmp.display()))?;
         f.write_all(&serde_json::to_vec_pretty(self)?)?;
         f.sync_all()?;
         std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
@@ -105,7 +109,10 @@ impl Profile {
 /// Which identity `tctl` acts with: on the Auth host (`--data-dir` or `--config` given) the
 /// admin identity in the data directory; otherwise the signed-in `tsh` profile; otherwise the
 /// admin identity of the default data directory.
-pub fn tctl_identity(explicit_data_dir: Option<&Path>, default_data_dir: &Path) -> anyhow::Result<ClientIdentity> {
+pub fn tctl_identity(
+    explicit_data_dir: Option<&Path>,
+    default_data_dir: &Path,
+) -> anyhow::Result<ClientIdentity> {
     if let Some(dir) = explicit_data_dir {
         return admin_identity(dir);
     }

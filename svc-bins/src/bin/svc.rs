@@ -14,7 +14,11 @@ use svc_core::config::Config;
 const DEFAULT_CONFIG: &str = "/etc/svc.yaml";
 
 #[derive(Parser)]
-#[command(name = "svc", about = "svc cluster access service", disable_version_flag = true)]
+#[command(
+    name = "svc",
+    about = "svc cluster access service",
+    disable_version_flag = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -62,7 +66,10 @@ fn main() -> anyhow::Result<()> {
             let tunnel_override = std::env::var("SVC_TUNNEL_PUBLIC_ADDR")
                 .ok()
                 .filter(|v| !v.is_empty())
-                .map(|v| Addr::parse_with_default_port(&v, 3024).with_context(|| format!("SVC_TUNNEL_PUBLIC_ADDR={v}")))
+                .map(|v| {
+                    Addr::parse_with_default_port(&v, 3024)
+                        .with_context(|| format!("SVC_TUNNEL_PUBLIC_ADDR={v}"))
+                })
                 .transpose()?;
             tokio::runtime::Runtime::new()?.block_on(run(config, tunnel_override))?;
         }
@@ -73,7 +80,11 @@ fn main() -> anyhow::Result<()> {
 async fn run(config: Config, tunnel_override: Option<Addr>) -> anyhow::Result<()> {
     let running = svc_bins::cluster::start(&config, tunnel_override).await?;
     let data_dir = config.svc.data_dir.display();
-    println!("svc {}: cluster {:?} is running", svc_core::version::current(), running.cluster);
+    println!(
+        "svc {}: cluster {:?} is running",
+        svc_core::version::current(),
+        running.cluster
+    );
     println!("  auth: {}", running.auth_addr);
     println!("  CA pin: {}", running.ca_pin);
     println!("  admin identity: {}", running.admin_identity.display());
@@ -85,7 +96,11 @@ async fn run(config: Config, tunnel_override: Option<Addr>) -> anyhow::Result<()
         println!();
         println!("Create the first user (prints a password), then sign in with it:");
         println!("  tctl --data-dir {data_dir} users add admin --roles=editor,access --logins=root");
-        let insecure = if proxy.ca_file().is_some() { " --insecure" } else { "" };
+        let insecure = if proxy.ca_file().is_some() {
+            " --insecure"
+        } else {
+            ""
+        };
         println!("  tsh login --proxy={} --user=admin{insecure}", proxy.addrs().web);
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

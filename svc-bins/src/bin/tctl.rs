@@ -12,7 +12,11 @@ use svc_core::resource::{Kind, Resource, ResourceRef, resources_to_json, resourc
 use svc_net::auth::AuthClient;
 
 #[derive(Parser)]
-#[command(name = "tctl", about = "svc cluster administration", disable_version_flag = true)]
+#[command(
+    name = "tctl",
+    about = "svc cluster administration",
+    disable_version_flag = true
+)]
 struct Cli {
     /// On the Auth host: act with the admin identity of this data directory.
     #[arg(long, global = true)]
@@ -127,7 +131,11 @@ enum Inventory {
 
 fn main() {
     let cli = Cli::parse();
-    svc_bins::exit_on_error(tokio::runtime::Runtime::new().map_err(Into::into).and_then(|rt| rt.block_on(run(cli))));
+    svc_bins::exit_on_error(
+        tokio::runtime::Runtime::new()
+            .map_err(Into::into)
+            .and_then(|rt| rt.block_on(run(cli))),
+    );
 }
 
 async fn client(cli: &Cli) -> anyhow::Result<AuthClient> {
@@ -148,7 +156,16 @@ fn print_resources(resources: &[Resource], format: Format) -> anyhow::Result<()>
         Format::Text => {
             let rows: Vec<Vec<String>> = resources
                 .iter()
-                .map(|r| vec![r.kind().to_string(), if r.kind() == Kind::Token { "***".into() } else { r.name().to_owned() }])
+                .map(|r| {
+                    vec![
+                        r.kind().to_string(),
+                        if r.kind() == Kind::Token {
+                            "***".into()
+                        } else {
+                            r.name().to_owned()
+                        },
+                    ]
+                })
                 .collect();
             svc_bins::print_table(&["Kind", "Name"], &rows);
         }
@@ -177,22 +194,43 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 if w.kind == Kind::ClusterMaintenanceConfig.as_str() {
                     println!("maintenance window has been updated");
                 } else {
-                    println!("{} has been {}", w.display, if w.updated { "updated" } else { "created" });
+                    println!(
+                        "{} has been {}",
+                        w.display,
+                        if w.updated { "updated" } else { "created" }
+                    );
                 }
             }
         }
-        Command::Get { reference, format, with_secrets } => {
-            let r: ResourceRef = reference.parse()?;
-            let resources = auth.get_resources(r.kind, r.name.as_deref(), with_secrets).await?;
+        Command::Get {
+            reference,
+            format,
+            with_secrets,
+        } => {
+            let mut r: ResourceRef = reference.parse()?;
+            // The maintenance configuration is a singleton: `get KIND` reads it (verb read).
+            if r.kind == Kind::ClusterMaintenanceConfig && r.name.is_none() {
+                r.name = Some(svc_core::resource::CLUSTER_MAINTENANCE_CONFIG_NAME.to_owned());
+            }
+            let resources = auth
+                .get_resources(r.kind, r.name.as_deref(), with_secrets)
+                .await?;
             print_resources(&resources, format)?;
         }
         Command::Rm { reference } => {
             let r: ResourceRef = reference.parse()?;
-            let Some(name) = &r.name else { bail!("expected KIND/NAME, got {reference:?}") };
+            let Some(name) = &r.name else {
+                bail!("expected KIND/NAME, got {reference:?}")
+            };
             auth.delete_resource(r.kind, name).await?;
             println!("{r} has been deleted");
         }
-        Command::Users(Users::Add { name, roles, logins, password_stdin }) => {
+        Command::Users(Users::Add {
+            name,
+            roles,
+            logins,
+            password_stdin,
+        }) => {
             let (password, generated) = if password_stdin {
                 let mut s = String::new();
                 std::io::stdin().read_to_string(&mut s)?;
@@ -246,8 +284,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 ),
                 _ => {
                     println!("The invite token: {}", token.expose());
-                    println!("It admits: {}. It expires at Unix time {expires} and works once.", types.join(","));
-                    println!("The agent joins with this token and checks the CA pin {}.", status.ca_pin);
+                    println!(
+                        "It admits: {}. It expires at Unix time {expires} and works once.",
+                        types.join(",")
+                    );
+                    println!(
+                        "The agent joins with this token and checks the CA pin {}.",
+                        status.ca_pin
+                    );
                 }
             }
         }
@@ -258,8 +302,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .filter_map(|r| match r {
                     Resource::Token(t) => Some(vec![
                         t.value().expose().clone(),
-                        t.spec.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(","),
-                        t.metadata.expires.map(|e| e.to_string()).unwrap_or_else(|| "never".into()),
+                        t.spec
+                            .roles
+                            .iter()
+                            .map(|r| r.as_str())
+                            .collect::<Vec<_>>()
+                            .join(","),
+                        t.metadata
+                            .expires
+                            .map(|e| e.to_string())
+                            .unwrap_or_else(|| "never".into()),
                     ]),
                     _ => None,
                 })
@@ -271,7 +323,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("Token has been deleted");
         }
         Command::Inventory(Inventory::Ls { upgrader, format }) => {
-            let none = |s: &str| if s.is_empty() { "none".to_owned() } else { s.to_owned() };
+            let none = |s: &str| {
+                if s.is_empty() {
+                    "none".to_owned()
+                } else {
+                    s.to_owned()
+                }
+            };
             let rows: Vec<_> = auth
                 .inventory()
                 .await?
@@ -307,7 +365,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         })
                         .collect();
                     svc_bins::print_table(
-                        &["Server ID", "Hostname", "Services", "Version", "Upgrader", "Upgrader Version"],
+                        &[
+                            "Server ID",
+                            "Hostname",
+                            "Services",
+                            "Version",
+                            "Upgrader",
+                            "Upgrader Version",
+                        ],
                         &table,
                     );
                 }

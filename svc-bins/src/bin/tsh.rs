@@ -56,7 +56,9 @@ fn main() {
 
 fn read_password(user: &str) -> anyhow::Result<Secret> {
     if std::io::stdin().is_terminal() {
-        return Ok(Secret::new(rpassword::prompt_password(format!("Enter password for svc user {user}: "))?));
+        return Ok(Secret::new(rpassword::prompt_password(format!(
+            "Enter password for svc user {user}: "
+        ))?));
     }
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line)?;
@@ -65,14 +67,21 @@ fn read_password(user: &str) -> anyhow::Result<Secret> {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Login { proxy, user, insecure, ttl } => {
+        Command::Login {
+            proxy,
+            user,
+            insecure,
+            ttl,
+        } => {
             let user = match user.or_else(|| std::env::var("USER").ok()) {
                 Some(u) if !u.is_empty() => u,
                 _ => anyhow::bail!("no user name: pass --user"),
             };
             let password = read_password(&user)?;
             let rt = tokio::runtime::Runtime::new()?;
-            let identity = rt.block_on(svc_net::web::login::login_via_proxy(&proxy, insecure, None, &user, &password, ttl))?;
+            let identity = rt.block_on(svc_net::web::login::login_via_proxy(
+                &proxy, insecure, None, &user, &password, ttl,
+            ))?;
             let profile = Profile { proxy, identity };
             profile.save().context("saving the profile")?;
             print_status(&profile, Format::Text)
@@ -117,7 +126,12 @@ fn print_status(profile: &Profile, format: Format) -> anyhow::Result<()> {
             println!("  Logged in as: {}", user.username);
             println!("  Cluster:      {}", user.cluster);
             println!("  Roles:        {}", user.roles.join(", "));
-            let logins: Vec<&str> = user.logins.iter().map(String::as_str).filter(|l| !l.starts_with('-')).collect();
+            let logins: Vec<&str> = user
+                .logins
+                .iter()
+                .map(String::as_str)
+                .filter(|l| !l.starts_with('-'))
+                .collect();
             println!("  Logins:       {}", logins.join(", "));
             match left {
                 Some(d) => println!(

@@ -757,7 +757,10 @@ pub fn ca_pin_of_cert(der: &[u8]) -> Result<String, AuthError> {
     use sha2::{Digest, Sha256};
     let (_, cert) = x509_parser::parse_x509_certificate(der)
         .map_err(|e| AuthError::Invalid(format!("certificate: {e}")))?;
-    Ok(format!("sha256:{}", hex::encode(Sha256::digest(cert.public_key().raw))))
+    Ok(format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(cert.public_key().raw))
+    ))
 }
 
 fn redacted_ref(kind: Kind, name: &str) -> String {

@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
+use svc_core::Secret;
 use svc_core::auth::{Heartbeat, InventoryRow};
 use svc_core::identity::SystemRole;
 use svc_core::resource::{Kind, Resource, parse_resource};
-use svc_core::Secret;
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 
@@ -98,7 +98,9 @@ async fn channel(addr: &str, config: Arc<rustls::ClientConfig>) -> Result<Channe
             // The name is not checked (see the verifier); it only fills the SNI field.
             let name = ServerName::try_from("auth.svc")
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-            let tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await?;
+            let tls = tokio_rustls::TlsConnector::from(config)
+                .connect(name, tcp)
+                .await?;
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
         }
     });
@@ -122,11 +124,14 @@ impl AuthClient {
     /// Connects to the Auth API at `addr` (`host:port`) presenting `identity`, and checks that
     /// the server holds a host certificate with the `auth` role from the identity's cluster.
     pub async fn connect(addr: &str, identity: &ClientIdentity) -> Result<Self, ClientError> {
-        let config = client_config(ServerCheck::Cluster(identity.verifier()?), Some(identity.tls_parts()?))
-            .map_err(|e| ClientError::Connect {
-                addr: addr.to_owned(),
-                reason: e.to_string(),
-            })?;
+        let config = client_config(
+            ServerCheck::Cluster(identity.verifier()?),
+            Some(identity.tls_parts()?),
+        )
+        .map_err(|e| ClientError::Connect {
+            addr: addr.to_owned(),
+            reason: e.to_string(),
+        })?;
         Ok(Self {
             inner: proto::auth_client::AuthClient::new(channel(addr, config).await?),
         })
@@ -180,7 +185,11 @@ impl AuthClient {
 
     /// Creates (or with `overwrite`, replaces) the resources in `text` (YAML or JSON, several
     /// documents allowed). The server parses and validates them.
-    pub async fn put_resources(&mut self, text: &str, overwrite: bool) -> Result<Vec<proto::Written>, ClientError> {
+    pub async fn put_resources(
+        &mut self,
+        text: &str,
+        overwrite: bool,
+    ) -> Result<Vec<proto::Written>, ClientError> {
         Ok(self
             .inner
             .put_resources(proto::PutResourcesRequest {
@@ -257,7 +266,11 @@ impl AuthClient {
 
     /// Creates a join token for `roles` (`node`, `app`, `db`, `kube`, `windows_desktop`,
     /// `proxy`); returns its value and expiry (Unix seconds).
-    pub async fn create_token(&mut self, roles: &[String], ttl: Option<Duration>) -> Result<(Secret, i64), ClientError> {
+    pub async fn create_token(
+        &mut self,
+        roles: &[String],
+        ttl: Option<Duration>,
+    ) -> Result<(Secret, i64), ClientError> {
         let r = self
             .inner
             .create_token(proto::CreateTokenRequest {
@@ -311,10 +324,11 @@ pub struct JoinParams {
 /// token, and returns the agent's identity (host ID, certificates, fresh keys, trusted CAs),
 /// with `auth_addr` set to `addr`. Save it with [`ClientIdentity::save`].
 pub async fn join(addr: &str, params: JoinParams) -> Result<ClientIdentity, ClientError> {
-    let config = client_config(ServerCheck::Pin(params.ca_pin.clone()), None).map_err(|e| ClientError::Connect {
-        addr: addr.to_owned(),
-        reason: e.to_string(),
-    })?;
+    let config =
+        client_config(ServerCheck::Pin(params.ca_pin.clone()), None).map_err(|e| ClientError::Connect {
+            addr: addr.to_owned(),
+            reason: e.to_string(),
+        })?;
     let mut client = proto::auth_client::AuthClient::new(channel(addr, config).await?);
     let keys = KeyMaterial::generate()?;
     let certs = client
@@ -338,7 +352,9 @@ pub async fn join(addr: &str, params: JoinParams) -> Result<ClientIdentity, Clie
             .ok_or_else(|| ClientError::Invalid("no host CA in the join answer".into()))?;
         let found = host.ca_pin().map_err(|e| ClientError::Invalid(e.to_string()))?;
         if &found != pin {
-            return Err(ClientError::Invalid(format!("the host CA pin is {found}, expected {pin}")));
+            return Err(ClientError::Invalid(format!(
+                "the host CA pin is {found}, expected {pin}"
+            )));
         }
     }
     identity.auth_addr = addr.to_owned();

@@ -96,7 +96,11 @@ impl KeyMaterial {
     }
 
     /// Combines the keys with certificates issued in-process.
-    pub fn into_identity(self, certs: &IssuedCerts, cluster: &str) -> Result<ClientIdentity, IdentityFileError> {
+    pub fn into_identity(
+        self,
+        certs: &IssuedCerts,
+        cluster: &str,
+    ) -> Result<ClientIdentity, IdentityFileError> {
         let trusted = certs
             .trusted
             .iter()
@@ -279,12 +283,16 @@ impl ClientIdentity {
     }
 
     /// The certificate chain and key for a TLS client.
-    pub fn tls_parts(&self) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), IdentityFileError> {
+    pub fn tls_parts(
+        &self,
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), IdentityFileError> {
         let chain = rustls_pemfile::certs(&mut self.tls_cert_pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| IdentityFileError::Invalid(format!("certificate PEM: {e}")))?;
         if chain.is_empty() {
-            return Err(IdentityFileError::Invalid("no certificate in tls_cert_pem".into()));
+            return Err(IdentityFileError::Invalid(
+                "no certificate in tls_cert_pem".into(),
+            ));
         }
         let key = rustls_pemfile::private_key(&mut self.tls_key_pem.expose().as_bytes())
             .map_err(|_| IdentityFileError::Invalid("unreadable private key".into()))?

@@ -62,13 +62,21 @@ impl tonic::transport::server::Connected for AuthConn {
 }
 
 impl AsyncRead for AuthConn {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.0).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for AuthConn {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.0).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -81,7 +89,11 @@ impl AsyncWrite for AuthConn {
 
 /// Issues the Auth Service's own host identity (`auth` role; names: `localhost`, the loopback
 /// addresses and `extra_names`) with fresh keys.
-pub fn server_identity(auth: &AuthService, node_name: &str, extra_names: &[String]) -> Result<ClientIdentity, ServeError> {
+pub fn server_identity(
+    auth: &AuthService,
+    node_name: &str,
+    extra_names: &[String],
+) -> Result<ClientIdentity, ServeError> {
     let keys = KeyMaterial::generate()?;
     let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     for n in extra_names {
@@ -110,7 +122,11 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let (mut chain, key) = identity.tls_parts()?;
-    for ca in auth.trusted().iter().filter(|ca| ca.kind() == svc_core::identity::IdentityKind::Host) {
+    for ca in auth
+        .trusted()
+        .iter()
+        .filter(|ca| ca.kind() == svc_core::identity::IdentityKind::Host)
+    {
         chain.push(ca.tls_cert_der().clone());
     }
     let config = super::tls::server_config(auth.verifier(), chain, key)?;
@@ -146,7 +162,11 @@ pub async fn serve(
     let incoming = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
     // One service, so no router: tonic serves the generated server directly.
     tonic::transport::Server::builder()
-        .serve_with_incoming_shutdown(AuthServer::new(AuthGrpc { auth }), incoming, shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(
+            AuthServer::new(AuthGrpc { auth }),
+            incoming,
+            shutdown.cancelled_owned(),
+        )
         .await?;
     Ok(())
 }
@@ -200,7 +220,10 @@ fn certs_to_proto(certs: IssuedCerts, cluster: &str) -> Result<proto::Certs, Sta
     let internal = |e: String| Status::internal(e);
     let mut tls_ca_pems = Vec::new();
     let mut ssh_ca_keys = Vec::new();
-    for kind in [svc_core::identity::IdentityKind::Host, svc_core::identity::IdentityKind::User] {
+    for kind in [
+        svc_core::identity::IdentityKind::Host,
+        svc_core::identity::IdentityKind::User,
+    ] {
         for ca in certs.trusted.iter().filter(|ca| ca.kind() == kind) {
             let pem = trusted_pem(ca).map_err(|e| internal(e.to_string()))?;
             tls_ca_pems.push(pem.tls_cert_pem);
@@ -223,11 +246,13 @@ fn certs_to_proto(certs: IssuedCerts, cluster: &str) -> Result<proto::Certs, Sta
 }
 
 fn ssh_key(line: &str) -> Result<ssh_key::PublicKey, Status> {
-    ssh_key::PublicKey::from_openssh(line).map_err(|e| Status::invalid_argument(format!("ssh_public_key: {e}")))
+    ssh_key::PublicKey::from_openssh(line)
+        .map_err(|e| Status::invalid_argument(format!("ssh_public_key: {e}")))
 }
 
 fn kind(name: &str) -> Result<Kind, Status> {
-    name.parse::<Kind>().map_err(|e| Status::invalid_argument(e.to_string()))
+    name.parse::<Kind>()
+        .map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
 #[tonic::async_trait]
@@ -248,7 +273,10 @@ impl proto::auth_server::Auth for AuthGrpc {
         let roles = r
             .roles
             .iter()
-            .map(|s| s.parse::<SystemRole>().map_err(|e| Status::invalid_argument(e.to_string())))
+            .map(|s| {
+                s.parse::<SystemRole>()
+                    .map_err(|e| Status::invalid_argument(e.to_string()))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let join = JoinRequest {
             token: Secret::new(r.token),
@@ -263,7 +291,10 @@ impl proto::auth_server::Auth for AuthGrpc {
         Ok(Response::new(certs_to_proto(certs, self.auth.cluster())?))
     }
 
-    async fn heartbeat(&self, req: Request<proto::HeartbeatRequest>) -> Result<Response<proto::Empty>, Status> {
+    async fn heartbeat(
+        &self,
+        req: Request<proto::HeartbeatRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
         let caller = self.caller(&req).await?;
         let r = req.into_inner();
         let beat = Heartbeat {
@@ -276,7 +307,10 @@ impl proto::auth_server::Auth for AuthGrpc {
         Ok(Response::new(proto::Empty {}))
     }
 
-    async fn list_inventory(&self, req: Request<proto::Empty>) -> Result<Response<proto::InventoryList>, Status> {
+    async fn list_inventory(
+        &self,
+        req: Request<proto::Empty>,
+    ) -> Result<Response<proto::InventoryList>, Status> {
         let caller = self.caller(&req).await?;
         let rows = self.auth.inventory(&caller).await.map_err(status)?;
         Ok(Response::new(proto::InventoryList {
@@ -342,7 +376,10 @@ impl proto::auth_server::Auth for AuthGrpc {
         Ok(Response::new(proto::ResourceList { resources }))
     }
 
-    async fn delete_resource(&self, req: Request<proto::ResourceRef>) -> Result<Response<proto::Empty>, Status> {
+    async fn delete_resource(
+        &self,
+        req: Request<proto::ResourceRef>,
+    ) -> Result<Response<proto::Empty>, Status> {
         let caller = self.caller(&req).await?;
         let r = req.into_inner();
         self.auth
@@ -352,7 +389,10 @@ impl proto::auth_server::Auth for AuthGrpc {
         Ok(Response::new(proto::Empty {}))
     }
 
-    async fn create_user(&self, req: Request<proto::CreateUserRequest>) -> Result<Response<proto::Empty>, Status> {
+    async fn create_user(
+        &self,
+        req: Request<proto::CreateUserRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
         let caller = self.caller(&req).await?;
         let r = req.into_inner();
         let mut user = User::new(r.name, r.roles);
@@ -401,12 +441,19 @@ impl proto::auth_server::Auth for AuthGrpc {
                     .find(|j| j.as_str() == s)
                     .ok_or_else(|| {
                         let all: Vec<&str> = JoinRole::ALL.iter().map(|r| r.as_str()).collect();
-                        Status::invalid_argument(format!("unknown token type {s:?}, expected one of: {}", all.join(", ")))
+                        Status::invalid_argument(format!(
+                            "unknown token type {s:?}, expected one of: {}",
+                            all.join(", ")
+                        ))
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let ttl = (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds));
-        let token = self.auth.create_token(&caller, roles, ttl).await.map_err(status)?;
+        let token = self
+            .auth
+            .create_token(&caller, roles, ttl)
+            .await
+            .map_err(status)?;
         let expires = token.metadata.expires.map(|e| e.unix_timestamp()).unwrap_or(0);
         Ok(Response::new(proto::CreateTokenResponse {
             token: token.value().expose().clone(),
@@ -436,4 +483,3 @@ impl proto::auth_server::Auth for AuthGrpc {
         }
     }
 }
-

@@ -25,10 +25,11 @@ pub(super) fn server_config(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
 ) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
-    let clients = WebPkiClientVerifier::builder_with_provider(Arc::new(verifier.root_store(None)), provider())
-        .allow_unauthenticated()
-        .build()
-        .map_err(|e| rustls::Error::General(format!("client verifier: {e}")))?;
+    let clients =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(verifier.root_store(None)), provider())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| rustls::Error::General(format!("client verifier: {e}")))?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(clients)
@@ -73,9 +74,9 @@ impl ServerCertVerifier for AuthServerVerifier {
                     .map_err(|e| rustls::Error::General(format!("the Auth Service's certificate: {e}")))?;
             }
             ServerCheck::Pin(pin) => {
-                let ca = intermediates
-                    .last()
-                    .ok_or_else(|| rustls::Error::General("the Auth Service sent no CA certificate".into()))?;
+                let ca = intermediates.last().ok_or_else(|| {
+                    rustls::Error::General("the Auth Service sent no CA certificate".into())
+                })?;
                 let found = svc_core::auth::ca_pin_of_cert(ca)
                     .map_err(|e| rustls::Error::General(format!("the Auth Service's CA: {e}")))?;
                 if let Some(pin) = pin
@@ -112,7 +113,12 @@ impl ServerCertVerifier for AuthServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -121,11 +127,18 @@ impl ServerCertVerifier for AuthServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 

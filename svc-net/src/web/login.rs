@@ -83,10 +83,18 @@ async fn handle(auth: &AuthClient, auth_addr: &str, req: Request<Body>) -> Respo
     // serde_json's errors name a position, never the content: the password stays out of them.
     let body: LoginBody = match serde_json::from_slice(&bytes) {
         Ok(b) => b,
-        Err(e) => return json_error(StatusCode::BAD_REQUEST, &format!("expected a login JSON body: {e}")),
+        Err(e) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                &format!("expected a login JSON body: {e}"),
+            );
+        }
     };
     let Ok(tls_public_key) = base64::engine::general_purpose::STANDARD.decode(&body.tls_public_key) else {
-        return json_error(StatusCode::BAD_REQUEST, "tls_public_key: expected standard base64");
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "tls_public_key: expected standard base64",
+        );
     };
     let mut auth = auth.clone();
     let request = proto::LoginRequest {
@@ -110,8 +118,10 @@ async fn handle(auth: &AuthClient, auth_addr: &str, req: Request<Body>) -> Respo
                 auth_addr: auth_addr.to_owned(),
             };
             let mut resp = Response::new(full(serde_json::to_vec(&answer).unwrap_or_default()));
-            resp.headers_mut()
-                .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("application/json"),
+            );
             resp
         }
         Err(status) => {
@@ -208,7 +218,9 @@ pub async fn login_via_proxy(
         user: user.to_owned(),
         password: password.clone(),
         tls_public_key: base64::engine::general_purpose::STANDARD.encode(keys.tls_public_key()),
-        ssh_public_key: keys.ssh_public_key_line().map_err(|e| LoginError::Invalid(e.to_string()))?,
+        ssh_public_key: keys
+            .ssh_public_key_line()
+            .map_err(|e| LoginError::Invalid(e.to_string()))?,
         ttl_seconds: ttl.map(|t| t.as_secs()).unwrap_or(0),
     };
     let body = serde_json::to_vec(&body).map_err(|e| LoginError::Invalid(e.to_string()))?;
@@ -249,7 +261,10 @@ pub async fn login_via_proxy(
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| LoginError::Invalid(e.to_string()))?;
-    let resp = sender.send_request(req).await.map_err(|e| connect(e.to_string()))?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| connect(e.to_string()))?;
     let status = resp.status();
     let bytes = Limited::new(resp.into_body(), 1024 * 1024)
         .collect()
@@ -263,7 +278,8 @@ pub async fn login_via_proxy(
             .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
         return Err(LoginError::Refused { status, message });
     }
-    let answer: LoginAnswer = serde_json::from_slice(&bytes).map_err(|e| LoginError::Invalid(e.to_string()))?;
+    let answer: LoginAnswer =
+        serde_json::from_slice(&bytes).map_err(|e| LoginError::Invalid(e.to_string()))?;
     let auth_addr = answer.auth_addr.clone();
     let certs = proto::Certs {
         name: answer.name,
