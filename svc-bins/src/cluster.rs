@@ -162,17 +162,28 @@ pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Re
     let proxy = if config.proxy.enabled {
         let identity = host_identity(&auth, &config.svc.nodename, SystemRole::Proxy, auth_addr)?;
         let client = AuthClient::connect(&identity.auth_addr, &identity).await?;
-        let public_auth = config
-            .auth
-            .public_addrs
-            .first()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|| dialable(auth_addr).to_string());
         let settings = proxy_settings(config, tunnel_override);
-        let builder = ProxyBuilder::new(settings).web_mount(
+        // With TLS routing, signed-in clients reach the Auth API through the proxy's web port
+        // (ALPN `svc-auth@<cluster>`); otherwise at its public (or local) address.
+        let routed = settings.listener_mode.tls_routing();
+        let public_auth = (!routed).then(|| {
+            config
+                .auth
+                .public_addrs
+                .first()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| dialable(auth_addr).to_string())
+        });
+        let mut builder = ProxyBuilder::new(settings).web_mount(
             svc_net::web::login::LOGIN_PATH,
             svc_net::web::login::login_service(client, public_auth),
         );
+        if routed {
+            builder = builder.route_prefix(
+                svc_net::route::alpn::AUTH_PREFIX,
+                svc_net::auth::auth_route(dialable(auth_addr)),
+            );
+        }
         let builder = install_version_server(builder)?;
         Some(builder.bind().await?)
     } else {

@@ -119,6 +119,20 @@ async fn the_specification_procedures_word_for_word() {
         wrong.stderr
     );
     cluster.login("admin", PASSWORD).ok();
+    // The profile: private (0600), and tctl reaches the Auth API through the proxy's web port
+    // (TLS routing), not the Auth Service's own address.
+    let profile_path = cluster.home.join("profile.json");
+    let profile: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&profile_path).expect("profile")).expect("profile json");
+    assert_eq!(profile["identity"]["auth_addr"], cluster.web_addr.as_str());
+    assert_ne!(cluster.web_addr, cluster.auth_addr);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for file in [profile_path.clone(), cluster.data_dir.join("admin-identity.json")] {
+            let mode = std::fs::metadata(&file).expect("metadata").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{}", file.display());
+        }
+    }
     let status = cluster.tctl(&["status"]).ok();
     assert!(status.stdout.contains("Cluster:  e2e.test"), "{}", status.stdout);
     assert!(
@@ -277,6 +291,12 @@ async fn the_specification_procedures_word_for_word() {
     );
     cluster.tctl(&["users", "rm", "bob"]).ok();
     assert!(!cluster.login("bob", "bob-password").status.success());
+
+    // tsh logout removes the session; tctl then has nothing to act with but the admin identity
+    // of the default data directory, which is not this one.
+    cluster.tsh(&["logout"], None).ok();
+    assert!(!profile_path.exists());
+    assert!(!cluster.tsh(&["status"], None).status.success());
 }
 
 #[tokio::test(flavor = "multi_thread")]

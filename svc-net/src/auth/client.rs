@@ -121,10 +121,12 @@ pub struct AuthClient {
 }
 
 impl AuthClient {
-    /// Connects to the Auth API at `addr` (`host:port`) presenting `identity`, and checks that
+    /// Connects to the Auth API at `addr` (`host:port`: the Auth Service itself, or a proxy's
+    /// web port in TLS routing mode) presenting `identity`, and checks that
     /// the server holds a host certificate with the `auth` role from the identity's cluster.
     pub async fn connect(addr: &str, identity: &ClientIdentity) -> Result<Self, ClientError> {
         let config = client_config(
+            Some(&identity.cluster),
             ServerCheck::Cluster(identity.verifier()?),
             Some(identity.tls_parts()?),
         )
@@ -324,11 +326,12 @@ pub struct JoinParams {
 /// token, and returns the agent's identity (host ID, certificates, fresh keys, trusted CAs),
 /// with `auth_addr` set to `addr`. Save it with [`ClientIdentity::save`].
 pub async fn join(addr: &str, params: JoinParams) -> Result<ClientIdentity, ClientError> {
-    let config =
-        client_config(ServerCheck::Pin(params.ca_pin.clone()), None).map_err(|e| ClientError::Connect {
+    let config = client_config(None, ServerCheck::Pin(params.ca_pin.clone()), None).map_err(|e| {
+        ClientError::Connect {
             addr: addr.to_owned(),
             reason: e.to_string(),
-        })?;
+        }
+    })?;
     let mut client = proto::auth_client::AuthClient::new(channel(addr, config).await?);
     let keys = KeyMaterial::generate()?;
     let certs = client

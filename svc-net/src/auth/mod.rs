@@ -10,9 +10,12 @@
 //! Clients: [`AuthClient::connect`] with a [`ClientIdentity`] (an identity file: the admin
 //! identity the Auth Service writes, a `tsh` profile, or an agent's joined identity); an agent
 //! without one calls [`join`] with a token and the CA pin, then [`AuthClient::heartbeat`].
+//! Clients offer the ALPN [`alpn`]`(cluster)` before `h2`, so the same client reaches the Auth
+//! API directly (port 3025) or through a proxy's web port in TLS routing mode ([`auth_route`]).
 
 mod client;
 mod identity;
+mod route;
 mod server;
 mod tls;
 
@@ -24,6 +27,7 @@ pub mod proto {
 
 pub use client::{AuthClient, ClientError, JoinParams, join};
 pub use identity::{ClientIdentity, IdentityFileError, KeyMaterial, TrustedCaPem};
+pub use route::{alpn, auth_route};
 pub use server::{AuthGrpc, ServeError, serve, server_identity};
 
 /// The Auth Service's default port.

@@ -144,6 +144,7 @@ impl ServerCertVerifier for AuthServerVerifier {
 
 /// A client configuration: check the server with `check`; present `client` if given.
 pub(super) fn client_config(
+    cluster: Option<&str>,
     check: ServerCheck,
     client: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
 ) -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
@@ -158,6 +159,11 @@ pub(super) fn client_config(
         Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
         None => builder.with_no_client_auth(),
     };
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    // The routing ALPN first (a proxy routes on it), then h2 (what the Auth Service picks).
+    config.alpn_protocols = cluster
+        .map(|c| super::route::alpn(c).into_bytes())
+        .into_iter()
+        .chain([ALPN_H2.to_vec()])
+        .collect();
     Ok(Arc::new(config))
 }

@@ -59,12 +59,15 @@ pub struct LoginAnswer {
     pub ssh_ca_keys: Vec<String>,
     /// When the certificates end (Unix seconds).
     pub not_after_unix: i64,
-    /// The Auth API address clients such as `tctl` use with these certificates.
-    pub auth_addr: String,
+    /// The Auth API address clients such as `tctl` use with these certificates; absent: the
+    /// proxy itself (TLS routing carries the Auth API on its web port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_addr: Option<String>,
 }
 
-/// The `/webapi/login` handler: calls the Auth Service with the proxy's identity.
-pub fn login_service(auth: AuthClient, public_auth_addr: String) -> WebService {
+/// The `/webapi/login` handler: calls the Auth Service with the proxy's identity. Clients are
+/// told to reach the Auth API at `public_auth_addr`, or through this proxy when `None`.
+pub fn login_service(auth: AuthClient, public_auth_addr: Option<String>) -> WebService {
     let state = Arc::new((auth, public_auth_addr));
     web_service(tower::service_fn(move |req: Request<Body>| {
         let state = state.clone();
@@ -72,7 +75,7 @@ pub fn login_service(auth: AuthClient, public_auth_addr: String) -> WebService {
     }))
 }
 
-async fn handle(auth: &AuthClient, auth_addr: &str, req: Request<Body>) -> Response<ResponseBody> {
+async fn handle(auth: &AuthClient, auth_addr: &Option<String>, req: Request<Body>) -> Response<ResponseBody> {
     if req.method() != Method::POST {
         return json_error(StatusCode::METHOD_NOT_ALLOWED, "use POST on /webapi/login");
     }
@@ -115,7 +118,7 @@ async fn handle(auth: &AuthClient, auth_addr: &str, req: Request<Body>) -> Respo
                 tls_ca_pems: c.tls_ca_pems,
                 ssh_ca_keys: c.ssh_ca_keys,
                 not_after_unix: c.not_after_unix,
-                auth_addr: auth_addr.to_owned(),
+                auth_addr: auth_addr.clone(),
             };
             let mut resp = Response::new(full(serde_json::to_vec(&answer).unwrap_or_default()));
             resp.headers_mut().insert(
@@ -280,7 +283,7 @@ pub async fn login_via_proxy(
     }
     let answer: LoginAnswer =
         serde_json::from_slice(&bytes).map_err(|e| LoginError::Invalid(e.to_string()))?;
-    let auth_addr = answer.auth_addr.clone();
+    let auth_addr = answer.auth_addr.clone().unwrap_or_else(|| proxy.to_owned());
     let certs = proto::Certs {
         name: answer.name,
         tls_cert_pem: answer.tls_cert_pem,
