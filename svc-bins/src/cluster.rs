@@ -214,3 +214,57 @@ fn install_version_server(builder: ProxyBuilder) -> anyhow::Result<ProxyBuilder>
     );
     Ok(VersionHandler::new(resolver).install(builder))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_configuration_maps_onto_the_proxy_settings() {
+        let yaml = "version: v1\nsvc:\n  data_dir: /srv/svc\nauth_service:\n  cluster_name: example.com\n  proxy_listener_mode: separate\nproxy_service:\n  public_addr: proxy.example.com:443\n  web_listen_addr: 0.0.0.0:3080\n  tunnel_listen_addr: 0.0.0.0:3024\n  tunnel_public_addr: tunnel.example.com:3024\n  listen_addr: 0.0.0.0:3023\n  ssh_public_addr: ssh.example.com:3023\n  kube_listen_addr: 0.0.0.0:3026\n  postgres_listen_addr: 0.0.0.0:5432\n  mysql_listen_addr: 0.0.0.0:3036\n  automatic_upgrades_channels:\n    stable/cloud:\n      static_version: v17.0.1\n";
+        let config = Config::from_yaml_str_with_hostname(yaml, "h").unwrap();
+        let s = proxy_settings(
+            &config,
+            Some(Addr::parse_with_default_port("override:443", 3024).unwrap()),
+        );
+        assert_eq!(s.cluster_name, "example.com");
+        assert!(!s.listener_mode.tls_routing());
+        assert_eq!(s.web_listen_addr.to_string(), "0.0.0.0:3080");
+        assert_eq!(
+            s.web_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            Some("proxy.example.com:443")
+        );
+        assert_eq!(
+            s.ssh_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            Some("ssh.example.com:3023")
+        );
+        assert_eq!(
+            s.tunnel_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            Some("tunnel.example.com:3024")
+        );
+        assert_eq!(
+            s.tunnel_public_addr_override
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
+            Some("override:443")
+        );
+        assert!(s.kube_enabled);
+        assert!(s.postgres_listen_addr.is_some() && s.mysql_listen_addr.is_some());
+        assert!(s.channels.contains_key("stable/cloud"));
+        assert!(s.automatic_upgrades);
+        assert_eq!(
+            s.tls,
+            TlsSource::Generated {
+                data_dir: PathBuf::from("/srv/svc")
+            }
+        );
+    }
+
+    #[test]
+    fn svc_configure_prints_the_all_in_one_default() {
+        let text = svc_core::config::render_default_commented();
+        let parsed = Config::from_yaml_str_with_hostname(&text, "h").unwrap();
+        assert_eq!(parsed, Config::all_in_one_default_with_hostname("h"));
+    }
+}

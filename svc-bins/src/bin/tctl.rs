@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use svc_bins::output::{self, Format};
 use svc_core::Secret;
-use svc_core::resource::{Kind, Resource, ResourceRef, resources_to_json, resources_to_yaml};
+use svc_core::resource::{Kind, ResourceRef};
 use svc_net::auth::AuthClient;
 
 #[derive(Parser)]
@@ -26,13 +27,6 @@ struct Cli {
     config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Format {
-    Yaml,
-    Json,
-    Text,
 }
 
 #[derive(Subcommand)]
@@ -149,30 +143,6 @@ async fn client(cli: &Cli) -> anyhow::Result<AuthClient> {
     Ok(AuthClient::connect_with(&identity).await?)
 }
 
-fn print_resources(resources: &[Resource], format: Format) -> anyhow::Result<()> {
-    match format {
-        Format::Yaml => print!("{}", resources_to_yaml(resources)?),
-        Format::Json => println!("{}", resources_to_json(resources)?),
-        Format::Text => {
-            let rows: Vec<Vec<String>> = resources
-                .iter()
-                .map(|r| {
-                    vec![
-                        r.kind().to_string(),
-                        if r.kind() == Kind::Token {
-                            "***".into()
-                        } else {
-                            r.name().to_owned()
-                        },
-                    ]
-                })
-                .collect();
-            svc_bins::print_table(&["Kind", "Name"], &rows);
-        }
-    }
-    Ok(())
-}
-
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut auth = client(&cli).await?;
     match cli.command {
@@ -215,7 +185,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let resources = auth
                 .get_resources(r.kind, r.name.as_deref(), with_secrets)
                 .await?;
-            print_resources(&resources, format)?;
+            output::print_resources(&resources, format)?;
         }
         Command::Rm { reference } => {
             let r: ResourceRef = reference.parse()?;
@@ -250,20 +220,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("The new roles take effect when {name} signs in again (tsh login).");
         }
         Command::Users(Users::Ls { format }) => {
-            let users = auth.get_resources(Kind::User, None, false).await?;
-            match format {
-                Format::Text => {
-                    let rows: Vec<Vec<String>> = users
-                        .iter()
-                        .filter_map(|r| match r {
-                            Resource::User(u) => Some(vec![u.metadata.name.clone(), u.spec.roles.join(",")]),
-                            _ => None,
-                        })
-                        .collect();
-                    svc_bins::print_table(&["User", "Roles"], &rows);
-                }
-                other => print_resources(&users, other)?,
-            }
+            output::print_users(&auth.get_resources(Kind::User, None, false).await?, format)?;
         }
         Command::Users(Users::Rm { name }) => {
             auth.delete_resource(Kind::User, &name).await?;
@@ -296,87 +253,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Tokens(Tokens::Ls) => {
-            let tokens = auth.get_resources(Kind::Token, None, false).await?;
-            let rows: Vec<Vec<String>> = tokens
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::Token(t) => Some(vec![
-                        t.value().expose().clone(),
-                        t.spec
-                            .roles
-                            .iter()
-                            .map(|r| r.as_str())
-                            .collect::<Vec<_>>()
-                            .join(","),
-                        t.metadata
-                            .expires
-                            .map(|e| e.to_string())
-                            .unwrap_or_else(|| "never".into()),
-                    ]),
-                    _ => None,
-                })
-                .collect();
-            svc_bins::print_table(&["Token", "Type", "Expiry Time (UTC)"], &rows);
+            output::print_tokens(&auth.get_resources(Kind::Token, None, false).await?);
         }
         Command::Tokens(Tokens::Rm { token }) => {
             auth.delete_resource(Kind::Token, &token).await?;
             println!("Token has been deleted");
         }
         Command::Inventory(Inventory::Ls { upgrader, format }) => {
-            let none = |s: &str| {
-                if s.is_empty() {
-                    "none".to_owned()
-                } else {
-                    s.to_owned()
-                }
-            };
-            let rows: Vec<_> = auth
-                .inventory()
-                .await?
-                .into_iter()
-                .filter(|r| upgrader.as_deref().is_none_or(|u| none(&r.upgrader) == u))
-                .collect();
-            match format {
-                Format::Json | Format::Yaml => {
-                    let json: Vec<_> = rows
-                        .iter()
-                        .map(|r| {
-                            serde_json::json!({
-                                "server_id": r.server_id, "hostname": r.hostname, "services": r.services,
-                                "version": r.version, "upgrader": none(&r.upgrader),
-                                "upgrader_version": none(&r.upgrader_version),
-                            })
-                        })
-                        .collect();
-                    println!("{}", serde_json::to_string_pretty(&json)?);
-                }
-                Format::Text => {
-                    let table: Vec<Vec<String>> = rows
-                        .iter()
-                        .map(|r| {
-                            vec![
-                                r.server_id.clone(),
-                                none(&r.hostname),
-                                none(&r.services.join(",")),
-                                none(&r.version),
-                                none(&r.upgrader),
-                                none(&r.upgrader_version),
-                            ]
-                        })
-                        .collect();
-                    svc_bins::print_table(
-                        &[
-                            "Server ID",
-                            "Hostname",
-                            "Services",
-                            "Version",
-                            "Upgrader",
-                            "Upgrader Version",
-                        ],
-                        &table,
-                    );
-                }
-            }
+            output::print_inventory(auth.inventory().await?, upgrader.as_deref(), format)?;
         }
     }
     Ok(())

@@ -324,3 +324,66 @@ pub(super) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), IdentityFil
     file.sync_all().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use svc_core::auth::AuthService;
+    use svc_core::backend::MemoryBackend;
+    use svc_core::identity::HostCertRequest;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn identity_files_round_trip_privately_and_never_print_keys() {
+        let auth = AuthService::open(
+            Arc::new(MemoryBackend::new()),
+            "id.test",
+            Arc::new(svc_core::SystemClock),
+        )
+        .await
+        .unwrap();
+        let keys = KeyMaterial::generate().unwrap();
+        let req = HostCertRequest {
+            host_uuid: uuid::Uuid::new_v4(),
+            node_name: "n".into(),
+            roles: vec![svc_core::identity::SystemRole::Node],
+            additional_names: vec![],
+            ttl: Duration::from_secs(60),
+        };
+        let certs = auth
+            .issue_host_certs(&req, &keys.tls_public_key(), keys.ssh_public_key())
+            .unwrap();
+        let identity = keys.into_identity(&certs, "id.test").unwrap();
+        assert_eq!(identity.trusted.len(), 2);
+        let debug = format!("{identity:?}");
+        assert!(!debug.contains("PRIVATE"), "{debug}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub").join("identity.json");
+        identity.save(&path).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+                0o600
+            );
+        }
+        let loaded = ClientIdentity::load(&path).unwrap();
+        assert_eq!(loaded.tls_cert_pem, identity.tls_cert_pem);
+        assert_eq!(loaded.tls_key_pem.expose(), identity.tls_key_pem.expose());
+        let (chain, _) = loaded.tls_parts().unwrap();
+        let host = loaded
+            .verifier()
+            .unwrap()
+            .verify_host_x509(&chain, SystemTime::now(), None)
+            .unwrap();
+        assert_eq!(host.host_id, identity.name);
+
+        std::fs::write(&path, b"{\"cluster\": 1}").unwrap();
+        let err = ClientIdentity::load(&path).unwrap_err().to_string();
+        assert!(err.contains("not an identity file"), "{err}");
+    }
+}
