@@ -322,11 +322,12 @@ pub struct JoinParams {
     pub additional_names: Vec<String>,
 }
 
-/// Joins the cluster at `addr`: checks the Auth Service's CA against the pin, presents the
+/// Joins the cluster at `addr` (the Auth Service, or a proxy's web port in TLS routing mode:
+/// the agent does not know the cluster name yet, so it offers the bare `svc-auth@` ALPN): checks the Auth Service's CA against the pin, presents the
 /// token, and returns the agent's identity (host ID, certificates, fresh keys, trusted CAs),
 /// with `auth_addr` set to `addr`. Save it with [`ClientIdentity::save`].
 pub async fn join(addr: &str, params: JoinParams) -> Result<ClientIdentity, ClientError> {
-    let config = client_config(None, ServerCheck::Pin(params.ca_pin.clone()), None).map_err(|e| {
+    let config = client_config(Some(""), ServerCheck::Pin(params.ca_pin.clone()), None).map_err(|e| {
         ClientError::Connect {
             addr: addr.to_owned(),
             reason: e.to_string(),

@@ -282,6 +282,18 @@ impl ClientIdentity {
             .map_err(|e| IdentityFileError::Invalid(format!("trusted CAs: {e}")))
     }
 
+    /// The OpenSSH private key (for the reverse tunnel or SSH access).
+    pub fn ssh_private_key(&self) -> Result<PrivateKey, IdentityFileError> {
+        PrivateKey::from_openssh(self.ssh_key.expose())
+            .map_err(|_| IdentityFileError::Invalid("unreadable SSH private key".into()))
+    }
+
+    /// The OpenSSH certificate.
+    pub fn ssh_certificate(&self) -> Result<ssh_key::Certificate, IdentityFileError> {
+        ssh_key::Certificate::from_openssh(&self.ssh_cert)
+            .map_err(|e| IdentityFileError::Invalid(format!("SSH certificate: {e}")))
+    }
+
     /// The certificate chain and key for a TLS client.
     pub fn tls_parts(
         &self,
@@ -381,6 +393,11 @@ mod tests {
             .verify_host_x509(&chain, SystemTime::now(), None)
             .unwrap();
         assert_eq!(host.host_id, identity.name);
+        let ssh_cert = loaded.ssh_certificate().unwrap();
+        assert_eq!(
+            ssh_cert.public_key(),
+            loaded.ssh_private_key().unwrap().public_key().key_data()
+        );
 
         std::fs::write(&path, b"{\"cluster\": 1}").unwrap();
         let err = ClientIdentity::load(&path).unwrap_err().to_string();
