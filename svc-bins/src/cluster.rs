@@ -150,7 +150,7 @@ pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Re
     let serve_auth = auth.clone();
     let serve_shutdown = shutdown.clone();
     let auth_task = tokio::spawn(async move {
-        if let Err(e) = svc_net::auth::serve(listener, serve_auth, &server_identity, serve_shutdown).await {
+        if let Err(e) = svc_net::auth::serve(listener, serve_auth, server_identity, serve_shutdown).await {
             tracing::error!(error = %e, "auth API stopped");
         }
     });

@@ -36,7 +36,7 @@ async fn server() -> Server {
     let addr = listener.local_addr().unwrap().to_string();
     let shutdown = CancellationToken::new();
     let (a, s) = (auth.clone(), shutdown.clone());
-    tokio::spawn(async move { svc_net::auth::serve(listener, a, &identity, s).await.unwrap() });
+    tokio::spawn(async move { svc_net::auth::serve(listener, a, identity, s).await.unwrap() });
     let host_ca = CertAuthority::load(backend.as_ref(), IdentityKind::Host, CLUSTER)
         .await
         .unwrap()

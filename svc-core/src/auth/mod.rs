@@ -52,9 +52,11 @@ pub const HOST_CERT_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 pub const USER_CERT_TTL: Duration = Duration::from_secs(12 * 3600);
 /// The default lifetime of a join token.
 pub const TOKEN_TTL: Duration = Duration::from_secs(30 * 60);
-/// An inventory row disappears when no heartbeat arrived for this long (three missed
-/// heartbeats at the agents' 30 s interval).
-pub const HEARTBEAT_TTL: Duration = Duration::from_secs(90);
+/// How often agents heartbeat ([`AuthService::heartbeat`]).
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+/// An inventory row disappears when no heartbeat arrived for this long: three missed
+/// heartbeats.
+pub const HEARTBEAT_TTL: Duration = Duration::from_secs(3 * HEARTBEAT_INTERVAL.as_secs());
 
 /// Why an Auth Service call failed. Messages never contain secrets.
 #[derive(Debug, thiserror::Error)]

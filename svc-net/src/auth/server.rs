@@ -118,7 +118,7 @@ pub fn server_identity(
 pub async fn serve(
     listener: TcpListener,
     auth: Arc<AuthService>,
-    identity: &ClientIdentity,
+    identity: ClientIdentity,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let (mut chain, key) = identity.tls_parts()?;
