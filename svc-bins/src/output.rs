@@ -138,7 +138,10 @@ pub fn print_inventory(
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        match format {
+            Format::Yaml => print!("{}", serde_yaml_ng::to_string(&json)?),
+            _ => println!("{}", serde_json::to_string_pretty(&json)?),
+        }
         return Ok(());
     }
     let table: Vec<Vec<String>> = rows

@@ -27,7 +27,7 @@ enum Command {
     /// Sign in through the proxy (password from the terminal, or from standard input when it is
     /// not a terminal).
     Login {
-        /// The proxy's web address, host:port.
+        /// The proxy's web address, host[:port] (default port 3080).
         #[arg(long)]
         proxy: String,
         /// The user name (default: $USER).
@@ -77,6 +77,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Some(u) if !u.is_empty() => u,
                 _ => anyhow::bail!("no user name: pass --user"),
             };
+            // `host` alone means the default web port.
+            let proxy = svc_core::Addr::parse_with_default_port(&proxy, 3080)
+                .with_context(|| format!("--proxy {proxy}"))?
+                .to_string();
             let password = read_password(&user)?;
             let rt = tokio::runtime::Runtime::new()?;
             let identity = rt.block_on(svc_net::web::login::login_via_proxy(

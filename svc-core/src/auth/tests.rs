@@ -289,3 +289,149 @@ async fn the_pin_of_the_ca_certificate_is_the_status_pin() {
     assert_eq!(ca_pin_of_cert(host_ca.tls_cert_der()).unwrap(), f.auth.ca_pin());
     assert_eq!(f.auth.status(&admin(&f.auth)).ca_pin, f.auth.ca_pin());
 }
+
+#[tokio::test]
+async fn two_agents_racing_with_one_token_get_one_identity() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let token = f
+        .auth
+        .create_token(&admin, vec![JoinRole::Node], None)
+        .await
+        .unwrap();
+    let request = || {
+        let (tls, ssh) = keys();
+        JoinRequest {
+            token: token.value().clone(),
+            node_name: "racer".into(),
+            roles: vec![SystemRole::Node],
+            additional_names: vec![],
+            tls_public_key: tls,
+            ssh_public_key: ssh,
+        }
+    };
+    let (a, b) = (request(), request());
+    let (ra, rb) = tokio::join!(f.auth.join(&a), f.auth.join(&b));
+    assert_eq!(ra.is_ok() as u8 + rb.is_ok() as u8, 1, "{ra:?} {rb:?}");
+    // A spent token no longer lists.
+    assert!(
+        f.auth
+            .list_resources(&admin, Kind::Token, false)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// Every resource call checks its verb on its kind: a user whose only role allows `read` on
+/// roles may read one role and nothing else, and each denial names the verb and the kind.
+#[tokio::test]
+async fn every_call_checks_its_verb_on_its_kind() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let reader_role = "kind: role\nversion: v7\nmetadata:\n  name: role-reader\nspec:\n  allow:\n    rules:\n    - resources: [role]\n      verbs: [read]\n";
+    f.auth
+        .put_resources(&admin, parse_resources(reader_role).unwrap(), false)
+        .await
+        .unwrap();
+    f.auth
+        .create_user(
+            &admin,
+            User::new("rita", ["role-reader"]),
+            &Secret::new("password123".into()),
+        )
+        .await
+        .unwrap();
+    f.auth
+        .put_resources(&admin, parse_resources(MAINTENANCE).unwrap(), false)
+        .await
+        .unwrap();
+    let rita = login(&f, "rita", "password123").await.unwrap();
+    let denied = |r: Result<(), AuthError>, verb: &str, kind: &str| match r {
+        Err(AuthError::AccessDenied(d)) => {
+            assert_eq!(
+                d.to_string(),
+                format!("access denied to perform action \"{verb}\" on \"{kind}\"")
+            )
+        }
+        other => panic!("{verb} {kind}: expected a denial, got {other:?}"),
+    };
+    f.auth
+        .get_resource(&rita, Kind::Role, "editor", false)
+        .await
+        .unwrap();
+    let samples = [
+        (Kind::Role, "editor", reader_role.to_owned()),
+        (
+            Kind::ClusterMaintenanceConfig,
+            "cluster-maintenance-config",
+            MAINTENANCE.to_owned(),
+        ),
+        (
+            Kind::User,
+            "rita",
+            "kind: user\nversion: v2\nmetadata:\n  name: rita\nspec:\n  roles: [editor]\n".to_owned(),
+        ),
+    ];
+    for (kind, name, text) in samples {
+        let k = kind.as_str();
+        if kind != Kind::Role {
+            denied(
+                f.auth.get_resource(&rita, kind, name, false).await.map(drop),
+                "read",
+                k,
+            );
+        }
+        denied(
+            f.auth.list_resources(&rita, kind, false).await.map(drop),
+            "list",
+            k,
+        );
+        denied(
+            f.auth
+                .put_resources(&rita, parse_resources(&text).unwrap(), true)
+                .await
+                .map(drop),
+            "update",
+            k,
+        );
+        denied(f.auth.delete_resource(&rita, kind, name).await, "delete", k);
+    }
+    let new_role = SPEC_ROLE.replace("maintenance-admin", "brand-new");
+    denied(
+        f.auth
+            .put_resources(&rita, parse_resources(&new_role).unwrap(), false)
+            .await
+            .map(drop),
+        "create",
+        "role",
+    );
+    denied(
+        f.auth
+            .set_user_roles(&rita, "rita", vec!["editor".into()])
+            .await
+            .map(drop),
+        "update",
+        "user",
+    );
+    denied(
+        f.auth
+            .create_user(
+                &rita,
+                User::new("eve", ["editor"]),
+                &Secret::new("password123".into()),
+            )
+            .await,
+        "create",
+        "user",
+    );
+    denied(
+        f.auth
+            .create_token(&rita, vec![JoinRole::Node], None)
+            .await
+            .map(drop),
+        "create",
+        "token",
+    );
+    denied(f.auth.inventory(&rita).await.map(drop), "list", "inventory");
+}
