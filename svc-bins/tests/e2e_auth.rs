@@ -390,7 +390,7 @@ async fn acknowledged_writes_survive_kill_9() {
         w.await.expect("writer");
     }
     let acked = acked.lock().expect("lock").clone();
-    let dir = cluster.path().to_owned();
+    let dir = cluster.take_dir();
     drop(cluster);
 
     let cluster = Cluster::start_in(dir, "warn");

@@ -12,6 +12,7 @@ pub const TSH: &str = env!("CARGO_BIN_EXE_tsh");
 /// One `svc start` process on free loopback ports, with its data and `SVC_HOME` in `dir`.
 pub struct Cluster {
     pub dir: PathBuf,
+    tmp: Option<tempfile::TempDir>,
     pub data_dir: PathBuf,
     pub home: PathBuf,
     pub auth_addr: String,
@@ -51,12 +52,12 @@ impl From<Output> for Run {
 impl Cluster {
     /// Starts `svc start --config` in a fresh directory.
     pub fn start(severity: &str) -> Cluster {
-        let dir = tempfile::tempdir().expect("tempdir").keep();
-        Self::start_in(dir, severity)
+        Self::start_in(tempfile::tempdir().expect("tempdir"), severity)
     }
 
-    /// Starts (or restarts) `svc` on the data in `dir`.
-    pub fn start_in(dir: PathBuf, severity: &str) -> Cluster {
+    /// Starts (or restarts) `svc` on the data in `tmp` (removed when the cluster is dropped).
+    pub fn start_in(tmp: tempfile::TempDir, severity: &str) -> Cluster {
+        let dir = tmp.path().to_owned();
         let data_dir = dir.join("data");
         let home = dir.join("home");
         let config = dir.join("svc.yaml");
@@ -103,6 +104,7 @@ impl Cluster {
         std::thread::spawn(move || for _ in lines {});
         Cluster {
             dir,
+            tmp: Some(tmp),
             data_dir,
             home,
             auth_addr,
@@ -206,6 +208,12 @@ impl Cluster {
 
     pub fn path(&self) -> &Path {
         &self.dir
+    }
+
+    /// Takes the directory (to restart on it) after stopping the process.
+    pub fn take_dir(&mut self) -> tempfile::TempDir {
+        self.kill9();
+        self.tmp.take().expect("directory already taken")
     }
 }
 
