@@ -2,3 +2,6 @@
 //! and the Linux and Kubernetes updaters.
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
+
+#[cfg(feature = "kube")]
+pub mod kube;
