@@ -17,7 +17,11 @@ fn chart_lints_renders_and_validates() -> anyhow::Result<()> {
     let output = Command::new("bash").arg(&script).output()?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{}\n{stdout}\n{stderr}", script.display());
+    assert!(
+        output.status.success(),
+        "{}\n{stdout}\n{stderr}",
+        script.display()
+    );
     assert!(stdout.contains("enterprise-false-with-updater-fails"), "{stdout}");
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
     Ok(())

@@ -13,6 +13,7 @@ use std::{
 };
 
 use serde_json::{Value, json};
+use support::{Logs, fake_apiserver::FakeApiServer, version_server::VersionServer, wait_until};
 use svc_core::{
     clock::{Clock, ManualClock},
     maintenance::Window,
@@ -25,7 +26,6 @@ use svc_update::kube::{
     schedule::{read_schedule, write_windows},
     target::{TargetSource, channel_base_url},
 };
-use support::{Logs, fake_apiserver::FakeApiServer, version_server::VersionServer, wait_until};
 
 const NS: &str = "svc";
 const AGENT: &str = "svc-agent";
@@ -140,7 +140,10 @@ impl Harness {
         Arc::new(Context {
             client: self.api.client(NS),
             config,
-            target: Arc::new(HttpTargetSource::new(channel_base_url(&self.versions.url(), CHANNEL))),
+            target: Arc::new(HttpTargetSource::new(channel_base_url(
+                &self.versions.url(),
+                CHANNEL,
+            ))),
             clock: self.clock.clone(),
             metrics,
         })
@@ -200,9 +203,17 @@ async fn resyncs_periodically_and_no_new_version_leaves_the_workload_untouched()
     wait_until("three reconciles", || h.reconciles() >= 3).await;
     // One watch event (the initial list) and three reconciles: the rest came from the resync.
     assert_eq!(load(&h.metrics.no_new_version), h.reconciles());
-    assert_eq!(h.workload_patches(), 0, "no new version must send no write at all");
+    assert_eq!(
+        h.workload_patches(),
+        0,
+        "no new version must send no write at all"
+    );
     assert_eq!(image_of(&h.api, "StatefulSet"), format!("{BASE}:17.0.0"));
-    assert!(h.logs.text().contains("no new version available"), "{}", h.logs.text());
+    assert!(
+        h.logs.text().contains("no new version available"),
+        "{}",
+        h.logs.text()
+    );
 }
 
 #[tokio::test]
@@ -222,7 +233,8 @@ async fn trigger_annotation_reconciles_at_once() {
     assert_eq!(h.reconciles(), 1);
     // A new critical version appears; with a one-hour sync period only an event can react now.
     h.versions.set("v17.0.1", true);
-    h.annotate("StatefulSet", "debug.svc.dev/trigger-event", "1").await;
+    h.annotate("StatefulSet", "debug.svc.dev/trigger-event", "1")
+        .await;
     wait_until("the triggered update", || load(&h.metrics.updates) == 1).await;
     assert_eq!(image_of(&h.api, "StatefulSet"), format!("{BASE}:17.0.1"));
 }
@@ -238,8 +250,12 @@ async fn skip_annotation_suspends_updates() {
     let mut h = Harness::new(obj, vec![], "v17.1.0", true).await;
     h.run(config(WorkloadKind::StatefulSet));
     wait_until("a skipped reconcile", || load(&h.metrics.skipped) >= 1).await;
-    h.annotate("StatefulSet", "debug.svc.dev/trigger-event", "1").await;
-    wait_until("the triggered skipped reconcile", || load(&h.metrics.skipped) >= 2).await;
+    h.annotate("StatefulSet", "debug.svc.dev/trigger-event", "1")
+        .await;
+    wait_until("the triggered skipped reconcile", || {
+        load(&h.metrics.skipped) >= 2
+    })
+    .await;
     assert_eq!(load(&h.metrics.updates), 0);
     // Only the test's own annotation patch: the controller wrote nothing.
     assert_eq!(h.workload_patches(), 1);
@@ -266,7 +282,10 @@ async fn critical_update_applies_outside_the_window() {
         .unwrap();
     assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
     let obj = h.api.get("StatefulSet", NS, AGENT).unwrap();
-    assert_eq!(obj["spec"]["template"]["spec"]["containers"][0]["image"], "busybox:1.36");
+    assert_eq!(
+        obj["spec"]["template"]["spec"]["containers"][0]["image"],
+        "busybox:1.36"
+    );
     // The update's own watch event reconciles again and finds nothing more to do.
     wait_until("the follow-up reconcile", || load(&h.metrics.no_new_version) >= 1).await;
     assert_eq!(load(&h.metrics.updates), 1);
@@ -278,9 +297,17 @@ async fn window_from_the_secret_gates_non_critical_updates() {
     let now = h.clock.now();
     let hour = Duration::from_secs(3600);
     // The agent exported a schedule whose next window starts in an hour.
-    write_windows(h.api.client(NS), NS, "svc-agent-shared-state", &[Window { start: now + hour, end: now + 2 * hour }])
-        .await
-        .unwrap();
+    write_windows(
+        h.api.client(NS),
+        NS,
+        "svc-agent-shared-state",
+        &[Window {
+            start: now + hour,
+            end: now + 2 * hour,
+        }],
+    )
+    .await
+    .unwrap();
     h.run(config(WorkloadKind::StatefulSet));
     wait_until("a skipped reconcile", || load(&h.metrics.skipped) >= 1).await;
     assert_eq!(h.workload_patches(), 0);
@@ -291,7 +318,8 @@ async fn window_from_the_secret_gates_non_critical_updates() {
     );
     // Time moves into the window; the next reconcile (here triggered) updates.
     h.clock.set(now + hour + Duration::from_secs(60));
-    h.annotate("StatefulSet", "debug.svc.dev/trigger-event", "1").await;
+    h.annotate("StatefulSet", "debug.svc.dev/trigger-event", "1")
+        .await;
     wait_until("the update", || load(&h.metrics.updates) == 1).await;
     assert_eq!(image_of(&h.api, "StatefulSet"), format!("{BASE}:17.1.0"));
 }
@@ -320,18 +348,27 @@ async fn recently_unready_pods_do_not_count_as_unhealthy() {
 async fn version_server_down_leaves_the_workload_unchanged_and_retries() {
     let mut h = Harness::new(sts("17.0.0"), vec![], "v17.1.0", true).await;
     // A port nobody listens on.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let mut ctx_config = config(WorkloadKind::StatefulSet);
     ctx_config.retry_after = Duration::from_millis(20);
     let ctx = Arc::new(Context {
         client: h.api.client(NS),
         config: ctx_config,
-        target: Arc::new(HttpTargetSource::new(channel_base_url(&format!("http://{closed}"), CHANNEL))),
+        target: Arc::new(HttpTargetSource::new(channel_base_url(
+            &format!("http://{closed}"),
+            CHANNEL,
+        ))),
         clock: h.clock.clone(),
         metrics: h.metrics.clone(),
     });
     h.task = Some(tokio::spawn(controller::run(ctx)));
-    wait_until("two failed reconciles (retried)", || load(&h.metrics.reconciles_failed) >= 2).await;
+    wait_until("two failed reconciles (retried)", || {
+        load(&h.metrics.reconciles_failed) >= 2
+    })
+    .await;
     assert_eq!(h.workload_patches(), 0);
     assert_eq!(h.reconciles(), 0);
     assert!(h.logs.text().contains("reconcile failed, the agent is unchanged"));
@@ -343,7 +380,11 @@ async fn malformed_version_is_an_error_not_an_update() {
     h.run(config(WorkloadKind::StatefulSet));
     wait_until("a failed reconcile", || load(&h.metrics.reconciles_failed) >= 1).await;
     assert_eq!(h.workload_patches(), 0);
-    assert!(h.logs.text().contains("expected v<major>.<minor>.<patch> or none"));
+    assert!(
+        h.logs
+            .text()
+            .contains("expected v<major>.<minor>.<patch> or none")
+    );
 }
 
 #[tokio::test]
@@ -387,8 +428,14 @@ async fn stuck_statefulset_rollout_loses_its_unhealthy_old_pods() {
     let mut h = Harness::new(obj, pods, "v17.1.0", false).await;
     h.run(config(WorkloadKind::StatefulSet));
     wait_until("the stuck pod deleted", || load(&h.metrics.pods_deleted) == 1).await;
-    assert!(h.api.get("Pod", NS, "svc-agent-1").is_none(), "old revision, not ready: deleted");
-    assert!(h.api.get("Pod", NS, "svc-agent-0").is_some(), "new revision: kept");
+    assert!(
+        h.api.get("Pod", NS, "svc-agent-1").is_none(),
+        "old revision, not ready: deleted"
+    );
+    assert!(
+        h.api.get("Pod", NS, "svc-agent-0").is_some(),
+        "new revision: kept"
+    );
     assert!(h.api.get("Pod", NS, "svc-agent-2").is_some(), "ready: kept");
     assert_eq!(h.workload_patches(), 0);
 }
@@ -407,12 +454,15 @@ async fn watch_survives_410_gone() {
         h.api
             .requests()
             .iter()
-            .filter(|r| r.method == "GET" && r.path.ends_with("/statefulsets") && !r.query.contains("watch=true"))
+            .filter(|r| {
+                r.method == "GET" && r.path.ends_with("/statefulsets") && !r.query.contains("watch=true")
+            })
             .count()
     };
     let lists_before = lists(&h);
     wait_until("a relist after 410 Gone", || lists(&h) > lists_before).await;
-    h.annotate("StatefulSet", "debug.svc.dev/trigger-event", "2").await;
+    h.annotate("StatefulSet", "debug.svc.dev/trigger-event", "2")
+        .await;
     wait_until("the triggered update", || load(&h.metrics.updates) == 1).await;
 }
 
@@ -433,18 +483,33 @@ async fn two_replicas_with_leader_election_only_one_acts() {
         tasks.push(tokio::spawn(elector.run(controller::run(ctx))));
         metrics.push(m);
     }
-    wait_until("an update", || metrics.iter().map(|m| load(&m.updates)).sum::<u64>() >= 1).await;
-    let leader = metrics.iter().position(|m| m.leader.load(Ordering::Relaxed)).expect("a leader");
+    wait_until("an update", || {
+        metrics.iter().map(|m| load(&m.updates)).sum::<u64>() >= 1
+    })
+    .await;
+    let leader = metrics
+        .iter()
+        .position(|m| m.leader.load(Ordering::Relaxed))
+        .expect("a leader");
     let standby = 1 - leader;
     // Let the standby try the Lease several more times while the leader renews.
     let seen = load(&metrics[standby].lease_attempts);
-    wait_until("standby retries", || load(&metrics[standby].lease_attempts) >= seen + 5).await;
+    wait_until("standby retries", || {
+        load(&metrics[standby].lease_attempts) >= seen + 5
+    })
+    .await;
     assert!(!metrics[standby].leader.load(Ordering::Relaxed));
-    assert_eq!(load(&metrics[standby].reconciles_ok) + load(&metrics[standby].reconciles_failed), 0);
+    assert_eq!(
+        load(&metrics[standby].reconciles_ok) + load(&metrics[standby].reconciles_failed),
+        0
+    );
     assert_eq!(load(&metrics[leader].updates), 1);
     assert_eq!(h.workload_patches(), 1);
     let lease = h.api.get("Lease", NS, "svc-agent-updater").unwrap();
-    assert_eq!(lease["spec"]["holderIdentity"], ["replica-a", "replica-b"][leader]);
+    assert_eq!(
+        lease["spec"]["holderIdentity"],
+        ["replica-a", "replica-b"][leader]
+    );
     for t in tasks {
         t.abort();
     }
@@ -489,10 +554,18 @@ async fn leader_that_loses_its_lease_stops_acting() {
     let task = tokio::spawn(elector.run(controller::run(ctx)));
     wait_until("leadership", || m.leader.load(Ordering::Relaxed)).await;
     // Another replica writes itself into the Lease.
-    h.api.merge("Lease", NS, "lease", json!({"spec": {"holderIdentity": "intruder"}}));
+    h.api.merge(
+        "Lease",
+        NS,
+        "lease",
+        json!({"spec": {"holderIdentity": "intruder"}}),
+    );
     let result = task.await.unwrap();
     let err = result.expect_err("leadership lost");
-    assert!(err.to_string().contains("another replica holds the lease"), "{err}");
+    assert!(
+        err.to_string().contains("another replica holds the lease"),
+        "{err}"
+    );
     assert!(!m.leader.load(Ordering::Relaxed));
 }
 
@@ -507,11 +580,22 @@ async fn agent_schedule_export_creates_then_merges_the_secret() {
         .unwrap();
     assert_eq!(h.api.count("POST", "/secrets"), 1, "created when missing");
     // Another key of the shared state is kept by the next export's merge patch.
-    h.api.merge("Secret", NS, "svc-agent-shared-state", json!({"data": {"other": "eA=="}}));
+    h.api.merge(
+        "Secret",
+        NS,
+        "svc-agent-shared-state",
+        json!({"data": {"other": "eA=="}}),
+    );
     let later = now + Duration::from_secs(86_400);
-    svc_update::kube::schedule::export_schedule(client.clone(), NS, "svc-agent-shared-state", &schedule, later)
-        .await
-        .unwrap();
+    svc_update::kube::schedule::export_schedule(
+        client.clone(),
+        NS,
+        "svc-agent-shared-state",
+        &schedule,
+        later,
+    )
+    .await
+    .unwrap();
     let secret = h.api.get("Secret", NS, "svc-agent-shared-state").unwrap();
     assert_eq!(secret["data"]["other"], "eA==");
     let windows = read_schedule(client, NS, "svc-agent-shared-state").await.unwrap();
@@ -519,7 +603,10 @@ async fn agent_schedule_export_creates_then_merges_the_secret() {
     let raw = secret["data"]["agent-maintenance-schedule"].as_str().unwrap();
     use base64::Engine as _;
     let text = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(raw).unwrap()).unwrap();
-    assert!(text.starts_with(r#"{"windows":[{"start":"2024-01-02T03:00:00Z","stop":"2024-01-02T04:00:00Z"}"#), "{text}");
+    assert!(
+        text.starts_with(r#"{"windows":[{"start":"2024-01-02T03:00:00Z","stop":"2024-01-02T04:00:00Z"}"#),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -553,7 +640,14 @@ async fn diagnostics_endpoints_answer_over_http() {
     assert_eq!(get("/readyz").await.unwrap().status(), 503);
     metrics.ready.store(true, Ordering::Relaxed);
     assert_eq!(get("/readyz").await.unwrap().status(), 200);
-    let body = get("/metrics").await.unwrap().into_body().collect().await.unwrap().to_bytes();
+    let body = get("/metrics")
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("svc_kube_updater_updates_total 1\n"));
     server.abort();
 }

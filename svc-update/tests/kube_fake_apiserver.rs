@@ -7,6 +7,7 @@ mod support;
 use std::{process::Stdio, sync::Arc, time::Duration};
 
 use serde_json::{Value, json};
+use support::{fake_apiserver::FakeApiServer, version_server::VersionServer, wait_until};
 use svc_core::clock::SystemClock;
 use svc_update::kube::{
     HttpTargetSource, UpdaterConfig, WorkloadKind,
@@ -14,7 +15,6 @@ use svc_update::kube::{
     health::Metrics,
     target::channel_base_url,
 };
-use support::{fake_apiserver::FakeApiServer, version_server::VersionServer, wait_until};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const KUBECTL: &str = "/usr/bin/kubectl";
@@ -96,16 +96,26 @@ async fn kubectl_create_get_annotate_patch_delete() {
     let out = k.run(&["create", "-f", &file, "--validate=false"]).await;
     assert!(out.contains("statefulset.apps/svc-agent created"), "{out}");
 
-    let obj: Value = serde_json::from_str(&k.run(&["get", "statefulset", "svc-agent", "-o", "json"]).await).unwrap();
+    let obj: Value =
+        serde_json::from_str(&k.run(&["get", "statefulset", "svc-agent", "-o", "json"]).await).unwrap();
     assert_eq!(obj["metadata"]["name"], "svc-agent");
     assert_eq!(obj["spec"]["template"]["spec"]["containers"][1]["name"], "svc");
     let names = k.run(&["get", "sts", "-o", "name"]).await;
     assert_eq!(names.trim(), "statefulset.apps/svc-agent");
 
-    k.run(&["annotate", "statefulset", "svc-agent", "debug.svc.dev/trigger-event=1", "--overwrite"])
-        .await;
+    k.run(&[
+        "annotate",
+        "statefulset",
+        "svc-agent",
+        "debug.svc.dev/trigger-event=1",
+        "--overwrite",
+    ])
+    .await;
     let stored = api.get("StatefulSet", "svc", "svc-agent").unwrap();
-    assert_eq!(stored["metadata"]["annotations"]["debug.svc.dev/trigger-event"], "1");
+    assert_eq!(
+        stored["metadata"]["annotations"]["debug.svc.dev/trigger-event"],
+        "1"
+    );
 
     // Strategic merge (kubectl's default): only the named container changes.
     k.run(&[
@@ -117,10 +127,15 @@ async fn kubectl_create_get_annotate_patch_delete() {
     ])
     .await;
     let stored = api.get("StatefulSet", "svc", "svc-agent").unwrap();
-    let containers = stored["spec"]["template"]["spec"]["containers"].as_array().unwrap();
+    let containers = stored["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
     assert_eq!(containers.len(), 2);
     assert_eq!(containers[0]["image"], "busybox:1.36");
-    assert_eq!(containers[1]["image"], "public.ecr.aws/svc/svc-ent-distroless:17.1.0");
+    assert_eq!(
+        containers[1]["image"],
+        "public.ecr.aws/svc/svc-ent-distroless:17.1.0"
+    );
     assert!(
         api.requests()
             .iter()
@@ -139,7 +154,13 @@ async fn kubectl_create_get_annotate_patch_delete() {
     ])
     .await;
     let annotations = k
-        .run(&["get", "statefulset", "svc-agent", "-o", "jsonpath={.metadata.annotations}"])
+        .run(&[
+            "get",
+            "statefulset",
+            "svc-agent",
+            "-o",
+            "jsonpath={.metadata.annotations}",
+        ])
         .await;
     let annotations: Value = serde_json::from_str(&annotations).unwrap();
     assert_eq!(annotations["svc.dev/skipreconcile"], "true");
@@ -152,7 +173,10 @@ async fn kubectl_create_get_annotate_patch_delete() {
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: svc-agent-shared-state\ndata:\n  k: dg==\n",
     );
     k.run(&["create", "-f", &secret, "--validate=false"]).await;
-    assert_eq!(api.get("Secret", "svc", "svc-agent-shared-state").unwrap()["data"]["k"], "dg==");
+    assert_eq!(
+        api.get("Secret", "svc", "svc-agent-shared-state").unwrap()["data"]["k"],
+        "dg=="
+    );
     let pod = k.file(
         "pod.yaml",
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: svc-agent-0\n  labels: {app: svc-agent}\nspec:\n  containers:\n  - {name: svc, image: x}\n",
@@ -171,14 +195,24 @@ async fn kubectl_create_get_annotate_patch_delete() {
     );
     k.run(&["create", "-f", &lease, "--validate=false"]).await;
     let holder = k
-        .run(&["get", "lease", "svc-agent-updater", "-o", "jsonpath={.spec.holderIdentity}"])
+        .run(&[
+            "get",
+            "lease",
+            "svc-agent-updater",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
         .await;
     assert_eq!(holder, "a");
     let out = k.run(&["delete", "pod", "svc-agent-0", "--wait=false"]).await;
     assert!(out.contains("deleted"), "{out}");
     assert!(api.get("Pod", "svc", "svc-agent-0").is_none());
     // Creating twice conflicts, as a real server says.
-    let again = k.command(&["create", "-f", &file, "--validate=false"]).output().await.unwrap();
+    let again = k
+        .command(&["create", "-f", &file, "--validate=false"])
+        .output()
+        .await
+        .unwrap();
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
 }
@@ -192,7 +226,9 @@ async fn kubectl_get_watch_sees_changes() {
     let mut child = k
         .command(&["get", "statefulset", "svc-agent", "--watch", "-o", "json"])
         .stdout(Stdio::piped())
-        .stderr(Stdio::from(std::fs::File::create(k.dir.path().join("watch.log")).unwrap()))
+        .stderr(Stdio::from(
+            std::fs::File::create(k.dir.path().join("watch.log")).unwrap(),
+        ))
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -203,7 +239,10 @@ async fn kubectl_get_watch_sees_changes() {
         loop {
             let line = match tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await {
                 Ok(line) => line.unwrap().expect("kubectl get --watch ended"),
-                Err(_) => panic!("kubectl get --watch printed nothing more: {}", std::fs::read_to_string(&log).unwrap()),
+                Err(_) => panic!(
+                    "kubectl get --watch printed nothing more: {}",
+                    std::fs::read_to_string(&log).unwrap()
+                ),
             };
             text.push_str(&line);
             if line == "}" {
@@ -214,7 +253,12 @@ async fn kubectl_get_watch_sees_changes() {
     // The initial state: no annotation yet.
     assert!(next().await["metadata"]["annotations"]["n"].is_null());
     for n in ["1", "2"] {
-        api.merge("StatefulSet", "svc", "svc-agent", json!({"metadata": {"annotations": {"n": n}}}));
+        api.merge(
+            "StatefulSet",
+            "svc",
+            "svc-agent",
+            json!({"metadata": {"annotations": {"n": n}}}),
+        );
         assert_eq!(next().await["metadata"]["annotations"]["n"], n);
     }
     child.kill().await.unwrap();
@@ -226,10 +270,19 @@ async fn stale_watch_gets_410_gone() {
     let k = Kubectl::new(&api);
     let file = k.file("sts.yaml", STS);
     k.run(&["create", "-f", &file, "--validate=false"]).await;
-    api.merge("StatefulSet", "svc", "svc-agent", json!({"metadata": {"annotations": {"a": "b"}}}));
+    api.merge(
+        "StatefulSet",
+        "svc",
+        "svc-agent",
+        json!({"metadata": {"annotations": {"a": "b"}}}),
+    );
     api.compact();
     let out = k
-        .run(&["get", "--raw", "/apis/apps/v1/namespaces/svc/statefulsets?watch=true&resourceVersion=1"])
+        .run(&[
+            "get",
+            "--raw",
+            "/apis/apps/v1/namespaces/svc/statefulsets?watch=true&resourceVersion=1",
+        ])
         .await;
     let event: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(event["type"], "ERROR");
@@ -249,12 +302,21 @@ async fn kubectl_annotations_drive_the_controller() {
     k.run(&["create", "-f", &file, "--validate=false"]).await;
     let versions = VersionServer::start("stable/cloud", "v17.0.0", false).await;
     let metrics = Arc::new(Metrics::default());
-    let mut config = UpdaterConfig::new("svc", "svc-agent", WorkloadKind::StatefulSet, "svc", "public.ecr.aws/svc/svc-ent-distroless");
+    let mut config = UpdaterConfig::new(
+        "svc",
+        "svc-agent",
+        WorkloadKind::StatefulSet,
+        "svc",
+        "public.ecr.aws/svc/svc-ent-distroless",
+    );
     config.sync_period = Duration::from_secs(3600);
     let ctx = Arc::new(Context {
         client: api.client("svc"),
         config,
-        target: Arc::new(HttpTargetSource::new(channel_base_url(&versions.url(), "stable/cloud"))),
+        target: Arc::new(HttpTargetSource::new(channel_base_url(
+            &versions.url(),
+            "stable/cloud",
+        ))),
         clock: Arc::new(SystemClock),
         metrics: metrics.clone(),
     });
@@ -262,20 +324,48 @@ async fn kubectl_annotations_drive_the_controller() {
     let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     wait_until("the first reconcile", || load(&metrics.reconciles_ok) == 1).await;
 
-    k.run(&["patch", "statefulset", "svc-agent", "-p", r#"{"metadata":{"annotations":{"svc.dev/skipreconcile":"true"}}}"#])
-        .await;
+    k.run(&[
+        "patch",
+        "statefulset",
+        "svc-agent",
+        "-p",
+        r#"{"metadata":{"annotations":{"svc.dev/skipreconcile":"true"}}}"#,
+    ])
+    .await;
     versions.set("v17.0.1", true);
     wait_until("the suspended reconcile", || load(&metrics.skipped) == 1).await;
-    k.run(&["annotate", "statefulset", "svc-agent", "svc.dev/skipreconcile-", "--overwrite"]).await;
+    k.run(&[
+        "annotate",
+        "statefulset",
+        "svc-agent",
+        "svc.dev/skipreconcile-",
+        "--overwrite",
+    ])
+    .await;
     wait_until("the update once resumed", || load(&metrics.updates) == 1).await;
     let image = k
-        .run(&["get", "statefulset", "svc-agent", "-o", "jsonpath={.spec.template.spec.containers[1].image}"])
+        .run(&[
+            "get",
+            "statefulset",
+            "svc-agent",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[1].image}",
+        ])
         .await;
     assert_eq!(image, "public.ecr.aws/svc/svc-ent-distroless:17.0.1");
 
     let before = load(&metrics.reconciles_ok);
-    k.run(&["annotate", "statefulset", "svc-agent", "debug.svc.dev/trigger-event=1", "--overwrite"])
-        .await;
-    wait_until("the triggered reconcile", || load(&metrics.reconciles_ok) > before).await;
+    k.run(&[
+        "annotate",
+        "statefulset",
+        "svc-agent",
+        "debug.svc.dev/trigger-event=1",
+        "--overwrite",
+    ])
+    .await;
+    wait_until("the triggered reconcile", || {
+        load(&metrics.reconciles_ok) > before
+    })
+    .await;
     task.abort();
 }

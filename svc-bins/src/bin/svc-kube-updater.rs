@@ -93,7 +93,9 @@ async fn main() -> anyhow::Result<()> {
     );
     config.sync_period = args.sync_period;
     config.unhealthy_after = args.unhealthy_after;
-    config.channel_major = args.channel_major.or_else(|| channel_major(&args.version_channel));
+    config.channel_major = args
+        .channel_major
+        .or_else(|| channel_major(&args.version_channel));
     if let Some(secret) = args.shared_state_secret {
         config.secret_name = secret;
     }
@@ -108,7 +110,9 @@ async fn main() -> anyhow::Result<()> {
         channel_base_url(&args.version_server, &args.version_channel),
         connector,
     );
-    let client = kube::Client::try_default().await.context("building the Kubernetes client")?;
+    let client = kube::Client::try_default()
+        .await
+        .context("building the Kubernetes client")?;
     let metrics = Arc::new(Metrics::default());
     let listener = tokio::net::TcpListener::bind(args.health_addr)
         .await

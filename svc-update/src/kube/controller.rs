@@ -35,11 +35,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
-    runtime::{
-        Controller,
-        controller::Action,
-        watcher,
-    },
+    runtime::{Controller, controller::Action, watcher},
 };
 use serde::de::DeserializeOwned;
 use svc_core::{Version, clock::Clock, maintenance::in_window};
@@ -227,7 +223,9 @@ pub struct Context {
 
 impl Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("Context")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -281,18 +279,30 @@ pub async fn reconcile<K: Workload>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Ac
 async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<(), ReconcileError> {
     let config = &ctx.config;
     let name = obj.name_any();
-    if obj.annotations().get(SKIP_RECONCILE_ANNOTATION).map(String::as_str) == Some("true") {
+    if obj
+        .annotations()
+        .get(SKIP_RECONCILE_ANNOTATION)
+        .map(String::as_str)
+        == Some("true")
+    {
         ctx.metrics.skipped.fetch_add(1, Ordering::Relaxed);
         tracing::info!(kind = K::KIND, %name, "{SKIP_RECONCILE_ANNOTATION} is \"true\": automatic updates suspended");
         return Ok(());
     }
-    let containers = obj.pod_spec().map(|s| s.containers.as_slice()).unwrap_or_default();
+    let containers = obj
+        .pod_spec()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
     let Some(container) = containers.iter().find(|c| c.name == config.container) else {
         return Err(ReconcileError::NoContainer {
             kind: K::KIND,
             name,
             container: config.container.clone(),
-            found: containers.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
+            found: containers
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
         });
     };
     let current = container.image.as_deref().and_then(image_version);
@@ -404,7 +414,13 @@ pub fn selector_string(selector: &LabelSelector) -> Option<String> {
     if labels.is_empty() {
         return None;
     }
-    Some(labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
+    Some(
+        labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(","),
+    )
 }
 
 /// The version in an image reference's tag: `repo/svc:17.1.0` → 17.1.0. `None` for no tag,
@@ -422,7 +438,12 @@ pub fn pod_ready(pod: &Pod) -> bool {
 }
 
 fn ready_condition(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::PodCondition> {
-    pod.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
 }
 
 /// Whether a pod has been not ready for at least `after` at `now`.
@@ -482,9 +503,15 @@ mod tests {
 
     #[test]
     fn image_versions() {
-        assert_eq!(image_version("repo.example.com:5000/svc/agent:17.1.0"), Some(Version::new(17, 1, 0)));
+        assert_eq!(
+            image_version("repo.example.com:5000/svc/agent:17.1.0"),
+            Some(Version::new(17, 1, 0))
+        );
         assert_eq!(image_version("agent:v17.1.0"), Some(Version::new(17, 1, 0)));
-        assert_eq!(image_version("agent:17.1.0@sha256:abcd"), Some(Version::new(17, 1, 0)));
+        assert_eq!(
+            image_version("agent:17.1.0@sha256:abcd"),
+            Some(Version::new(17, 1, 0))
+        );
         assert_eq!(image_version("repo.example.com:5000/agent"), None);
         assert_eq!(image_version("agent:latest"), None);
         assert_eq!(image_version("agent@sha256:abcd"), None);
@@ -496,8 +523,14 @@ mod tests {
         assert!(!pod_unhealthy(&pod(0, Some(("True", 0))), at(10_000), after));
         assert!(!pod_unhealthy(&pod(0, Some(("False", 9_500))), at(10_000), after));
         assert!(pod_unhealthy(&pod(0, Some(("False", 9_400))), at(10_000), after));
-        assert!(pod_unhealthy(&pod(0, None), at(10_000), after), "never became ready");
-        assert!(!pod_unhealthy(&pod(9_900, None), at(10_000), after), "just created");
+        assert!(
+            pod_unhealthy(&pod(0, None), at(10_000), after),
+            "never became ready"
+        );
+        assert!(
+            !pod_unhealthy(&pod(9_900, None), at(10_000), after),
+            "just created"
+        );
         let mut deleting = pod(0, Some(("False", 0)));
         deleting.metadata.deletion_timestamp = Some(time(1));
         assert!(!pod_unhealthy(&deleting, at(10_000), after));
@@ -506,13 +539,28 @@ mod tests {
     #[test]
     fn selectors_and_images() {
         let s = LabelSelector {
-            match_labels: Some([("app".to_owned(), "svc-agent".to_owned()), ("x".to_owned(), "y".to_owned())].into()),
+            match_labels: Some(
+                [
+                    ("app".to_owned(), "svc-agent".to_owned()),
+                    ("x".to_owned(), "y".to_owned()),
+                ]
+                .into(),
+            ),
             ..LabelSelector::default()
         };
         assert_eq!(selector_string(&s).as_deref(), Some("app=svc-agent,x=y"));
         assert_eq!(selector_string(&LabelSelector::default()), None);
-        let c = UpdaterConfig::new("svc", "svc-agent", WorkloadKind::StatefulSet, "svc", "public.ecr.aws/svc/agent");
-        assert_eq!(c.image_for(&Version::parse("v17.2.0-dev").unwrap()), "public.ecr.aws/svc/agent:17.2.0-dev");
+        let c = UpdaterConfig::new(
+            "svc",
+            "svc-agent",
+            WorkloadKind::StatefulSet,
+            "svc",
+            "public.ecr.aws/svc/agent",
+        );
+        assert_eq!(
+            c.image_for(&Version::parse("v17.2.0-dev").unwrap()),
+            "public.ecr.aws/svc/agent:17.2.0-dev"
+        );
         assert_eq!(c.secret_name, "svc-agent-shared-state");
         assert_eq!(c.sync_period, Duration::from_secs(1800));
     }

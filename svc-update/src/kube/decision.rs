@@ -168,7 +168,10 @@ mod tests {
     #[test]
     fn equal_version_is_no_new_version_whatever_else_holds() {
         let t = target(Some("v17.1.0"), true);
-        assert_eq!(run(Some("17.1.0"), &t, Some(17), true, true), Decision::NoNewVersion);
+        assert_eq!(
+            run(Some("17.1.0"), &t, Some(17), true, true),
+            Decision::NoNewVersion
+        );
     }
 
     #[test]
@@ -194,7 +197,9 @@ mod tests {
             skip,
             Decision::Skip(SkipReason::OutsideWindow { target: v("17.2.0") })
         );
-        let Decision::Skip(reason) = skip else { unreachable!() };
+        let Decision::Skip(reason) = skip else {
+            unreachable!()
+        };
         assert_eq!(
             reason.to_string(),
             "update to v17.2.0 is non-critical and we are outside of maintenance window, not attempting"
@@ -248,7 +253,10 @@ mod tests {
     #[test]
     fn pre_release_differs_from_release() {
         let t = target(Some("v17.0.0"), true);
-        assert!(matches!(run(Some("17.0.0-dev"), &t, None, false, false), Decision::Update(..)));
+        assert!(matches!(
+            run(Some("17.0.0-dev"), &t, None, false, false),
+            Decision::Update(..)
+        ));
     }
 
     #[test]

@@ -61,14 +61,24 @@ impl Metrics {
             get(&self.reconciles_ok),
             get(&self.reconciles_failed)
         );
-        counter(&mut out, "svc_kube_updater_updates_total", "Image updates applied.", get(&self.updates));
+        counter(
+            &mut out,
+            "svc_kube_updater_updates_total",
+            "Image updates applied.",
+            get(&self.updates),
+        );
         counter(
             &mut out,
             "svc_kube_updater_no_new_version_total",
             "Reconciles that found no new version.",
             get(&self.no_new_version),
         );
-        counter(&mut out, "svc_kube_updater_skipped_total", "Reconciles that skipped an update.", get(&self.skipped));
+        counter(
+            &mut out,
+            "svc_kube_updater_skipped_total",
+            "Reconciles that skipped an update.",
+            get(&self.skipped),
+        );
         counter(
             &mut out,
             "svc_kube_updater_pods_deleted_total",
@@ -94,9 +104,10 @@ impl Metrics {
 fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &'static str) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(body.into()));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
     response
 }
 
@@ -145,13 +156,19 @@ mod tests {
         let m = Metrics::default();
         let req = |p: &str| Request::get(p).body(()).unwrap();
         assert_eq!(respond(&m, &req("/healthz")).status(), StatusCode::OK);
-        assert_eq!(respond(&m, &req("/readyz")).status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            respond(&m, &req("/readyz")).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         m.ready.store(true, Ordering::Relaxed);
         assert_eq!(respond(&m, &req("/readyz")).status(), StatusCode::OK);
         m.updates.fetch_add(2, Ordering::Relaxed);
         let text = m.render();
         assert!(text.contains("svc_kube_updater_updates_total 2\n"), "{text}");
-        assert!(text.contains("svc_kube_updater_reconciles_total{result=\"ok\"} 0\n"), "{text}");
+        assert!(
+            text.contains("svc_kube_updater_reconciles_total{result=\"ok\"} 0\n"),
+            "{text}"
+        );
         assert!(text.contains("# TYPE svc_kube_updater_leader gauge\nsvc_kube_updater_leader 0\n"));
         assert_eq!(respond(&m, &req("/nope")).status(), StatusCode::NOT_FOUND);
     }

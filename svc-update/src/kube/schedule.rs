@@ -57,7 +57,13 @@ pub async fn export_schedule(
     schedule: &AgentUpgradeWindow,
     now: SystemTime,
 ) -> Result<(), ScheduleExportError> {
-    write_windows(client, namespace, secret_name, &schedule.next_windows(now, EXPORTED_WINDOWS)).await
+    write_windows(
+        client,
+        namespace,
+        secret_name,
+        &schedule.next_windows(now, EXPORTED_WINDOWS),
+    )
+    .await
 }
 
 /// Writes `windows` as `render_kube_schedule` JSON under `agent-maintenance-schedule` with a
@@ -77,7 +83,10 @@ pub async fn write_windows(
         source,
     };
     let patch = serde_json::json!({ "data": { SCHEDULE_SECRET_KEY: value } });
-    match api.patch(secret_name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+    match api
+        .patch(secret_name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => {
             let secret = Secret {
@@ -112,11 +121,14 @@ pub async fn read_schedule(
     secret_name: &str,
 ) -> Result<Vec<Window>, ScheduleExportError> {
     let api: Api<Secret> = Api::namespaced(client, namespace);
-    let secret = api.get_opt(secret_name).await.map_err(|source| ScheduleExportError::Api {
-        namespace: namespace.to_owned(),
-        name: secret_name.to_owned(),
-        source,
-    })?;
+    let secret = api
+        .get_opt(secret_name)
+        .await
+        .map_err(|source| ScheduleExportError::Api {
+            namespace: namespace.to_owned(),
+            name: secret_name.to_owned(),
+            source,
+        })?;
     let Some(value) = secret
         .and_then(|s| s.data)
         .and_then(|mut d| d.remove(SCHEDULE_SECRET_KEY))

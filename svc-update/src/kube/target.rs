@@ -118,7 +118,9 @@ pub struct HttpTargetSource<C = HttpConnector> {
 
 impl<C> std::fmt::Debug for HttpTargetSource<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HttpTargetSource").field("base", &self.base).finish()
+        f.debug_struct("HttpTargetSource")
+            .field("base", &self.base)
+            .finish()
     }
 }
 
@@ -165,10 +167,14 @@ where
             reason: e.to_string(),
         })?;
         let fetch = async {
-            let response = self.client.get(uri).await.map_err(|source| TargetError::Request {
-                url: url.clone(),
-                source,
-            })?;
+            let response = self
+                .client
+                .get(uri)
+                .await
+                .map_err(|source| TargetError::Request {
+                    url: url.clone(),
+                    source,
+                })?;
             if response.status() != StatusCode::OK {
                 return Err(TargetError::Status {
                     url: url.clone(),
@@ -258,8 +264,14 @@ mod tests {
 
     #[test]
     fn bodies() {
-        assert_eq!(parse_version_body("v17.1.2").unwrap(), Some(Version::new(17, 1, 2)));
-        assert_eq!(parse_version_body("17.1.2\n").unwrap(), Some(Version::new(17, 1, 2)));
+        assert_eq!(
+            parse_version_body("v17.1.2").unwrap(),
+            Some(Version::new(17, 1, 2))
+        );
+        assert_eq!(
+            parse_version_body("17.1.2\n").unwrap(),
+            Some(Version::new(17, 1, 2))
+        );
         assert_eq!(parse_version_body("none").unwrap(), None);
         assert!(parse_version_body("").is_err());
         assert!(parse_version_body("<html>").is_err());

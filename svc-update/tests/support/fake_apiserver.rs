@@ -52,11 +52,46 @@ impl ResDef {
 }
 
 const RESOURCES: &[ResDef] = &[
-    ResDef { group: "", version: "v1", plural: "pods", singular: "pod", kind: "Pod", short: &["po"] },
-    ResDef { group: "", version: "v1", plural: "secrets", singular: "secret", kind: "Secret", short: &[] },
-    ResDef { group: "apps", version: "v1", plural: "deployments", singular: "deployment", kind: "Deployment", short: &["deploy"] },
-    ResDef { group: "apps", version: "v1", plural: "statefulsets", singular: "statefulset", kind: "StatefulSet", short: &["sts"] },
-    ResDef { group: "coordination.k8s.io", version: "v1", plural: "leases", singular: "lease", kind: "Lease", short: &[] },
+    ResDef {
+        group: "",
+        version: "v1",
+        plural: "pods",
+        singular: "pod",
+        kind: "Pod",
+        short: &["po"],
+    },
+    ResDef {
+        group: "",
+        version: "v1",
+        plural: "secrets",
+        singular: "secret",
+        kind: "Secret",
+        short: &[],
+    },
+    ResDef {
+        group: "apps",
+        version: "v1",
+        plural: "deployments",
+        singular: "deployment",
+        kind: "Deployment",
+        short: &["deploy"],
+    },
+    ResDef {
+        group: "apps",
+        version: "v1",
+        plural: "statefulsets",
+        singular: "statefulset",
+        kind: "StatefulSet",
+        short: &["sts"],
+    },
+    ResDef {
+        group: "coordination.k8s.io",
+        version: "v1",
+        plural: "leases",
+        singular: "lease",
+        kind: "Lease",
+        short: &[],
+    },
 ];
 
 fn find_res(group: &str, version: &str, plural: &str) -> Option<ResDef> {
@@ -138,7 +173,9 @@ impl FakeApiServer {
         let st = state.clone();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 let st = st.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
@@ -180,7 +217,10 @@ impl FakeApiServer {
     pub fn insert(&self, object: Value) -> Value {
         let kind = object["kind"].as_str().expect("kind").to_owned();
         let res = *RESOURCES.iter().find(|r| r.kind == kind).expect("known kind");
-        let namespace = object["metadata"]["namespace"].as_str().unwrap_or("default").to_owned();
+        let namespace = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned();
         let mut inner = self.state.inner.lock().unwrap();
         let result = create(&mut inner, res, &namespace, object);
         let rv = inner.rv;
@@ -263,9 +303,10 @@ fn status(code: StatusCode, reason: &str, message: String) -> Response<Body> {
 fn json_response(code: StatusCode, value: &Value) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::from(value.to_string())).boxed());
     *response.status_mut() = code;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     response
 }
 
@@ -369,9 +410,14 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
                     json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
                 })
                 .collect();
-            return json_response(StatusCode::OK, &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}));
+            return json_response(
+                StatusCode::OK,
+                &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}),
+            );
         }
-        (Method::GET, "/api/v1") => return json_response(StatusCode::OK, &discovery_resources("v1").expect("core")),
+        (Method::GET, "/api/v1") => {
+            return json_response(StatusCode::OK, &discovery_resources("v1").expect("core"));
+        }
         _ => {}
     }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -379,23 +425,47 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let (group, version, rest) = match segments.as_slice() {
         ["api", "v1", rest @ ..] => ("", "v1", rest),
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
-        _ => return status(StatusCode::NOT_FOUND, "NotFound", format!("the server could not find the requested resource: {path}")),
+        _ => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("the server could not find the requested resource: {path}"),
+            );
+        }
     };
     if rest.is_empty() && method == Method::GET {
-        let gv = if group.is_empty() { version.to_owned() } else { format!("{group}/{version}") };
+        let gv = if group.is_empty() {
+            version.to_owned()
+        } else {
+            format!("{group}/{version}")
+        };
         return match discovery_resources(&gv) {
             Some(list) => json_response(StatusCode::OK, &list),
-            None => status(StatusCode::NOT_FOUND, "NotFound", format!("no group version {gv}")),
+            None => status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("no group version {gv}"),
+            ),
         };
     }
     let (namespace, plural, name) = match rest {
         ["namespaces", ns, plural] => (Some(*ns), *plural, None),
         ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),
         [plural] => (None, *plural, None),
-        _ => return status(StatusCode::NOT_FOUND, "NotFound", format!("the server could not find the requested resource: {path}")),
+        _ => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("the server could not find the requested resource: {path}"),
+            );
+        }
     };
     let Some(res) = find_res(group, version, plural) else {
-        return status(StatusCode::NOT_FOUND, "NotFound", format!("the server doesn't have a resource type \"{plural}\""));
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("the server doesn't have a resource type \"{plural}\""),
+        );
     };
 
     match (method, name) {
@@ -421,20 +491,30 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         }
         (Method::GET, Some(name)) => {
             let inner = state.inner.lock().unwrap();
-            match inner.objects.get(&(res.plural, namespace.unwrap_or("default").to_owned(), name.to_owned())) {
+            match inner.objects.get(&(
+                res.plural,
+                namespace.unwrap_or("default").to_owned(),
+                name.to_owned(),
+            )) {
                 Some(obj) => json_response(StatusCode::OK, obj),
                 None => not_found(res, name),
             }
         }
         (Method::POST, None) => {
             let Some(ns) = namespace else {
-                return status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "create needs a namespace".into());
+                return status(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "MethodNotAllowed",
+                    "create needs a namespace".into(),
+                );
             };
             let object: Value = match serde_json::from_slice(&body) {
                 Ok(v) => v,
                 Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", format!("body: {e}")),
             };
-            commit(&state, |inner| create(inner, res, ns, object).map(|o| (StatusCode::CREATED, o)))
+            commit(&state, |inner| {
+                create(inner, res, ns, object).map(|o| (StatusCode::CREATED, o))
+            })
         }
         (Method::PUT, Some(name)) => {
             let object: Value = match serde_json::from_slice(&body) {
@@ -442,7 +522,9 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
                 Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", format!("body: {e}")),
             };
             let ns = namespace.unwrap_or("default");
-            commit(&state, |inner| replace(inner, res, ns, name, object).map(|o| (StatusCode::OK, o)))
+            commit(&state, |inner| {
+                replace(inner, res, ns, name, object).map(|o| (StatusCode::OK, o))
+            })
         }
         (Method::PATCH, Some(name)) => {
             let patch: Value = match serde_json::from_slice(&body) {
@@ -461,13 +543,21 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
                 }
             };
             let ns = namespace.unwrap_or("default");
-            commit(&state, |inner| patch_object(inner, res, ns, name, &patch, strategic).map(|o| (StatusCode::OK, o)))
+            commit(&state, |inner| {
+                patch_object(inner, res, ns, name, &patch, strategic).map(|o| (StatusCode::OK, o))
+            })
         }
         (Method::DELETE, Some(name)) => {
             let ns = namespace.unwrap_or("default");
-            commit(&state, |inner| delete(inner, res, ns, name).map(|o| (StatusCode::OK, o)))
+            commit(&state, |inner| {
+                delete(inner, res, ns, name).map(|o| (StatusCode::OK, o))
+            })
         }
-        (m, _) => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", format!("{m} {path}")),
+        (m, _) => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("{m} {path}"),
+        ),
     }
 }
 
@@ -489,7 +579,11 @@ fn commit(
 }
 
 fn not_found(res: ResDef, name: &str) -> Response<Body> {
-    status(StatusCode::NOT_FOUND, "NotFound", format!("{} \"{name}\" not found", res.plural))
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("{} \"{name}\" not found", res.plural),
+    )
 }
 
 fn record(inner: &mut Inner, res: ResDef, namespace: &str, kind: &'static str, object: &Value) {
@@ -509,11 +603,19 @@ fn stamp(inner: &mut Inner, object: &mut Value) {
 
 fn create(inner: &mut Inner, res: ResDef, namespace: &str, mut object: Value) -> Result<Value, Failure> {
     let Some(name) = object["metadata"]["name"].as_str().map(str::to_owned) else {
-        return Err((StatusCode::UNPROCESSABLE_ENTITY, "Invalid", "metadata.name: Required value".into()));
+        return Err((
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "metadata.name: Required value".into(),
+        ));
     };
     let key = (res.plural, namespace.to_owned(), name.clone());
     if inner.objects.contains_key(&key) {
-        return Err((StatusCode::CONFLICT, "AlreadyExists", format!("{} \"{name}\" already exists", res.plural)));
+        return Err((
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", res.plural),
+        ));
     }
     inner.uid += 1;
     object["apiVersion"] = Value::String(res.group_version());
@@ -531,10 +633,20 @@ fn create(inner: &mut Inner, res: ResDef, namespace: &str, mut object: Value) ->
     Ok(object)
 }
 
-fn replace(inner: &mut Inner, res: ResDef, namespace: &str, name: &str, mut object: Value) -> Result<Value, Failure> {
+fn replace(
+    inner: &mut Inner,
+    res: ResDef,
+    namespace: &str,
+    name: &str,
+    mut object: Value,
+) -> Result<Value, Failure> {
     let key = (res.plural, namespace.to_owned(), name.to_owned());
     let Some(old) = inner.objects.get(&key).cloned() else {
-        return Err((StatusCode::NOT_FOUND, "NotFound", format!("{} \"{name}\" not found", res.plural)));
+        return Err((
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{} \"{name}\" not found", res.plural),
+        ));
     };
     check_version(res, name, &old, &object)?;
     for field in ["uid", "creationTimestamp", "namespace", "name"] {
@@ -568,7 +680,11 @@ fn finish_update(
     mut object: Value,
 ) -> Result<Value, Failure> {
     let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
-    object["metadata"]["generation"] = json!(if object["spec"] != old["spec"] { generation + 1 } else { generation });
+    object["metadata"]["generation"] = json!(if object["spec"] != old["spec"] {
+        generation + 1
+    } else {
+        generation
+    });
     stamp(inner, &mut object);
     record(inner, res, namespace, "MODIFIED", &object);
     inner.objects.insert(key, object.clone());
@@ -585,7 +701,11 @@ fn patch_object(
 ) -> Result<Value, Failure> {
     let key = (res.plural, namespace.to_owned(), name.to_owned());
     let Some(old) = inner.objects.get(&key).cloned() else {
-        return Err((StatusCode::NOT_FOUND, "NotFound", format!("{} \"{name}\" not found", res.plural)));
+        return Err((
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{} \"{name}\" not found", res.plural),
+        ));
     };
     check_version(res, name, &old, patch)?;
     let mut object = old.clone();
@@ -599,7 +719,11 @@ fn patch_object(
 fn delete(inner: &mut Inner, res: ResDef, namespace: &str, name: &str) -> Result<Value, Failure> {
     let key = (res.plural, namespace.to_owned(), name.to_owned());
     let Some(mut object) = inner.objects.remove(&key) else {
-        return Err((StatusCode::NOT_FOUND, "NotFound", format!("{} \"{name}\" not found", res.plural)));
+        return Err((
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{} \"{name}\" not found", res.plural),
+        ));
     };
     stamp(inner, &mut object);
     record(inner, res, namespace, "DELETED", &object);
@@ -609,7 +733,9 @@ fn delete(inner: &mut Inner, res: ResDef, namespace: &str, name: &str) -> Result
 /// The key by which strategic merge matches list elements, for the lists the fake knows.
 fn merge_key(field: &str) -> Option<&'static str> {
     match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes" | "imagePullSecrets" => Some("name"),
+        "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes" | "imagePullSecrets" => {
+            Some("name")
+        }
         "volumeMounts" => Some("mountPath"),
         "ports" => Some("containerPort"),
         _ => None,
@@ -632,12 +758,14 @@ fn merge(target: &mut Value, patch: &Value, strategic: bool) {
             target_map.remove(key);
             continue;
         }
-        if strategic
-            && key.starts_with("$")
-        {
+        if strategic && key.starts_with("$") {
             continue;
         }
-        match (strategic.then(|| merge_key(key)).flatten(), value, target_map.get_mut(key)) {
+        match (
+            strategic.then(|| merge_key(key)).flatten(),
+            value,
+            target_map.get_mut(key),
+        ) {
             (Some(mk), Value::Array(items), Some(Value::Array(existing))) => {
                 for item in items {
                     let id = &item[mk];
@@ -688,7 +816,12 @@ fn fields_match(object: &Value, selector: &str) -> bool {
     selector.split(',').filter(|s| !s.is_empty()).all(|req| {
         let (neg, (k, v)) = match req.split_once("!=") {
             Some(kv) => (true, kv),
-            None => (false, req.split_once("==").or_else(|| req.split_once('=')).unwrap_or((req, ""))),
+            None => (
+                false,
+                req.split_once("==")
+                    .or_else(|| req.split_once('='))
+                    .unwrap_or((req, "")),
+            ),
         };
         let actual = match k {
             "metadata.name" => object["metadata"]["name"].as_str(),
@@ -703,7 +836,9 @@ fn selected(object: &Value, params: &BTreeMap<String, String>) -> bool {
     params
         .get("labelSelector")
         .is_none_or(|s| labels_match(&object["metadata"]["labels"], s))
-        && params.get("fieldSelector").is_none_or(|s| fields_match(object, s))
+        && params
+            .get("fieldSelector")
+            .is_none_or(|s| fields_match(object, s))
 }
 
 fn watch_response(
@@ -728,7 +863,9 @@ fn watch_response(
     tokio::spawn(async move {
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
-        let line = |kind: &str, object: &Value| Bytes::from(format!("{}\n", json!({"type": kind, "object": object})));
+        let line = |kind: &str, object: &Value| {
+            Bytes::from(format!("{}\n", json!({"type": kind, "object": object})))
+        };
         let wanted = |plural: &str, ns: &str, object: &Value| {
             plural == res.plural && namespace.as_deref().is_none_or(|n| n == ns) && selected(object, &params)
         };
@@ -783,9 +920,10 @@ fn watch_response(
         rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
     }));
     let mut response = Response::new(BodyExt::boxed(body));
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     response
 }
 
@@ -795,11 +933,20 @@ mod tests {
 
     #[test]
     fn strategic_merge_by_container_name() {
-        let mut obj = json!({"spec": {"containers": [{"name": "a", "image": "x:1"}, {"name": "b", "image": "y:1"}]}});
-        merge(&mut obj, &json!({"spec": {"containers": [{"name": "b", "image": "y:2"}]}}), true);
+        let mut obj =
+            json!({"spec": {"containers": [{"name": "a", "image": "x:1"}, {"name": "b", "image": "y:1"}]}});
+        merge(
+            &mut obj,
+            &json!({"spec": {"containers": [{"name": "b", "image": "y:2"}]}}),
+            true,
+        );
         assert_eq!(obj["spec"]["containers"][0]["image"], "x:1");
         assert_eq!(obj["spec"]["containers"][1]["image"], "y:2");
-        merge(&mut obj, &json!({"spec": {"containers": [{"name": "b", "image": "y:3"}]}}), false);
+        merge(
+            &mut obj,
+            &json!({"spec": {"containers": [{"name": "b", "image": "y:3"}]}}),
+            false,
+        );
         assert_eq!(obj["spec"]["containers"].as_array().unwrap().len(), 1);
     }
 }

@@ -18,7 +18,10 @@ use std::{
 pub async fn wait_until<F: FnMut() -> bool>(what: &str, mut check: F) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while !check() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -31,7 +34,10 @@ where
 {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

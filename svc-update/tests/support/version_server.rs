@@ -50,7 +50,9 @@ impl VersionServer {
         let (a, ch) = (answer.clone(), channel.to_owned());
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 let (a, ch) = (a.clone(), ch.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -106,6 +108,9 @@ fn respond(channel: &str, answer: &Answer, path: &str) -> Response<Full<Bytes>> 
     match endpoint {
         "version" => text(StatusCode::OK, answer.version.clone()),
         "critical" => text(StatusCode::OK, if answer.critical { "yes" } else { "no" }.into()),
-        other => text(StatusCode::BAD_REQUEST, format!("expected version or critical, got {other}")),
+        other => text(
+            StatusCode::BAD_REQUEST,
+            format!("expected version or critical, got {other}"),
+        ),
     }
 }
