@@ -144,9 +144,20 @@ async fn main() -> anyhow::Result<()> {
             result?;
             anyhow::bail!("the controller stopped");
         }
-        _ = tokio::signal::ctrl_c() => {
-            tracing::info!("interrupted, stopping");
+        signal = shutdown_signal() => {
+            signal?;
+            tracing::info!("stopping on signal");
             Ok(())
         }
+    }
+}
+
+/// SIGTERM (what the kubelet sends) or SIGINT.
+async fn shutdown_signal() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = term.recv() => Ok(()),
+        result = tokio::signal::ctrl_c() => result.context("waiting for SIGINT"),
     }
 }
