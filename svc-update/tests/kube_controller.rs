@@ -447,6 +447,10 @@ async fn watch_survives_410_gone() {
     wait_until("the first reconcile", || h.reconciles() >= 1).await;
     // History compacted and the watch cut: the watcher's resourceVersion is now too old, it
     // gets 410 Gone, lists again and goes on watching.
+    // An unrelated write moves the server past the watcher's resourceVersion first.
+    h.api.insert(
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "unrelated", "namespace": NS}}),
+    );
     h.api.compact();
     h.api.disconnect_watches();
     h.versions.set("v17.0.1", true);
@@ -461,6 +465,10 @@ async fn watch_survives_410_gone() {
     };
     let lists_before = lists(&h);
     wait_until("a relist after 410 Gone", || lists(&h) > lists_before).await;
+    assert!(
+        h.api.gone_watches() >= 1,
+        "the watcher asked from a compacted resourceVersion"
+    );
     h.annotate("StatefulSet", "debug.svc.dev/trigger-event", "2")
         .await;
     wait_until("the triggered update", || load(&h.metrics.updates) == 1).await;

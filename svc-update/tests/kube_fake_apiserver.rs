@@ -252,6 +252,9 @@ async fn kubectl_get_watch_sees_changes() {
     };
     // The initial state: no annotation yet.
     assert!(next().await["metadata"]["annotations"]["n"].is_null());
+    // kubectl prints the object it got, then opens its watch; change things only once the
+    // watch is open, or the first change is folded into the watch's initial state.
+    wait_until("kubectl's watch is open", || api.open_watches() >= 1).await;
     for n in ["1", "2"] {
         api.merge(
             "StatefulSet",
@@ -287,6 +290,7 @@ async fn stale_watch_gets_410_gone() {
     let event: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(event["type"], "ERROR");
     assert_eq!(event["object"]["code"], 410);
+    assert_eq!(api.gone_watches(), 1);
     // A current resourceVersion still watches.
     let rv = api.resource_version();
     assert!(rv > 1);

@@ -133,6 +133,10 @@ struct Inner {
     compacted: u64,
     requests: Vec<Recorded>,
     uid: u64,
+    /// Watches answered with 410 Gone.
+    gone: usize,
+    /// Watches that have sent their initial state and wait for changes.
+    open_watches: usize,
 }
 
 struct State {
@@ -274,6 +278,16 @@ impl FakeApiServer {
         let mut inner = self.state.inner.lock().unwrap();
         inner.compacted = inner.rv;
         inner.events.clear();
+    }
+
+    /// How many watches have been opened (initial state sent, subscribed to changes).
+    pub fn open_watches(&self) -> usize {
+        self.state.inner.lock().unwrap().open_watches
+    }
+
+    /// How many watches were answered with 410 Gone.
+    pub fn gone_watches(&self) -> usize {
+        self.state.inner.lock().unwrap().gone
     }
 
     /// Ends every open watch stream, as an API server restart would.
@@ -870,9 +884,10 @@ fn watch_response(
             plural == res.plural && namespace.as_deref().is_none_or(|n| n == ns) && selected(object, &params)
         };
         let mut last = {
-            let inner = state.inner.lock().unwrap();
-            match from {
+            let mut inner = state.inner.lock().unwrap();
+            let last = match from {
                 Some(rv) if rv < inner.compacted => {
+                    inner.gone += 1;
                     let gone = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                         "message": format!("too old resource version: {rv} ({})", inner.compacted),
                         "reason": "Expired", "code": 410});
@@ -889,7 +904,9 @@ fn watch_response(
                     }
                     inner.rv
                 }
-            }
+            };
+            inner.open_watches += 1;
+            last
         };
         loop {
             let batch: Vec<Bytes> = {
