@@ -661,3 +661,46 @@ async fn diagnostics_endpoints_answer_over_http() {
     assert!(String::from_utf8_lossy(&body).contains("svc_kube_updater_updates_total 1\n"));
     server.abort();
 }
+
+/// A version server that never answers: the reconcile's own timeout ends it, the workload is
+/// unchanged, and it is retried.
+#[tokio::test]
+async fn reconcile_timeout_bounds_a_hung_target_source() {
+    struct Hung;
+    impl TargetSource for Hung {
+        fn fetch(
+            &self,
+        ) -> std::pin::Pin<
+            Box<
+                dyn std::future::Future<
+                        Output = Result<svc_update::kube::Target, svc_update::kube::TargetError>,
+                    > + Send
+                    + '_,
+            >,
+        > {
+            Box::pin(std::future::pending())
+        }
+    }
+    let mut h = Harness::new(sts("17.0.0"), vec![], "v17.1.0", true).await;
+    let mut c = config(WorkloadKind::StatefulSet);
+    c.reconcile_timeout = Duration::from_millis(50);
+    c.retry_after = Duration::from_millis(10);
+    let ctx = Arc::new(Context {
+        client: h.api.client(NS),
+        config: c,
+        target: Arc::new(Hung),
+        clock: h.clock.clone(),
+        metrics: h.metrics.clone(),
+    });
+    h.task = Some(tokio::spawn(controller::run(ctx)));
+    wait_until("two timed-out reconciles", || {
+        load(&h.metrics.reconciles_failed) >= 2
+    })
+    .await;
+    assert_eq!(h.workload_patches(), 0);
+    assert!(
+        h.logs.text().contains("reconcile did not finish within 50ms"),
+        "{}",
+        h.logs.text()
+    );
+}

@@ -207,6 +207,36 @@ async fn kubectl_create_get_annotate_patch_delete() {
     let out = k.run(&["delete", "pod", "svc-agent-0", "--wait=false"]).await;
     assert!(out.contains("deleted"), "{out}");
     assert!(api.get("Pod", "svc", "svc-agent-0").is_none());
+    // Replace (PUT) of a Deployment, guarded by nothing but the name, then a stale one.
+    let deployment = STS
+        .replace("kind: StatefulSet", "kind: Deployment")
+        .replace("  serviceName: svc-agent\n", "");
+    let dfile = k.file("deploy.yaml", &deployment);
+    k.run(&["create", "-f", &dfile, "--validate=false"]).await;
+    let replaced = deployment.replace("replicas: 1", "replicas: 2");
+    let rfile = k.file("deploy2.yaml", &replaced);
+    k.run(&["replace", "-f", &rfile, "--validate=false"]).await;
+    assert_eq!(
+        api.get("Deployment", "svc", "svc-agent").unwrap()["spec"]["replicas"],
+        2
+    );
+    assert!(
+        api.requests()
+            .iter()
+            .any(|r| r.method == "PUT" && r.path.ends_with("/deployments/svc-agent"))
+    );
+    let stale = replaced.replace(
+        "  name: svc-agent\n",
+        "  name: svc-agent\n  resourceVersion: \"1\"\n",
+    );
+    let sfile = k.file("deploy3.yaml", &stale);
+    let conflict = k
+        .command(&["replace", "-f", &sfile, "--validate=false"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!conflict.status.success());
+    assert!(String::from_utf8_lossy(&conflict.stderr).contains("the object has been modified"));
     // Creating twice conflicts, as a real server says.
     let again = k
         .command(&["create", "-f", &file, "--validate=false"])
