@@ -8,6 +8,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use svc_core::clock::SystemClock;
+use svc_net::dial::ProxyDialer;
 use svc_update::kube::{
     HttpTargetSource, UpdaterConfig, WorkloadKind,
     controller::{self, Context},
@@ -105,7 +106,9 @@ async fn main() -> anyhow::Result<()> {
         .context("loading the system's root certificates")?
         .https_or_http()
         .enable_http1()
-        .build();
+        // HTTPS_PROXY / NO_PROXY are honoured for the version server, like every outbound
+        // connection svc makes.
+        .wrap_connector(ProxyDialer::from_env().context("reading HTTPS_PROXY / NO_PROXY")?);
     let target = HttpTargetSource::with_connector(
         channel_base_url(&args.version_server, &args.version_channel),
         connector,
