@@ -4,4 +4,6 @@
 #![warn(clippy::unwrap_used)]
 
 pub mod channel;
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod linux;
