@@ -23,6 +23,78 @@ mod tls;
 #[allow(missing_docs, unreachable_pub, clippy::all)]
 pub mod proto {
     tonic::include_proto!("svc.auth.v1");
+
+    use std::fmt;
+
+    // The messages holding secrets print everything but the secret.
+
+    impl fmt::Debug for JoinRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("JoinRequest")
+                .field("token", &"***")
+                .field("node_name", &self.node_name)
+                .field("roles", &self.roles)
+                .field("additional_names", &self.additional_names)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl fmt::Debug for LoginRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("LoginRequest")
+                .field("username", &self.username)
+                .field("password", &"***")
+                .field("ttl_seconds", &self.ttl_seconds)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl fmt::Debug for CreateUserRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("CreateUserRequest")
+                .field("name", &self.name)
+                .field("roles", &self.roles)
+                .field("logins", &self.logins)
+                .field("password", &"***")
+                .finish()
+        }
+    }
+
+    impl fmt::Debug for CreateTokenResponse {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("CreateTokenResponse")
+                .field("token", &"***")
+                .field("expires_unix", &self.expires_unix)
+                .finish()
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn secret_messages_redact_in_debug() {
+            let login = super::LoginRequest {
+                username: "alice".into(),
+                password: "hunter2hunter2".into(),
+                ..Default::default()
+            };
+            let join = super::JoinRequest {
+                token: "abcdef0123456789".into(),
+                ..Default::default()
+            };
+            let user = super::CreateUserRequest {
+                password: "hunter2hunter2".into(),
+                ..Default::default()
+            };
+            let token = super::CreateTokenResponse {
+                token: "abcdef0123456789".into(),
+                expires_unix: 1,
+            };
+            let all = format!("{login:?} {join:?} {user:?} {token:?}");
+            assert!(all.contains("alice"));
+            assert!(!all.contains("hunter2") && !all.contains("abcdef"), "{all}");
+        }
+    }
 }
 
 pub use client::{AuthClient, ClientError, JoinParams, join};
