@@ -187,7 +187,15 @@ async fn the_specification_procedures_word_for_word() {
         denied.stderr
     );
     cluster.tsh(&["logout"], None).ok();
-    cluster.login("admin", PASSWORD).ok();
+    // Signing in again, this time verifying the proxy against its CA instead of --insecure.
+    let proxy = format!("--proxy={}", cluster.web_addr);
+    let cacert = format!("--cacert={}", cluster.data_dir.join("proxy-ca.pem").display());
+    cluster
+        .tsh(
+            &["login", &proxy, "--user=admin", &cacert],
+            Some(&format!("{PASSWORD}\n")),
+        )
+        .ok();
     assert_eq!(roles_of(&cluster), ["editor", "maintenance-admin"]);
     let out = cluster.tctl(&["create", config]).ok();
     assert!(

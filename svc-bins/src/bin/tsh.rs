@@ -36,6 +36,10 @@ enum Command {
         /// Do not verify the proxy's certificate (self-signed test clusters only).
         #[arg(long)]
         insecure: bool,
+        /// Trust the proxy certificate signed by this CA (PEM), e.g. the self-signed
+        /// `proxy-ca.pem` in the proxy's data directory.
+        #[arg(long)]
+        cacert: Option<std::path::PathBuf>,
         /// Requested session length (at most 12h).
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Option<Duration>,
@@ -71,6 +75,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             proxy,
             user,
             insecure,
+            cacert,
             ttl,
         } => {
             let user = match user.or_else(|| std::env::var("USER").ok()) {
@@ -81,10 +86,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let proxy = svc_core::Addr::parse_with_default_port(&proxy, 3080)
                 .with_context(|| format!("--proxy {proxy}"))?
                 .to_string();
+            let ca = cacert
+                .map(|f| std::fs::read(&f).with_context(|| format!("reading --cacert {}", f.display())))
+                .transpose()?;
             let password = read_password(&user)?;
             let rt = tokio::runtime::Runtime::new()?;
             let identity = rt.block_on(svc_net::web::login::login_via_proxy(
-                &proxy, insecure, None, &user, &password, ttl,
+                &proxy,
+                insecure,
+                ca.as_deref(),
+                &user,
+                &password,
+                ttl,
             ))?;
             let profile = Profile { proxy, identity };
             profile.save().context("saving the profile")?;
