@@ -1,7 +1,7 @@
 //! Resources in the backend: `/resources/<kind>/<name>` holding the resource as JSON, the
 //! backend revision becoming `metadata.revision` on the way out.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use super::AuthError;
 use crate::backend::{Backend, Item, Key, KeyRange, Revision};
@@ -10,6 +10,9 @@ use crate::resource::{Kind, Resource, parse_resource};
 /// What a spent join token is replaced with until it expires: a second join with it is refused
 /// as "already used" rather than "invalid".
 pub(super) const USED_TOKEN: &[u8] = b"used";
+
+/// How long an expired join token stays stored (see [`encode`]).
+const EXPIRED_TOKEN_GRACE: Duration = Duration::from_secs(3600);
 
 pub(super) struct Store<'a> {
     backend: &'a dyn Backend,
@@ -39,7 +42,14 @@ fn encode(resource: &Resource) -> Result<Item, AuthError> {
         copy.to_json()?.into_bytes(),
     );
     if let Some(expires) = resource.expires() {
-        item = item.with_expiry(SystemTime::from(expires));
+        // A token is kept a while past its expiry so that a late agent hears "expired" rather
+        // than "invalid"; readers check the resource's own expiry.
+        let grace = if resource.kind() == Kind::Token {
+            EXPIRED_TOKEN_GRACE
+        } else {
+            Duration::ZERO
+        };
+        item = item.with_expiry(SystemTime::from(expires) + grace);
     }
     Ok(item)
 }
