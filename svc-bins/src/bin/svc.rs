@@ -40,6 +40,12 @@ enum Command {
         /// Overrides svc.data_dir.
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Overrides proxy_service.web_listen_addr.
+        #[arg(long)]
+        web_listen_addr: Option<String>,
+        /// Overrides proxy_service.public_addr.
+        #[arg(long)]
+        public_addr: Option<String>,
     },
 }
 
@@ -60,8 +66,22 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Version => println!("svc {}", svc_core::version::current()),
         Command::Configure => print!("{}", svc_core::config::render_default_commented()),
-        Command::Start { config, data_dir } => {
-            let config = load_config(config.as_deref(), data_dir)?;
+        Command::Start {
+            config,
+            data_dir,
+            web_listen_addr,
+            public_addr,
+        } => {
+            let mut config = load_config(config.as_deref(), data_dir)?;
+            if let Some(a) = web_listen_addr {
+                config.proxy.web_listen_addr = Addr::parse_with_default_port(&a, 3080)
+                    .with_context(|| format!("--web-listen-addr {a}"))?;
+            }
+            if let Some(a) = public_addr {
+                config.proxy.public_addr = Some(
+                    Addr::parse_with_default_port(&a, 443).with_context(|| format!("--public-addr {a}"))?,
+                );
+            }
             svc_bins::init_logging(&format!("{:?}", config.svc.log.severity).to_lowercase());
             let tunnel_override = std::env::var("SVC_TUNNEL_PUBLIC_ADDR")
                 .ok()
