@@ -18,11 +18,13 @@
 //! | [`rbac`] | [`RoleSet`]: verbs on resources, logins, label selectors, preset roles |
 //! | [`maintenance`] | maintenance windows and the schedules exported to updaters |
 //! | [`backend`] | storage: the [`Backend`](backend::Backend) trait, in-memory and embedded (redb) backends |
+//! | [`auth`] | the Auth Service's domain logic: RBAC-checked calls over the backend and the CAs |
 //! | [`identity`] | certificate authorities, X.509 and OpenSSH certificates, identity verification |
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
 pub mod addr;
+pub mod auth;
 pub mod backend;
 pub mod channel;
 pub mod clock;

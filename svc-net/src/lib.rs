@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
+pub mod auth;
 pub mod dial;
 pub mod listen;
 pub mod proxy;

@@ -1,17 +1,17 @@
-//! `svc`: runs the cluster's services (auth, proxy, agents) from `svc.yaml` or the defaults.
+//! `svc`: runs the cluster's services (Auth and Proxy) from `svc.yaml` or the defaults.
 //!
-//! Glue only: parse the CLI, build the Proxy Service from `ProxySettings`, run until SIGTERM or
-//! SIGINT, drain.
+//! Glue only: parse the CLI, load the configuration, start the services
+//! ([`svc_bins::cluster::start`]), run until SIGTERM or SIGINT, drain.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use svc_core::Addr;
-use svc_net::{
-    proxy::{DEFAULT_DATA_DIR, ProxyBuilder, ProxySettings},
-    tls::TlsSource,
-};
+use svc_core::config::Config;
+
+/// The configuration file read when `--config` is not given, if it exists.
+const DEFAULT_CONFIG: &str = "/etc/svc.yaml";
 
 #[derive(Parser)]
 #[command(
@@ -28,41 +28,62 @@ struct Cli {
 enum Command {
     /// Print the version of this svc build.
     Version,
-    /// Run the Proxy Service (loopback defaults) until SIGTERM or SIGINT.
+    /// Print a commented default svc.yaml.
+    Configure,
+    /// Run the services svc.yaml enables (without one: Auth + Proxy on loopback) until SIGTERM
+    /// or SIGINT.
     Start {
-        /// Where state (the generated certificate) is kept.
-        #[arg(long, default_value = DEFAULT_DATA_DIR)]
-        data_dir: PathBuf,
-        /// The web listen address (in TLS routing mode: every protocol).
-        #[arg(long, default_value = "127.0.0.1:3080")]
-        web_listen_addr: String,
-        /// The public web address clients and agents use.
+        /// The configuration file (default: /etc/svc.yaml when it exists, else the all-in-one
+        /// defaults).
+        #[arg(long, short = 'c')]
+        config: Option<PathBuf>,
+        /// Overrides svc.data_dir.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Overrides proxy_service.web_listen_addr.
+        #[arg(long)]
+        web_listen_addr: Option<String>,
+        /// Overrides proxy_service.public_addr.
         #[arg(long)]
         public_addr: Option<String>,
     },
 }
 
+fn load_config(file: Option<&Path>, data_dir: Option<PathBuf>) -> anyhow::Result<Config> {
+    let default = Path::new(DEFAULT_CONFIG);
+    let mut config = match file {
+        Some(f) => Config::load(f)?,
+        None if default.exists() => Config::load(default)?,
+        None => Config::all_in_one_default(),
+    };
+    if let Some(dir) = data_dir {
+        config.svc.data_dir = dir;
+    }
+    Ok(config)
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Version => println!("svc {}", svc_core::version::current()),
+        Command::Configure => print!("{}", svc_core::config::render_default_commented()),
         Command::Start {
+            config,
             data_dir,
             web_listen_addr,
             public_addr,
         } => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-                )
-                .with_writer(std::io::stderr)
-                .init();
-            let mut settings = ProxySettings::default();
-            settings.web_listen_addr = Addr::parse_with_default_port(&web_listen_addr, 3080)
-                .with_context(|| format!("--web-listen-addr {web_listen_addr}"))?;
-            settings.web_public_addr = public_addr
-                .map(|a| Addr::parse_with_default_port(&a, 443).with_context(|| format!("--public-addr {a}")))
-                .transpose()?;
-            settings.tunnel_public_addr_override = std::env::var("SVC_TUNNEL_PUBLIC_ADDR")
+            let mut config = load_config(config.as_deref(), data_dir)?;
+            if let Some(a) = web_listen_addr {
+                config.proxy.web_listen_addr = Addr::parse_with_default_port(&a, 3080)
+                    .with_context(|| format!("--web-listen-addr {a}"))?;
+            }
+            if let Some(a) = public_addr {
+                config.proxy.public_addr = Some(
+                    Addr::parse_with_default_port(&a, 443).with_context(|| format!("--public-addr {a}"))?,
+                );
+            }
+            svc_bins::init_logging(&format!("{:?}", config.svc.log.severity).to_lowercase());
+            let tunnel_override = std::env::var("SVC_TUNNEL_PUBLIC_ADDR")
                 .ok()
                 .filter(|v| !v.is_empty())
                 .map(|v| {
@@ -70,30 +91,44 @@ fn main() -> anyhow::Result<()> {
                         .with_context(|| format!("SVC_TUNNEL_PUBLIC_ADDR={v}"))
                 })
                 .transpose()?;
-            settings.tls = TlsSource::Generated { data_dir };
-            tokio::runtime::Runtime::new()?.block_on(run(settings))?;
+            tokio::runtime::Runtime::new()?.block_on(run(config, tunnel_override))?;
         }
     }
     Ok(())
 }
 
-async fn run(settings: ProxySettings) -> anyhow::Result<()> {
-    let builder = svc_update::channel::http::install_direct(ProxyBuilder::new(settings))?;
-    let proxy = builder.bind().await?;
-    println!("svc proxy {} listening", svc_core::version::current());
-    println!("  web (TLS routing): https://{}", proxy.addrs().web);
-    for (field, addr) in &proxy.addrs().others {
-        println!("  {field}: {addr}");
-    }
-    if let Some(ca) = proxy.ca_file() {
-        println!("  self-signed CA: {}", ca.display());
+async fn run(config: Config, tunnel_override: Option<Addr>) -> anyhow::Result<()> {
+    let running = svc_bins::cluster::start(&config, tunnel_override).await?;
+    let data_dir = config.svc.data_dir.display();
+    println!(
+        "svc {}: cluster {:?} is running",
+        svc_core::version::current(),
+        running.cluster
+    );
+    println!("  auth: {}", running.auth_addr);
+    println!("  CA pin: {}", running.ca_pin);
+    println!("  admin identity: {}", running.admin_identity.display());
+    if let Some(proxy) = &running.proxy {
+        println!("  web: https://{}", proxy.addrs().web);
+        for (field, addr) in &proxy.addrs().others {
+            println!("  {field}: {addr}");
+        }
+        println!();
+        println!("Create the first user (prints a password), then sign in with it:");
+        println!("  tctl --data-dir {data_dir} users add admin --roles=editor,access --logins=root");
+        let insecure = if proxy.ca_file().is_some() {
+            " --insecure"
+        } else {
+            ""
+        };
+        println!("  tsh login --proxy={} --user=admin{insecure}", proxy.addrs().web);
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => {}
         r = tokio::signal::ctrl_c() => r?,
     }
-    println!("svc proxy: shutting down, draining connections");
-    proxy.shutdown().await;
+    println!("svc: shutting down, draining connections");
+    running.shutdown().await;
     Ok(())
 }

@@ -7,6 +7,7 @@
 //! from `svc-update` this way, keeping the dependency direction), and JSON errors
 //! `{"error":{"message":…}}` for everything else.
 
+pub mod login;
 pub mod ping;
 
 use std::{

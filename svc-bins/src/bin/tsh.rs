@@ -1,0 +1,163 @@
+//! `tsh`: signs users in through the Proxy and keeps the session (a profile under `~/.svc/`,
+//! or `$SVC_HOME`).
+
+use std::io::{BufRead, IsTerminal};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use svc_bins::profile::Profile;
+use svc_core::Secret;
+
+#[derive(Parser)]
+#[command(name = "tsh", about = "svc client", disable_version_flag = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Sign in through the proxy (password from the terminal, or from standard input when it is
+    /// not a terminal).
+    Login {
+        /// The proxy's web address, host[:port] (default port 3080).
+        #[arg(long)]
+        proxy: String,
+        /// The user name (default: $USER).
+        #[arg(long)]
+        user: Option<String>,
+        /// Do not verify the proxy's certificate (self-signed test clusters only).
+        #[arg(long)]
+        insecure: bool,
+        /// Trust the proxy certificate signed by this CA (PEM), e.g. the self-signed
+        /// `proxy-ca.pem` in the proxy's data directory.
+        #[arg(long)]
+        cacert: Option<std::path::PathBuf>,
+        /// Requested session length (at most 12h).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
+    },
+    /// Show the signed-in session.
+    Status {
+        #[arg(short = 'f', long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    /// Sign out: delete the session's keys and certificates.
+    Logout,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    svc_bins::exit_on_error(run(cli));
+}
+
+fn read_password(user: &str) -> anyhow::Result<Secret> {
+    if std::io::stdin().is_terminal() {
+        return Ok(Secret::new(rpassword::prompt_password(format!(
+            "Enter password for svc user {user}: "
+        ))?));
+    }
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    Ok(Secret::new(line.trim_end_matches(['\r', '\n']).to_owned()))
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Login {
+            proxy,
+            user,
+            insecure,
+            cacert,
+            ttl,
+        } => {
+            let user = match user.or_else(|| std::env::var("USER").ok()) {
+                Some(u) if !u.is_empty() => u,
+                _ => anyhow::bail!("no user name: pass --user"),
+            };
+            // `host` alone means the default web port.
+            let proxy = svc_core::Addr::parse_with_default_port(&proxy, 3080)
+                .with_context(|| format!("--proxy {proxy}"))?
+                .to_string();
+            let ca = cacert
+                .map(|f| std::fs::read(&f).with_context(|| format!("reading --cacert {}", f.display())))
+                .transpose()?;
+            let password = read_password(&user)?;
+            let rt = tokio::runtime::Runtime::new()?;
+            let identity = rt.block_on(svc_net::web::login::login_via_proxy(
+                &proxy,
+                insecure,
+                ca.as_deref(),
+                &user,
+                &password,
+                ttl,
+            ))?;
+            let profile = Profile { proxy, identity };
+            profile.save().context("saving the profile")?;
+            print_status(&profile, Format::Text)
+        }
+        Command::Status { format } => match Profile::load()? {
+            Some(profile) => print_status(&profile, format),
+            None => anyhow::bail!("not signed in: run tsh login"),
+        },
+        Command::Logout => {
+            if Profile::remove()? {
+                println!("Logged out.");
+            } else {
+                println!("Not signed in.");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_status(profile: &Profile, format: Format) -> anyhow::Result<()> {
+    let user = profile.user()?;
+    let not_after = profile.identity.not_after();
+    let valid_until = humantime::format_rfc3339_seconds(not_after).to_string();
+    let left = not_after.duration_since(SystemTime::now()).ok();
+    match format {
+        Format::Json => {
+            let json = serde_json::json!({
+                "active": {
+                    "profile_url": format!("https://{}", profile.proxy),
+                    "username": user.username,
+                    "cluster": user.cluster,
+                    "roles": user.roles,
+                    "logins": user.logins.iter().filter(|l| !l.starts_with('-')).collect::<Vec<_>>(),
+                    "valid_until": valid_until,
+                    "expired": left.is_none(),
+                }
+            });
+            println!("{}", serde_json::to_string_pretty(&json)?);
+        }
+        Format::Text => {
+            println!("> Profile URL:  https://{}", profile.proxy);
+            println!("  Logged in as: {}", user.username);
+            println!("  Cluster:      {}", user.cluster);
+            println!("  Roles:        {}", user.roles.join(", "));
+            let logins: Vec<&str> = user
+                .logins
+                .iter()
+                .map(String::as_str)
+                .filter(|l| !l.starts_with('-'))
+                .collect();
+            println!("  Logins:       {}", logins.join(", "));
+            match left {
+                Some(d) => println!(
+                    "  Valid until:  {valid_until} [valid for {}]",
+                    humantime::format_duration(Duration::from_secs(d.as_secs() / 60 * 60))
+                ),
+                None => println!("  Valid until:  {valid_until} [EXPIRED]"),
+            }
+        }
+    }
+    Ok(())
+}

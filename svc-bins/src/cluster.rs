@@ -1,0 +1,270 @@
+//! `svc start`: the Auth Service and the Proxy Service of one process, from a [`Config`].
+//!
+//! Order: open the backend → open the Auth Service (CAs created on first start) → serve its
+//! gRPC API → write the admin identity for `tctl` on this host → give the in-process proxy a
+//! host identity and mount `/webapi/login` (which calls the Auth API with it) and the version
+//! server (fetching `forward_url`s through the environment-aware dialer) → bind the proxy.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use svc_core::auth::AuthService;
+use svc_core::backend::{Backend, EmbeddedBackend};
+use svc_core::config::Config;
+use svc_core::identity::{HostCertRequest, SystemRole};
+use svc_core::{Addr, SystemClock};
+use svc_net::auth::{AuthClient, ClientIdentity, KeyMaterial};
+use svc_net::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
+use svc_net::tls::TlsSource;
+use tokio_util::sync::CancellationToken;
+
+/// The admin identity file in the data directory: `tctl` on the Auth host uses it.
+pub const ADMIN_IDENTITY_FILE: &str = "admin-identity.json";
+/// The embedded backend's file in the data directory.
+pub const BACKEND_FILE: &str = "backend.redb";
+
+/// The admin identity path for a data directory.
+pub fn admin_identity_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(ADMIN_IDENTITY_FILE)
+}
+
+/// Maps the configuration onto the Proxy Service's settings.
+pub fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> ProxySettings {
+    let p = &config.proxy;
+    let mut s = ProxySettings::default();
+    s.cluster_name = config.cluster_name().to_owned();
+    s.listener_mode = config.listener_mode();
+    s.web_listen_addr = p.web_listen_addr.clone();
+    s.web_public_addr = p.public_addr.clone();
+    s.ssh_listen_addr = p.ssh_listen_addr.clone();
+    s.ssh_public_addr = p.ssh_public_addr.clone();
+    s.tunnel_listen_addr = p.tunnel_listen_addr.clone();
+    s.tunnel_public_addr = p.tunnel_public_addr.clone();
+    s.tunnel_public_addr_override = tunnel_override;
+    s.peer_listen_addr = Some(p.peer_listen_addr.clone());
+    s.kube_enabled = p.kube_listen_addr.is_some() || p.kube_public_addr.is_some();
+    s.kube_listen_addr = p.kube_listen_addr.clone();
+    s.kube_public_addr = p.kube_public_addr.clone();
+    s.postgres_listen_addr = p.db.postgres_listen_addr.clone();
+    s.postgres_public_addr = p.db.postgres_public_addr.clone();
+    s.mysql_listen_addr = p.db.mysql_listen_addr.clone();
+    s.mysql_public_addr = p.db.mysql_public_addr.clone();
+    s.mongo_listen_addr = p.db.mongo_listen_addr.clone();
+    s.mongo_public_addr = p.db.mongo_public_addr.clone();
+    s.tls = match p.https_keypairs.first() {
+        Some(kp) => TlsSource::Files {
+            cert: kp.cert_file.clone(),
+            key: kp.key_file.clone(),
+        },
+        None => TlsSource::Generated {
+            data_dir: config.svc.data_dir.clone(),
+        },
+    };
+    s.trusted_proxy_networks = p.trusted_proxy_networks().to_vec();
+    s.channels = p.channels().clone();
+    s.automatic_upgrades = !s.channels.is_empty();
+    s
+}
+
+/// A running cluster process.
+pub struct Running {
+    /// The Auth API address.
+    pub auth_addr: SocketAddr,
+    /// The running proxy, if enabled.
+    pub proxy: Option<RunningProxy>,
+    /// The admin identity file written for `tctl`.
+    pub admin_identity: PathBuf,
+    /// The cluster name.
+    pub cluster: String,
+    /// The host CA pin.
+    pub ca_pin: String,
+    shutdown: CancellationToken,
+    auth_task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops the proxy (draining) and the Auth API.
+    pub async fn shutdown(self) {
+        if let Some(proxy) = self.proxy {
+            proxy.shutdown().await;
+        }
+        self.shutdown.cancel();
+        let _ = self.auth_task.await;
+    }
+}
+
+/// Where clients on this host reach a listener bound to `bound`.
+fn dialable(bound: SocketAddr) -> SocketAddr {
+    if bound.ip().is_unspecified() {
+        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), bound.port())
+    } else {
+        bound
+    }
+}
+
+fn host_identity(
+    auth: &AuthService,
+    node: &str,
+    role: SystemRole,
+    auth_addr: SocketAddr,
+) -> anyhow::Result<ClientIdentity> {
+    let keys = KeyMaterial::generate()?;
+    let req = HostCertRequest {
+        host_uuid: uuid::Uuid::new_v4(),
+        node_name: node.to_owned(),
+        roles: vec![role],
+        additional_names: Vec::new(),
+        ttl: svc_core::auth::HOST_CERT_TTL,
+    };
+    let certs = auth.issue_host_certs(&req, &keys.tls_public_key(), keys.ssh_public_key())?;
+    let mut identity = keys.into_identity(&certs, auth.cluster())?;
+    identity.auth_addr = dialable(auth_addr).to_string();
+    Ok(identity)
+}
+
+/// Starts what `config` enables (Auth and Proxy) and returns once both listen.
+pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Result<Running> {
+    if !config.auth.enabled {
+        bail!("auth_service.enabled is false: svc start runs the Auth Service in this release; enable it");
+    }
+    let data_dir = &config.svc.data_dir;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
+    let backend: Arc<dyn Backend> = Arc::new(
+        EmbeddedBackend::open(data_dir.join(BACKEND_FILE))
+            .with_context(|| format!("opening the backend in {}", data_dir.display()))?,
+    );
+    let auth = Arc::new(AuthService::open(backend, config.cluster_name(), Arc::new(SystemClock)).await?);
+
+    let listen = config.auth.listen_addr.to_string();
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .with_context(|| format!("auth_service.listen_addr {listen}"))?;
+    let auth_addr = listener.local_addr()?;
+    let mut names: Vec<String> = config.auth.public_addrs.iter().map(|a| a.host_str()).collect();
+    names.push(config.auth.listen_addr.host_str());
+    let server_identity = svc_net::auth::server_identity(&auth, &config.svc.nodename, &names)?;
+    let shutdown = CancellationToken::new();
+    let serve_auth = auth.clone();
+    let serve_shutdown = shutdown.clone();
+    let auth_task = tokio::spawn(async move {
+        if let Err(e) = svc_net::auth::serve(listener, serve_auth, server_identity, serve_shutdown).await {
+            tracing::error!(error = %e, "auth API stopped");
+        }
+    });
+
+    let admin = host_identity(&auth, &config.svc.nodename, SystemRole::Auth, auth_addr)?;
+    let admin_identity = admin_identity_path(data_dir);
+    admin.save(&admin_identity)?;
+
+    let proxy = if config.proxy.enabled {
+        let identity = host_identity(&auth, &config.svc.nodename, SystemRole::Proxy, auth_addr)?;
+        let client = AuthClient::connect(&identity.auth_addr, &identity).await?;
+        let settings = proxy_settings(config, tunnel_override);
+        // With TLS routing, signed-in clients reach the Auth API through the proxy's web port
+        // (ALPN `svc-auth@<cluster>`); otherwise at its public (or local) address.
+        let routed = settings.listener_mode.tls_routing();
+        let public_auth = (!routed).then(|| {
+            config
+                .auth
+                .public_addrs
+                .first()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| dialable(auth_addr).to_string())
+        });
+        let mut builder = ProxyBuilder::new(settings).web_mount(
+            svc_net::web::login::LOGIN_PATH,
+            svc_net::web::login::login_service(client, public_auth),
+        );
+        if routed {
+            builder = builder.route_prefix(
+                svc_net::route::alpn::AUTH_PREFIX,
+                svc_net::auth::auth_route(dialable(auth_addr)),
+            );
+        }
+        let builder = install_version_server(builder)?;
+        Some(builder.bind().await?)
+    } else {
+        None
+    };
+    Ok(Running {
+        auth_addr,
+        proxy,
+        admin_identity,
+        cluster: auth.cluster().to_owned(),
+        ca_pin: auth.ca_pin(),
+        shutdown,
+        auth_task,
+    })
+}
+
+/// Mounts the version server; `forward_url` upstreams are fetched through the
+/// environment-aware dialer (HTTPS_PROXY / NO_PROXY).
+fn install_version_server(builder: ProxyBuilder) -> anyhow::Result<ProxyBuilder> {
+    use svc_update::channel::{Fetcher, VersionResolver, http::VersionHandler};
+    let dialer = svc_net::dial::ProxyDialer::from_env()?;
+    let tls = svc_net::tls::client_config(None)?;
+    let fetcher = Fetcher::new(dialer, tls, Arc::new(SystemClock));
+    let resolver = VersionResolver::new(
+        builder.settings().channels.clone(),
+        builder.version().clone(),
+        fetcher,
+    );
+    Ok(VersionHandler::new(resolver).install(builder))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_configuration_maps_onto_the_proxy_settings() {
+        let yaml = "version: v1\nsvc:\n  data_dir: /srv/svc\nauth_service:\n  cluster_name: example.com\n  proxy_listener_mode: separate\nproxy_service:\n  public_addr: proxy.example.com:443\n  web_listen_addr: 0.0.0.0:3080\n  tunnel_listen_addr: 0.0.0.0:3024\n  tunnel_public_addr: tunnel.example.com:3024\n  listen_addr: 0.0.0.0:3023\n  ssh_public_addr: ssh.example.com:3023\n  kube_listen_addr: 0.0.0.0:3026\n  postgres_listen_addr: 0.0.0.0:5432\n  mysql_listen_addr: 0.0.0.0:3036\n  automatic_upgrades_channels:\n    stable/cloud:\n      static_version: v17.0.1\n";
+        let config = Config::from_yaml_str_with_hostname(yaml, "h").unwrap();
+        let s = proxy_settings(
+            &config,
+            Some(Addr::parse_with_default_port("override:443", 3024).unwrap()),
+        );
+        assert_eq!(s.cluster_name, "example.com");
+        assert!(!s.listener_mode.tls_routing());
+        assert_eq!(s.web_listen_addr.to_string(), "0.0.0.0:3080");
+        assert_eq!(
+            s.web_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            Some("proxy.example.com:443")
+        );
+        assert_eq!(
+            s.ssh_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            Some("ssh.example.com:3023")
+        );
+        assert_eq!(
+            s.tunnel_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            Some("tunnel.example.com:3024")
+        );
+        assert_eq!(
+            s.tunnel_public_addr_override
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
+            Some("override:443")
+        );
+        assert!(s.kube_enabled);
+        assert!(s.postgres_listen_addr.is_some() && s.mysql_listen_addr.is_some());
+        assert!(s.channels.contains_key("stable/cloud"));
+        assert!(s.automatic_upgrades);
+        assert_eq!(
+            s.tls,
+            TlsSource::Generated {
+                data_dir: PathBuf::from("/srv/svc")
+            }
+        );
+    }
+
+    #[test]
+    fn svc_configure_prints_the_all_in_one_default() {
+        let text = svc_core::config::render_default_commented();
+        let parsed = Config::from_yaml_str_with_hostname(&text, "h").unwrap();
+        assert_eq!(parsed, Config::all_in_one_default_with_hostname("h"));
+    }
+}

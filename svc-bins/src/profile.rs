@@ -1,0 +1,139 @@
+//! Client identities: the `tsh` profile under `~/.svc/` (or `$SVC_HOME`), and the choice of
+//! identity `tctl` acts with.
+//!
+//! Profile format: `<home>/profile.json`, mode 0600, `{"proxy": "host:port", "identity":
+//! <identity file>}` where the identity file is [`ClientIdentity`] (user certificates, private
+//! keys, trusted CAs, Auth API address). The roles shown by `tsh status` are read back from the
+//! certificate itself, so they are exactly what the cluster will see.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use anyhow::{Context, anyhow};
+use serde::{Deserialize, Serialize};
+use svc_core::identity::UserIdentity;
+use svc_net::auth::ClientIdentity;
+
+/// The environment variable that relocates the profile directory.
+pub const SVC_HOME_ENV: &str = "SVC_HOME";
+/// The profile file name.
+pub const PROFILE_FILE: &str = "profile.json";
+
+/// A signed-in session.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Profile {
+    /// The proxy signed in through.
+    pub proxy: String,
+    /// The user's identity.
+    pub identity: ClientIdentity,
+}
+
+/// `$SVC_HOME`, else `~/.svc`.
+pub fn home() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(SVC_HOME_ENV).filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| anyhow!("neither {SVC_HOME_ENV} nor HOME is set"))?;
+    Ok(PathBuf::from(home).join(".svc"))
+}
+
+/// The profile path.
+pub fn profile_path() -> anyhow::Result<PathBuf> {
+    Ok(home()?.join(PROFILE_FILE))
+}
+
+impl Profile {
+    /// Reads the profile, `None` when not signed in.
+    pub fn load() -> anyhow::Result<Option<Profile>> {
+        let path = profile_path()?;
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
+                    format!("{}: not a svc profile", path.display())
+                })?))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    /// Writes the profile (mode 0600).
+    pub fn save(&self) -> anyhow::Result<PathBuf> {
+        use std::io::Write;
+        let path = profile_path()?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let tmp = path.with_extension("tmp");
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600);
+        }
+        let mut f = opts
+            .open(&tmp)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        f.write_all(&serde_json::to_vec_pretty(self)?)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// Removes the profile; whether there was one.
+    pub fn remove() -> anyhow::Result<bool> {
+        let path = profile_path()?;
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+        }
+    }
+
+    /// The user identity the certificate states (user name, roles, logins, validity), verified
+    /// against the cluster's user CA.
+    pub fn user(&self) -> anyhow::Result<UserIdentity> {
+        let (chain, _) = self.identity.tls_parts()?;
+        // Verify at a moment inside the validity, so an expired profile still shows who it was.
+        let at = self
+            .identity
+            .not_after()
+            .checked_sub(std::time::Duration::from_secs(1))
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        Ok(self.identity.verifier()?.verify_user_x509(&chain, at)?)
+    }
+}
+
+/// Which identity `tctl` acts with: on the Auth host (`--data-dir` or `--config` given) the
+/// admin identity in the data directory; otherwise the signed-in `tsh` profile; otherwise the
+/// admin identity of the default data directory.
+pub fn tctl_identity(
+    explicit_data_dir: Option<&Path>,
+    default_data_dir: &Path,
+) -> anyhow::Result<ClientIdentity> {
+    if let Some(dir) = explicit_data_dir {
+        return admin_identity(dir);
+    }
+    if let Some(profile) = Profile::load()? {
+        if profile.identity.is_expired(SystemTime::now()) {
+            return Err(anyhow!(
+                "the session of {} has expired: sign in again with tsh login",
+                profile.identity.name
+            ));
+        }
+        return Ok(profile.identity);
+    }
+    admin_identity(default_data_dir).context("not signed in (tsh login) and no Auth Service data here")
+}
+
+fn admin_identity(data_dir: &Path) -> anyhow::Result<ClientIdentity> {
+    let path = crate::cluster::admin_identity_path(data_dir);
+    ClientIdentity::load(&path).with_context(|| {
+        format!(
+            "reading the admin identity {} (is svc start running with this data directory, and are you root?)",
+            path.display()
+        )
+    })
+}

@@ -1,0 +1,224 @@
+//! Runs the real `svc`, `tctl` and `tsh` binaries against a cluster in a temporary directory.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+pub const SVC: &str = env!("CARGO_BIN_EXE_svc");
+pub const TCTL: &str = env!("CARGO_BIN_EXE_tctl");
+pub const TSH: &str = env!("CARGO_BIN_EXE_tsh");
+
+/// One `svc start` process on free loopback ports, with its data and `SVC_HOME` in `dir`.
+pub struct Cluster {
+    pub dir: PathBuf,
+    tmp: Option<tempfile::TempDir>,
+    pub data_dir: PathBuf,
+    pub home: PathBuf,
+    pub auth_addr: String,
+    pub web_addr: String,
+    pub stderr_file: PathBuf,
+    child: Option<Child>,
+}
+
+pub struct Run {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn ok(self) -> Self {
+        assert!(
+            self.status.success(),
+            "command failed: {}\nstdout: {}",
+            self.stderr,
+            self.stdout
+        );
+        self
+    }
+}
+
+impl From<Output> for Run {
+    fn from(o: Output) -> Self {
+        Run {
+            status: o.status,
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+impl Cluster {
+    /// Starts `svc start --config` in a fresh directory.
+    pub fn start(severity: &str) -> Cluster {
+        Self::start_in(tempfile::tempdir().expect("tempdir"), severity)
+    }
+
+    /// Starts (or restarts) `svc` on the data in `tmp` (removed when the cluster is dropped).
+    pub fn start_in(tmp: tempfile::TempDir, severity: &str) -> Cluster {
+        let dir = tmp.path().to_owned();
+        let data_dir = dir.join("data");
+        let home = dir.join("home");
+        let config = dir.join("svc.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: v1\nsvc:\n  data_dir: {}\n  log:\n    severity: {severity}\nauth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n",
+                data_dir.display()
+            ),
+        )
+        .expect("write config");
+        let runs = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+        let stderr_file = dir.join(format!("svc-{runs}.stderr"));
+        let stderr = std::fs::File::create(&stderr_file).expect("stderr file");
+        let mut child = Command::new(SVC)
+            .args(["start", "--config"])
+            .arg(&config)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn svc");
+        // Readiness: svc prints its addresses once every listener is bound.
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let (mut auth_addr, mut web_addr) = (String::new(), String::new());
+        for line in lines.by_ref() {
+            let line = line.expect("svc stdout");
+            if let Some(a) = line.trim().strip_prefix("auth: ") {
+                auth_addr = a.to_owned();
+            }
+            if let Some(w) = line.trim().strip_prefix("web: https://") {
+                web_addr = w.to_owned();
+                break;
+            }
+        }
+        assert!(
+            !auth_addr.is_empty() && !web_addr.is_empty(),
+            "svc did not start: {}",
+            std::fs::read_to_string(&stderr_file).unwrap_or_default()
+        );
+        // Keep draining stdout so svc never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Cluster {
+            dir,
+            tmp: Some(tmp),
+            data_dir,
+            home,
+            auth_addr,
+            web_addr,
+            stderr_file,
+            child: Some(child),
+        }
+    }
+
+    fn command(&self, bin: &str, args: &[&str], stdin: Option<&str>) -> Run {
+        let mut child = Command::new(bin)
+            .args(args)
+            .env("SVC_HOME", &self.home)
+            .env_remove("RUST_LOG")
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(input.as_bytes())
+                .expect("write stdin");
+        }
+        child.wait_with_output().expect("wait").into()
+    }
+
+    /// `tctl ARGS` as the signed-in user (the tsh profile in SVC_HOME).
+    pub fn tctl(&self, args: &[&str]) -> Run {
+        self.command(TCTL, args, None)
+    }
+
+    /// `tctl ARGS` as the signed-in user, with `stdin`.
+    pub fn tctl_stdin(&self, args: &[&str], stdin: &str) -> Run {
+        self.command(TCTL, args, Some(stdin))
+    }
+
+    /// `tctl --data-dir DATA ARGS`: on the Auth host, with the admin identity.
+    pub fn tctl_admin(&self, args: &[&str], stdin: Option<&str>) -> Run {
+        let data = self.data_dir.to_string_lossy().into_owned();
+        let mut all = vec!["--data-dir", data.as_str()];
+        all.extend_from_slice(args);
+        self.command(TCTL, &all, stdin)
+    }
+
+    /// `tsh ARGS` with `stdin`.
+    pub fn tsh(&self, args: &[&str], stdin: Option<&str>) -> Run {
+        self.command(TSH, args, stdin)
+    }
+
+    /// `tsh login --proxy=... --user=USER --insecure` with the password on standard input.
+    pub fn login(&self, user: &str, password: &str) -> Run {
+        let proxy = format!("--proxy={}", self.web_addr);
+        let user = format!("--user={user}");
+        self.tsh(
+            &["login", &proxy, &user, "--insecure"],
+            Some(&format!("{password}\n")),
+        )
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.join(name);
+        std::fs::write(&path, text).expect("write file");
+        path
+    }
+
+    pub fn admin_identity(&self) -> svc_net::auth::ClientIdentity {
+        svc_net::auth::ClientIdentity::load(&self.data_dir.join("admin-identity.json"))
+            .expect("admin identity")
+    }
+
+    /// SIGKILL, no draining.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("kill -9 svc");
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait (so logs are flushed).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_file).unwrap_or_default()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Takes the directory (to restart on it) after stopping the process.
+    pub fn take_dir(&mut self) -> tempfile::TempDir {
+        self.kill9();
+        self.tmp.take().expect("directory already taken")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

@@ -1,0 +1,816 @@
+//! The Auth Service's domain logic: who may do what, and what is stored where.
+//!
+//! Data flow: the gRPC server (`svc_net::auth`) verifies a client certificate, turns the identity
+//! into a [`Caller`] ([`AuthService::caller`]: the roles named in a user certificate are loaded
+//! into a [`RoleSet`]), then calls one method here per API call. Every method checks RBAC first
+//! ([`AccessDenied`] names the verb and the kind), then reads or writes the [`Backend`] — with
+//! compare-and-swap on revisions wherever a value is read before it is written — and signs
+//! certificates with the cluster's two [`CertAuthority`]s.
+//!
+//! Storage layout (keys):
+//!
+//! | key | value |
+//! |---|---|
+//! | `/authorities/<host\|user>/<cluster>` | the CAs ([`CertAuthority::save`]) |
+//! | `/resources/<kind>/<name>` | a resource as JSON (roles, users, connectors, tokens, …) |
+//! | `/passwords/<user>` | the user's argon2 PHC hash string |
+//! | `/inventory/<host id>` | the last heartbeat of an agent (JSON), expiring after [`HEARTBEAT_TTL`] |
+//!
+//! Rights: a host certificate with the `auth` system role (the admin identity the Auth Service
+//! writes for `tctl` on its own host) may do everything; other hosts may only heartbeat (and a
+//! proxy may sign users in); users get exactly what their roles allow.
+
+mod password;
+mod store;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustls::pki_types::CertificateDer;
+use serde::{Deserialize, Serialize};
+use ssh_key::{Certificate, PublicKey};
+
+use crate::backend::{Backend, BackendError, Item, Key, KeyRange};
+use crate::clock::Clock;
+use crate::identity::{
+    CertAuthority, HostCertRequest, HostIdentity, Identity, IdentityError, IdentityKind, SystemRole,
+    TrustedCa, UserCertRequest, UserIdentity, Verifier, VerifyError,
+};
+use crate::rbac::{AccessDenied, RoleSet, Verb, preset_roles};
+use crate::resource::{JoinRole, Kind, Resource, ResourceError, Token, User};
+use crate::{Secret, Version};
+
+pub use password::{hash_password, verify_password};
+
+/// The SSH principal of a user without logins (a leading `-` is never a Unix user name).
+pub const NO_LOGIN_PRINCIPAL: &str = "-svc-no-login";
+/// How long the CAs are valid when the Auth Service creates them.
+pub const CA_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// How long host certificates issued at join are valid.
+pub const HOST_CERT_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The default (and longest) lifetime of user certificates: short-lived by design.
+pub const USER_CERT_TTL: Duration = Duration::from_secs(12 * 3600);
+/// The default lifetime of a join token.
+pub const TOKEN_TTL: Duration = Duration::from_secs(30 * 60);
+/// How often agents heartbeat ([`AuthService::heartbeat`]).
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+/// An inventory row disappears when no heartbeat arrived for this long: three missed
+/// heartbeats.
+pub const HEARTBEAT_TTL: Duration = Duration::from_secs(3 * HEARTBEAT_INTERVAL.as_secs());
+
+/// Why an Auth Service call failed. Messages never contain secrets.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthError {
+    /// RBAC refused the call.
+    #[error(transparent)]
+    AccessDenied(#[from] AccessDenied),
+    /// The resource, user or row does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The resource exists and the caller did not ask to overwrite it.
+    #[error("{0} already exists (use -f to overwrite)")]
+    AlreadyExists(String),
+    /// Another writer changed the value since the caller read it.
+    #[error("{what} was changed concurrently: expected revision {expected}, found {found}; read it again")]
+    Conflict {
+        /// The resource.
+        what: String,
+        /// The revision the caller read.
+        expected: String,
+        /// The revision stored now.
+        found: String,
+    },
+    /// The request is malformed.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// Sign-in failed. Deliberately the same message for an unknown user and a wrong password.
+    #[error("invalid username or password")]
+    BadCredentials,
+    /// A join token was refused; nothing was issued.
+    #[error("join refused: {0}")]
+    JoinRefused(&'static str),
+    /// The caller's certificate is not acceptable for this call.
+    #[error("certificate refused: {0}")]
+    Unauthenticated(#[from] VerifyError),
+    /// Resource text did not parse or serialize.
+    #[error(transparent)]
+    Resource(#[from] ResourceError),
+    /// A certificate could not be signed or a CA loaded.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// Storage failed.
+    #[error(transparent)]
+    Backend(BackendError),
+    /// Stored data did not decode.
+    #[error("stored {what} is malformed: {reason}")]
+    Corrupt {
+        /// What was read.
+        what: &'static str,
+        /// The decoder's message.
+        reason: String,
+    },
+}
+
+impl From<BackendError> for AuthError {
+    fn from(e: BackendError) -> Self {
+        match e {
+            BackendError::NotFound { key } => AuthError::NotFound(key.to_string()),
+            BackendError::AlreadyExists { key } => AuthError::AlreadyExists(key.to_string()),
+            BackendError::RevisionMismatch { key, expected, found } => AuthError::Conflict {
+                what: key.to_string(),
+                expected: expected.to_string(),
+                found: found.to_string(),
+            },
+            other => AuthError::Backend(other),
+        }
+    }
+}
+
+/// Who is calling, after certificate verification.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Caller {
+    /// A host with the `auth` system role: the Auth Service itself and `tctl` on its host.
+    Admin(HostIdentity),
+    /// Another cluster member (agent or proxy).
+    Host(HostIdentity),
+    /// A signed-in user with the roles named in the certificate (as stored now).
+    User {
+        /// The verified certificate identity.
+        identity: UserIdentity,
+        /// The roles the certificate names.
+        roles: RoleSet,
+    },
+}
+
+impl Caller {
+    /// Checks that the caller may do `verb` on `kind`.
+    pub fn check(&self, verb: Verb, kind: &str) -> Result<(), AccessDenied> {
+        match self {
+            Caller::Admin(_) => Ok(()),
+            Caller::User { roles, .. } => roles.check(verb, kind),
+            Caller::Host(_) => Err(AccessDenied {
+                verb,
+                resource: kind.to_owned(),
+            }),
+        }
+    }
+
+    /// Whether the caller is a cluster member with `role` (the admin identity has every role).
+    pub fn is_host_with(&self, role: SystemRole) -> bool {
+        match self {
+            Caller::Admin(_) => true,
+            Caller::Host(host) => host.has_role(role),
+            Caller::User { .. } => false,
+        }
+    }
+}
+
+/// What `tctl status` shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// The cluster name.
+    pub cluster_name: String,
+    /// The Auth Service version.
+    pub version: String,
+    /// `sha256:<hex>` of the host CA's SubjectPublicKeyInfo (what agents pin).
+    pub ca_pin: String,
+    /// The user CA's pin.
+    pub user_ca_pin: String,
+}
+
+/// The result of creating or overwriting one resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// The kind written.
+    pub kind: Kind,
+    /// `kind/name` (token names redacted).
+    pub display: String,
+    /// Whether it existed before (so it was updated, not created).
+    pub updated: bool,
+}
+
+/// Certificates for a cluster member or user, with the CAs to trust.
+#[derive(Debug, Clone)]
+pub struct IssuedCerts {
+    /// The host ID (`<uuid>.<cluster>`) or the user name.
+    pub name: String,
+    /// The X.509 certificate (DER).
+    pub tls_cert: CertificateDer<'static>,
+    /// The OpenSSH certificate.
+    pub ssh_cert: Certificate,
+    /// The CAs' public halves (host and user CA).
+    pub trusted: Vec<TrustedCa>,
+    /// When the certificates end.
+    pub not_after: SystemTime,
+}
+
+/// What a joining agent sends.
+#[derive(Debug, Clone)]
+pub struct JoinRequest {
+    /// The join token (secret).
+    pub token: Secret,
+    /// The agent's node name.
+    pub node_name: String,
+    /// The services the agent wants to run; the token must allow each.
+    pub roles: Vec<SystemRole>,
+    /// Public addresses to name in the certificates.
+    pub additional_names: Vec<String>,
+    /// The agent's TLS public key, DER SubjectPublicKeyInfo.
+    pub tls_public_key: Vec<u8>,
+    /// The agent's SSH public key.
+    pub ssh_public_key: PublicKey,
+}
+
+/// What a signing-in user sends (through the proxy).
+#[derive(Debug, Clone)]
+pub struct LoginRequest {
+    /// The user name.
+    pub username: String,
+    /// The password (secret).
+    pub password: Secret,
+    /// The user's TLS public key, DER SubjectPublicKeyInfo.
+    pub tls_public_key: Vec<u8>,
+    /// The user's SSH public key.
+    pub ssh_public_key: PublicKey,
+    /// Requested lifetime, capped at [`USER_CERT_TTL`].
+    pub ttl: Option<Duration>,
+}
+
+/// One agent's last heartbeat: a row of `tctl inventory ls`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryRow {
+    /// The host UUID (from the certificate, never from the request).
+    pub server_id: String,
+    /// The host name the agent reports.
+    pub hostname: String,
+    /// The services it runs (from the certificate's system roles).
+    pub services: Vec<String>,
+    /// The agent's version.
+    pub version: String,
+    /// `unit`, `kube` or empty when the agent is not enrolled in automatic updates.
+    pub upgrader: String,
+    /// The updater's version, if any.
+    pub upgrader_version: String,
+    /// When the heartbeat arrived (seconds since the Unix epoch).
+    pub last_seen: u64,
+}
+
+/// What an agent reports in a heartbeat.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// The host name.
+    pub hostname: String,
+    /// The agent's version.
+    pub version: String,
+    /// `unit`, `kube`, or empty (`none`).
+    pub upgrader: String,
+    /// The updater's version.
+    pub upgrader_version: String,
+}
+
+/// The Auth Service over a backend: CAs, users, roles, tokens, inventory.
+pub struct AuthService {
+    backend: Arc<dyn Backend>,
+    clock: Arc<dyn Clock>,
+    host_ca: CertAuthority,
+    user_ca: CertAuthority,
+    verifier: Verifier,
+    version: Version,
+}
+
+impl std::fmt::Debug for AuthService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthService")
+            .field("cluster", &self.cluster())
+            .field("ca_pin", &self.host_ca.ca_pin())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AuthService {
+    /// Opens the Auth Service of `cluster` on `backend`: loads the CAs, or creates them on
+    /// first start, and stores the preset roles that are missing.
+    pub async fn open(
+        backend: Arc<dyn Backend>,
+        cluster: &str,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, AuthError> {
+        let host_ca = load_or_create_ca(backend.as_ref(), IdentityKind::Host, cluster, clock.now()).await?;
+        let user_ca = load_or_create_ca(backend.as_ref(), IdentityKind::User, cluster, clock.now()).await?;
+        let verifier = Verifier::new(cluster, [host_ca.trusted(), user_ca.trusted()])?;
+        let auth = Self {
+            backend,
+            clock,
+            host_ca,
+            user_ca,
+            verifier,
+            version: crate::version::current().clone(),
+        };
+        for role in preset_roles(Vec::<String>::new()) {
+            let resource = Resource::Role(role);
+            match auth.store().create(&resource).await {
+                Ok(_) | Err(AuthError::AlreadyExists(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(auth)
+    }
+
+    fn store(&self) -> store::Store<'_> {
+        store::Store::new(self.backend.as_ref())
+    }
+
+    fn now(&self) -> SystemTime {
+        self.clock.now()
+    }
+
+    /// The cluster name.
+    pub fn cluster(&self) -> &str {
+        self.host_ca.cluster()
+    }
+
+    /// The verifier for client certificates (host and user CA of this cluster).
+    pub fn verifier(&self) -> &Verifier {
+        &self.verifier
+    }
+
+    /// The host CA's pin.
+    pub fn ca_pin(&self) -> String {
+        self.host_ca.ca_pin()
+    }
+
+    /// The public halves of both CAs.
+    pub fn trusted(&self) -> Vec<TrustedCa> {
+        vec![self.host_ca.trusted(), self.user_ca.trusted()]
+    }
+
+    /// The backend (shared with the rest of the process).
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Signs host certificates directly, without a token: for the Auth Service's own server
+    /// identity, the admin identity and an in-process proxy. Not reachable over the API.
+    pub fn issue_host_certs(
+        &self,
+        req: &HostCertRequest,
+        tls_public_key: &[u8],
+        ssh_public_key: &PublicKey,
+    ) -> Result<IssuedCerts, AuthError> {
+        let now = self.now();
+        let tls_cert = self.host_ca.sign_host_x509(req, tls_public_key, now)?;
+        let ssh_cert = self.host_ca.sign_host_ssh(req, ssh_public_key, now)?;
+        Ok(IssuedCerts {
+            name: crate::identity::host_id(&req.host_uuid, self.cluster()),
+            not_after: (now + req.ttl).min(self.host_ca.not_after()),
+            tls_cert,
+            ssh_cert,
+            trusted: self.trusted(),
+        })
+    }
+
+    /// Turns a verified certificate identity into a [`Caller`], loading the user's roles as
+    /// stored now (a role named in the certificate that no longer exists grants nothing).
+    pub async fn caller(&self, identity: Identity) -> Result<Caller, AuthError> {
+        match identity {
+            Identity::Host(host) if host.has_role(SystemRole::Auth) => Ok(Caller::Admin(host)),
+            Identity::Host(host) => Ok(Caller::Host(host)),
+            Identity::User(user) => {
+                let mut roles = Vec::new();
+                for name in &user.roles {
+                    if let Some(Resource::Role(role)) = self.store().get(Kind::Role, name).await? {
+                        roles.push(role);
+                    }
+                }
+                Ok(Caller::User {
+                    identity: user,
+                    roles: RoleSet::new(roles),
+                })
+            }
+        }
+    }
+
+    /// Verifies an X.509 chain presented by a client and returns the caller.
+    pub async fn authenticate(&self, chain: &[CertificateDer<'_>]) -> Result<Caller, AuthError> {
+        let identity = self.verifier.verify_any_x509(chain, self.now())?;
+        self.caller(identity).await
+    }
+
+    /// `tctl status`: cluster name, version, CA pin. Any authenticated caller may ask.
+    pub fn status(&self, _caller: &Caller) -> ClusterStatus {
+        ClusterStatus {
+            cluster_name: self.cluster().to_owned(),
+            version: self.version.to_string(),
+            ca_pin: self.host_ca.ca_pin(),
+            user_ca_pin: self.user_ca.ca_pin(),
+        }
+    }
+
+    /// `tctl create [-f]`: creates each resource (verb `create`), or with `overwrite` replaces an
+    /// existing one (verb `update`). Stops at the first failure; earlier documents stay written.
+    pub async fn put_resources(
+        &self,
+        caller: &Caller,
+        resources: Vec<Resource>,
+        overwrite: bool,
+    ) -> Result<Vec<Written>, AuthError> {
+        let mut out = Vec::with_capacity(resources.len());
+        for resource in resources {
+            let kind = resource.kind();
+            let existing = self.store().get_item(kind, resource.name()).await?;
+            let updated = existing.is_some();
+            match existing {
+                None => {
+                    caller.check(Verb::Create, kind.as_str())?;
+                    self.store().create(&resource).await?;
+                }
+                Some(_) if !overwrite => {
+                    caller.check(Verb::Create, kind.as_str())?;
+                    return Err(AuthError::AlreadyExists(resource.to_string()));
+                }
+                Some(item) => {
+                    caller.check(Verb::Update, kind.as_str())?;
+                    // A revision in the document pins the write to what the editor read.
+                    let expected = match resource.revision() {
+                        Some(rev) => rev.as_str().parse().map(crate::backend::Revision).map_err(|_| {
+                            AuthError::Invalid(format!(
+                                "metadata.revision: expected a number, found {:?}",
+                                rev.as_str()
+                            ))
+                        })?,
+                        None => item.revision,
+                    };
+                    self.store().swap(expected, &resource).await?;
+                }
+            }
+            out.push(Written {
+                kind,
+                display: resource.to_string(),
+                updated,
+            });
+        }
+        Ok(out)
+    }
+
+    /// `tctl get KIND/NAME`: one resource (verb `read`), without secrets unless asked (and
+    /// asking for secrets needs `read` too: the same verb Teleport uses).
+    pub async fn get_resource(
+        &self,
+        caller: &Caller,
+        kind: Kind,
+        name: &str,
+        with_secrets: bool,
+    ) -> Result<Resource, AuthError> {
+        caller.check(Verb::Read, kind.as_str())?;
+        let resource = self
+            .store()
+            .get(kind, name)
+            .await?
+            .filter(|r| !r.is_expired(self.now()))
+            .ok_or_else(|| AuthError::NotFound(redacted_ref(kind, name)))?;
+        Ok(if with_secrets {
+            resource
+        } else {
+            resource.without_secrets()
+        })
+    }
+
+    /// `tctl get KIND`: every resource of a kind (verb `list`; with secrets also `read`).
+    pub async fn list_resources(
+        &self,
+        caller: &Caller,
+        kind: Kind,
+        with_secrets: bool,
+    ) -> Result<Vec<Resource>, AuthError> {
+        caller.check(Verb::List, kind.as_str())?;
+        if with_secrets {
+            caller.check(Verb::Read, kind.as_str())?;
+        }
+        let now = self.now();
+        Ok(self
+            .store()
+            .list(kind)
+            .await?
+            .into_iter()
+            .filter(|r| !r.is_expired(now))
+            .map(|r| if with_secrets { r } else { r.without_secrets() })
+            .collect())
+    }
+
+    /// `tctl rm KIND/NAME` (verb `delete`). Removing a user removes its password too.
+    pub async fn delete_resource(&self, caller: &Caller, kind: Kind, name: &str) -> Result<(), AuthError> {
+        caller.check(Verb::Delete, kind.as_str())?;
+        self.store().delete(kind, name).await.map_err(|e| match e {
+            AuthError::NotFound(_) => AuthError::NotFound(redacted_ref(kind, name)),
+            other => other,
+        })?;
+        if kind == Kind::User {
+            match self.backend.delete(&password_key(name)).await {
+                Ok(_) | Err(BackendError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// `tctl users add`: creates a local user with a password (verb `create` on `user`).
+    pub async fn create_user(&self, caller: &Caller, user: User, password: &Secret) -> Result<(), AuthError> {
+        caller.check(Verb::Create, Kind::User.as_str())?;
+        check_password_strength(password)?;
+        let name = user.metadata.name.clone();
+        let hash = hash_password(password)?;
+        self.store().create(&Resource::User(user)).await?;
+        // The user exists from here on; the password follows (a crash in between leaves a user
+        // who cannot sign in until `tctl users add` is repeated after `tctl users rm`).
+        self.backend
+            .put(Item::new(password_key(&name), hash.into_inner().into_bytes()))
+            .await?;
+        Ok(())
+    }
+
+    /// `tctl users update NAME --set-roles`: replaces the user's roles (verb `update` on `user`),
+    /// compare-and-swap on the revision read. Returns the user as stored.
+    pub async fn set_user_roles(
+        &self,
+        caller: &Caller,
+        name: &str,
+        roles: Vec<String>,
+    ) -> Result<User, AuthError> {
+        caller.check(Verb::Update, Kind::User.as_str())?;
+        let item = self
+            .store()
+            .get_item(Kind::User, name)
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("user {name}")))?;
+        let Resource::User(mut user) = store::decode(&item)? else {
+            return Err(AuthError::Corrupt {
+                what: "user",
+                reason: "not a user resource".into(),
+            });
+        };
+        user.spec.roles = roles;
+        user.metadata.revision = None;
+        self.store()
+            .swap(item.revision, &Resource::User(user.clone()))
+            .await?;
+        Ok(user)
+    }
+
+    /// `tctl tokens add`: a new random join token for `roles`, valid for `ttl` (verb `create` on
+    /// `token`). The returned token holds the secret value: show it to the operator once.
+    pub async fn create_token(
+        &self,
+        caller: &Caller,
+        roles: Vec<JoinRole>,
+        ttl: Option<Duration>,
+    ) -> Result<Token, AuthError> {
+        caller.check(Verb::Create, Kind::Token.as_str())?;
+        if roles.is_empty() {
+            return Err(AuthError::Invalid("a token needs at least one role".into()));
+        }
+        let value = Secret::new(hex::encode(password::random_bytes::<16>()?));
+        let expires = self.now() + ttl.unwrap_or(TOKEN_TTL);
+        let token = Token::new(value, roles, Some(time::OffsetDateTime::from(expires)));
+        self.store().create(&Resource::Token(token.clone())).await?;
+        Ok(token)
+    }
+
+    /// Join: an agent presents a token (once, before it expires) and gets a host ID and host
+    /// certificates for the roles it asks for, each of which the token must allow. On any
+    /// refusal nothing is issued and the token is left as it was.
+    pub async fn join(&self, req: &JoinRequest) -> Result<IssuedCerts, AuthError> {
+        const INVALID: &str = "the join token is invalid";
+        let name = req.token.expose();
+        if name.is_empty() || name.contains('/') {
+            return Err(AuthError::JoinRefused(INVALID));
+        }
+        let item = self
+            .store()
+            .get_item(Kind::Token, name)
+            .await?
+            .ok_or(AuthError::JoinRefused(INVALID))?;
+        if item.value == store::USED_TOKEN {
+            return Err(AuthError::JoinRefused("the join token was already used"));
+        }
+        let Resource::Token(token) = store::decode(&item)? else {
+            return Err(AuthError::JoinRefused(INVALID));
+        };
+        if token.is_expired(self.now()) {
+            return Err(AuthError::JoinRefused("the join token has expired"));
+        }
+        if req.roles.is_empty() {
+            return Err(AuthError::JoinRefused("the agent asked for no role"));
+        }
+        for role in &req.roles {
+            let allowed = JoinRole::ALL
+                .iter()
+                .find(|j| j.as_str() == role.as_str())
+                .is_some_and(|j| token.allows(*j));
+            if !allowed {
+                return Err(AuthError::JoinRefused(
+                    "the join token does not allow a requested role",
+                ));
+            }
+        }
+        let host_req = HostCertRequest {
+            host_uuid: uuid::Uuid::new_v4(),
+            node_name: req.node_name.clone(),
+            roles: req.roles.clone(),
+            additional_names: req.additional_names.clone(),
+            ttl: HOST_CERT_TTL,
+        };
+        // Sign first (a bad key refuses the join and keeps the token), then spend the token:
+        // the compare-and-swap lets exactly one of two concurrent joiners through.
+        let certs = self.issue_host_certs(&host_req, &req.tls_public_key, &req.ssh_public_key)?;
+        let mut used = Item::new(item.key.clone(), store::USED_TOKEN.to_vec());
+        used.expires = item.expires;
+        match self.backend.compare_and_swap(item.revision, used).await {
+            Ok(_) => Ok(certs),
+            Err(BackendError::RevisionMismatch { .. } | BackendError::NotFound { .. }) => {
+                Err(AuthError::JoinRefused("the join token was already used"))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Sign-in with a password, called by a proxy (host with the `proxy` role) on behalf of a
+    /// user. Returns short-lived user certificates carrying the user's current roles.
+    pub async fn login(&self, caller: &Caller, req: &LoginRequest) -> Result<IssuedCerts, AuthError> {
+        if !caller.is_host_with(SystemRole::Proxy) {
+            return Err(AccessDenied {
+                verb: Verb::Create,
+                resource: "user_session".into(),
+            }
+            .into());
+        }
+        let hash = self.backend.get(&password_key(&req.username)).await?;
+        let user = self.store().get(Kind::User, &req.username).await?;
+        let (Some(hash), Some(Resource::User(user))) = (hash, user) else {
+            // Spend the same effort as a real check, so timing does not reveal who exists.
+            let _ = verify_password(&req.password, password::DUMMY_HASH);
+            return Err(AuthError::BadCredentials);
+        };
+        let stored = String::from_utf8(hash.value).map_err(|e| AuthError::Corrupt {
+            what: "password hash",
+            reason: e.to_string(),
+        })?;
+        if !verify_password(&req.password, &stored) {
+            return Err(AuthError::BadCredentials);
+        }
+        let mut roles = Vec::new();
+        for name in &user.spec.roles {
+            if let Some(Resource::Role(role)) = self.store().get(Kind::Role, name).await? {
+                roles.push(role);
+            }
+        }
+        let mut logins: Vec<String> = RoleSet::new(roles).logins().into_iter().collect();
+        for login in user.logins() {
+            if !logins.contains(login) {
+                logins.push(login.clone());
+            }
+        }
+        if logins.is_empty() {
+            // An OpenSSH certificate needs a principal; this one can never be a Unix login.
+            logins.push(NO_LOGIN_PRINCIPAL.to_owned());
+        }
+        let ttl = req.ttl.unwrap_or(USER_CERT_TTL).min(USER_CERT_TTL);
+        let user_req = UserCertRequest {
+            username: user.metadata.name.clone(),
+            roles: user.spec.roles.clone(),
+            logins,
+            ttl,
+        };
+        let now = self.now();
+        let tls_cert = self.user_ca.sign_user_x509(&user_req, &req.tls_public_key, now)?;
+        let ssh_cert = self.user_ca.sign_user_ssh(&user_req, &req.ssh_public_key, now)?;
+        Ok(IssuedCerts {
+            name: user_req.username,
+            tls_cert,
+            ssh_cert,
+            trusted: self.trusted(),
+            not_after: (now + ttl).min(self.user_ca.not_after()),
+        })
+    }
+
+    /// An agent's heartbeat: stores its inventory row, keyed by the host ID in its certificate,
+    /// expiring after [`HEARTBEAT_TTL`]. Users cannot heartbeat.
+    pub async fn heartbeat(&self, caller: &Caller, beat: Heartbeat) -> Result<(), AuthError> {
+        let (Caller::Host(host) | Caller::Admin(host)) = caller else {
+            return Err(AccessDenied {
+                verb: Verb::Update,
+                resource: "inventory".into(),
+            }
+            .into());
+        };
+        let now = self.now();
+        let server_id = host
+            .host_id
+            .strip_suffix(&format!(".{}", host.cluster))
+            .unwrap_or(&host.host_id)
+            .to_owned();
+        let row = InventoryRow {
+            server_id,
+            hostname: beat.hostname,
+            services: host.roles.iter().map(|r| r.as_str().to_owned()).collect(),
+            version: beat.version,
+            upgrader: beat.upgrader,
+            upgrader_version: beat.upgrader_version,
+            last_seen: now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        };
+        let value = serde_json::to_vec(&row).map_err(|e| AuthError::Corrupt {
+            what: "inventory row",
+            reason: e.to_string(),
+        })?;
+        self.backend
+            .put(Item::new(inventory_key(&host.host_id), value).with_expiry(now + HEARTBEAT_TTL))
+            .await?;
+        Ok(())
+    }
+
+    /// `tctl inventory ls`: the live agents (verb `list` on `inventory`), sorted by host name.
+    pub async fn inventory(&self, caller: &Caller) -> Result<Vec<InventoryRow>, AuthError> {
+        caller.check(Verb::List, "inventory")?;
+        let now = self.now();
+        let mut rows = Vec::new();
+        for item in self
+            .backend
+            .range(&KeyRange::prefix(Key::from("/inventory/")))
+            .await?
+        {
+            if item.is_expired(now) {
+                continue;
+            }
+            let row: InventoryRow = serde_json::from_slice(&item.value).map_err(|e| AuthError::Corrupt {
+                what: "inventory row",
+                reason: e.to_string(),
+            })?;
+            rows.push(row);
+        }
+        rows.sort_by(|a, b| (&a.hostname, &a.server_id).cmp(&(&b.hostname, &b.server_id)));
+        Ok(rows)
+    }
+}
+
+/// The CA pin (`sha256:<hex of the SubjectPublicKeyInfo>`) of a DER certificate: what a joining
+/// agent compares with the `--ca-pin` it was given before trusting the Auth Service.
+pub fn ca_pin_of_cert(der: &[u8]) -> Result<String, AuthError> {
+    use sha2::{Digest, Sha256};
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| AuthError::Invalid(format!("certificate: {e}")))?;
+    Ok(format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(cert.public_key().raw))
+    ))
+}
+
+fn redacted_ref(kind: Kind, name: &str) -> String {
+    if kind == Kind::Token {
+        "token/***".to_owned()
+    } else {
+        format!("{kind}/{name}")
+    }
+}
+
+fn password_key(user: &str) -> Key {
+    Key::from_segments(["passwords", user])
+}
+
+fn inventory_key(host_id: &str) -> Key {
+    Key::from_segments(["inventory", host_id])
+}
+
+fn check_password_strength(password: &Secret) -> Result<(), AuthError> {
+    if password.expose().chars().count() < 8 {
+        return Err(AuthError::Invalid(
+            "a password needs at least 8 characters".into(),
+        ));
+    }
+    Ok(())
+}
+
+async fn load_or_create_ca(
+    backend: &dyn Backend,
+    kind: IdentityKind,
+    cluster: &str,
+    now: SystemTime,
+) -> Result<CertAuthority, AuthError> {
+    if let Some(ca) = CertAuthority::load(backend, kind, cluster).await? {
+        return Ok(ca);
+    }
+    let ca = CertAuthority::generate(kind, cluster, now, CA_TTL)?;
+    match ca.save(backend).await {
+        Ok(_) => Ok(ca),
+        // Another Auth Service on the same backend won the race: use its CA.
+        Err(IdentityError::Backend(BackendError::AlreadyExists { .. })) => {
+            CertAuthority::load(backend, kind, cluster)
+                .await?
+                .ok_or_else(|| AuthError::NotFound(format!("{kind} CA")))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,439 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use rcgen::{KeyPair, PublicKeyData};
+use ssh_key::private::Ed25519Keypair;
+
+use super::*;
+use crate::backend::MemoryBackend;
+use crate::clock::ManualClock;
+use crate::resource::parse_resources;
+
+const SPEC_ROLE: &str = "kind: role\nversion: v7\nmetadata:\n  name: maintenance-admin\nspec:\n  allow:\n    rules:\n    - resources: [cluster_maintenance_config]\n      verbs: [create, read, update, delete]\n";
+const MAINTENANCE: &str = "kind: cluster_maintenance_config\nversion: v1\nmetadata:\n  name: cluster-maintenance-config\nspec:\n  agent_upgrades:\n    utc_start_hour: 2\n    weekdays: [Mon]\n";
+
+struct Fixture {
+    auth: AuthService,
+    clock: Arc<ManualClock>,
+}
+
+async fn fixture() -> Fixture {
+    let clock = Arc::new(ManualClock::at_unix(1_800_000_000));
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::with_options(clock.clone(), 64));
+    let auth = AuthService::open(backend, "example.com", clock.clone())
+        .await
+        .unwrap();
+    Fixture { auth, clock }
+}
+
+fn keys() -> (Vec<u8>, PublicKey) {
+    let tls = KeyPair::generate().unwrap();
+    let ssh = ssh_key::PrivateKey::from(Ed25519Keypair::from_seed(&[7; 32]));
+    (tls.subject_public_key_info(), ssh.public_key().clone())
+}
+
+fn admin(auth: &AuthService) -> Caller {
+    let (tls, ssh) = keys();
+    let req = HostCertRequest {
+        host_uuid: uuid::Uuid::new_v4(),
+        node_name: "auth".into(),
+        roles: vec![SystemRole::Auth],
+        additional_names: vec![],
+        ttl: Duration::from_secs(3600),
+    };
+    let certs = auth.issue_host_certs(&req, &tls, &ssh).unwrap();
+    match auth
+        .verifier()
+        .verify_any_x509(&[certs.tls_cert], auth.clock.now())
+        .unwrap()
+    {
+        Identity::Host(h) => Caller::Admin(h),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn proxy(auth: &AuthService) -> Caller {
+    match admin(auth) {
+        Caller::Admin(mut h) => {
+            h.roles = vec![SystemRole::Proxy];
+            Caller::Host(h)
+        }
+        other => other,
+    }
+}
+
+async fn login(f: &Fixture, user: &str, password: &str) -> Result<Caller, AuthError> {
+    let (tls, ssh) = keys();
+    let req = LoginRequest {
+        username: user.into(),
+        password: Secret::new(password.into()),
+        tls_public_key: tls,
+        ssh_public_key: ssh,
+        ttl: None,
+    };
+    let certs = f.auth.login(&proxy(&f.auth), &req).await?;
+    f.auth.authenticate(&[certs.tls_cert]).await
+}
+
+#[tokio::test]
+async fn the_specification_procedure_on_the_domain() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    f.auth
+        .create_user(
+            &admin,
+            User::new("alice", ["editor"]),
+            &Secret::new("password123".into()),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        login(&f, "alice", "wrong-password").await,
+        Err(AuthError::BadCredentials)
+    ));
+    assert!(matches!(
+        login(&f, "nobody", "password123").await,
+        Err(AuthError::BadCredentials)
+    ));
+    let alice = login(&f, "alice", "password123").await.unwrap();
+
+    f.auth
+        .put_resources(&alice, parse_resources(SPEC_ROLE).unwrap(), false)
+        .await
+        .unwrap();
+    let user = f
+        .auth
+        .set_user_roles(&alice, "alice", vec!["editor".into(), "maintenance-admin".into()])
+        .await
+        .unwrap();
+    assert_eq!(user.spec.roles, ["editor", "maintenance-admin"]);
+
+    // Roles live in the certificate: the old one is still refused.
+    let err = f
+        .auth
+        .put_resources(&alice, parse_resources(MAINTENANCE).unwrap(), false)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "access denied to perform action \"create\" on \"cluster_maintenance_config\""
+    );
+    let alice = login(&f, "alice", "password123").await.unwrap();
+    let written = f
+        .auth
+        .put_resources(&alice, parse_resources(MAINTENANCE).unwrap(), false)
+        .await
+        .unwrap();
+    assert_eq!(written[0].kind, Kind::ClusterMaintenanceConfig);
+    assert!(!written[0].updated);
+    // Without -f a second create is refused; with it, it is an update.
+    assert!(matches!(
+        f.auth
+            .put_resources(&alice, parse_resources(MAINTENANCE).unwrap(), false)
+            .await,
+        Err(AuthError::AlreadyExists(_))
+    ));
+    let written = f
+        .auth
+        .put_resources(&alice, parse_resources(MAINTENANCE).unwrap(), true)
+        .await
+        .unwrap();
+    assert!(written[0].updated);
+}
+
+#[tokio::test]
+async fn a_stale_revision_is_a_conflict() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    f.auth
+        .put_resources(&admin, parse_resources(SPEC_ROLE).unwrap(), false)
+        .await
+        .unwrap();
+    let read = f
+        .auth
+        .get_resource(&admin, Kind::Role, "maintenance-admin", false)
+        .await
+        .unwrap();
+    f.auth
+        .put_resources(&admin, vec![read.clone()], true)
+        .await
+        .unwrap();
+    let err = f.auth.put_resources(&admin, vec![read], true).await.unwrap_err();
+    assert!(matches!(err, AuthError::Conflict { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn tokens_admit_once_before_expiry_and_only_their_roles() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let token = f
+        .auth
+        .create_token(&admin, vec![JoinRole::Node], None)
+        .await
+        .unwrap();
+    let (tls, ssh) = keys();
+    let mut req = JoinRequest {
+        token: token.value().clone(),
+        node_name: "node-1".into(),
+        roles: vec![SystemRole::Db],
+        additional_names: vec![],
+        tls_public_key: tls,
+        ssh_public_key: ssh,
+    };
+    let refused = |r: Result<IssuedCerts, AuthError>| match r {
+        Err(AuthError::JoinRefused(m)) => m,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(
+        refused(f.auth.join(&req).await),
+        "the join token does not allow a requested role"
+    );
+    req.roles = vec![SystemRole::Node];
+    let certs = f.auth.join(&req).await.unwrap();
+    let host = f
+        .auth
+        .verifier()
+        .verify_host_x509(&[certs.tls_cert], f.clock.now(), Some(SystemRole::Node))
+        .unwrap();
+    assert_eq!(host.node_name, "node-1");
+    assert!(uuid::Uuid::parse_str(host.host_id.trim_end_matches(".example.com")).is_ok());
+    assert_eq!(
+        refused(f.auth.join(&req).await),
+        "the join token was already used"
+    );
+    req.token = Secret::new("bogus".into());
+    assert_eq!(refused(f.auth.join(&req).await), "the join token is invalid");
+
+    let token = f
+        .auth
+        .create_token(&admin, vec![JoinRole::Node], Some(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    req.token = token.value().clone();
+    f.clock.advance(Duration::from_secs(61));
+    assert_eq!(refused(f.auth.join(&req).await), "the join token has expired");
+    // Long after, it is gone altogether.
+    f.clock.advance(Duration::from_secs(2 * 3600));
+    assert_eq!(refused(f.auth.join(&req).await), "the join token is invalid");
+}
+
+#[tokio::test]
+async fn heartbeats_fill_the_inventory_until_they_stop() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let token = f
+        .auth
+        .create_token(&admin, vec![JoinRole::Node], None)
+        .await
+        .unwrap();
+    let (tls, ssh) = keys();
+    let certs = f
+        .auth
+        .join(&JoinRequest {
+            token: token.value().clone(),
+            node_name: "node-1".into(),
+            roles: vec![SystemRole::Node],
+            additional_names: vec![],
+            tls_public_key: tls,
+            ssh_public_key: ssh,
+        })
+        .await
+        .unwrap();
+    let node = f.auth.authenticate(&[certs.tls_cert]).await.unwrap();
+    // A node may heartbeat but not read the inventory or write resources.
+    assert!(f.auth.inventory(&node).await.is_err());
+    f.auth
+        .heartbeat(
+            &node,
+            Heartbeat {
+                hostname: "node-1".into(),
+                version: "17.0.0".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let rows = f.auth.inventory(&admin).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].services, ["node"]);
+    assert_eq!(rows[0].upgrader, "");
+    f.clock.advance(HEARTBEAT_TTL + Duration::from_secs(1));
+    assert!(f.auth.inventory(&admin).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn secrets_are_stripped_unless_asked() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let github = "kind: github\nversion: v3\nmetadata:\n  name: gh\nspec:\n  client_id: id\n  client_secret: shh\n  redirect_url: https://example.com/cb\n  teams_to_roles:\n  - organization: org\n    team: admins\n    roles: [editor]\n  signing_key_pair:\n    private_key: PRIVATE\n    cert: CERT\n";
+    f.auth
+        .put_resources(&admin, parse_resources(github).unwrap(), false)
+        .await
+        .unwrap();
+    let plain = f
+        .auth
+        .get_resource(&admin, Kind::Github, "gh", false)
+        .await
+        .unwrap();
+    assert!(!plain.to_yaml().unwrap().contains("PRIVATE"));
+    let full = f
+        .auth
+        .get_resource(&admin, Kind::Github, "gh", true)
+        .await
+        .unwrap();
+    assert!(full.to_yaml().unwrap().contains("PRIVATE"));
+}
+
+#[tokio::test]
+async fn the_pin_of_the_ca_certificate_is_the_status_pin() {
+    let f = fixture().await;
+    let host_ca = &f.auth.trusted()[0];
+    assert_eq!(ca_pin_of_cert(host_ca.tls_cert_der()).unwrap(), f.auth.ca_pin());
+    assert_eq!(f.auth.status(&admin(&f.auth)).ca_pin, f.auth.ca_pin());
+}
+
+#[tokio::test]
+async fn two_agents_racing_with_one_token_get_one_identity() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let token = f
+        .auth
+        .create_token(&admin, vec![JoinRole::Node], None)
+        .await
+        .unwrap();
+    let request = || {
+        let (tls, ssh) = keys();
+        JoinRequest {
+            token: token.value().clone(),
+            node_name: "racer".into(),
+            roles: vec![SystemRole::Node],
+            additional_names: vec![],
+            tls_public_key: tls,
+            ssh_public_key: ssh,
+        }
+    };
+    let (a, b) = (request(), request());
+    let (ra, rb) = tokio::join!(f.auth.join(&a), f.auth.join(&b));
+    assert_eq!(ra.is_ok() as u8 + rb.is_ok() as u8, 1, "{ra:?} {rb:?}");
+    // A spent token no longer lists.
+    assert!(
+        f.auth
+            .list_resources(&admin, Kind::Token, false)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// Every resource call checks its verb on its kind: a user whose only role allows `read` on
+/// roles may read one role and nothing else, and each denial names the verb and the kind.
+#[tokio::test]
+async fn every_call_checks_its_verb_on_its_kind() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let reader_role = "kind: role\nversion: v7\nmetadata:\n  name: role-reader\nspec:\n  allow:\n    rules:\n    - resources: [role]\n      verbs: [read]\n";
+    f.auth
+        .put_resources(&admin, parse_resources(reader_role).unwrap(), false)
+        .await
+        .unwrap();
+    f.auth
+        .create_user(
+            &admin,
+            User::new("rita", ["role-reader"]),
+            &Secret::new("password123".into()),
+        )
+        .await
+        .unwrap();
+    f.auth
+        .put_resources(&admin, parse_resources(MAINTENANCE).unwrap(), false)
+        .await
+        .unwrap();
+    let rita = login(&f, "rita", "password123").await.unwrap();
+    let denied = |r: Result<(), AuthError>, verb: &str, kind: &str| match r {
+        Err(AuthError::AccessDenied(d)) => {
+            assert_eq!(
+                d.to_string(),
+                format!("access denied to perform action \"{verb}\" on \"{kind}\"")
+            )
+        }
+        other => panic!("{verb} {kind}: expected a denial, got {other:?}"),
+    };
+    f.auth
+        .get_resource(&rita, Kind::Role, "editor", false)
+        .await
+        .unwrap();
+    let samples = [
+        (Kind::Role, "editor", reader_role.to_owned()),
+        (
+            Kind::ClusterMaintenanceConfig,
+            "cluster-maintenance-config",
+            MAINTENANCE.to_owned(),
+        ),
+        (
+            Kind::User,
+            "rita",
+            "kind: user\nversion: v2\nmetadata:\n  name: rita\nspec:\n  roles: [editor]\n".to_owned(),
+        ),
+    ];
+    for (kind, name, text) in samples {
+        let k = kind.as_str();
+        if kind != Kind::Role {
+            denied(
+                f.auth.get_resource(&rita, kind, name, false).await.map(drop),
+                "read",
+                k,
+            );
+        }
+        denied(
+            f.auth.list_resources(&rita, kind, false).await.map(drop),
+            "list",
+            k,
+        );
+        denied(
+            f.auth
+                .put_resources(&rita, parse_resources(&text).unwrap(), true)
+                .await
+                .map(drop),
+            "update",
+            k,
+        );
+        denied(f.auth.delete_resource(&rita, kind, name).await, "delete", k);
+    }
+    let new_role = SPEC_ROLE.replace("maintenance-admin", "brand-new");
+    denied(
+        f.auth
+            .put_resources(&rita, parse_resources(&new_role).unwrap(), false)
+            .await
+            .map(drop),
+        "create",
+        "role",
+    );
+    denied(
+        f.auth
+            .set_user_roles(&rita, "rita", vec!["editor".into()])
+            .await
+            .map(drop),
+        "update",
+        "user",
+    );
+    denied(
+        f.auth
+            .create_user(
+                &rita,
+                User::new("eve", ["editor"]),
+                &Secret::new("password123".into()),
+            )
+            .await,
+        "create",
+        "user",
+    );
+    denied(
+        f.auth
+            .create_token(&rita, vec![JoinRole::Node], None)
+            .await
+            .map(drop),
+        "create",
+        "token",
+    );
+    denied(f.auth.inventory(&rita).await.map(drop), "list", "inventory");
+}

@@ -1,0 +1,21 @@
+//! Generates the Auth gRPC API from `proto/auth.proto` with protox (pure Rust: no system
+//! `protoc` needed) and tonic-prost-build.
+
+/// Messages that carry a password, a join token or a private key: their `Debug` is written by
+/// hand (in `src/auth/mod.rs`) so the secret never reaches a log.
+const SECRET_MESSAGES: [&str; 4] = [
+    "svc.auth.v1.JoinRequest",
+    "svc.auth.v1.LoginRequest",
+    "svc.auth.v1.CreateUserRequest",
+    "svc.auth.v1.CreateTokenResponse",
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/auth.proto");
+    let descriptors = protox::compile(["proto/auth.proto"], ["proto"])?;
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .skip_debug(SECRET_MESSAGES)
+        .compile_fds(descriptors)?;
+    Ok(())
+}

@@ -1,0 +1,366 @@
+//! The Auth API client: what `tctl`, `tsh` (through the proxy), the proxy and agents call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::ServerName;
+use svc_core::Secret;
+use svc_core::auth::{Heartbeat, InventoryRow};
+use svc_core::identity::SystemRole;
+use svc_core::resource::{Kind, Resource, parse_resource};
+use tokio::net::TcpStream;
+use tonic::transport::{Channel, Endpoint};
+
+use super::identity::{ClientIdentity, IdentityFileError, KeyMaterial};
+use super::proto;
+use super::tls::{ServerCheck, client_config};
+
+/// How long connecting (TCP + TLS) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why an Auth API call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The Auth Service could not be reached or its TLS handshake failed.
+    #[error("cannot reach the Auth Service at {addr}: {reason}")]
+    Connect {
+        /// The address dialled.
+        addr: String,
+        /// Why, with the causes.
+        reason: String,
+    },
+    /// The Auth Service refused or failed the call; the message is the server's.
+    #[error("{message}")]
+    Status {
+        /// The gRPC status code.
+        code: tonic::Code,
+        /// The server's message.
+        message: String,
+    },
+    /// The local identity is unusable.
+    #[error(transparent)]
+    Identity(#[from] IdentityFileError),
+    /// The server answered something this client cannot use.
+    #[error("unexpected answer from the Auth Service: {0}")]
+    Invalid(String),
+}
+
+impl ClientError {
+    /// The gRPC code, when the server answered.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            ClientError::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(s: tonic::Status) -> Self {
+        let mut message = s.message().to_owned();
+        if message.is_empty() {
+            message = format!("{:?}", s.code());
+        }
+        // A transport failure (refused handshake, closed connection) has its cause inside.
+        if s.code() == tonic::Code::Unknown || s.code() == tonic::Code::Unavailable {
+            let mut source = std::error::Error::source(&s);
+            while let Some(e) = source {
+                message = format!("{message}: {e}");
+                source = e.source();
+            }
+        }
+        ClientError::Status {
+            code: s.code(),
+            message,
+        }
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out = format!("{out}: {s}");
+        source = s.source();
+    }
+    out
+}
+
+async fn channel(addr: &str, config: Arc<rustls::ClientConfig>) -> Result<Channel, ClientError> {
+    let target = addr.to_owned();
+    let connector = tower::service_fn(move |_uri: http::Uri| {
+        let addr = target.clone();
+        let config = config.clone();
+        async move {
+            let tcp = TcpStream::connect(&addr).await?;
+            tcp.set_nodelay(true)?;
+            // The name is not checked (see the verifier); it only fills the SNI field.
+            let name = ServerName::try_from("auth.svc")
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+            let tls = tokio_rustls::TlsConnector::from(config)
+                .connect(name, tcp)
+                .await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+        }
+    });
+    Endpoint::from_static("http://auth.svc")
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect_with_connector(connector)
+        .await
+        .map_err(|e| ClientError::Connect {
+            addr: addr.to_owned(),
+            reason: chain(&e),
+        })
+}
+
+/// A connected Auth API client with an identity.
+#[derive(Clone, Debug)]
+pub struct AuthClient {
+    inner: proto::auth_client::AuthClient<Channel>,
+}
+
+impl AuthClient {
+    /// Connects to the Auth API at `addr` (`host:port`: the Auth Service itself, or a proxy's
+    /// web port in TLS routing mode) presenting `identity`, and checks that
+    /// the server holds a host certificate with the `auth` role from the identity's cluster.
+    pub async fn connect(addr: &str, identity: &ClientIdentity) -> Result<Self, ClientError> {
+        let config = client_config(
+            Some(&identity.cluster),
+            ServerCheck::Cluster(identity.verifier()?),
+            Some(identity.tls_parts()?),
+        )
+        .map_err(|e| ClientError::Connect {
+            addr: addr.to_owned(),
+            reason: e.to_string(),
+        })?;
+        Ok(Self {
+            inner: proto::auth_client::AuthClient::new(channel(addr, config).await?),
+        })
+    }
+
+    /// Connects to the address stored in the identity.
+    pub async fn connect_with(identity: &ClientIdentity) -> Result<Self, ClientError> {
+        Self::connect(&identity.auth_addr, identity).await
+    }
+
+    /// The generated client, for calls without a wrapper here.
+    pub fn raw(&mut self) -> &mut proto::auth_client::AuthClient<Channel> {
+        &mut self.inner
+    }
+
+    /// `tctl status`.
+    pub async fn status(&mut self) -> Result<proto::StatusResponse, ClientError> {
+        Ok(self.inner.status(proto::Empty {}).await?.into_inner())
+    }
+
+    /// Reports this agent (identified by its host certificate) to the inventory.
+    pub async fn heartbeat(&mut self, beat: &Heartbeat) -> Result<(), ClientError> {
+        self.inner
+            .heartbeat(proto::HeartbeatRequest {
+                hostname: beat.hostname.clone(),
+                version: beat.version.clone(),
+                upgrader: beat.upgrader.clone(),
+                upgrader_version: beat.upgrader_version.clone(),
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// The live agents.
+    pub async fn inventory(&mut self) -> Result<Vec<InventoryRow>, ClientError> {
+        let list = self.inner.list_inventory(proto::Empty {}).await?.into_inner();
+        Ok(list
+            .rows
+            .into_iter()
+            .map(|r| InventoryRow {
+                server_id: r.server_id,
+                hostname: r.hostname,
+                services: r.services,
+                version: r.version,
+                upgrader: r.upgrader,
+                upgrader_version: r.upgrader_version,
+                last_seen: u64::try_from(r.last_seen_unix).unwrap_or(0),
+            })
+            .collect())
+    }
+
+    /// Creates (or with `overwrite`, replaces) the resources in `text` (YAML or JSON, several
+    /// documents allowed). The server parses and validates them.
+    pub async fn put_resources(
+        &mut self,
+        text: &str,
+        overwrite: bool,
+    ) -> Result<Vec<proto::Written>, ClientError> {
+        Ok(self
+            .inner
+            .put_resources(proto::PutResourcesRequest {
+                text: text.to_owned(),
+                overwrite,
+            })
+            .await?
+            .into_inner()
+            .written)
+    }
+
+    /// One resource (`name`) or all of a kind (`None`).
+    pub async fn get_resources(
+        &mut self,
+        kind: Kind,
+        name: Option<&str>,
+        with_secrets: bool,
+    ) -> Result<Vec<Resource>, ClientError> {
+        let list = self
+            .inner
+            .get_resources(proto::GetResourcesRequest {
+                kind: kind.as_str().to_owned(),
+                name: name.unwrap_or_default().to_owned(),
+                with_secrets,
+            })
+            .await?
+            .into_inner();
+        list.resources
+            .iter()
+            .map(|text| parse_resource(text).map_err(|e| ClientError::Invalid(e.to_string())))
+            .collect()
+    }
+
+    /// Deletes `kind/name`.
+    pub async fn delete_resource(&mut self, kind: Kind, name: &str) -> Result<(), ClientError> {
+        self.inner
+            .delete_resource(proto::ResourceRef {
+                kind: kind.as_str().to_owned(),
+                name: name.to_owned(),
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Creates a local user with a password.
+    pub async fn create_user(
+        &mut self,
+        name: &str,
+        roles: &[String],
+        logins: &[String],
+        password: &Secret,
+    ) -> Result<(), ClientError> {
+        self.inner
+            .create_user(proto::CreateUserRequest {
+                name: name.to_owned(),
+                roles: roles.to_vec(),
+                logins: logins.to_vec(),
+                password: password.expose().clone(),
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Replaces a user's roles.
+    pub async fn set_user_roles(&mut self, name: &str, roles: &[String]) -> Result<(), ClientError> {
+        self.inner
+            .set_user_roles(proto::SetUserRolesRequest {
+                name: name.to_owned(),
+                roles: roles.to_vec(),
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Creates a join token for `roles` (`node`, `app`, `db`, `kube`, `windows_desktop`,
+    /// `proxy`); returns its value and expiry (Unix seconds).
+    pub async fn create_token(
+        &mut self,
+        roles: &[String],
+        ttl: Option<Duration>,
+    ) -> Result<(Secret, i64), ClientError> {
+        let r = self
+            .inner
+            .create_token(proto::CreateTokenRequest {
+                roles: roles.to_vec(),
+                ttl_seconds: ttl.map(|t| t.as_secs()).unwrap_or(0),
+            })
+            .await?
+            .into_inner();
+        Ok((Secret::new(r.token), r.expires_unix))
+    }
+
+    /// Signs a user in (proxies only): returns the user's identity with `keys`.
+    pub async fn login(
+        &mut self,
+        username: &str,
+        password: &Secret,
+        keys: KeyMaterial,
+        ttl: Option<Duration>,
+    ) -> Result<ClientIdentity, ClientError> {
+        let certs = self
+            .inner
+            .login(proto::LoginRequest {
+                username: username.to_owned(),
+                password: password.expose().clone(),
+                tls_public_key: keys.tls_public_key(),
+                ssh_public_key: keys.ssh_public_key_line()?,
+                ttl_seconds: ttl.map(|t| t.as_secs()).unwrap_or(0),
+            })
+            .await?
+            .into_inner();
+        Ok(keys.into_identity_from_proto(certs)?)
+    }
+}
+
+/// What an agent needs to join.
+#[derive(Debug, Clone)]
+pub struct JoinParams {
+    /// The join token from `tctl tokens add`.
+    pub token: Secret,
+    /// The CA pin from `tctl status` (`sha256:…`); `None` trusts the first CA seen.
+    pub ca_pin: Option<String>,
+    /// The agent's node name.
+    pub node_name: String,
+    /// The services the agent runs.
+    pub roles: Vec<SystemRole>,
+    /// Public addresses to add to the certificates.
+    pub additional_names: Vec<String>,
+}
+
+/// Joins the cluster at `addr` (the Auth Service, or a proxy's web port in TLS routing mode:
+/// the agent does not know the cluster name yet, so it offers the bare `svc-auth@` ALPN): checks the Auth Service's CA against the pin, presents the
+/// token, and returns the agent's identity (host ID, certificates, fresh keys, trusted CAs),
+/// with `auth_addr` set to `addr`. Save it with [`ClientIdentity::save`].
+pub async fn join(addr: &str, params: JoinParams) -> Result<ClientIdentity, ClientError> {
+    let config = client_config(Some(""), ServerCheck::Pin(params.ca_pin.clone()), None).map_err(|e| {
+        ClientError::Connect {
+            addr: addr.to_owned(),
+            reason: e.to_string(),
+        }
+    })?;
+    let mut client = proto::auth_client::AuthClient::new(channel(addr, config).await?);
+    let keys = KeyMaterial::generate()?;
+    let certs = client
+        .join(proto::JoinRequest {
+            token: params.token.expose().clone(),
+            node_name: params.node_name,
+            roles: params.roles.iter().map(|r| r.as_str().to_owned()).collect(),
+            additional_names: params.additional_names,
+            tls_public_key: keys.tls_public_key(),
+            ssh_public_key: keys.ssh_public_key_line()?,
+        })
+        .await?
+        .into_inner();
+    let mut identity = keys.into_identity_from_proto(certs)?;
+    // The CAs received must be the one the handshake was pinned to.
+    if let Some(pin) = &params.ca_pin {
+        let host = identity
+            .trusted_cas()?
+            .into_iter()
+            .find(|ca| ca.kind() == svc_core::identity::IdentityKind::Host)
+            .ok_or_else(|| ClientError::Invalid("no host CA in the join answer".into()))?;
+        let found = host.ca_pin().map_err(|e| ClientError::Invalid(e.to_string()))?;
+        if &found != pin {
+            return Err(ClientError::Invalid(format!(
+                "the host CA pin is {found}, expected {pin}"
+            )));
+        }
+    }
+    identity.auth_addr = addr.to_owned();
+    Ok(identity)
+}

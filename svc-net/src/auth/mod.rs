@@ -1,0 +1,106 @@
+//! The Auth Service on the wire: its gRPC API on port 3025 over mutual TLS, and the client
+//! every other part of the cluster (proxy, agents, `tctl`, tests) calls it with.
+//!
+//! Data flow: [`server::serve`] accepts TCP, runs the TLS handshake (the client certificate, if
+//! any, must chain to one of the cluster's CAs; only [`Join`](proto::auth_client::AuthClient)
+//! is served without one), hands the verified chain to tonic with each connection, and every
+//! call turns it into a [`Caller`](svc_core::auth::Caller) before the domain logic in
+//! [`svc_core::auth::AuthService`] runs (RBAC, storage, signing).
+//!
+//! Clients: [`AuthClient::connect`] with a [`ClientIdentity`] (an identity file: the admin
+//! identity the Auth Service writes, a `tsh` profile, or an agent's joined identity); an agent
+//! without one calls [`join`] with a token and the CA pin, then [`AuthClient::heartbeat`].
+//! Clients offer the ALPN [`alpn`]`(cluster)` before `h2`, so the same client reaches the Auth
+//! API directly (port 3025) or through a proxy's web port in TLS routing mode ([`auth_route`]).
+
+mod client;
+mod identity;
+mod route;
+mod server;
+mod tls;
+
+/// The generated protobuf messages and gRPC stubs (`proto/auth.proto`).
+#[allow(missing_docs, unreachable_pub, clippy::all)]
+pub mod proto {
+    tonic::include_proto!("svc.auth.v1");
+
+    use std::fmt;
+
+    // The messages holding secrets print everything but the secret.
+
+    impl fmt::Debug for JoinRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("JoinRequest")
+                .field("token", &"***")
+                .field("node_name", &self.node_name)
+                .field("roles", &self.roles)
+                .field("additional_names", &self.additional_names)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl fmt::Debug for LoginRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("LoginRequest")
+                .field("username", &self.username)
+                .field("password", &"***")
+                .field("ttl_seconds", &self.ttl_seconds)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl fmt::Debug for CreateUserRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("CreateUserRequest")
+                .field("name", &self.name)
+                .field("roles", &self.roles)
+                .field("logins", &self.logins)
+                .field("password", &"***")
+                .finish()
+        }
+    }
+
+    impl fmt::Debug for CreateTokenResponse {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("CreateTokenResponse")
+                .field("token", &"***")
+                .field("expires_unix", &self.expires_unix)
+                .finish()
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn secret_messages_redact_in_debug() {
+            let login = super::LoginRequest {
+                username: "alice".into(),
+                password: "hunter2hunter2".into(),
+                ..Default::default()
+            };
+            let join = super::JoinRequest {
+                token: "abcdef0123456789".into(),
+                ..Default::default()
+            };
+            let user = super::CreateUserRequest {
+                password: "hunter2hunter2".into(),
+                ..Default::default()
+            };
+            let token = super::CreateTokenResponse {
+                token: "abcdef0123456789".into(),
+                expires_unix: 1,
+            };
+            let all = format!("{login:?} {join:?} {user:?} {token:?}");
+            assert!(all.contains("alice"));
+            assert!(!all.contains("hunter2") && !all.contains("abcdef"), "{all}");
+        }
+    }
+}
+
+pub use client::{AuthClient, ClientError, JoinParams, join};
+pub use identity::{ClientIdentity, IdentityFileError, KeyMaterial, TrustedCaPem};
+pub use route::{alpn, auth_route};
+pub use server::{AuthGrpc, ServeError, serve, server_identity};
+
+/// The Auth Service's default port.
+pub const AUTH_PORT: u16 = 3025;

@@ -1,0 +1,485 @@
+//! The gRPC server: TLS accept loop, certificate → [`Caller`], one handler per call.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, UNIX_EPOCH};
+
+use rustls::pki_types::CertificateDer;
+use svc_core::Secret;
+use svc_core::auth::{AuthError, AuthService, Caller, Heartbeat, IssuedCerts, JoinRequest, LoginRequest};
+use svc_core::identity::{HostCertRequest, SystemRole};
+use svc_core::resource::{JoinRole, Kind, User, parse_resources};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use super::identity::{ClientIdentity, IdentityFileError, KeyMaterial, trusted_pem};
+use super::proto::{self, auth_server::AuthServer};
+
+/// How long a client may take to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the Auth API could not be served.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The TLS configuration could not be built.
+    #[error("auth TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
+    /// The server identity could not be issued.
+    #[error("auth server identity: {0}")]
+    Identity(#[from] IdentityFileError),
+    /// The Auth Service refused to issue it.
+    #[error("auth server identity: {0}")]
+    Auth(#[from] AuthError),
+    /// tonic failed.
+    #[error("auth gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// The client certificate chain of a connection (empty: no certificate).
+#[derive(Clone, Debug, Default)]
+struct PeerCerts(Arc<Vec<CertificateDer<'static>>>);
+
+/// A TLS connection handed to tonic with its peer certificates.
+struct AuthConn(tokio_rustls::server::TlsStream<TcpStream>);
+
+impl tonic::transport::server::Connected for AuthConn {
+    type ConnectInfo = PeerCerts;
+    fn connect_info(&self) -> PeerCerts {
+        PeerCerts(Arc::new(
+            self.0
+                .get_ref()
+                .1
+                .peer_certificates()
+                .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+                .unwrap_or_default(),
+        ))
+    }
+}
+
+impl AsyncRead for AuthConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for AuthConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// Issues the Auth Service's own host identity (`auth` role; names: `localhost`, the loopback
+/// addresses and `extra_names`) with fresh keys.
+pub fn server_identity(
+    auth: &AuthService,
+    node_name: &str,
+    extra_names: &[String],
+) -> Result<ClientIdentity, ServeError> {
+    let keys = KeyMaterial::generate()?;
+    let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+    for n in extra_names {
+        if !names.contains(n) && n != "0.0.0.0" && n != "::" && !n.is_empty() {
+            names.push(n.clone());
+        }
+    }
+    let req = HostCertRequest {
+        host_uuid: uuid::Uuid::new_v4(),
+        node_name: node_name.to_owned(),
+        roles: vec![SystemRole::Auth],
+        additional_names: names,
+        ttl: svc_core::auth::HOST_CERT_TTL,
+    };
+    let certs = auth.issue_host_certs(&req, &keys.tls_public_key(), keys.ssh_public_key())?;
+    Ok(keys.into_identity(&certs, auth.cluster())?)
+}
+
+/// Serves the Auth API on `listener` until `shutdown` is cancelled. `identity` is the server's
+/// certificate (see [`server_identity`]); the CA certificate is sent after it so agents can
+/// check the CA pin.
+pub async fn serve(
+    listener: TcpListener,
+    auth: Arc<AuthService>,
+    identity: ClientIdentity,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let (mut chain, key) = identity.tls_parts()?;
+    for ca in auth
+        .trusted()
+        .iter()
+        .filter(|ca| ca.kind() == svc_core::identity::IdentityKind::Host)
+    {
+        chain.push(ca.tls_cert_der().clone());
+    }
+    let config = super::tls::server_config(auth.verifier(), chain, key)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<AuthConn>>(64);
+    let accept_shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = tokio::select! {
+                _ = accept_shutdown.cancelled() => return,
+                r = listener.accept() => match r {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "auth: accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let acceptor = acceptor.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = tx.send(Ok(AuthConn(tls))).await;
+                    }
+                    Ok(Err(e)) => refused(peer, &e.to_string()),
+                    Err(_) => refused(peer, "handshake timed out"),
+                }
+            });
+        }
+    });
+    let incoming = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    // One service, so no router: tonic serves the generated server directly.
+    tonic::transport::Server::builder()
+        .serve_with_incoming_shutdown(
+            AuthServer::new(AuthGrpc { auth }),
+            incoming,
+            shutdown.cancelled_owned(),
+        )
+        .await?;
+    Ok(())
+}
+
+fn refused(peer: SocketAddr, reason: &str) {
+    tracing::info!(%peer, reason, "auth: TLS handshake refused");
+}
+
+/// The gRPC service over an [`AuthService`].
+#[derive(Clone, Debug)]
+pub struct AuthGrpc {
+    auth: Arc<AuthService>,
+}
+
+impl AuthGrpc {
+    /// Wraps the domain service.
+    pub fn new(auth: Arc<AuthService>) -> Self {
+        Self { auth }
+    }
+
+    async fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+        let certs = req.extensions().get::<PeerCerts>().cloned().unwrap_or_default();
+        if certs.0.is_empty() {
+            return Err(Status::unauthenticated(
+                "a client certificate signed by the cluster's CA is required",
+            ));
+        }
+        self.auth.authenticate(&certs.0).await.map_err(status)
+    }
+}
+
+/// Maps a domain error onto a gRPC status; the message is the error's (never a secret).
+fn status(e: AuthError) -> Status {
+    let msg = e.to_string();
+    match e {
+        AuthError::AccessDenied(_) => Status::permission_denied(msg),
+        AuthError::NotFound(_) => Status::not_found(msg),
+        AuthError::AlreadyExists(_) => Status::already_exists(msg),
+        AuthError::Conflict { .. } => Status::aborted(msg),
+        AuthError::Invalid(_) | AuthError::Resource(_) => Status::invalid_argument(msg),
+        AuthError::BadCredentials | AuthError::Unauthenticated(_) => Status::unauthenticated(msg),
+        AuthError::JoinRefused(_) => Status::permission_denied(msg),
+        _ => {
+            tracing::error!(error = %msg, "auth: internal error");
+            Status::internal(msg)
+        }
+    }
+}
+
+fn certs_to_proto(certs: IssuedCerts, cluster: &str) -> Result<proto::Certs, Status> {
+    let internal = |e: String| Status::internal(e);
+    let mut tls_ca_pems = Vec::new();
+    let mut ssh_ca_keys = Vec::new();
+    for kind in [
+        svc_core::identity::IdentityKind::Host,
+        svc_core::identity::IdentityKind::User,
+    ] {
+        for ca in certs.trusted.iter().filter(|ca| ca.kind() == kind) {
+            let pem = trusted_pem(ca).map_err(|e| internal(e.to_string()))?;
+            tls_ca_pems.push(pem.tls_cert_pem);
+            ssh_ca_keys.push(pem.ssh_public_key);
+        }
+    }
+    Ok(proto::Certs {
+        name: certs.name,
+        tls_cert_pem: pem::encode(&pem::Pem::new("CERTIFICATE", certs.tls_cert.to_vec())),
+        ssh_cert: certs.ssh_cert.to_openssh().map_err(|e| internal(e.to_string()))?,
+        tls_ca_pems,
+        ssh_ca_keys,
+        cluster_name: cluster.to_owned(),
+        not_after_unix: certs
+            .not_after
+            .duration_since(UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+            .unwrap_or(0),
+    })
+}
+
+fn ssh_key(line: &str) -> Result<ssh_key::PublicKey, Status> {
+    ssh_key::PublicKey::from_openssh(line)
+        .map_err(|e| Status::invalid_argument(format!("ssh_public_key: {e}")))
+}
+
+fn kind(name: &str) -> Result<Kind, Status> {
+    name.parse::<Kind>()
+        .map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+#[tonic::async_trait]
+impl proto::auth_server::Auth for AuthGrpc {
+    async fn status(&self, req: Request<proto::Empty>) -> Result<Response<proto::StatusResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let s = self.auth.status(&caller);
+        Ok(Response::new(proto::StatusResponse {
+            cluster_name: s.cluster_name,
+            version: s.version,
+            ca_pin: s.ca_pin,
+            user_ca_pin: s.user_ca_pin,
+        }))
+    }
+
+    async fn join(&self, req: Request<proto::JoinRequest>) -> Result<Response<proto::Certs>, Status> {
+        let r = req.into_inner();
+        let roles = r
+            .roles
+            .iter()
+            .map(|s| {
+                s.parse::<SystemRole>()
+                    .map_err(|e| Status::invalid_argument(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let join = JoinRequest {
+            token: Secret::new(r.token),
+            node_name: r.node_name,
+            roles,
+            additional_names: r.additional_names,
+            tls_public_key: r.tls_public_key,
+            ssh_public_key: ssh_key(&r.ssh_public_key)?,
+        };
+        let certs = self.auth.join(&join).await.map_err(status)?;
+        tracing::info!(host_id = %certs.name, node = %join.node_name, "auth: agent joined");
+        Ok(Response::new(certs_to_proto(certs, self.auth.cluster())?))
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<proto::HeartbeatRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let beat = Heartbeat {
+            hostname: r.hostname,
+            version: r.version,
+            upgrader: r.upgrader,
+            upgrader_version: r.upgrader_version,
+        };
+        self.auth.heartbeat(&caller, beat).await.map_err(status)?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn list_inventory(
+        &self,
+        req: Request<proto::Empty>,
+    ) -> Result<Response<proto::InventoryList>, Status> {
+        let caller = self.caller(&req).await?;
+        let rows = self.auth.inventory(&caller).await.map_err(status)?;
+        Ok(Response::new(proto::InventoryList {
+            rows: rows
+                .into_iter()
+                .map(|r| proto::InventoryRow {
+                    server_id: r.server_id,
+                    hostname: r.hostname,
+                    services: r.services,
+                    version: r.version,
+                    upgrader: r.upgrader,
+                    upgrader_version: r.upgrader_version,
+                    last_seen_unix: i64::try_from(r.last_seen).unwrap_or(i64::MAX),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn put_resources(
+        &self,
+        req: Request<proto::PutResourcesRequest>,
+    ) -> Result<Response<proto::PutResourcesResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let resources = parse_resources(&r.text).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let written = self
+            .auth
+            .put_resources(&caller, resources, r.overwrite)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::PutResourcesResponse {
+            written: written
+                .into_iter()
+                .map(|w| proto::Written {
+                    kind: w.kind.as_str().to_owned(),
+                    display: w.display,
+                    updated: w.updated,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn get_resources(
+        &self,
+        req: Request<proto::GetResourcesRequest>,
+    ) -> Result<Response<proto::ResourceList>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let kind = kind(&r.kind)?;
+        let resources = if r.name.is_empty() {
+            self.auth.list_resources(&caller, kind, r.with_secrets).await
+        } else {
+            self.auth
+                .get_resource(&caller, kind, &r.name, r.with_secrets)
+                .await
+                .map(|r| vec![r])
+        }
+        .map_err(status)?;
+        let resources = resources
+            .iter()
+            .map(|r| r.to_json().map_err(|e| Status::internal(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        Ok(Response::new(proto::ResourceList { resources }))
+    }
+
+    async fn delete_resource(
+        &self,
+        req: Request<proto::ResourceRef>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        self.auth
+            .delete_resource(&caller, kind(&r.kind)?, &r.name)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn create_user(
+        &self,
+        req: Request<proto::CreateUserRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let mut user = User::new(r.name, r.roles);
+        if !r.logins.is_empty() {
+            user.spec
+                .traits
+                .insert(svc_core::resource::LOGINS_TRAIT.to_owned(), r.logins);
+        }
+        // Validate the name and fields exactly as `tctl create` would.
+        let text = svc_core::Resource::User(user.clone())
+            .to_json()
+            .map_err(|e| Status::internal(e.to_string()))?;
+        parse_resources(&text).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.auth
+            .create_user(&caller, user, &Secret::new(r.password))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn set_user_roles(
+        &self,
+        req: Request<proto::SetUserRolesRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        self.auth
+            .set_user_roles(&caller, &r.name, r.roles)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn create_token(
+        &self,
+        req: Request<proto::CreateTokenRequest>,
+    ) -> Result<Response<proto::CreateTokenResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let roles = r
+            .roles
+            .iter()
+            .map(|s| {
+                JoinRole::ALL
+                    .into_iter()
+                    .find(|j| j.as_str() == s)
+                    .ok_or_else(|| {
+                        let all: Vec<&str> = JoinRole::ALL.iter().map(|r| r.as_str()).collect();
+                        Status::invalid_argument(format!(
+                            "unknown token type {s:?}, expected one of: {}",
+                            all.join(", ")
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let ttl = (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds));
+        let token = self
+            .auth
+            .create_token(&caller, roles, ttl)
+            .await
+            .map_err(status)?;
+        let expires = token.metadata.expires.map(|e| e.unix_timestamp()).unwrap_or(0);
+        Ok(Response::new(proto::CreateTokenResponse {
+            token: token.value().expose().clone(),
+            expires_unix: expires,
+        }))
+    }
+
+    async fn login(&self, req: Request<proto::LoginRequest>) -> Result<Response<proto::Certs>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let login = LoginRequest {
+            username: r.username,
+            password: Secret::new(r.password),
+            tls_public_key: r.tls_public_key,
+            ssh_public_key: ssh_key(&r.ssh_public_key)?,
+            ttl: (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds)),
+        };
+        match self.auth.login(&caller, &login).await {
+            Ok(certs) => {
+                tracing::info!(user = %login.username, "auth: user signed in");
+                Ok(Response::new(certs_to_proto(certs, self.auth.cluster())?))
+            }
+            Err(e) => {
+                tracing::info!(user = %login.username, error = %e, "auth: sign-in refused");
+                Err(status(e))
+            }
+        }
+    }
+}

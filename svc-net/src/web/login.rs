@@ -1,0 +1,301 @@
+//! `POST /webapi/login`: password sign-in through the Proxy.
+//!
+//! Data flow: `tsh login` generates its keys and sends the user name, the password and the
+//! public keys ([`LoginBody`]) → this handler (mounted with `ProxyBuilder::web_mount`) calls the
+//! Auth Service's `Login` with the proxy's own host identity → the user certificates come back
+//! as [`LoginAnswer`]; `tsh` combines them with its private keys ([`login_via_proxy`]). Private
+//! keys never leave the client; the password only passes through, in [`Secret`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use serde::{Deserialize, Serialize};
+use svc_core::Secret;
+
+use super::{Body, ResponseBody, WebService, full, json_error, web_service};
+use crate::auth::{AuthClient, ClientError, ClientIdentity, KeyMaterial, proto};
+
+/// The path the handler is mounted at.
+pub const LOGIN_PATH: &str = "/webapi/login";
+/// Requests larger than this are refused (a login body is well under 2 KiB).
+const MAX_BODY: usize = 64 * 1024;
+
+/// The request body.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LoginBody {
+    /// The user name.
+    pub user: String,
+    /// The password.
+    pub password: Secret,
+    /// The TLS public key: DER SubjectPublicKeyInfo, standard base64.
+    pub tls_public_key: String,
+    /// The SSH public key (`authorized_keys` line).
+    pub ssh_public_key: String,
+    /// Requested certificate lifetime in seconds (0: the default).
+    #[serde(default)]
+    pub ttl_seconds: u64,
+}
+
+/// The answer: the signed certificates and where the Auth API is.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoginAnswer {
+    /// The user name.
+    pub name: String,
+    /// The cluster.
+    pub cluster_name: String,
+    /// The X.509 certificate (PEM).
+    pub tls_cert_pem: String,
+    /// The OpenSSH certificate.
+    pub ssh_cert: String,
+    /// The host and user CA certificates (PEM).
+    pub tls_ca_pems: Vec<String>,
+    /// The host and user OpenSSH CA keys.
+    pub ssh_ca_keys: Vec<String>,
+    /// When the certificates end (Unix seconds).
+    pub not_after_unix: i64,
+    /// The Auth API address clients such as `tctl` use with these certificates; absent: the
+    /// proxy itself (TLS routing carries the Auth API on its web port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_addr: Option<String>,
+}
+
+/// The `/webapi/login` handler: calls the Auth Service with the proxy's identity. Clients are
+/// told to reach the Auth API at `public_auth_addr`, or through this proxy when `None`.
+pub fn login_service(auth: AuthClient, public_auth_addr: Option<String>) -> WebService {
+    let state = Arc::new((auth, public_auth_addr));
+    web_service(tower::service_fn(move |req: Request<Body>| {
+        let state = state.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(&state.0, &state.1, req).await) }
+    }))
+}
+
+async fn handle(auth: &AuthClient, auth_addr: &Option<String>, req: Request<Body>) -> Response<ResponseBody> {
+    if req.method() != Method::POST {
+        return json_error(StatusCode::METHOD_NOT_ALLOWED, "use POST on /webapi/login");
+    }
+    let bytes = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &format!("reading the request body: {e}")),
+    };
+    // serde_json's errors name a position, never the content: the password stays out of them.
+    let body: LoginBody = match serde_json::from_slice(&bytes) {
+        Ok(b) => b,
+        Err(e) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                &format!("expected a login JSON body: {e}"),
+            );
+        }
+    };
+    let Ok(tls_public_key) = base64::engine::general_purpose::STANDARD.decode(&body.tls_public_key) else {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "tls_public_key: expected standard base64",
+        );
+    };
+    let mut auth = auth.clone();
+    let request = proto::LoginRequest {
+        username: body.user,
+        password: body.password.into_inner(),
+        tls_public_key,
+        ssh_public_key: body.ssh_public_key,
+        ttl_seconds: body.ttl_seconds,
+    };
+    match auth.raw().login(request).await {
+        Ok(certs) => {
+            let c = certs.into_inner();
+            let answer = LoginAnswer {
+                name: c.name,
+                cluster_name: c.cluster_name,
+                tls_cert_pem: c.tls_cert_pem,
+                ssh_cert: c.ssh_cert,
+                tls_ca_pems: c.tls_ca_pems,
+                ssh_ca_keys: c.ssh_ca_keys,
+                not_after_unix: c.not_after_unix,
+                auth_addr: auth_addr.clone(),
+            };
+            let mut resp = Response::new(full(serde_json::to_vec(&answer).unwrap_or_default()));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        Err(status) => {
+            let code = match status.code() {
+                tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+                tonic::Code::PermissionDenied => StatusCode::FORBIDDEN,
+                tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
+                _ => StatusCode::BAD_GATEWAY,
+            };
+            json_error(code, ClientError::from(status).to_string().as_str())
+        }
+    }
+}
+
+/// Why signing in through the proxy failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoginError {
+    /// The proxy could not be reached, or its certificate was refused.
+    #[error("cannot reach the proxy at {addr}: {reason}")]
+    Connect {
+        /// The proxy address.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// The proxy answered with an error.
+    #[error("sign-in failed ({status}): {message}")]
+    Refused {
+        /// The HTTP status.
+        status: StatusCode,
+        /// The server's message.
+        message: String,
+    },
+    /// The answer could not be used.
+    #[error("unexpected answer from the proxy: {0}")]
+    Invalid(String),
+}
+
+/// Accepts any server certificate: `tsh --insecure` against a self-signed proxy.
+#[derive(Debug)]
+struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Signs in through the proxy at `proxy` (`host:port`): sends fresh public keys with the
+/// password and returns the full identity (certificates + the private keys generated here).
+/// `insecure` skips the proxy certificate check (self-signed test clusters only); otherwise
+/// the proxy must present a certificate from the public web roots or `extra_ca_pem`.
+pub async fn login_via_proxy(
+    proxy: &str,
+    insecure: bool,
+    extra_ca_pem: Option<&[u8]>,
+    user: &str,
+    password: &Secret,
+    ttl: Option<Duration>,
+) -> Result<ClientIdentity, LoginError> {
+    let connect = |reason: String| LoginError::Connect {
+        addr: proxy.to_owned(),
+        reason,
+    };
+    let keys = KeyMaterial::generate().map_err(|e| LoginError::Invalid(e.to_string()))?;
+    let body = LoginBody {
+        user: user.to_owned(),
+        password: password.clone(),
+        tls_public_key: base64::engine::general_purpose::STANDARD.encode(keys.tls_public_key()),
+        ssh_public_key: keys
+            .ssh_public_key_line()
+            .map_err(|e| LoginError::Invalid(e.to_string()))?,
+        ttl_seconds: ttl.map(|t| t.as_secs()).unwrap_or(0),
+    };
+    let body = serde_json::to_vec(&body).map_err(|e| LoginError::Invalid(e.to_string()))?;
+
+    let mut config = if insecure {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| connect(e.to_string()))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+            .with_no_client_auth()
+    } else {
+        crate::tls::client_config(extra_ca_pem)
+            .map_err(|e| connect(e.to_string()))?
+            .as_ref()
+            .clone()
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let (host, _) = proxy
+        .rsplit_once(':')
+        .ok_or_else(|| connect("expected host:port".into()))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let name = ServerName::try_from(host.clone()).map_err(|e| connect(e.to_string()))?;
+    let tcp = tokio::net::TcpStream::connect(proxy)
+        .await
+        .map_err(|e| connect(e.to_string()))?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| connect(e.to_string()))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+        .await
+        .map_err(|e| connect(e.to_string()))?;
+    tokio::spawn(conn);
+    let req = Request::post(LOGIN_PATH)
+        .header(header::HOST, host)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| LoginError::Invalid(e.to_string()))?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| connect(e.to_string()))?;
+    let status = resp.status();
+    let bytes = Limited::new(resp.into_body(), 1024 * 1024)
+        .collect()
+        .await
+        .map_err(|e| connect(e.to_string()))?
+        .to_bytes();
+    if !status.is_success() {
+        let message = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+        return Err(LoginError::Refused { status, message });
+    }
+    let answer: LoginAnswer =
+        serde_json::from_slice(&bytes).map_err(|e| LoginError::Invalid(e.to_string()))?;
+    let auth_addr = answer.auth_addr.clone().unwrap_or_else(|| proxy.to_owned());
+    let certs = proto::Certs {
+        name: answer.name,
+        tls_cert_pem: answer.tls_cert_pem,
+        ssh_cert: answer.ssh_cert,
+        tls_ca_pems: answer.tls_ca_pems,
+        ssh_ca_keys: answer.ssh_ca_keys,
+        cluster_name: answer.cluster_name,
+        not_after_unix: answer.not_after_unix,
+    };
+    let mut identity = keys
+        .into_identity_from_proto(certs)
+        .map_err(|e| LoginError::Invalid(e.to_string()))?;
+    identity.auth_addr = auth_addr;
+    Ok(identity)
+}

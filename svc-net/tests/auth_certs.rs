@@ -1,0 +1,226 @@
+//! The Auth gRPC API on a real port refuses every certificate it must refuse: expired, not yet
+//! valid, from another cluster's CA, a user certificate presented as a host, a host certificate
+//! used as a user, and a host with the wrong role. Valid identities are served (the controls).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use svc_core::Secret;
+use svc_core::SystemClock;
+use svc_core::auth::{AuthService, Heartbeat, IssuedCerts};
+use svc_core::backend::{Backend, MemoryBackend};
+use svc_core::identity::{CertAuthority, HostCertRequest, IdentityKind, SystemRole, UserCertRequest};
+use svc_core::resource::Kind;
+use svc_net::auth::{AuthClient, ClientError, ClientIdentity, KeyMaterial};
+use tokio_util::sync::CancellationToken;
+
+const CLUSTER: &str = "matrix.test";
+
+struct Server {
+    addr: String,
+    auth: Arc<AuthService>,
+    host_ca: CertAuthority,
+    user_ca: CertAuthority,
+    shutdown: CancellationToken,
+}
+
+async fn server() -> Server {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let auth = Arc::new(
+        AuthService::open(backend.clone(), CLUSTER, Arc::new(SystemClock))
+            .await
+            .unwrap(),
+    );
+    let identity = svc_net::auth::server_identity(&auth, "auth", &[]).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let shutdown = CancellationToken::new();
+    let (a, s) = (auth.clone(), shutdown.clone());
+    tokio::spawn(async move { svc_net::auth::serve(listener, a, identity, s).await.unwrap() });
+    let host_ca = CertAuthority::load(backend.as_ref(), IdentityKind::Host, CLUSTER)
+        .await
+        .unwrap()
+        .unwrap();
+    let user_ca = CertAuthority::load(backend.as_ref(), IdentityKind::User, CLUSTER)
+        .await
+        .unwrap()
+        .unwrap();
+    Server {
+        addr,
+        auth,
+        host_ca,
+        user_ca,
+        shutdown,
+    }
+}
+
+fn host_req(roles: Vec<SystemRole>, ttl: Duration) -> HostCertRequest {
+    HostCertRequest {
+        host_uuid: uuid::Uuid::new_v4(),
+        node_name: "host".into(),
+        roles,
+        additional_names: vec![],
+        ttl,
+    }
+}
+
+/// An identity signed by `ca` at `now`, trusting the real cluster's CAs (so the client accepts
+/// the server, and only the server's judgement of the client certificate is tested).
+fn host_identity(
+    s: &Server,
+    ca: &CertAuthority,
+    roles: Vec<SystemRole>,
+    now: SystemTime,
+    ttl: Duration,
+) -> ClientIdentity {
+    let keys = KeyMaterial::generate().unwrap();
+    let req = host_req(roles, ttl);
+    let certs = IssuedCerts {
+        name: svc_core::identity::host_id(&req.host_uuid, ca.cluster()),
+        tls_cert: ca.sign_host_x509(&req, &keys.tls_public_key(), now).unwrap(),
+        ssh_cert: ca.sign_host_ssh(&req, keys.ssh_public_key(), now).unwrap(),
+        trusted: s.auth.trusted(),
+        not_after: now + ttl,
+    };
+    let mut id = keys.into_identity(&certs, CLUSTER).unwrap();
+    id.auth_addr = s.addr.clone();
+    id
+}
+
+fn user_identity(s: &Server, roles: &[&str]) -> ClientIdentity {
+    let keys = KeyMaterial::generate().unwrap();
+    let now = SystemTime::now();
+    let req = UserCertRequest {
+        username: "mallory".into(),
+        roles: roles.iter().map(|r| (*r).to_owned()).collect(),
+        logins: vec!["mallory".into()],
+        ttl: Duration::from_secs(3600),
+    };
+    let certs = IssuedCerts {
+        name: "mallory".into(),
+        tls_cert: s
+            .user_ca
+            .sign_user_x509(&req, &keys.tls_public_key(), now)
+            .unwrap(),
+        ssh_cert: s.user_ca.sign_user_ssh(&req, keys.ssh_public_key(), now).unwrap(),
+        trusted: s.auth.trusted(),
+        not_after: now + req.ttl,
+    };
+    let mut id = keys.into_identity(&certs, CLUSTER).unwrap();
+    id.auth_addr = s.addr.clone();
+    id
+}
+
+/// Connecting and calling: a refused handshake may surface at connect or at the first call.
+async fn status_with(id: &ClientIdentity) -> Result<(), ClientError> {
+    AuthClient::connect_with(id).await?.status().await.map(|_| ())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_bad_certificate_is_refused() {
+    let s = server().await;
+    let now = SystemTime::now();
+    let hour = Duration::from_secs(3600);
+    let mut refused = 0;
+    let mut cases = 0;
+    let mut expect_refused = |name: &str, r: Result<(), ClientError>| {
+        cases += 1;
+        match r {
+            Err(e) => {
+                refused += 1;
+                println!("refused: {name}: {e}");
+            }
+            Ok(()) => panic!("{name}: accepted"),
+        }
+    };
+
+    // Controls: the same shapes, valid, are served.
+    let admin = host_identity(&s, &s.host_ca, vec![SystemRole::Auth], now, hour);
+    status_with(&admin).await.expect("a valid admin is served");
+    let node = host_identity(&s, &s.host_ca, vec![SystemRole::Node], now, hour);
+    let mut node_client = AuthClient::connect_with(&node).await.unwrap();
+    node_client
+        .heartbeat(&Heartbeat::default())
+        .await
+        .expect("a valid node may heartbeat");
+    let editor = user_identity(&s, &["editor"]);
+    let mut editor_client = AuthClient::connect_with(&editor).await.unwrap();
+    editor_client
+        .get_resources(Kind::Role, None, false)
+        .await
+        .expect("an editor may list roles");
+
+    // 1. Expired (signed two hours ago for one hour), even with the auth role.
+    let expired = host_identity(&s, &s.host_ca, vec![SystemRole::Auth], now - 2 * hour, hour);
+    expect_refused("expired", status_with(&expired).await);
+
+    // 2. Not yet valid (signed for a moment two hours ahead).
+    let future = host_identity(&s, &s.host_ca, vec![SystemRole::Auth], now + 2 * hour, hour);
+    expect_refused("not yet valid", status_with(&future).await);
+
+    // 3. Another cluster's CA (a host CA named like ours would be just as foreign).
+    for other_name in ["other.test", CLUSTER] {
+        let other = CertAuthority::generate(IdentityKind::Host, other_name, now, 24 * hour).unwrap();
+        let foreign = host_identity(&s, &other, vec![SystemRole::Auth], now, hour);
+        expect_refused(
+            &format!("CA of another cluster named {other_name}"),
+            status_with(&foreign).await,
+        );
+    }
+
+    // 4. A user certificate presented as a host: it may not heartbeat into the inventory.
+    let mut user = AuthClient::connect_with(&editor).await.unwrap();
+    expect_refused(
+        "user certificate as a host",
+        user.heartbeat(&Heartbeat::default()).await.map(|_| ()),
+    );
+
+    // 5. A host certificate used as a user: a node may not read or write resources.
+    expect_refused(
+        "host certificate as a user (get)",
+        node_client
+            .get_resources(Kind::Role, None, false)
+            .await
+            .map(|_| ()),
+    );
+    expect_refused(
+        "host certificate as a user (create)",
+        node_client
+            .put_resources("kind: role\nversion: v7\nmetadata:\n  name: x\nspec: {}\n", false)
+            .await
+            .map(|_| ()),
+    );
+
+    // 6. The wrong role: only proxies sign users in; a user without rights cannot list.
+    let keys = KeyMaterial::generate().unwrap();
+    expect_refused(
+        "node signing a user in",
+        node_client
+            .login("mallory", &Secret::new("whatever1".into()), keys, None)
+            .await
+            .map(|_| ()),
+    );
+    let access = user_identity(&s, &["access"]);
+    let mut access_client = AuthClient::connect_with(&access).await.unwrap();
+    let denied = access_client.inventory().await.map(|_| ());
+    if let Err(e) = &denied {
+        assert_eq!(
+            e.to_string(),
+            "access denied to perform action \"list\" on \"inventory\""
+        );
+    }
+    expect_refused("user without the right role", denied);
+    let proxy = host_identity(&s, &s.host_ca, vec![SystemRole::Proxy], now, hour);
+    let mut proxy_client = AuthClient::connect_with(&proxy).await.unwrap();
+    expect_refused(
+        "proxy creating a token",
+        proxy_client
+            .create_token(&["node".into()], None)
+            .await
+            .map(|_| ()),
+    );
+
+    println!("certificate matrix: {refused}/{cases} refused");
+    assert_eq!(refused, cases);
+    s.shutdown.cancel();
+}
