@@ -4,4 +4,6 @@
 #![warn(clippy::unwrap_used)]
 
 pub mod channel;
+pub mod export;
 pub mod linux;
+pub mod target;
