@@ -15,7 +15,7 @@
 //! 8. restart the agent as `restart-mode` says, when systemd runs.
 //!
 //! Everything a person should read goes to the `out` writer (the binary passes stdout) as whole
-//! lines; the same lines are logged with `tracing`.
+//! lines (also emitted as `tracing` debug events).
 
 use std::{
     io::{self, Write},
@@ -403,30 +403,41 @@ pub fn parse_svc_version(output: &str) -> Option<Version> {
         .and_then(|v| Version::parse(v.trim()).ok())
 }
 
-/// Brings the package database and the hold back after a run was killed mid-install: for apt,
-/// `dpkg --configure -a` finishes what dpkg was unpacking or configuring; rpm, dnf and zypper
-/// release their locks with the process and need no repair. Then the hold is set again (the
-/// killed run had lifted it).
+/// Brings the package database and the hold back after a run was killed mid-install:
+/// - apt: `dpkg --configure -a` finishes what dpkg was unpacking or configuring (apt refuses to
+///   work until it has run);
+/// - rpm (dnf, zypper): a transaction killed between installing the new package and erasing the
+///   old one leaves both in the database; the older records are dropped (`rpm -e --justdb`: the
+///   files on disk are the newer package's);
+///
+/// then the hold the killed run had lifted is set again.
 async fn repair(pm: &dyn PackageManager, package: &str) -> Result<(), RunError> {
-    if pm.kind() == InstallerKind::Apt {
-        let status = tokio::process::Command::new("dpkg")
-            .args(["--configure", "-a"])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdin(Stdio::null())
-            .status()
-            .await
-            .map_err(|source| PkgError::Spawn {
-                command: "dpkg --configure -a".to_owned(),
-                source,
-            })?;
-        if !status.success() {
-            return Err(PkgError::Failed {
-                command: "dpkg --configure -a".to_owned(),
-                code: status.code(),
-                stderr: String::new(),
-            }
-            .into());
+    match pm.kind() {
+        InstallerKind::Apt => {
+            run_checked("dpkg", &["--configure", "-a"]).await?;
         }
+        InstallerKind::Yum | InstallerKind::Zypper => {
+            let listed = run_checked(
+                "rpm",
+                &["-q", "--queryformat", "%{VERSION} %{NAME}-%{VERSION}-%{RELEASE}.%{ARCH}\\n", package],
+            )
+            .await
+            .unwrap_or_default();
+            let mut installed: Vec<(Version, String)> = listed
+                .lines()
+                .filter_map(|line| {
+                    let (version, nevra) = line.split_once(' ')?;
+                    Some((super::version::from_package_version(version).ok()?, nevra.to_owned()))
+                })
+                .collect();
+            installed.sort();
+            installed.pop();
+            for (_, nevra) in installed {
+                tracing::warn!(package = %nevra, "dropping the older duplicate left by the interrupted install");
+                run_checked("rpm", &["-e", "--justdb", "--nodeps", "--noscripts", &nevra]).await?;
+            }
+        }
+        _ => {}
     }
     if pm.installed_version(package).await?.is_some() {
         pm.hold(package).await?;
@@ -434,13 +445,35 @@ async fn repair(pm: &dyn PackageManager, package: &str) -> Result<(), RunError> 
     Ok(())
 }
 
-fn say(out: &mut dyn Write, line: &str) -> Result<(), RunError> {
-    if let Some(warning) = line.strip_prefix("warning: ") {
-        tracing::warn!("{warning}");
-    } else {
-        tracing::info!("{line}");
+/// Runs `program args`, returning stdout; a non-zero exit is [`PkgError::Failed`].
+async fn run_checked(program: &str, args: &[&str]) -> Result<String, PkgError> {
+    let command = format!("{program} {}", args.join(" "));
+    let output = tokio::process::Command::new(program)
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|source| PkgError::Spawn {
+            command: command.clone(),
+            source,
+        })?;
+    if !output.status.success() {
+        return Err(PkgError::Failed {
+            command,
+            code: output.status.code(),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        });
     }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn say(out: &mut dyn Write, line: &str) -> Result<(), RunError> {
+    // The line is the user-facing record (stdout, and the journal under systemd); the trace
+    // event lets an embedding program's subscriber see it too.
+    tracing::debug!("{line}");
     writeln!(out, "{line}")?;
+    out.flush()?;
     Ok(())
 }
 
