@@ -185,7 +185,10 @@ fn build_fixture() -> Result<Fixture> {
             ])
             .arg(&target_dir)
             .env("SVC_BUILD_VERSION", version))?;
-        eprintln!("stamped svc and svc-upgrade {version} built in {:.1?}", started.elapsed());
+        eprintln!(
+            "stamped svc and svc-upgrade {version} built in {:.1?}",
+            started.elapsed()
+        );
         let bin = dir.join("bin").join(version);
         std::fs::create_dir_all(&bin)?;
         for program in ["svc", "svc-upgrade"] {
@@ -838,7 +841,8 @@ fn dnf_holds_svc() -> Result<bool> {
     Ok(conf.lines().any(|l| {
         l.split_once('=').is_some_and(|(k, v)| {
             matches!(k.trim(), "exclude" | "excludepkgs")
-                && v.split(|c: char| c == ',' || c.is_whitespace()).any(|p| p == "svc")
+                && v.split(|c: char| c == ',' || c.is_whitespace())
+                    .any(|p| p == "svc")
         })
     }))
 }

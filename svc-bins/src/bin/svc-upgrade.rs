@@ -52,17 +52,33 @@ fn main() -> std::process::ExitCode {
     };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            // The forwarding cache's "error is cached" warning is the proxy's concern, not ours:
+            // the failure itself is reported once, as the run's error.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,svc_update::channel::forward=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();
     match run(mode, cli.ca_file) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("svc-upgrade {mode}: error: {e:#}");
+            eprintln!("svc-upgrade {mode}: error: {}", describe(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, leaving out a cause whose text the message already quotes (the
+/// library's errors embed their sources).
+fn describe(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text = format!("{text}: {cause}");
+        }
+    }
+    text
 }
 
 fn run(mode: Mode, ca_file: Option<PathBuf>) -> anyhow::Result<()> {
@@ -77,7 +93,9 @@ fn run(mode: Mode, ca_file: Option<PathBuf>) -> anyhow::Result<()> {
     let clock = Arc::new(SystemClock);
     tokio::runtime::Runtime::new()?.block_on(async {
         let mut out = std::io::stdout();
-        runner.run(mode, &client, pm.as_ref(), clock.as_ref(), &mut out).await
+        runner
+            .run(mode, &client, pm.as_ref(), clock.as_ref(), &mut out)
+            .await
     })?;
     Ok(())
 }

@@ -201,6 +201,16 @@ impl Runner {
                     )?;
                     windows
                 }
+                Ok(windows) if windows.iter().all(|w| w.end <= clock.now()) => {
+                    say(
+                        out,
+                        &format!(
+                            "warning: no valid upgrade schedule: every window in {} has ended (the agent has not exported a schedule recently)",
+                            schedule.display()
+                        ),
+                    )?;
+                    windows
+                }
                 Ok(windows) => windows,
                 Err(e) => {
                     say(
@@ -419,7 +429,12 @@ async fn repair(pm: &dyn PackageManager, package: &str) -> Result<(), RunError> 
         InstallerKind::Yum | InstallerKind::Zypper => {
             let listed = run_checked(
                 "rpm",
-                &["-q", "--queryformat", "%{VERSION} %{NAME}-%{VERSION}-%{RELEASE}.%{ARCH}\\n", package],
+                &[
+                    "-q",
+                    "--queryformat",
+                    "%{VERSION} %{NAME}-%{VERSION}-%{RELEASE}.%{ARCH}\\n",
+                    package,
+                ],
             )
             .await
             .unwrap_or_default();
@@ -427,7 +442,10 @@ async fn repair(pm: &dyn PackageManager, package: &str) -> Result<(), RunError> 
                 .lines()
                 .filter_map(|line| {
                     let (version, nevra) = line.split_once(' ')?;
-                    Some((super::version::from_package_version(version).ok()?, nevra.to_owned()))
+                    Some((
+                        super::version::from_package_version(version).ok()?,
+                        nevra.to_owned(),
+                    ))
                 })
                 .collect();
             installed.sort();

@@ -87,7 +87,10 @@ impl Channel {
     }
 
     fn garbage_endpoint(&self) -> String {
-        format!("127.0.0.1:{}/garbage/channel/default", self.proxy.addrs().web.port())
+        format!(
+            "127.0.0.1:{}/garbage/channel/default",
+            self.proxy.addrs().web.port()
+        )
     }
 
     fn ca_file(&self) -> Result<PathBuf> {
@@ -104,7 +107,11 @@ struct Outcome {
 
 impl std::fmt::Display for Outcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ok={}\n--- stdout\n{}--- stderr\n{}", self.ok, self.stdout, self.stderr)
+        write!(
+            f,
+            "ok={}\n--- stdout\n{}--- stderr\n{}",
+            self.ok, self.stdout, self.stderr
+        )
     }
 }
 
@@ -117,7 +124,14 @@ fn updater(ca: &Path, state: &Path, command: &str) -> tokio::process::Command {
         .env("SVC_UPGRADE_STATE", state)
         .env_remove("SVC_UPGRADE_CONFIG")
         .kill_on_drop(true);
-    for var in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"] {
+    for var in [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "NO_PROXY",
+        "no_proxy",
+    ] {
         cmd.env_remove(var);
     }
     cmd
@@ -149,7 +163,10 @@ fn window_around_now(offset: u64) -> Window {
 }
 
 fn set_schedule(windows: &[Window]) -> Result<()> {
-    std::fs::write(Path::new(CONFIG_DIR).join("schedule"), render_schedule_file(windows))?;
+    std::fs::write(
+        Path::new(CONFIG_DIR).join("schedule"),
+        render_schedule_file(windows),
+    )?;
     Ok(())
 }
 
@@ -179,7 +196,10 @@ fn group_members(pgid: u32) -> Vec<(u32, String, String)> {
             continue;
         };
         let comm = stat[open + 1..close].to_owned();
-        let pgrp = stat[close + 1..].split_whitespace().nth(2).and_then(|p| p.parse::<u32>().ok());
+        let pgrp = stat[close + 1..]
+            .split_whitespace()
+            .nth(2)
+            .and_then(|p| p.parse::<u32>().ok());
         if pgrp == Some(pgid) {
             let cmdline = std::fs::read(entry.path().join("cmdline"))
                 .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
@@ -258,7 +278,11 @@ pub(super) async fn updater_story(
     let _ = std::fs::remove_file(Path::new(CONFIG_DIR).join("schedule"));
     let out = upgrade(&ca, &state, "dry-run").await?;
     ensure!(out.ok, "{out}");
-    ensure!(out.stdout.contains(&format!("no upgrades available ({v1} == {v1})")), "{out}");
+    ensure!(
+        out.stdout
+            .contains(&format!("no upgrades available ({v1} == {v1})")),
+        "{out}"
+    );
     ensure!(out.stdout.contains("warning: no valid upgrade schedule"), "{out}");
     channel.proxy.shutdown().await;
 
@@ -267,7 +291,11 @@ pub(super) async fn updater_story(
     set_endpoint(&channel.endpoint())?;
     let out = upgrade(&ca, &state, "dry-run").await?;
     ensure!(out.ok, "{out}");
-    ensure!(out.stdout.contains(&format!("an upgrade is available ({v1} -> {v2})")), "{out}");
+    ensure!(
+        out.stdout
+            .contains(&format!("an upgrade is available ({v1} -> {v2})")),
+        "{out}"
+    );
     set_schedule(&[far_away()])?;
     let out = upgrade(&ca, &state, "run").await?;
     ensure!(out.ok, "{out}");
@@ -281,21 +309,39 @@ pub(super) async fn updater_story(
     // 3. Faults, with a window open: nothing installed.
     set_schedule(&[window_around_now(600)])?;
     let out = upgrade(&ca, &state, "dry-run").await?;
-    ensure!(out.stdout.contains("within maintenance window, upgrade will be attempted"), "{out}");
+    ensure!(
+        out.stdout
+            .contains("within maintenance window, upgrade will be attempted"),
+        "{out}"
+    );
     let closed = std::net::TcpListener::bind("127.0.0.1:0")?;
     let closed_port = closed.local_addr()?.port();
     drop(closed);
-    set_endpoint(&format!("127.0.0.1:{closed_port}/v1/webapi/automaticupgrades/channel/default"))?;
+    set_endpoint(&format!(
+        "127.0.0.1:{closed_port}/v1/webapi/automaticupgrades/channel/default"
+    ))?;
     let out = upgrade(&ca, &state, "run").await?;
-    ensure!(!out.ok && out.stderr.contains("version server: GET https://127.0.0.1:"), "{out}");
+    ensure!(
+        !out.ok && out.stderr.contains("version server: GET https://127.0.0.1:"),
+        "{out}"
+    );
     set_endpoint(&channel.garbage_endpoint())?;
     let out = upgrade(&ca, &state, "run").await?;
-    ensure!(!out.ok && out.stderr.contains("invalid version \"<html>maintenance</html>\""), "{out}");
+    ensure!(
+        !out.ok
+            && out
+                .stderr
+                .contains("invalid version \"<html>maintenance</html>\""),
+        "{out}"
+    );
     let ahead = Channel::start(&data, Some("19.0.0"), true).await?;
     set_endpoint(&ahead.endpoint())?;
     let out = upgrade(&ca, &state, "run").await?;
     ensure!(
-        !out.ok && out.stderr.contains(&format!("refusing to move from {v1} to v19.0.0")),
+        !out.ok
+            && out
+                .stderr
+                .contains(&format!("refusing to move from {v1} to v19.0.0")),
         "{out}"
     );
     ahead.proxy.shutdown().await;
@@ -317,7 +363,13 @@ pub(super) async fn updater_story(
     ensure!(held()?, "svc is not held after the repaired run");
     // No systemd on the test machine: the restart is reported, not attempted.
     let out = upgrade(&ca, &state, "run").await?;
-    ensure!(out.ok && out.stdout.contains(&format!("no upgrades available ({v2} == {v2})")), "{out}");
+    ensure!(
+        out.ok
+            && out
+                .stdout
+                .contains(&format!("no upgrades available ({v2} == {v2})")),
+        "{out}"
+    );
     channel.proxy.shutdown().await;
 
     // 5. A critical v3 outside the window installs at once.
@@ -355,13 +407,19 @@ pub(super) async fn updater_story(
         }
         if round >= 1 {
             ensure!(
-                out.stdout.contains(&format!("already upgraded to {v2} in this maintenance window"))
-                    || out.stdout.contains(&format!("no upgrades available ({v2} == {v2})")),
+                out.stdout
+                    .contains(&format!("already upgraded to {v2} in this maintenance window"))
+                    || out
+                        .stdout
+                        .contains(&format!("no upgrades available ({v2} == {v2})")),
                 "round {round}: {out}"
             );
         }
     }
-    assert_eq!(installs, 1, "proxies flipping between versions caused more than one install");
+    assert_eq!(
+        installs, 1,
+        "proxies flipping between versions caused more than one install"
+    );
     assert_eq!(installed_svc_says()?, format!("svc {v2}"));
     a.proxy.shutdown().await;
     b.proxy.shutdown().await;
