@@ -123,6 +123,8 @@ pub struct Runner {
     pub svc_binary: PathBuf,
     /// Present when systemd runs ([`SYSTEMD_RUN_DIR`]).
     pub systemd_dir: PathBuf,
+    /// The `systemctl` program that restarts the agent.
+    pub systemctl: PathBuf,
 }
 
 /// What a finished run did.
@@ -143,6 +145,7 @@ impl Runner {
             state_path,
             svc_binary: super::pkg::find_program("svc").unwrap_or_else(|| PathBuf::from("/usr/bin/svc")),
             systemd_dir: PathBuf::from(SYSTEMD_RUN_DIR),
+            systemctl: PathBuf::from("systemctl"),
         }
     }
 
@@ -365,8 +368,8 @@ impl Runner {
             )?;
             return Ok(());
         }
-        let command = format!("systemctl {action} {AGENT_UNIT}");
-        let status = tokio::process::Command::new("systemctl")
+        let command = format!("{} {action} {AGENT_UNIT}", self.systemctl.display());
+        let status = tokio::process::Command::new(&self.systemctl)
             .args([action, AGENT_UNIT])
             .stdin(Stdio::null())
             .status()
