@@ -305,3 +305,31 @@ async fn an_interrupted_install_is_resumed() -> Result<()> {
     proxy.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_signed_proxy_needs_its_ca_or_insecure() -> Result<()> {
+    use svc_update::target::{Trust, tls_config};
+    let data = tempfile::tempdir()?;
+    let proxy = version_server(data.path(), "17.0.3", false).await?;
+    let url = endpoint_url(&format!(
+        "127.0.0.1:{}/v1/webapi/automaticupgrades/channel/default",
+        proxy.addrs().web.port()
+    ))?;
+    let ask = |trust| -> Result<VersionClient<TcpConnector>> {
+        Ok(VersionClient::new(
+            TcpConnector::new(),
+            tls_config(trust)?,
+            url.clone(),
+        ))
+    };
+    let err = ask(Trust::Roots(None))?
+        .version()
+        .await
+        .expect_err("untrusted CA");
+    assert!(err.to_string().contains("TLS: invalid peer certificate"), "{err}");
+    let ca = std::fs::read(proxy.ca_file().context("ca")?)?;
+    assert_eq!(ask(Trust::Roots(Some(&ca)))?.version().await?, Some(v("17.0.3")));
+    assert_eq!(ask(Trust::Insecure)?.version().await?, Some(v("17.0.3")));
+    proxy.shutdown().await;
+    Ok(())
+}

@@ -10,7 +10,10 @@ use std::{path::PathBuf, sync::Arc};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use svc_core::SystemClock;
-use svc_update::linux::{Mode, Runner, UpgradeConfig, UpgradeState, package_manager, runner::version_client};
+use svc_update::{
+    linux::{Mode, Runner, UpgradeConfig, UpgradeState, package_manager, runner::version_client},
+    target::Trust,
+};
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +26,10 @@ struct Cli {
     /// private-CA Proxy Service).
     #[arg(long, env = "SVC_UPGRADE_CA_FILE", global = true)]
     ca_file: Option<PathBuf>,
+    /// Accept any certificate from the version endpoint (trials against a self-signed proxy
+    /// only: anyone on the path could then choose the version installed).
+    #[arg(long, env = "SVC_UPGRADE_INSECURE", global = true, conflicts_with = "ca_file")]
+    insecure: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -59,7 +66,7 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match run(mode, cli.ca_file) {
+    match run(mode, cli.ca_file, cli.insecure) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("svc-upgrade {mode}: error: {}", describe(&e));
@@ -81,13 +88,19 @@ fn describe(e: &anyhow::Error) -> String {
     text
 }
 
-fn run(mode: Mode, ca_file: Option<PathBuf>) -> anyhow::Result<()> {
+fn run(mode: Mode, ca_file: Option<PathBuf>, insecure: bool) -> anyhow::Result<()> {
     let env = |k: &str| std::env::var(k).ok();
     let config = UpgradeConfig::load(env)?;
     let ca = ca_file
         .map(|path| std::fs::read(&path).with_context(|| format!("reading --ca-file {}", path.display())))
         .transpose()?;
-    let client = version_client(&config, ca.as_deref())?;
+    let trust = if insecure {
+        eprintln!("svc-upgrade: warning: --insecure: the version endpoint's certificate is not checked");
+        Trust::Insecure
+    } else {
+        Trust::Roots(ca.as_deref())
+    };
+    let client = version_client(&config, trust)?;
     let pm = package_manager(config.installer)?;
     let runner = Runner::new(config, UpgradeState::path_from_env(env));
     let clock = Arc::new(SystemClock);

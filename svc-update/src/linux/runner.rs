@@ -33,7 +33,7 @@ use super::{
     pkg::{InstallerKind, PackageManager, PkgError, install_and_hold},
     state::{InstallRecord, StateError, UpgradeState},
 };
-use crate::target::{TargetError, VersionClient};
+use crate::target::{TargetError, Trust, VersionClient};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -396,16 +396,13 @@ impl Runner {
 }
 
 /// A client of the version endpoint in `config`'s `endpoint` file, dialing as the proxy
-/// environment says and trusting the public roots plus `extra_ca_pem`.
-pub fn version_client(
-    config: &UpgradeConfig,
-    extra_ca_pem: Option<&[u8]>,
-) -> Result<VersionClient, RunError> {
+/// environment says and checking the server as `trust` says.
+pub fn version_client(config: &UpgradeConfig, trust: Trust<'_>) -> Result<VersionClient, RunError> {
     let endpoint = config.endpoint.as_deref().ok_or_else(|| RunError::NoEndpoint {
         path: config.endpoint_path(),
     })?;
     let url = crate::target::endpoint_url(endpoint)?;
-    Ok(VersionClient::from_env(url, extra_ca_pem)?)
+    Ok(VersionClient::from_env(url, crate::target::tls_config(trust)?)?)
 }
 
 /// The version in `svc version`'s output (`svc v17.0.0`).

@@ -265,6 +265,13 @@ pub(super) async fn updater_story(
     assert_eq!(installed_svc_says()?, format!("svc v{V1}"));
     let said = sh(std::process::Command::new("/usr/bin/svc-upgrade").arg("version"))?;
     assert_eq!(said.trim(), format!("svc-upgrade v{V1}"), "the packaged updater");
+    let help = sh(std::process::Command::new("/usr/bin/svc-upgrade").arg("help"))?;
+    ensure!(
+        ["run", "dry-run", "force", "version", "help"]
+            .iter()
+            .all(|c| help.contains(&format!("  {c} "))),
+        "svc-upgrade help:\n{help}"
+    );
 
     let tmp = tempfile::tempdir()?;
     let data = tmp.path().join("proxy");
