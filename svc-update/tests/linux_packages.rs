@@ -184,6 +184,8 @@ fn build_fixture() -> Result<Fixture> {
                 "--target-dir",
             ])
             .arg(&target_dir)
+            // Each stamp rebuilds the workspace crates; incremental data would only pile up.
+            .env("CARGO_INCREMENTAL", "0")
             .env("SVC_BUILD_VERSION", version))?;
         eprintln!(
             "stamped svc and svc-upgrade {version} built in {:.1?}",

@@ -416,9 +416,11 @@ pub fn parse_svc_version(output: &str) -> Option<Version> {
 /// Brings the package database and the hold back after a run was killed mid-install:
 /// - apt: `dpkg --configure -a` finishes what dpkg was unpacking or configuring (apt refuses to
 ///   work until it has run);
-/// - rpm (dnf, zypper): a transaction killed between installing the new package and erasing the
-///   old one leaves both in the database; the older records are dropped (`rpm -e --justdb`: the
-///   files on disk are the newer package's);
+/// - rpm (dnf, zypper): the repository metadata a killed refresh was writing is dropped
+///   (`dnf clean metadata`, `zypper clean --metadata`; the next install downloads it again), and
+///   a transaction killed between installing the new package and erasing the old one leaves both
+///   in the database: the older records are dropped (`rpm -e --justdb`: the files on disk are
+///   the newer package's);
 ///
 /// then the hold the killed run had lifted is set again.
 async fn repair(pm: &dyn PackageManager, package: &str) -> Result<(), RunError> {
@@ -427,6 +429,16 @@ async fn repair(pm: &dyn PackageManager, package: &str) -> Result<(), RunError> 
             run_checked("dpkg", &["--configure", "-a"]).await?;
         }
         InstallerKind::Yum | InstallerKind::Zypper => {
+            if pm.kind() == InstallerKind::Yum {
+                let program = if super::pkg::find_program("yum").is_some() {
+                    "yum"
+                } else {
+                    "dnf"
+                };
+                run_checked(program, &["clean", "metadata"]).await?;
+            } else {
+                run_checked("zypper", &["--non-interactive", "clean", "--metadata"]).await?;
+            }
             let listed = run_checked(
                 "rpm",
                 &[

@@ -215,7 +215,9 @@ fn group_members(pgid: u32) -> Vec<(u32, String, String)> {
 /// SIGKILL: a power cut in the middle of an install.
 async fn kill_mid_install(ca: &Path, state: &Path, installer: &str) -> Result<()> {
     let mut cmd = updater(ca, state, "run");
-    cmd.process_group(0).stdout(std::process::Stdio::null());
+    cmd.process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
     let mut child = cmd.spawn()?;
     let pgid = child.id().context("svc-upgrade pid")?;
     let installing = |comm: &str, cmdline: &str| match installer {
