@@ -266,6 +266,15 @@ async fn refusals_and_failures_install_nothing() -> Result<()> {
     );
     assert!(!out.contains("available"), "{out}");
     assert_eq!(pm.actions().len(), 3, "nothing installed after the first force");
+
+    // A failure the package manager reports is not an interruption: no repair next time.
+    let unpackageable = version_server(data.path(), "17.3.0-rc-1", false).await?;
+    let (decision, _) = run(&s, Mode::Run, &client(&unpackageable)?, &pm, &clock).await;
+    let err = decision.expect_err("no package version");
+    assert!(err.to_string().contains("cannot be packaged"), "{err}");
+    assert_eq!(pm.actions()[3..], ["unhold svc", "hold svc"]);
+    assert_eq!(UpgradeState::load(&s.runner.state_path)?.in_progress, None);
+    unpackageable.shutdown().await;
     Ok(())
 }
 
@@ -288,6 +297,14 @@ async fn an_interrupted_install_is_resumed() -> Result<()> {
     .save(&s.runner.state_path)?;
     let pm = Nop::new(Some(v("17.2.0")));
     let proxy = version_server(data.path(), "17.3.0", false).await?;
+    let (_, out) = run(&s, Mode::DryRun, &client(&proxy)?, &pm, &clock).await;
+    assert!(
+        out.starts_with(
+            "warning: a previous install of v17.3.0 was interrupted; `svc-upgrade run` will repair"
+        ),
+        "{out}"
+    );
+    assert!(pm.actions().is_empty(), "dry-run repaired");
     let (decision, out) = run(&s, Mode::Run, &client(&proxy)?, &pm, &clock).await;
     assert!(decision?.install_target().is_some(), "{out}");
     assert!(

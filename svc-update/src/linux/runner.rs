@@ -170,6 +170,17 @@ impl Runner {
         };
         let package = self.config.package.as_str();
         let mut state = UpgradeState::load(&self.state_path)?;
+        if let Some(interrupted) = &state.in_progress
+            && mode == Mode::DryRun
+        {
+            say(
+                out,
+                &format!(
+                    "warning: a previous install of {} was interrupted; `svc-upgrade run` will repair the package database and the hold",
+                    interrupted.version
+                ),
+            )?;
+        }
         if let Some(interrupted) = state.in_progress.clone()
             && mode != Mode::DryRun
         {
@@ -282,7 +293,13 @@ impl Runner {
         state.in_progress = Some(InstallRecord::new(version.clone(), now, window));
         state.save(&self.state_path)?;
         say(out, &format!("installing {package} {version} with {}", pm.kind()))?;
-        install_and_hold(pm, package, &version, mode == Mode::Force).await?;
+        if let Err(e) = install_and_hold(pm, package, &version, mode == Mode::Force).await {
+            // The package manager reported the failure itself (and the hold is back): nothing
+            // was interrupted, so the next run must not go repairing.
+            state.in_progress = None;
+            state.save(&self.state_path)?;
+            return Err(e.into());
+        }
         let found = pm.installed_version(package).await?;
         if found.as_ref() != Some(&version) && pm.kind() != InstallerKind::Nop {
             return Err(RunError::NotInstalled {
