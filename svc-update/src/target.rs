@@ -13,6 +13,18 @@
 //! gets one; `critical` is `yes`/`no`/`true`/`false` in any case. Anything else — a status other
 //! than 200, garbage, no answer within [`TIMEOUT`] — is an error: an updater never acts on a
 //! version it could not read.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), svc_update::target::TargetError> {
+//! use svc_update::target::{Trust, VersionClient, channel_url, tls_config};
+//!
+//! let url = channel_url("proxy.example.com:443", "stable/cloud")?;
+//! let client = VersionClient::from_env(url, tls_config(Trust::Roots(None))?)?;
+//! let target = client.target().await?; // Target { version: Some(v17.1.0), critical: false }
+//! # let _ = target;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::sync::Arc;
 
