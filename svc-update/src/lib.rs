@@ -5,5 +5,7 @@
 
 pub mod channel;
 pub mod export;
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod linux;
 pub mod target;

@@ -1,0 +1,567 @@
+//! The reconcile loop: watch the agent's StatefulSet or Deployment, gather the facts, ask
+//! [`decide`], act.
+//!
+//! Data flow of one reconcile (triggered by any watch event on the workload — an annotation
+//! such as `debug.svc.dev/trigger-event=1` included — and every sync period whatever the
+//! outcome):
+//!
+//! 1. `svc.dev/skipreconcile: "true"` → log and stop (nothing else is read).
+//! 2. Fetch the target from the version server (an error leaves the workload unchanged and
+//!    retries soon).
+//! 3. Read the windows from the shared-state Secret and the health of the agent's pods.
+//! 4. [`decide`]: patch the container image to `<base-image>:<version without v>` with a
+//!    strategic-merge patch, or log `no new version available` / the skip reason and send no
+//!    write at all.
+//! 5. StatefulSets: while a rollout is in progress, delete not-ready pods of the old revision
+//!    (with the default `OrderedReady` policy such a pod blocks the rollout for ever).
+//!
+//! Each reconcile is bounded by a timeout (2 min).
+
+use std::{
+    fmt::Debug,
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, SystemTime},
+};
+
+use futures_util::StreamExt;
+use k8s_openapi::{
+    NamespaceResourceScope,
+    api::{
+        apps::v1::{Deployment, StatefulSet},
+        core::v1::{Pod, PodSpec},
+    },
+    apimachinery::pkg::apis::meta::v1::LabelSelector,
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams},
+    runtime::{Controller, controller::Action, watcher},
+};
+use serde::de::DeserializeOwned;
+use svc_core::{Version, clock::Clock, maintenance::in_window};
+
+use super::{
+    SKIP_RECONCILE_ANNOTATION,
+    decision::{Decision, DecisionInput, decide},
+    health::Metrics,
+    schedule::read_schedule,
+    target::{TargetError, TargetSource},
+};
+
+/// Default period between reconciles when nothing happens (specification §8: 30 minutes).
+pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30 * 60);
+/// Default bound on one reconcile.
+pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Default delay before retrying a failed reconcile.
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(10);
+/// Default time a pod must stay not ready before the agent counts as unhealthy.
+pub const DEFAULT_UNHEALTHY_AFTER: Duration = Duration::from_secs(10 * 60);
+/// Label the StatefulSet controller puts on each pod: the revision it was created from.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
+
+/// Which kind of workload runs the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkloadKind {
+    /// An `apps/v1` StatefulSet (the chart's default).
+    StatefulSet,
+    /// An `apps/v1` Deployment.
+    Deployment,
+}
+
+/// What the updater manages and how.
+#[derive(Debug, Clone)]
+pub struct UpdaterConfig {
+    /// Namespace of the agent (and of its Secret and pods).
+    pub namespace: String,
+    /// Name of the agent's StatefulSet or Deployment.
+    pub agent_name: String,
+    /// Whether that is a StatefulSet or a Deployment.
+    pub kind: WorkloadKind,
+    /// Name of the agent container inside the pod template.
+    pub container: String,
+    /// Image repository without tag; the tag is the version without `v`.
+    pub base_image: String,
+    /// Name of the shared-state Secret holding the maintenance schedule.
+    pub secret_name: String,
+    /// Major version the channel is pinned to, when known: other majors are refused.
+    pub channel_major: Option<u64>,
+    /// Period between reconciles when nothing happens.
+    pub sync_period: Duration,
+    /// Delay before retrying a failed reconcile.
+    pub retry_after: Duration,
+    /// Bound on one reconcile.
+    pub reconcile_timeout: Duration,
+    /// Time a pod must stay not ready before the agent counts as unhealthy.
+    pub unhealthy_after: Duration,
+}
+
+impl UpdaterConfig {
+    /// A config with the defaults: shared-state Secret `<agent>-shared-state`, 30 min sync,
+    /// 10 s retry, 2 min reconcile timeout, 10 min before not-ready pods count as unhealthy.
+    pub fn new(
+        namespace: impl Into<String>,
+        agent_name: impl Into<String>,
+        kind: WorkloadKind,
+        container: impl Into<String>,
+        base_image: impl Into<String>,
+    ) -> Self {
+        let agent_name = agent_name.into();
+        Self {
+            namespace: namespace.into(),
+            secret_name: super::default_shared_state_secret(&agent_name),
+            agent_name,
+            kind,
+            container: container.into(),
+            base_image: base_image.into(),
+            channel_major: None,
+            sync_period: DEFAULT_SYNC_PERIOD,
+            retry_after: DEFAULT_RETRY_AFTER,
+            reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
+            unhealthy_after: DEFAULT_UNHEALTHY_AFTER,
+        }
+    }
+
+    /// The full image for `version`: `<base-image>:<version without v>`.
+    pub fn image_for(&self, version: &Version) -> String {
+        format!("{}:{}", self.base_image, version.without_v())
+    }
+}
+
+/// Why a reconcile failed. The workload is left as it was and the reconcile retried soon.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReconcileError {
+    /// The version server could not be asked or answered nonsense.
+    #[error("fetching the target version: {0}")]
+    Target(#[from] TargetError),
+    /// The API server failed a request.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What the controller was doing.
+        action: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The pod template has no container of the configured name.
+    #[error("{kind} {name}: expected a container named \"{container}\" in the pod template, found [{found}]")]
+    NoContainer {
+        /// Workload kind.
+        kind: &'static str,
+        /// Workload name.
+        name: String,
+        /// The configured container name.
+        container: String,
+        /// The containers present, comma-separated.
+        found: String,
+    },
+    /// The reconcile took longer than its timeout.
+    #[error("reconcile did not finish within {0:?}")]
+    Timeout(Duration),
+}
+
+/// A workload that runs the agent: what the controller needs from a StatefulSet or Deployment.
+pub trait Workload:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// The kind's name for logs and errors.
+    const KIND: &'static str;
+    /// The pod template's spec.
+    fn pod_spec(&self) -> Option<&PodSpec>;
+    /// The pod selector.
+    fn selector(&self) -> Option<&LabelSelector>;
+    /// `(currentRevision, updateRevision)` while a StatefulSet rollout is in progress.
+    fn rollout_revisions(&self) -> Option<(Option<&str>, &str)> {
+        None
+    }
+}
+
+impl Workload for StatefulSet {
+    const KIND: &'static str = "statefulset";
+    fn pod_spec(&self) -> Option<&PodSpec> {
+        self.spec.as_ref()?.template.spec.as_ref()
+    }
+    fn selector(&self) -> Option<&LabelSelector> {
+        Some(&self.spec.as_ref()?.selector)
+    }
+    fn rollout_revisions(&self) -> Option<(Option<&str>, &str)> {
+        let status = self.status.as_ref()?;
+        let update = status.update_revision.as_deref()?;
+        Some((status.current_revision.as_deref(), update))
+    }
+}
+
+impl Workload for Deployment {
+    const KIND: &'static str = "deployment";
+    fn pod_spec(&self) -> Option<&PodSpec> {
+        self.spec.as_ref()?.template.spec.as_ref()
+    }
+    fn selector(&self) -> Option<&LabelSelector> {
+        Some(&self.spec.as_ref()?.selector)
+    }
+}
+
+/// Everything a reconcile needs, shared by all reconciles.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// What to manage.
+    pub config: UpdaterConfig,
+    /// Where the target comes from.
+    pub target: Arc<dyn TargetSource>,
+    /// Wall time, for windows and pod readiness.
+    pub clock: Arc<dyn Clock>,
+    /// Counters for `/metrics`.
+    pub metrics: Arc<Metrics>,
+}
+
+impl Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs the controller for the configured workload until the watch ends (it does not end on
+/// its own; drop the future to stop it).
+pub async fn run(ctx: Arc<Context>) {
+    match ctx.config.kind {
+        WorkloadKind::StatefulSet => run_for::<StatefulSet>(ctx).await,
+        WorkloadKind::Deployment => run_for::<Deployment>(ctx).await,
+    }
+}
+
+async fn run_for<K: Workload>(ctx: Arc<Context>) {
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    // Watch only our agent: every event on it (image, annotations, status) is a trigger.
+    let watch = watcher::Config::default().fields(&format!("metadata.name={}", ctx.config.agent_name));
+    tracing::info!(
+        kind = K::KIND,
+        namespace = %ctx.config.namespace,
+        name = %ctx.config.agent_name,
+        "watching the agent"
+    );
+    Controller::new(api, watch)
+        .run(reconcile::<K>, error_policy::<K>, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "controller event");
+            }
+        })
+        .await;
+}
+
+fn error_policy<K: Workload>(_obj: Arc<K>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconciles_failed.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(%error, "reconcile failed, the agent is unchanged; retrying soon");
+    Action::requeue(ctx.config.retry_after)
+}
+
+/// One reconcile of the workload, bounded by the configured timeout.
+pub async fn reconcile<K: Workload>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let timeout = ctx.config.reconcile_timeout;
+    let result = match tokio::time::timeout(timeout, reconcile_once(obj.as_ref(), &ctx)).await {
+        Ok(result) => result,
+        Err(_) => Err(ReconcileError::Timeout(timeout)),
+    };
+    result?;
+    ctx.metrics.reconciles_ok.fetch_add(1, Ordering::Relaxed);
+    Ok(Action::requeue(ctx.config.sync_period))
+}
+
+async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<(), ReconcileError> {
+    let config = &ctx.config;
+    let name = obj.name_any();
+    if obj
+        .annotations()
+        .get(SKIP_RECONCILE_ANNOTATION)
+        .map(String::as_str)
+        == Some("true")
+    {
+        ctx.metrics.skipped.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(kind = K::KIND, %name, "{SKIP_RECONCILE_ANNOTATION} is \"true\": automatic updates suspended");
+        return Ok(());
+    }
+    let containers = obj
+        .pod_spec()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    let Some(container) = containers.iter().find(|c| c.name == config.container) else {
+        return Err(ReconcileError::NoContainer {
+            kind: K::KIND,
+            name,
+            container: config.container.clone(),
+            found: containers
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    };
+    let current = container.image.as_deref().and_then(image_version);
+
+    let target = ctx.target.fetch().await?;
+    let now = ctx.clock.now();
+    let windows = match read_schedule(ctx.client.clone(), &config.namespace, &config.secret_name).await {
+        Ok(windows) => windows,
+        Err(error) => {
+            // A bad schedule must not block critical updates; it only keeps the window shut.
+            tracing::warn!(%error, "maintenance schedule unreadable, treating the window as closed");
+            Vec::new()
+        }
+    };
+    let pods = list_pods(obj, ctx).await?;
+    let unhealthy: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| pod_unhealthy(p, now, config.unhealthy_after))
+        .collect();
+
+    let decision = decide(DecisionInput {
+        current: current.as_ref(),
+        target: &target,
+        channel_major: config.channel_major,
+        window_open: in_window(&windows, now),
+        pods_unhealthy: !unhealthy.is_empty(),
+    });
+    match &decision {
+        Decision::NoNewVersion => {
+            ctx.metrics.no_new_version.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(kind = K::KIND, %name, current = ?current.as_ref().map(ToString::to_string), "no new version available");
+        }
+        Decision::Skip(reason) => {
+            ctx.metrics.skipped.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(kind = K::KIND, %name, "{reason}");
+        }
+        Decision::Update(version, reason) => {
+            let image = config.image_for(version);
+            tracing::info!(kind = K::KIND, %name, %image, %reason, "updating the agent");
+            let patch = serde_json::json!({
+                "spec": { "template": { "spec": { "containers": [
+                    { "name": config.container, "image": image }
+                ]}}}
+            });
+            let api: Api<K> = Api::namespaced(ctx.client.clone(), &config.namespace);
+            api.patch(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+                .await
+                .map_err(|source| ReconcileError::Kube {
+                    action: format!("patching {} {name}", K::KIND),
+                    source,
+                })?;
+            ctx.metrics.updates.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if let Some((current_revision, update_revision)) = obj.rollout_revisions()
+        && current_revision != Some(update_revision)
+    {
+        unstick_rollout(ctx, &pods, update_revision).await?;
+    }
+    Ok(())
+}
+
+async fn list_pods<K: Workload>(obj: &K, ctx: &Context) -> Result<Vec<Pod>, ReconcileError> {
+    let Some(selector) = obj.selector().and_then(selector_string) else {
+        // No selector: no pods can be attributed to the agent (and "everything" is not them).
+        return Ok(Vec::new());
+    };
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    api.list(&ListParams::default().labels(&selector))
+        .await
+        .map(|list| list.items)
+        .map_err(|source| ReconcileError::Kube {
+            action: format!("listing pods {selector}"),
+            source,
+        })
+}
+
+/// Deletes the not-ready pods that do not belong to `update_revision`: the StatefulSet
+/// controller recreates them at the new revision.
+async fn unstick_rollout(ctx: &Context, pods: &[Pod], update_revision: &str) -> Result<(), ReconcileError> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    for pod in pods {
+        let revision = pod.labels().get(REVISION_LABEL).map(String::as_str);
+        if revision == Some(update_revision) || pod_ready(pod) || pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let name = pod.name_any();
+        tracing::info!(pod = %name, ?revision, %update_revision, "deleting an unhealthy pod of the old revision so the rollout can proceed");
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {
+                ctx.metrics.pods_deleted.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => {
+                return Err(ReconcileError::Kube {
+                    action: format!("deleting pod {name}"),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The equality-based selector string of `matchLabels` (`a=b,c=d`); `None` when empty.
+/// `matchExpressions` are not used by the chart and are ignored here.
+pub fn selector_string(selector: &LabelSelector) -> Option<String> {
+    let labels = selector.match_labels.as_ref()?;
+    if labels.is_empty() {
+        return None;
+    }
+    Some(
+        labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(","),
+    )
+}
+
+/// The version in an image reference's tag: `repo/svc:17.1.0` → 17.1.0. `None` for no tag,
+/// `latest`, or a digest-only reference.
+pub fn image_version(image: &str) -> Option<Version> {
+    let without_digest = image.split('@').next().unwrap_or(image);
+    let last = without_digest.rsplit('/').next().unwrap_or(without_digest);
+    let (_, tag) = last.split_once(':')?;
+    Version::parse(tag).ok()
+}
+
+/// Whether the pod's `Ready` condition is `True`.
+pub fn pod_ready(pod: &Pod) -> bool {
+    ready_condition(pod).is_some_and(|c| c.status == "True")
+}
+
+fn ready_condition(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+}
+
+/// Whether a pod has been not ready for at least `after` at `now`.
+///
+/// "Not ready since" is the `Ready` condition's `lastTransitionTime`, or the pod's creation time
+/// when it has no `Ready` condition yet (stuck pulling its image, unschedulable). Pods being
+/// deleted and pods whose times are unknown do not count.
+pub fn pod_unhealthy(pod: &Pod, now: SystemTime, after: Duration) -> bool {
+    if pod.metadata.deletion_timestamp.is_some() || pod_ready(pod) {
+        return false;
+    }
+    let since = ready_condition(pod)
+        .and_then(|c| c.last_transition_time.as_ref())
+        .or(pod.metadata.creation_timestamp.as_ref())
+        .map(|t| SystemTime::from(t.0));
+    since.is_some_and(|since| now.duration_since(since).is_ok_and(|d| d >= after))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::{
+        api::core::v1::{PodCondition, PodStatus},
+        apimachinery::pkg::apis::meta::v1::Time,
+        jiff::Timestamp,
+    };
+    use kube::api::ObjectMeta;
+
+    fn at(secs: i64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs as u64)
+    }
+
+    fn time(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    fn pod(created: i64, ready: Option<(&str, i64)>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                creation_timestamp: Some(time(created)),
+                ..ObjectMeta::default()
+            },
+            status: Some(PodStatus {
+                conditions: ready.map(|(status, t)| {
+                    vec![PodCondition {
+                        type_: "Ready".into(),
+                        status: status.into(),
+                        last_transition_time: Some(time(t)),
+                        ..PodCondition::default()
+                    }]
+                }),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn image_versions() {
+        assert_eq!(
+            image_version("repo.example.com:5000/svc/agent:17.1.0"),
+            Some(Version::new(17, 1, 0))
+        );
+        assert_eq!(image_version("agent:v17.1.0"), Some(Version::new(17, 1, 0)));
+        assert_eq!(
+            image_version("agent:17.1.0@sha256:abcd"),
+            Some(Version::new(17, 1, 0))
+        );
+        assert_eq!(image_version("repo.example.com:5000/agent"), None);
+        assert_eq!(image_version("agent:latest"), None);
+        assert_eq!(image_version("agent@sha256:abcd"), None);
+    }
+
+    #[test]
+    fn sustained_not_ready_is_unhealthy() {
+        let after = Duration::from_secs(600);
+        assert!(!pod_unhealthy(&pod(0, Some(("True", 0))), at(10_000), after));
+        assert!(!pod_unhealthy(&pod(0, Some(("False", 9_500))), at(10_000), after));
+        assert!(pod_unhealthy(&pod(0, Some(("False", 9_400))), at(10_000), after));
+        assert!(
+            pod_unhealthy(&pod(0, None), at(10_000), after),
+            "never became ready"
+        );
+        assert!(
+            !pod_unhealthy(&pod(9_900, None), at(10_000), after),
+            "just created"
+        );
+        let mut deleting = pod(0, Some(("False", 0)));
+        deleting.metadata.deletion_timestamp = Some(time(1));
+        assert!(!pod_unhealthy(&deleting, at(10_000), after));
+    }
+
+    #[test]
+    fn selectors_and_images() {
+        let s = LabelSelector {
+            match_labels: Some(
+                [
+                    ("app".to_owned(), "svc-agent".to_owned()),
+                    ("x".to_owned(), "y".to_owned()),
+                ]
+                .into(),
+            ),
+            ..LabelSelector::default()
+        };
+        assert_eq!(selector_string(&s).as_deref(), Some("app=svc-agent,x=y"));
+        assert_eq!(selector_string(&LabelSelector::default()), None);
+        let c = UpdaterConfig::new(
+            "svc",
+            "svc-agent",
+            WorkloadKind::StatefulSet,
+            "svc",
+            "public.ecr.aws/svc/agent",
+        );
+        assert_eq!(
+            c.image_for(&Version::parse("v17.2.0-dev").unwrap()),
+            "public.ecr.aws/svc/agent:17.2.0-dev"
+        );
+        assert_eq!(c.secret_name, "svc-agent-shared-state");
+        assert_eq!(c.sync_period, Duration::from_secs(1800));
+    }
+}

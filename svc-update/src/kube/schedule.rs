@@ -1,0 +1,143 @@
+//! The agent's half of Kubernetes updates: export the next maintenance windows to the agent's
+//! shared-state Secret, where the updater reads them.
+//!
+//! Data flow: `cluster_maintenance_config` → [`svc_core::maintenance::AgentUpgradeWindow::next_windows`]
+//! → [`export_schedule`] (this module) → Secret key `agent-maintenance-schedule` →
+//! [`read_schedule`] in the updater's reconcile.
+
+use std::{collections::BTreeMap, time::SystemTime};
+
+use k8s_openapi::{ByteString, api::core::v1::Secret};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+};
+use svc_core::maintenance::{
+    AgentUpgradeWindow, ScheduleError, Window, parse_kube_schedule, render_kube_schedule,
+};
+
+use super::SCHEDULE_SECRET_KEY;
+
+/// How many windows the agent exports at a time.
+pub const EXPORTED_WINDOWS: usize = 4;
+
+/// Why the schedule could not be written or read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleExportError {
+    /// The API server refused or failed the request.
+    #[error("secret {namespace}/{name}: {source}")]
+    Api {
+        /// Namespace of the Secret.
+        namespace: String,
+        /// Name of the Secret.
+        name: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The stored schedule is not valid JSON of the expected shape.
+    #[error("secret {namespace}/{name} key {SCHEDULE_SECRET_KEY}: {source}")]
+    Schedule {
+        /// Namespace of the Secret.
+        namespace: String,
+        /// Name of the Secret.
+        name: String,
+        /// What is wrong with the value.
+        #[source]
+        source: ScheduleError,
+    },
+}
+
+/// Writes the next [`EXPORTED_WINDOWS`] windows of `schedule` at `now` to the Secret.
+pub async fn export_schedule(
+    client: Client,
+    namespace: &str,
+    secret_name: &str,
+    schedule: &AgentUpgradeWindow,
+    now: SystemTime,
+) -> Result<(), ScheduleExportError> {
+    write_windows(
+        client,
+        namespace,
+        secret_name,
+        &schedule.next_windows(now, EXPORTED_WINDOWS),
+    )
+    .await
+}
+
+/// Writes `windows` as `render_kube_schedule` JSON under `agent-maintenance-schedule` with a
+/// JSON merge patch, so the other keys of the shared-state Secret are kept; creates the Secret
+/// when it does not exist. An empty slice writes an empty schedule (a reset).
+pub async fn write_windows(
+    client: Client,
+    namespace: &str,
+    secret_name: &str,
+    windows: &[Window],
+) -> Result<(), ScheduleExportError> {
+    let api: Api<Secret> = Api::namespaced(client, namespace);
+    let value = ByteString(render_kube_schedule(windows).into_bytes());
+    let api_error = |source| ScheduleExportError::Api {
+        namespace: namespace.to_owned(),
+        name: secret_name.to_owned(),
+        source,
+    };
+    let patch = serde_json::json!({ "data": { SCHEDULE_SECRET_KEY: value } });
+    match api
+        .patch(secret_name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(secret_name.to_owned()),
+                    namespace: Some(namespace.to_owned()),
+                    ..ObjectMeta::default()
+                },
+                data: Some(BTreeMap::from([(SCHEDULE_SECRET_KEY.to_owned(), value)])),
+                ..Secret::default()
+            };
+            match api.create(&PostParams::default(), &secret).await {
+                Ok(_) => Ok(()),
+                // Created by someone else between our patch and create: patch again.
+                Err(kube::Error::Api(status)) if status.code == 409 => api
+                    .patch(secret_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(drop)
+                    .map_err(api_error),
+                Err(e) => Err(api_error(e)),
+            }
+        }
+        Err(e) => Err(api_error(e)),
+    }
+}
+
+/// Reads the windows from the Secret. A missing Secret or key is no schedule (empty), as right
+/// after install; a malformed value is an error.
+pub async fn read_schedule(
+    client: Client,
+    namespace: &str,
+    secret_name: &str,
+) -> Result<Vec<Window>, ScheduleExportError> {
+    let api: Api<Secret> = Api::namespaced(client, namespace);
+    let secret = api
+        .get_opt(secret_name)
+        .await
+        .map_err(|source| ScheduleExportError::Api {
+            namespace: namespace.to_owned(),
+            name: secret_name.to_owned(),
+            source,
+        })?;
+    let Some(value) = secret
+        .and_then(|s| s.data)
+        .and_then(|mut d| d.remove(SCHEDULE_SECRET_KEY))
+    else {
+        return Ok(Vec::new());
+    };
+    parse_kube_schedule(&String::from_utf8_lossy(&value.0)).map_err(|source| ScheduleExportError::Schedule {
+        namespace: namespace.to_owned(),
+        name: secret_name.to_owned(),
+        source,
+    })
+}
