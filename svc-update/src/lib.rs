@@ -4,6 +4,8 @@
 #![warn(clippy::unwrap_used)]
 
 pub mod channel;
+pub mod export;
 #[cfg(feature = "kube")]
 pub mod kube;
 pub mod linux;
+pub mod target;

@@ -123,6 +123,7 @@ fn build_fixture() -> Result<Fixture> {
         ("gpg", "gnupg"),
         ("rpmbuild", "rpm"),
         ("createrepo_c", "createrepo-c"),
+        ("strip", "binutils"),
     ] {
         require(program, package)?;
     }
@@ -178,19 +179,31 @@ fn build_fixture() -> Result<Fixture> {
                 "svc-bins",
                 "--bin",
                 "svc",
+                "--bin",
+                "svc-upgrade",
                 "--target-dir",
             ])
             .arg(&target_dir)
+            // Each stamp rebuilds the workspace crates; incremental data would only pile up.
+            .env("CARGO_INCREMENTAL", "0")
             .env("SVC_BUILD_VERSION", version))?;
-        eprintln!("stamped svc {version} built in {:.1?}", started.elapsed());
+        eprintln!(
+            "stamped svc and svc-upgrade {version} built in {:.1?}",
+            started.elapsed()
+        );
         let bin = dir.join("bin").join(version);
         std::fs::create_dir_all(&bin)?;
-        std::fs::copy(target_dir.join("debug/svc"), bin.join("svc"))?;
-        let said = sh(Command::new(bin.join("svc")).arg("version"))?;
-        ensure!(
-            said.trim() == format!("svc v{version}"),
-            "stamped build says {said:?}"
-        );
+        for program in ["svc", "svc-upgrade"] {
+            std::fs::copy(target_dir.join("debug").join(program), bin.join(program))?;
+            // Debug builds carry ~100 MB of debug information each; packing it into six
+            // packages per version would dominate the test's time.
+            sh(Command::new("strip").arg("--strip-debug").arg(bin.join(program)))?;
+            let said = sh(Command::new(bin.join(program)).arg("version"))?;
+            ensure!(
+                said.trim() == format!("{program} v{version}"),
+                "stamped {program} says {said:?}"
+            );
+        }
         let started = Instant::now();
         sh(Command::new("bash")
             .arg(repo_root().join("deploy/packaging/build-packages.sh"))
@@ -797,6 +810,70 @@ async fn install_script_with_zypper() -> Result<()> {
             Ok(())
         },
     )
+    .await;
+    rpm_cleanup(None);
+    let _ = std::fs::remove_file(RPM_MACROS);
+    result
+}
+
+// ---------------------------------------------------------------------------------------------
+// svc-upgrade end to end (tests/linux_packages/upgrade.rs), on the same fixture.
+
+#[path = "linux_packages/upgrade.rs"]
+mod upgrade;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn svc_upgrade_with_apt() -> Result<()> {
+    let _system = SYSTEM.lock().await;
+    require("apt-get", "apt")?;
+    let fixture = fixture()?;
+    apt_cleanup();
+    let result = upgrade::updater_story(fixture, "apt", || {
+        let held = sh(Command::new("apt-mark").arg("showhold"))?;
+        Ok(held.lines().any(|l| l == "svc"))
+    })
+    .await;
+    apt_cleanup();
+    result
+}
+
+/// Whether `exclude=` in dnf.conf's main section names `svc`.
+fn dnf_holds_svc() -> Result<bool> {
+    let conf = std::fs::read_to_string("/etc/dnf/dnf.conf")?;
+    Ok(conf.lines().any(|l| {
+        l.split_once('=').is_some_and(|(k, v)| {
+            matches!(k.trim(), "exclude" | "excludepkgs")
+                && v.split(|c: char| c == ',' || c.is_whitespace())
+                    .any(|p| p == "svc")
+        })
+    }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn svc_upgrade_with_dnf() -> Result<()> {
+    let _system = SYSTEM.lock().await;
+    require("dnf", "dnf")?;
+    let fixture = fixture()?;
+    let dnf_conf = std::fs::read_to_string("/etc/dnf/dnf.conf")?;
+    rpm_cleanup(Some(&dnf_conf));
+    rpm_setup(fixture)?;
+    let result = upgrade::updater_story(fixture, "yum", dnf_holds_svc).await;
+    rpm_cleanup(Some(&dnf_conf));
+    let _ = std::fs::remove_file(RPM_MACROS);
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn svc_upgrade_with_zypper() -> Result<()> {
+    let _system = SYSTEM.lock().await;
+    require("zypper", "zypper")?;
+    let fixture = fixture()?;
+    rpm_cleanup(None);
+    rpm_setup(fixture)?;
+    let result = upgrade::updater_story(fixture, "zypper", || {
+        let locks = sh(Command::new("zypper").args(["--non-interactive", "locks"]))?;
+        Ok(locks.lines().any(|l| l.split('|').any(|f| f.trim() == "svc")))
+    })
     .await;
     rpm_cleanup(None);
     let _ = std::fs::remove_file(RPM_MACROS);

@@ -1,15 +1,22 @@
-//! The Linux updater's packaging side: the configuration directory `/etc/svc-upgrade.d/`, the
-//! package version mapping, and the package managers that install and hold the agent package.
+//! The Linux updater, `svc-upgrade`: the configuration directory `/etc/svc-upgrade.d/`, the
+//! package version mapping, the package managers that install and hold the agent package, the
+//! decision when to install, the state kept between runs, and one whole run.
 //!
-//! A `svc-upgrade run` reads [`config`], decides on a target version (elsewhere: the version
-//! server and the maintenance windows), then installs it through a [`pkg::PackageManager`],
-//! whose version strings come from [`version`]. The packages themselves, the systemd units and
-//! the install script live in `deploy/`.
+//! A `svc-upgrade run` ([`runner`]) reads [`config`] and [`state`], asks the version server
+//! ([`crate::target`]), reads the windows from `schedule`, [`decision::decide`]s, then installs
+//! through a [`pkg::PackageManager`], whose version strings come from [`version`]. The
+//! packages themselves, the systemd units and the install script live in `deploy/`.
 
 pub mod config;
+pub mod decision;
 pub mod pkg;
+pub mod runner;
+pub mod state;
 pub mod version;
 
 pub use config::{ConfigError, RestartMode, UpgradeConfig};
+pub use decision::{Decision, Mode, Reason, Refusal, decide};
 pub use pkg::{InstallerKind, PackageManager, PkgError, install_and_hold, package_manager};
+pub use runner::{RunError, RunReport, Runner};
+pub use state::{InstallRecord, StateError, UpgradeState};
 pub use version::{PackageVersionError, from_package_version, to_package_version};

@@ -1,0 +1,454 @@
+//! Schedule export: the agent tells its Linux updater when it may be updated.
+//!
+//! Sits on the agent, between the cluster (the `cluster_maintenance_config` resource, reached
+//! through a [`MaintenanceSource`]) and `svc-upgrade`, which reads the files written here
+//! (`/etc/svc-upgrade.d/`, see [`crate::linux::config`]):
+//! - `schedule`: the next [`EXPORTED_WINDOWS`] windows in the REFERENCE format
+//!   ([`render_schedule_file`]), rewritten about every [`EXPORT_INTERVAL`] (jittered by ±10 % so a
+//!   fleet does not ask the cluster in step). After losing contact with the cluster for
+//!   [`CONTACT_TIMEOUT`] the file is reset to empty — not deleted — so an agent cut off from its
+//!   cluster is not updated on a schedule it can no longer confirm;
+//! - `endpoint`: the proxy's version endpoint (`host[:port]/path`), written only when the file is
+//!   missing or empty, so an administrator's choice stays.
+//!
+//! Files are 0644 in a 0755 directory. Written atomically (temporary file and rename) when the
+//! directory allows it; an agent running as another user, which owns only the file it was given
+//! (`install.sh` with `SVC_AGENT_USER`), rewrites it in place.
+//!
+//! The pure parts ([`schedule_text`], [`jittered`]) are separate from the task
+//! ([`ScheduleExporter::spawn`]), which takes its clock for the window arithmetic and tokio's
+//! timer for waiting, so tests run it with paused time.
+
+use std::{
+    io::{self, Write},
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use async_trait::async_trait;
+use svc_core::{
+    Clock,
+    maintenance::{AgentUpgradeWindow, render_schedule_file},
+};
+use tokio::{sync::watch, task::JoinHandle, time::Instant};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How often the schedule is exported (before jitter).
+pub const EXPORT_INTERVAL: Duration = Duration::from_secs(40 * 60);
+/// How often the source is asked again after a failure.
+pub const RETRY_INTERVAL: Duration = Duration::from_secs(60);
+/// How long without contact before the schedule is reset.
+pub const CONTACT_TIMEOUT: Duration = Duration::from_secs(9 * 60);
+/// How many windows the schedule lists.
+pub const EXPORTED_WINDOWS: usize = 3;
+/// The spread of every wait: ±10 %.
+pub const JITTER: f64 = 0.1;
+
+/// Where the agent learns the cluster's maintenance configuration (the agent's cache of the
+/// `cluster_maintenance_config` resource, an Auth API call, a test's table).
+#[async_trait]
+pub trait MaintenanceSource: Send + Sync + 'static {
+    /// `spec.agent_upgrades` of the cluster: `Ok(None)` when the cluster has no maintenance
+    /// configuration; `Err` when the cluster cannot be reached.
+    async fn agent_upgrades(&self) -> Result<Option<AgentUpgradeWindow>, BoxError>;
+}
+
+/// Why a file could not be written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExportError {
+    /// Creating the directory or writing the file failed.
+    #[error("exporting to {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's reason.
+        source: io::Error,
+    },
+}
+
+/// The schedule file for `config` at `now`: the header and the next `n` windows (none when the
+/// cluster has no maintenance configuration).
+pub fn schedule_text(config: Option<&AgentUpgradeWindow>, now: SystemTime, n: usize) -> String {
+    let windows = config.map(|c| c.next_windows(now, n)).unwrap_or_default();
+    render_schedule_file(&windows)
+}
+
+/// `base` spread by `±fraction`, `unit` (0 to 1) choosing where: 0 is the shortest, 1 the
+/// longest.
+pub fn jittered(base: Duration, fraction: f64, unit: f64) -> Duration {
+    let factor = 1.0 - fraction + 2.0 * fraction * unit.clamp(0.0, 1.0);
+    base.mul_f64(factor.max(0.0))
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ExportError + '_ {
+    move |source| ExportError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Creates `dir` with mode 0755 when it is missing.
+fn ensure_dir(dir: &Path) -> Result<(), ExportError> {
+    if !dir.is_dir() {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).map_err(io_err(dir))?;
+    }
+    Ok(())
+}
+
+/// Writes `text` to `dir/name`, mode 0644: atomically when the directory is writable, else in
+/// place (a non-root agent owns only the file).
+pub fn write_file(dir: &Path, name: &str, text: &str) -> Result<(), ExportError> {
+    ensure_dir(dir)?;
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    match std::fs::File::create(&tmp) {
+        Ok(mut file) => {
+            file.write_all(text.as_bytes()).map_err(io_err(&tmp))?;
+            file.set_permissions(std::fs::Permissions::from_mode(0o644))
+                .map_err(io_err(&tmp))?;
+            file.sync_all().map_err(io_err(&tmp))?;
+            std::fs::rename(&tmp, &path).map_err(io_err(&path))
+        }
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&path)
+                .map_err(io_err(&path))?;
+            file.write_all(text.as_bytes()).map_err(io_err(&path))?;
+            file.sync_all().map_err(io_err(&path))
+        }
+        Err(e) => Err(io_err(&tmp)(e)),
+    }
+}
+
+/// Writes `endpoint` to `dir/endpoint` when that file is missing or blank; returns whether it
+/// wrote.
+pub fn write_endpoint_if_empty(dir: &Path, endpoint: &str) -> Result<bool, ExportError> {
+    let path = dir.join("endpoint");
+    match std::fs::read_to_string(&path) {
+        Ok(text) if !text.trim().is_empty() => Ok(false),
+        Ok(_) => write_file(dir, "endpoint", &format!("{endpoint}\n")).map(|()| true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            write_file(dir, "endpoint", &format!("{endpoint}\n")).map(|()| true)
+        }
+        Err(e) => Err(io_err(&path)(e)),
+    }
+}
+
+/// Settings of a [`ScheduleExporter`]; [`Default`] gives the system's directory and the
+/// documented intervals.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ExportSettings {
+    /// The updater's configuration directory.
+    pub dir: PathBuf,
+    /// The proxy's version endpoint (`host[:port]/path`), written when `endpoint` is empty.
+    pub endpoint: Option<String>,
+    /// The export period, before jitter.
+    pub interval: Duration,
+    /// The retry period after a failure, before jitter.
+    pub retry: Duration,
+    /// How long without contact before the reset.
+    pub contact_timeout: Duration,
+    /// How many windows to list.
+    pub windows: usize,
+}
+
+impl Default for ExportSettings {
+    fn default() -> Self {
+        ExportSettings {
+            dir: PathBuf::from(crate::linux::config::DEFAULT_DIR),
+            endpoint: None,
+            interval: EXPORT_INTERVAL,
+            retry: RETRY_INTERVAL,
+            contact_timeout: CONTACT_TIMEOUT,
+            windows: EXPORTED_WINDOWS,
+        }
+    }
+}
+
+impl ExportSettings {
+    /// The defaults, exporting to `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        ExportSettings {
+            dir: dir.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Also write `endpoint` when the `endpoint` file is empty.
+    pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.endpoint = Some(endpoint.into());
+        self
+    }
+}
+
+/// What the exporter has done so far (for health checks and tests).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExportStatus {
+    /// Schedules written.
+    pub exports: u64,
+    /// Resets to an empty file after losing contact.
+    pub resets: u64,
+    /// Failures (of the source or of writing).
+    pub failures: u64,
+    /// The last failure's message.
+    pub last_error: Option<String>,
+}
+
+/// The running export task: dropping the handle stops it.
+#[derive(Debug)]
+pub struct ScheduleExporter {
+    task: JoinHandle<()>,
+    status: watch::Receiver<ExportStatus>,
+}
+
+impl Drop for ScheduleExporter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ScheduleExporter {
+    /// Starts exporting at once, then about every `settings.interval`.
+    pub fn spawn(
+        source: Arc<dyn MaintenanceSource>,
+        clock: Arc<dyn Clock>,
+        settings: ExportSettings,
+    ) -> Self {
+        let (tx, status) = watch::channel(ExportStatus::default());
+        let task = tokio::spawn(export_loop(source, clock, settings, tx));
+        ScheduleExporter { task, status }
+    }
+
+    /// The status, updated after every attempt.
+    pub fn status(&self) -> watch::Receiver<ExportStatus> {
+        self.status.clone()
+    }
+}
+
+async fn export_loop(
+    source: Arc<dyn MaintenanceSource>,
+    clock: Arc<dyn Clock>,
+    settings: ExportSettings,
+    status: watch::Sender<ExportStatus>,
+) {
+    // Since when the cluster has not answered; `None` while in contact.
+    let mut lost_since: Option<Instant> = None;
+    let mut reset_done = false;
+    loop {
+        let wait = match source.agent_upgrades().await {
+            Ok(config) => {
+                lost_since = None;
+                reset_done = false;
+                let text = schedule_text(config.as_ref(), clock.now(), settings.windows);
+                let written =
+                    write_file(&settings.dir, "schedule", &text).and_then(|()| match &settings.endpoint {
+                        Some(endpoint) => write_endpoint_if_empty(&settings.dir, endpoint).map(drop),
+                        None => Ok(()),
+                    });
+                match written {
+                    Ok(()) => {
+                        tracing::debug!(dir = %settings.dir.display(), "exported the maintenance schedule");
+                        status.send_modify(|s| s.exports += 1);
+                        settings.interval
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot export the maintenance schedule");
+                        status.send_modify(|s| {
+                            s.failures += 1;
+                            s.last_error = Some(e.to_string());
+                        });
+                        settings.retry
+                    }
+                }
+            }
+            Err(e) => {
+                let since = *lost_since.get_or_insert_with(Instant::now);
+                tracing::warn!(error = %e, "cannot read the cluster's maintenance configuration");
+                let reset = !reset_done && since.elapsed() >= settings.contact_timeout;
+                if reset {
+                    match write_file(&settings.dir, "schedule", "") {
+                        Ok(()) => {
+                            reset_done = true;
+                            tracing::warn!(
+                                "no contact with the cluster for {:?}: reset the exported maintenance schedule",
+                                settings.contact_timeout
+                            );
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot reset the maintenance schedule"),
+                    }
+                }
+                status.send_modify(|s| {
+                    s.failures += 1;
+                    s.resets += u64::from(reset && reset_done);
+                    s.last_error = Some(e.to_string());
+                });
+                settings.retry
+            }
+        };
+        tokio::time::sleep(jittered(wait, JITTER, rand::random::<f64>())).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use svc_core::{ManualClock, maintenance::parse_schedule_file};
+    use time::macros::datetime;
+
+    use super::*;
+
+    #[test]
+    fn the_schedule_lists_the_next_windows() {
+        let now: SystemTime = datetime!(2026-11-20 09:30 UTC).into(); // a Friday
+        let config = AgentUpgradeWindow::new(10, [time::Weekday::Friday, time::Weekday::Monday]).unwrap();
+        let text = schedule_text(Some(&config), now, 3);
+        let fri: SystemTime = datetime!(2026-11-20 10:00 UTC).into();
+        let unix = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "# periodically exported by svc, modifications are not preserved"
+        );
+        assert_eq!(lines[1], format!("{} {}", unix(fri), unix(fri) + 3600));
+        assert_eq!(lines.len(), 4);
+        assert_eq!(parse_schedule_file(&text).unwrap().len(), 3);
+        assert_eq!(
+            schedule_text(None, now, 3),
+            "# periodically exported by svc, modifications are not preserved\n"
+        );
+    }
+
+    #[test]
+    fn jitter_stays_within_ten_percent() {
+        let base = Duration::from_secs(2400);
+        assert_eq!(jittered(base, 0.1, 0.0), Duration::from_secs(2160));
+        assert_eq!(jittered(base, 0.1, 1.0), Duration::from_secs(2640));
+        assert_eq!(jittered(base, 0.1, 0.5), base);
+        assert_eq!(jittered(base, 0.1, 7.0), Duration::from_secs(2640));
+    }
+
+    #[test]
+    fn files_modes_and_the_endpoint_rule() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("svc-upgrade.d");
+        write_file(&dir, "schedule", "x\n").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o755);
+        assert_eq!(mode(&dir.join("schedule")), 0o644);
+        assert!(write_endpoint_if_empty(&dir, "proxy.example.com:443/v1/x").unwrap());
+        assert!(!write_endpoint_if_empty(&dir, "other:443/v1/y").unwrap());
+        assert_eq!(
+            std::fs::read_to_string(dir.join("endpoint")).unwrap(),
+            "proxy.example.com:443/v1/x\n"
+        );
+        std::fs::write(dir.join("endpoint"), "\n").unwrap();
+        assert!(write_endpoint_if_empty(&dir, "other:443/v1/y").unwrap());
+    }
+
+    /// Answers from a script of results; `Err` while `down` is set.
+    struct Scripted {
+        config: Option<AgentUpgradeWindow>,
+        down: Mutex<bool>,
+    }
+
+    #[async_trait]
+    impl MaintenanceSource for Scripted {
+        async fn agent_upgrades(&self) -> Result<Option<AgentUpgradeWindow>, BoxError> {
+            if *self.down.lock().unwrap() {
+                Err("cluster unreachable".into())
+            } else {
+                Ok(self.config.clone())
+            }
+        }
+    }
+
+    async fn wait_for(
+        status: &mut watch::Receiver<ExportStatus>,
+        what: impl Fn(&ExportStatus) -> bool,
+    ) -> ExportStatus {
+        status.wait_for(|s| what(s)).await.unwrap().clone()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn exports_periodically_and_resets_after_losing_contact() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("svc-upgrade.d");
+        let source = Arc::new(Scripted {
+            config: Some(AgentUpgradeWindow::new(3, []).unwrap()),
+            down: Mutex::new(false),
+        });
+        let clock = Arc::new(ManualClock::new(datetime!(2026-11-20 09:30 UTC).into()));
+        let exporter = ScheduleExporter::spawn(
+            source.clone(),
+            clock.clone(),
+            ExportSettings::new(&dir)
+                .with_endpoint("proxy.example.com:3080/v1/webapi/automaticupgrades/channel/default"),
+        );
+        let mut status = exporter.status();
+        let started = Instant::now();
+        wait_for(&mut status, |s| s.exports == 1).await;
+        let schedule = dir.join("schedule");
+        let first = std::fs::read_to_string(&schedule).unwrap();
+        assert_eq!(parse_schedule_file(&first).unwrap().len(), 3);
+        assert!(
+            std::fs::read_to_string(dir.join("endpoint"))
+                .unwrap()
+                .starts_with("proxy.example.com:3080/")
+        );
+
+        // The next export comes 36 to 44 minutes later, with the clock's windows.
+        clock.advance(Duration::from_secs(86_400));
+        wait_for(&mut status, |s| s.exports == 2).await;
+        let waited = started.elapsed();
+        assert!(
+            (Duration::from_secs(36 * 60)..=Duration::from_secs(44 * 60)).contains(&waited),
+            "{waited:?}"
+        );
+        let second = std::fs::read_to_string(&schedule).unwrap();
+        assert_ne!(first, second, "a day later the windows moved");
+
+        // Contact lost: retries every minute or so, and after about 9 minutes the reset.
+        *source.down.lock().unwrap() = true;
+        let lost = Instant::now();
+        let s = wait_for(&mut status, |s| s.failures >= 1).await;
+        assert_eq!(s.resets, 0);
+        assert_eq!(
+            std::fs::read_to_string(&schedule).unwrap(),
+            second,
+            "kept while contact is young"
+        );
+        let s = wait_for(&mut status, |s| s.resets == 1).await;
+        let after = lost.elapsed();
+        assert!(
+            after >= CONTACT_TIMEOUT && after <= CONTACT_TIMEOUT + Duration::from_secs(50 * 60),
+            "{after:?}"
+        );
+        assert!(s.failures >= 9, "{s:?}");
+        assert_eq!(
+            std::fs::read_to_string(&schedule).unwrap(),
+            "",
+            "reset to an empty file"
+        );
+        assert!(schedule.exists());
+
+        // Back in contact: exported again.
+        *source.down.lock().unwrap() = false;
+        wait_for(&mut status, |s| s.exports == 3).await;
+        assert_eq!(
+            parse_schedule_file(&std::fs::read_to_string(&schedule).unwrap())
+                .unwrap()
+                .len(),
+            3
+        );
+        drop(exporter);
+    }
+}

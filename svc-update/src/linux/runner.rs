@@ -1,0 +1,540 @@
+//! One `svc-upgrade` run, from the configuration directory to a restarted agent.
+//!
+//! The whole data flow of the Linux updater, in order:
+//! 1. take the run lock (a second run started by hand while the timer's runs waits for it);
+//! 2. read the [state](super::state); a run killed mid-install left `in_progress`: repair the
+//!    package database (`dpkg --configure -a` for apt) and restore the hold first;
+//! 3. the installed version: the package's ([`PackageManager::installed_version`]), else what
+//!    `svc version` prints;
+//! 4. the schedule file (a missing, empty or unreadable one is a warning — the agent exports it
+//!    after joining — and means no window);
+//! 5. the version server ([`VersionClient`]); a failure stops the run, nothing installed;
+//! 6. [`decide`]; a refusal stops the run, nothing installed;
+//! 7. install: record `in_progress`, [`install_and_hold`], check the installed version, record
+//!    `last_install`;
+//! 8. restart the agent as `restart-mode` says, when systemd runs.
+//!
+//! Everything a person should read goes to the `out` writer (the binary passes stdout) as whole
+//! lines (also emitted as `tracing` debug events).
+
+use std::{
+    io::{self, Write},
+    path::PathBuf,
+    process::Stdio,
+};
+
+use http::Uri;
+use svc_core::{Clock, Version, maintenance::parse_schedule_file};
+use tower::Service;
+
+use super::{
+    config::{RestartMode, UpgradeConfig},
+    decision::{Decision, Inputs, Mode, Reason, Refusal, decide},
+    pkg::{InstallerKind, PackageManager, PkgError, install_and_hold},
+    state::{InstallRecord, StateError, UpgradeState},
+};
+use crate::target::{TargetError, Trust, VersionClient};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The agent's systemd unit, restarted after an install.
+pub const AGENT_UNIT: &str = "svc.service";
+
+/// Present when systemd is the running init system (`sd_booted(3)`'s test).
+pub const SYSTEMD_RUN_DIR: &str = "/run/systemd/system";
+
+/// Why a run stopped without finishing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The configuration directory has no `endpoint`.
+    #[error(
+        "no version endpoint: expected {path} to hold the Proxy Service's version endpoint \
+         (host[:port]/path, written by the agent once it has joined)"
+    )]
+    NoEndpoint {
+        /// The `endpoint` file.
+        path: PathBuf,
+    },
+    /// The version server could not be asked or answered nonsense.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// The advertised version is refused.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// The package manager failed.
+    #[error("installing failed: {0}")]
+    Install(#[from] PkgError),
+    /// The installed version could not be read.
+    #[error(
+        "cannot tell the installed version: {package} is not installed and `{svc} version` gave no \
+         version ({reason})"
+    )]
+    NoCurrentVersion {
+        /// The package asked about.
+        package: String,
+        /// The binary asked.
+        svc: String,
+        /// Why it gave none.
+        reason: String,
+    },
+    /// After the install the package manager reports another version.
+    #[error("after installing {expected} the package manager reports {found:?}")]
+    NotInstalled {
+        /// The version installed.
+        expected: Version,
+        /// What `installed_version` says now.
+        found: Option<Version>,
+    },
+    /// The state file could not be read or written.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The lock file could not be taken.
+    #[error("run lock {path}: {source}")]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// The operating system's reason.
+        source: io::Error,
+    },
+    /// Restarting the agent failed (the new version is installed).
+    #[error("installed {version}, but restarting the agent failed: `{command}` {reason}")]
+    Restart {
+        /// The version now installed.
+        version: Version,
+        /// The command run.
+        command: String,
+        /// Its exit status or why it could not run.
+        reason: String,
+    },
+    /// Writing the report failed.
+    #[error("writing the report: {0}")]
+    Output(#[from] io::Error),
+}
+
+/// Where a run looks for things; [`Runner::new`] gives the system's places.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    /// The configuration directory's values.
+    pub config: UpgradeConfig,
+    /// The state file.
+    pub state_path: PathBuf,
+    /// The `svc` binary asked for its version when the package manager knows none.
+    pub svc_binary: PathBuf,
+    /// Present when systemd runs ([`SYSTEMD_RUN_DIR`]).
+    pub systemd_dir: PathBuf,
+    /// The `systemctl` program that restarts the agent.
+    pub systemctl: PathBuf,
+}
+
+/// What a finished run did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunReport {
+    /// The decision taken.
+    pub decision: Decision,
+    /// The version installed by this run, if any.
+    pub installed: Option<Version>,
+}
+
+impl Runner {
+    /// A runner for `config` with the state file `state_path` and the system's `svc` binary and
+    /// systemd directory.
+    pub fn new(config: UpgradeConfig, state_path: PathBuf) -> Self {
+        Runner {
+            config,
+            state_path,
+            svc_binary: super::pkg::find_program("svc").unwrap_or_else(|| PathBuf::from("/usr/bin/svc")),
+            systemd_dir: PathBuf::from(SYSTEMD_RUN_DIR),
+            systemctl: PathBuf::from("systemctl"),
+        }
+    }
+
+    /// One run in `mode`. Lines for a person go to `out`.
+    pub async fn run<C>(
+        &self,
+        mode: Mode,
+        client: &VersionClient<C>,
+        pm: &dyn PackageManager,
+        clock: &dyn Clock,
+        out: &mut dyn Write,
+    ) -> Result<RunReport, RunError>
+    where
+        C: Service<Uri> + Clone + Send + Sync + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+        C::Error: Into<BoxError>,
+        C::Future: Send,
+    {
+        let _lock = match mode {
+            Mode::DryRun => None,
+            _ => Some(self.lock().await?),
+        };
+        let package = self.config.package.as_str();
+        let mut state = UpgradeState::load(&self.state_path)?;
+        if let Some(interrupted) = &state.in_progress
+            && mode == Mode::DryRun
+        {
+            say(
+                out,
+                &format!(
+                    "warning: a previous install of {} was interrupted; `svc-upgrade run` will repair the package database and the hold",
+                    interrupted.version
+                ),
+            )?;
+        }
+        if let Some(interrupted) = state.in_progress.clone()
+            && mode != Mode::DryRun
+        {
+            say(
+                out,
+                &format!(
+                    "warning: a previous install of {} was interrupted; repairing the package database and the hold",
+                    interrupted.version
+                ),
+            )?;
+            repair(pm, package).await?;
+            // The interrupted run may have got as far as installing: then it counts as this
+            // window's install, and only the hold needed restoring.
+            if pm.installed_version(package).await? == Some(interrupted.version.clone()) {
+                state.last_install = Some(interrupted);
+            }
+            state.in_progress = None;
+            state.save(&self.state_path)?;
+        }
+
+        let current = self.current_version(pm).await?;
+        let schedule = self.config.schedule_path();
+        let windows = match std::fs::read_to_string(&schedule) {
+            Ok(text) => match parse_schedule_file(&text) {
+                Ok(windows) if windows.is_empty() => {
+                    say(
+                        out,
+                        &format!(
+                            "warning: no valid upgrade schedule: {} lists no maintenance window (the agent exports one while it is connected)",
+                            schedule.display()
+                        ),
+                    )?;
+                    windows
+                }
+                Ok(windows) if windows.iter().all(|w| w.end <= clock.now()) => {
+                    say(
+                        out,
+                        &format!(
+                            "warning: no valid upgrade schedule: every window in {} has ended (the agent has not exported a schedule recently)",
+                            schedule.display()
+                        ),
+                    )?;
+                    windows
+                }
+                Ok(windows) => windows,
+                Err(e) => {
+                    say(
+                        out,
+                        &format!("warning: no valid upgrade schedule: {}: {e}", schedule.display()),
+                    )?;
+                    Vec::new()
+                }
+            },
+            Err(e) => {
+                say(
+                    out,
+                    &format!(
+                        "warning: no valid upgrade schedule: cannot read {}: {e} (expected right after install: the agent exports it within about 40 minutes of joining)",
+                        schedule.display()
+                    ),
+                )?;
+                Vec::new()
+            }
+        };
+
+        let target = client.target().await?;
+        let now = clock.now();
+        let decision = decide(Inputs {
+            current: &current,
+            target: &target,
+            windows: &windows,
+            now,
+            mode,
+            state: &state,
+        });
+        let decision = match decision {
+            Ok(d) => d,
+            Err(refusal) => {
+                if let Some(target) = &target.version {
+                    say(out, &format!("an upgrade is available ({current} -> {target})"))?;
+                }
+                return Err(refusal.into());
+            }
+        };
+        for line in decision.messages() {
+            say(out, &line)?;
+        }
+        let Some((version, reason)) = decision.install_target() else {
+            return Ok(RunReport {
+                decision,
+                installed: None,
+            });
+        };
+        let version = version.clone();
+        if mode == Mode::DryRun {
+            say(
+                out,
+                &format!("dry run: would install {package} {version} with {}", pm.kind()),
+            )?;
+            return Ok(RunReport {
+                decision,
+                installed: None,
+            });
+        }
+
+        let window = match reason {
+            Reason::Window(w) => Some(w),
+            _ => None,
+        };
+        state.in_progress = Some(InstallRecord::new(version.clone(), now, window));
+        state.save(&self.state_path)?;
+        say(out, &format!("installing {package} {version} with {}", pm.kind()))?;
+        if let Err(e) = install_and_hold(pm, package, &version, mode == Mode::Force).await {
+            // The package manager reported the failure itself (and the hold is back): nothing
+            // was interrupted, so the next run must not go repairing.
+            state.in_progress = None;
+            state.save(&self.state_path)?;
+            return Err(e.into());
+        }
+        let found = pm.installed_version(package).await?;
+        if found.as_ref() != Some(&version) && pm.kind() != InstallerKind::Nop {
+            return Err(RunError::NotInstalled {
+                expected: version,
+                found,
+            });
+        }
+        state.in_progress = None;
+        state.last_install = Some(InstallRecord::new(version.clone(), clock.now(), window));
+        state.save(&self.state_path)?;
+        say(out, &format!("installed {package} {version} and held it"))?;
+        self.restart(&version, out).await?;
+        Ok(RunReport {
+            decision,
+            installed: Some(version),
+        })
+    }
+
+    /// The installed version: the package's, else the one `svc version` prints.
+    pub async fn current_version(&self, pm: &dyn PackageManager) -> Result<Version, RunError> {
+        let package = &self.config.package;
+        if let Some(v) = pm.installed_version(package).await? {
+            return Ok(v);
+        }
+        let no_version = |reason: String| RunError::NoCurrentVersion {
+            package: package.clone(),
+            svc: self.svc_binary.display().to_string(),
+            reason,
+        };
+        let output = tokio::process::Command::new(&self.svc_binary)
+            .arg("version")
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|e| no_version(e.to_string()))?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        parse_svc_version(&text).ok_or_else(|| no_version(format!("it printed \"{}\"", text.trim())))
+    }
+
+    async fn lock(&self) -> Result<std::fs::File, RunError> {
+        let mut name = self.state_path.as_os_str().to_owned();
+        name.push(".lock");
+        let path = PathBuf::from(name);
+        let lock_err = |source| RunError::Lock {
+            path: path.clone(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(lock_err)?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(lock_err)?;
+        // The lock is released by the kernel when the process dies, kill -9 included.
+        tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+            .await
+            .map_err(|e| lock_err(io::Error::other(e)))?
+            .map_err(lock_err)
+    }
+
+    async fn restart(&self, version: &Version, out: &mut dyn Write) -> Result<(), RunError> {
+        let action = match self.config.restart_mode {
+            RestartMode::None => {
+                say(
+                    out,
+                    &format!("restart-mode is none: {version} runs after the agent's next restart"),
+                )?;
+                return Ok(());
+            }
+            RestartMode::Restart => "try-restart",
+            RestartMode::Reload => "try-reload-or-restart",
+        };
+        if !self.systemd_dir.is_dir() {
+            say(
+                out,
+                &format!(
+                    "warning: systemd is not running ({} is missing): could not restart {AGENT_UNIT}; restart the agent to run {version}",
+                    self.systemd_dir.display()
+                ),
+            )?;
+            return Ok(());
+        }
+        let command = format!("{} {action} {AGENT_UNIT}", self.systemctl.display());
+        let status = tokio::process::Command::new(&self.systemctl)
+            .args([action, AGENT_UNIT])
+            .stdin(Stdio::null())
+            .status()
+            .await;
+        match status {
+            Ok(s) if s.success() => say(out, &format!("ran `{command}`"))?,
+            Ok(s) => {
+                return Err(RunError::Restart {
+                    version: version.clone(),
+                    command,
+                    reason: s.to_string(),
+                });
+            }
+            Err(e) => {
+                return Err(RunError::Restart {
+                    version: version.clone(),
+                    command,
+                    reason: e.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A client of the version endpoint in `config`'s `endpoint` file, dialing as the proxy
+/// environment says and checking the server as `trust` says.
+pub fn version_client(config: &UpgradeConfig, trust: Trust<'_>) -> Result<VersionClient, RunError> {
+    let endpoint = config.endpoint.as_deref().ok_or_else(|| RunError::NoEndpoint {
+        path: config.endpoint_path(),
+    })?;
+    let url = crate::target::endpoint_url(endpoint)?;
+    Ok(VersionClient::from_env(url, crate::target::tls_config(trust)?)?)
+}
+
+/// The version in `svc version`'s output (`svc v17.0.0`).
+pub fn parse_svc_version(output: &str) -> Option<Version> {
+    output
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("svc "))
+        .and_then(|v| Version::parse(v.trim()).ok())
+}
+
+/// Brings the package database and the hold back after a run was killed mid-install:
+/// - apt: `dpkg --configure -a` finishes what dpkg was unpacking or configuring (apt refuses to
+///   work until it has run);
+/// - rpm (dnf, zypper): the repository metadata a killed refresh was writing is dropped
+///   (`dnf clean metadata`, `zypper clean --metadata`; the next install downloads it again), and
+///   a transaction killed between installing the new package and erasing the old one leaves both
+///   in the database: the older records are dropped (`rpm -e --justdb`: the files on disk are
+///   the newer package's);
+///
+/// then the hold the killed run had lifted is set again.
+async fn repair(pm: &dyn PackageManager, package: &str) -> Result<(), RunError> {
+    match pm.kind() {
+        InstallerKind::Apt => {
+            run_checked("dpkg", &["--configure", "-a"]).await?;
+        }
+        InstallerKind::Yum | InstallerKind::Zypper => {
+            if pm.kind() == InstallerKind::Yum {
+                let program = if super::pkg::find_program("yum").is_some() {
+                    "yum"
+                } else {
+                    "dnf"
+                };
+                run_checked(program, &["clean", "metadata"]).await?;
+            } else {
+                run_checked("zypper", &["--non-interactive", "clean", "--metadata"]).await?;
+            }
+            let listed = run_checked(
+                "rpm",
+                &[
+                    "-q",
+                    "--queryformat",
+                    "%{VERSION} %{NAME}-%{VERSION}-%{RELEASE}.%{ARCH}\\n",
+                    package,
+                ],
+            )
+            .await
+            .unwrap_or_default();
+            let mut installed: Vec<(Version, String)> = listed
+                .lines()
+                .filter_map(|line| {
+                    let (version, nevra) = line.split_once(' ')?;
+                    Some((
+                        super::version::from_package_version(version).ok()?,
+                        nevra.to_owned(),
+                    ))
+                })
+                .collect();
+            installed.sort();
+            installed.pop();
+            for (_, nevra) in installed {
+                tracing::warn!(package = %nevra, "dropping the older duplicate left by the interrupted install");
+                run_checked("rpm", &["-e", "--justdb", "--nodeps", "--noscripts", &nevra]).await?;
+            }
+        }
+        _ => {}
+    }
+    if pm.installed_version(package).await?.is_some() {
+        pm.hold(package).await?;
+    }
+    Ok(())
+}
+
+/// Runs `program args`, returning stdout; a non-zero exit is [`PkgError::Failed`].
+async fn run_checked(program: &str, args: &[&str]) -> Result<String, PkgError> {
+    let command = format!("{program} {}", args.join(" "));
+    let output = tokio::process::Command::new(program)
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|source| PkgError::Spawn {
+            command: command.clone(),
+            source,
+        })?;
+    if !output.status.success() {
+        return Err(PkgError::Failed {
+            command,
+            code: output.status.code(),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn say(out: &mut dyn Write, line: &str) -> Result<(), RunError> {
+    // The line is the user-facing record (stdout, and the journal under systemd); the trace
+    // event lets an embedding program's subscriber see it too.
+    tracing::debug!("{line}");
+    writeln!(out, "{line}")?;
+    out.flush()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn svc_version_output() {
+        assert_eq!(
+            parse_svc_version("svc v17.0.0-dev\n"),
+            Some(Version::parse("17.0.0-dev").unwrap())
+        );
+        assert_eq!(parse_svc_version("garbage"), None);
+        assert_eq!(parse_svc_version("svc vx"), None);
+    }
+}

@@ -1,0 +1,436 @@
+//! `svc-upgrade` end to end, per package manager: an agent enrolled with `deploy/install.sh`
+//! (the real packages, so the real `/usr/bin/svc-upgrade` from `svc-ent-updater`), a real version
+//! server (`svc_update::channel` on a `svc_net::proxy` over TLS on 127.0.0.1:0, trusted through
+//! `SVC_UPGRADE_CA_FILE`), and the schedule file written with a window around now or far away.
+//!
+//! The story, for apt, dnf and zypper alike:
+//! 1. channel at v1: `dry-run` says no upgrade (and warns that there is no schedule);
+//! 2. channel at v2: `dry-run` says an upgrade is available; `run` outside the window does
+//!    nothing;
+//! 3. faults inside an open window: the version server down, garbage, a version two majors
+//!    ahead — each a non-zero exit with v1 still installed;
+//! 4. `run` inside the window, `kill -9` of its process group while the package manager runs;
+//!    the agent binary still works, and the next `run` repairs, finishes at v2 and re-holds;
+//! 5. a critical v3 outside the window installs at once;
+//! 6. `force` back to v1, then two proxies answering v2 and v3 in turn within one window: one
+//!    install (v2), then "already upgraded", then "no upgrades available".
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
+
+use anyhow::{Context, Result, ensure};
+use svc_core::{
+    Version,
+    channel::ChannelSpec,
+    maintenance::{Window, render_schedule_file},
+};
+use svc_net::{
+    proxy::{ProxyBuilder, ProxySettings, RunningProxy},
+    tls::TlsSource,
+    web::{full, web_service},
+};
+use svc_update::channel::{Fetcher, VersionResolver, http::VersionHandler};
+
+use super::{Fixture, V1, V2, V3, installed_svc_says, sh};
+
+const CONFIG_DIR: &str = "/etc/svc-upgrade.d";
+
+/// A version server: one proxy serving `default` as given, plus `/garbage/…` answering HTML.
+struct Channel {
+    proxy: RunningProxy,
+}
+
+impl Channel {
+    /// Starts a proxy whose `default` channel serves `version` (`None`: `none`). Every proxy of a
+    /// test shares `data_dir`, so they present certificates of the same generated CA.
+    async fn start(data_dir: &Path, version: Option<&str>, critical: bool) -> Result<Self> {
+        let version = version.map(Version::parse).transpose()?;
+        let mut settings = ProxySettings::default();
+        settings.web_listen_addr = "127.0.0.1:0".parse()?;
+        settings.tls = TlsSource::Generated {
+            data_dir: data_dir.to_owned(),
+        };
+        settings.channels = [(
+            "default".to_owned(),
+            ChannelSpec::Static {
+                version: version.clone(),
+                critical,
+            },
+        )]
+        .into_iter()
+        .collect();
+        // The proxy caps a channel at its own major; run it at the version it serves so the
+        // updater's own major check is what a wrong major meets.
+        let own = version.unwrap_or_else(|| Version::new(17, 0, 0));
+        let resolver = VersionResolver::new(
+            settings.channels.clone(),
+            own.clone(),
+            Fetcher::direct(svc_net::tls::client_config(None)?),
+        );
+        let garbage = tower::service_fn(|_req| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(full("<html>maintenance</html>")))
+        });
+        let builder = ProxyBuilder::new(settings)
+            .with_version(own)
+            .web_mount("/garbage/", web_service(garbage));
+        let proxy = VersionHandler::new(resolver).install(builder).bind().await?;
+        Ok(Channel { proxy })
+    }
+
+    fn endpoint(&self) -> String {
+        format!(
+            "127.0.0.1:{}/v1/webapi/automaticupgrades/channel/default",
+            self.proxy.addrs().web.port()
+        )
+    }
+
+    fn garbage_endpoint(&self) -> String {
+        format!(
+            "127.0.0.1:{}/garbage/channel/default",
+            self.proxy.addrs().web.port()
+        )
+    }
+
+    fn ca_file(&self) -> Result<PathBuf> {
+        self.proxy.ca_file().cloned().context("generated CA file")
+    }
+}
+
+/// What one `svc-upgrade` invocation did.
+struct Outcome {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ok={}\n--- stdout\n{}--- stderr\n{}",
+            self.ok, self.stdout, self.stderr
+        )
+    }
+}
+
+/// The environment every `svc-upgrade` invocation gets: the test CA, the test state file, no
+/// proxy variables from the machine.
+fn updater(ca: &Path, state: &Path, command: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new("/usr/bin/svc-upgrade");
+    cmd.arg(command)
+        .env("SVC_UPGRADE_CA_FILE", ca)
+        .env("SVC_UPGRADE_STATE", state)
+        .env_remove("SVC_UPGRADE_CONFIG")
+        .kill_on_drop(true);
+    for var in [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "NO_PROXY",
+        "no_proxy",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+async fn upgrade(ca: &Path, state: &Path, command: &str) -> Result<Outcome> {
+    let out = updater(ca, state, command).output().await?;
+    let outcome = Outcome {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    eprintln!("svc-upgrade {command}:\n{outcome}");
+    Ok(outcome)
+}
+
+fn set_endpoint(endpoint: &str) -> Result<()> {
+    std::fs::write(Path::new(CONFIG_DIR).join("endpoint"), format!("{endpoint}\n"))?;
+    Ok(())
+}
+
+/// A window open now (`offset` seconds into it; different offsets are different windows).
+fn window_around_now(offset: u64) -> Window {
+    let now = SystemTime::now();
+    Window {
+        start: now - Duration::from_secs(offset),
+        end: now - Duration::from_secs(offset) + Duration::from_secs(3600),
+    }
+}
+
+fn set_schedule(windows: &[Window]) -> Result<()> {
+    std::fs::write(
+        Path::new(CONFIG_DIR).join("schedule"),
+        render_schedule_file(windows),
+    )?;
+    Ok(())
+}
+
+fn far_away() -> Window {
+    let start = SystemTime::now() + Duration::from_secs(3 * 86_400);
+    Window {
+        start,
+        end: start + Duration::from_secs(3600),
+    }
+}
+
+/// The process group `pgid`'s members: (pid, comm, cmdline).
+fn group_members(pgid: u32) -> Vec<(u32, String, String)> {
+    let mut members = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return members;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp …; comm may hold spaces, so split after the last ')'.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = stat[open + 1..close].to_owned();
+        let pgrp = stat[close + 1..]
+            .split_whitespace()
+            .nth(2)
+            .and_then(|p| p.parse::<u32>().ok());
+        if pgrp == Some(pgid) {
+            let cmdline = std::fs::read(entry.path().join("cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            members.push((pid, comm, cmdline));
+        }
+    }
+    members
+}
+
+/// Starts `svc-upgrade run` in a process group of its own, waits until the package manager is
+/// installing (dpkg unpacking for apt, `dnf`/`zypper install`), and kills the whole group with
+/// SIGKILL: a power cut in the middle of an install.
+async fn kill_mid_install(ca: &Path, state: &Path, installer: &str) -> Result<()> {
+    let mut cmd = updater(ca, state, "run");
+    cmd.process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = cmd.spawn()?;
+    let pgid = child.id().context("svc-upgrade pid")?;
+    let installing = |comm: &str, cmdline: &str| match installer {
+        "apt" => comm == "dpkg",
+        "yum" => comm == "dnf" && cmdline.contains(" install "),
+        _ => comm == "zypper" && cmdline.contains(" install "),
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some((pid, comm, cmdline)) = group_members(pgid)
+            .into_iter()
+            .find(|(_, comm, cmdline)| installing(comm, cmdline))
+        {
+            eprintln!("killing svc-upgrade's process group {pgid} while {comm} ({pid}) runs: {cmdline}");
+            sh(std::process::Command::new("kill")
+                .args(["-KILL", "--"])
+                .arg(format!("-{pgid}")))?;
+            break;
+        }
+        ensure!(
+            child.try_wait()?.is_none(),
+            "svc-upgrade run finished before the package manager was seen installing"
+        );
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no package manager install within 300 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let status = child.wait().await?;
+    ensure!(!status.success(), "svc-upgrade survived SIGKILL: {status}");
+    Ok(())
+}
+
+/// The whole story for one installer; `held` tells whether the package manager holds `svc`.
+pub(super) async fn updater_story(
+    fixture: &Fixture,
+    installer: &str,
+    held: impl Fn() -> Result<bool>,
+) -> Result<()> {
+    // Enrol at v1 as the documentation says.
+    sh(std::process::Command::new("/bin/bash")
+        .arg(super::repo_root().join("deploy/install.sh"))
+        .args([V1, "enterprise"])
+        .env("SVC_REPO_URL", format!("file://{}", fixture.repo.display()))
+        .env("SVC_INSTALLER", installer))?;
+    assert_eq!(installed_svc_says()?, format!("svc v{V1}"));
+    let said = sh(std::process::Command::new("/usr/bin/svc-upgrade").arg("version"))?;
+    assert_eq!(said.trim(), format!("svc-upgrade v{V1}"), "the packaged updater");
+    let help = sh(std::process::Command::new("/usr/bin/svc-upgrade").arg("help"))?;
+    ensure!(
+        ["run", "dry-run", "force", "version", "help"]
+            .iter()
+            .all(|c| help.contains(&format!("  {c} "))),
+        "svc-upgrade help:\n{help}"
+    );
+
+    let tmp = tempfile::tempdir()?;
+    let data = tmp.path().join("proxy");
+    let state = tmp.path().join("state/state.json");
+    let (v1, v2, v3) = (format!("v{V1}"), format!("v{V2}"), format!("v{V3}"));
+
+    // 1. The channel serves v1; no schedule yet.
+    let channel = Channel::start(&data, Some(V1), false).await?;
+    let ca = channel.ca_file()?;
+    set_endpoint(&channel.endpoint())?;
+    let _ = std::fs::remove_file(Path::new(CONFIG_DIR).join("schedule"));
+    let out = upgrade(&ca, &state, "dry-run").await?;
+    ensure!(out.ok, "{out}");
+    ensure!(
+        out.stdout
+            .contains(&format!("no upgrades available ({v1} == {v1})")),
+        "{out}"
+    );
+    ensure!(out.stdout.contains("warning: no valid upgrade schedule"), "{out}");
+    channel.proxy.shutdown().await;
+
+    // 2. The channel moves to v2.
+    let channel = Channel::start(&data, Some(V2), false).await?;
+    set_endpoint(&channel.endpoint())?;
+    let out = upgrade(&ca, &state, "dry-run").await?;
+    ensure!(out.ok, "{out}");
+    ensure!(
+        out.stdout
+            .contains(&format!("an upgrade is available ({v1} -> {v2})")),
+        "{out}"
+    );
+    set_schedule(&[far_away()])?;
+    let out = upgrade(&ca, &state, "run").await?;
+    ensure!(out.ok, "{out}");
+    ensure!(
+        out.stdout
+            .contains("upgrade is non-critical and we are outside of maintenance window, not attempting"),
+        "{out}"
+    );
+    assert_eq!(installed_svc_says()?, format!("svc {v1}"));
+
+    // 3. Faults, with a window open: nothing installed.
+    set_schedule(&[window_around_now(600)])?;
+    let out = upgrade(&ca, &state, "dry-run").await?;
+    ensure!(
+        out.stdout
+            .contains("within maintenance window, upgrade will be attempted"),
+        "{out}"
+    );
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let closed_port = closed.local_addr()?.port();
+    drop(closed);
+    set_endpoint(&format!(
+        "127.0.0.1:{closed_port}/v1/webapi/automaticupgrades/channel/default"
+    ))?;
+    let out = upgrade(&ca, &state, "run").await?;
+    ensure!(
+        !out.ok && out.stderr.contains("version server: GET https://127.0.0.1:"),
+        "{out}"
+    );
+    set_endpoint(&channel.garbage_endpoint())?;
+    let out = upgrade(&ca, &state, "run").await?;
+    ensure!(
+        !out.ok
+            && out
+                .stderr
+                .contains("invalid version \"<html>maintenance</html>\""),
+        "{out}"
+    );
+    let ahead = Channel::start(&data, Some("19.0.0"), true).await?;
+    set_endpoint(&ahead.endpoint())?;
+    let out = upgrade(&ca, &state, "run").await?;
+    ensure!(
+        !out.ok
+            && out
+                .stderr
+                .contains(&format!("refusing to move from {v1} to v19.0.0")),
+        "{out}"
+    );
+    ahead.proxy.shutdown().await;
+    assert_eq!(installed_svc_says()?, format!("svc {v1}"));
+    ensure!(held()?, "a refused run left svc unheld");
+
+    // 4. Inside the window, killed mid-install; the next run completes.
+    set_endpoint(&channel.endpoint())?;
+    kill_mid_install(&ca, &state, installer).await?;
+    let after_kill = sh(std::process::Command::new("/usr/bin/svc").arg("version"))?;
+    ensure!(
+        after_kill.trim() == format!("svc {v1}") || after_kill.trim() == format!("svc {v2}"),
+        "the agent binary after the kill: {after_kill}"
+    );
+    let out = upgrade(&ca, &state, "run").await?;
+    ensure!(out.ok, "{out}");
+    ensure!(out.stdout.contains("was interrupted; repairing"), "{out}");
+    assert_eq!(installed_svc_says()?, format!("svc {v2}"));
+    ensure!(held()?, "svc is not held after the repaired run");
+    // No systemd on the test machine: the restart is reported, not attempted.
+    let out = upgrade(&ca, &state, "run").await?;
+    ensure!(
+        out.ok
+            && out
+                .stdout
+                .contains(&format!("no upgrades available ({v2} == {v2})")),
+        "{out}"
+    );
+    channel.proxy.shutdown().await;
+
+    // 5. A critical v3 outside the window installs at once.
+    set_schedule(&[far_away()])?;
+    let channel = Channel::start(&data, Some(V3), true).await?;
+    set_endpoint(&channel.endpoint())?;
+    let out = upgrade(&ca, &state, "run").await?;
+    ensure!(out.ok, "{out}");
+    ensure!(out.stdout.contains("upgrade is critical"), "{out}");
+    ensure!(out.stdout.contains("systemd is not running"), "{out}");
+    assert_eq!(installed_svc_says()?, format!("svc {v3}"));
+    ensure!(held()?, "svc is not held after the critical install");
+    channel.proxy.shutdown().await;
+
+    // 6. Back to v1 by force; then proxies flipping between v2 and v3 in one window.
+    let channel = Channel::start(&data, Some(V1), false).await?;
+    set_endpoint(&channel.endpoint())?;
+    let out = upgrade(&ca, &state, "run").await?;
+    ensure!(!out.ok && out.stderr.contains("refusing to downgrade"), "{out}");
+    let out = upgrade(&ca, &state, "force").await?;
+    ensure!(out.ok, "{out}");
+    assert_eq!(installed_svc_says()?, format!("svc {v1}"));
+    channel.proxy.shutdown().await;
+
+    let a = Channel::start(&data, Some(V2), false).await?;
+    let b = Channel::start(&data, Some(V3), false).await?;
+    set_schedule(&[window_around_now(300)])?;
+    let mut installs = 0;
+    for (round, proxy) in [&a, &b, &a, &b].into_iter().enumerate() {
+        set_endpoint(&proxy.endpoint())?;
+        let out = upgrade(&ca, &state, "run").await?;
+        ensure!(out.ok, "round {round}: {out}");
+        if out.stdout.contains("installed svc ") {
+            installs += 1;
+        }
+        if round >= 1 {
+            ensure!(
+                out.stdout
+                    .contains(&format!("already upgraded to {v2} in this maintenance window"))
+                    || out
+                        .stdout
+                        .contains(&format!("no upgrades available ({v2} == {v2})")),
+                "round {round}: {out}"
+            );
+        }
+    }
+    assert_eq!(
+        installs, 1,
+        "proxies flipping between versions caused more than one install"
+    );
+    assert_eq!(installed_svc_says()?, format!("svc {v2}"));
+    a.proxy.shutdown().await;
+    b.proxy.shutdown().await;
+    Ok(())
+}
