@@ -112,8 +112,9 @@ pub fn channel_url(proxy: &str, channel: &str) -> Result<String, TargetError> {
 
 /// Asks one channel of a version server for its target, over connector `C`.
 ///
-/// Cheap to share behind an `Arc`; answers (and errors) are reused for up to a minute, like the
-/// proxy's own forwarding cache, so a controller reconciling in a loop never stampedes its proxy.
+/// Cheap to share behind an `Arc`. Every call asks the server (concurrent calls for one URL share
+/// one request): an updater decides on the answer, and the proxy's version server already
+/// answers from memory and caches its own upstream.
 pub struct VersionClient<C = ProxyDialer> {
     fetcher: Fetcher<C>,
     base: String,
@@ -220,7 +221,9 @@ where
     /// `tls`.
     pub fn new(connector: C, tls: Arc<rustls::ClientConfig>, base_url: impl Into<String>) -> Self {
         Self {
-            fetcher: Fetcher::new(connector, tls, Arc::new(SystemClock)),
+            // An updater acts on the answer it gets: no minute-old cache between it and the
+            // channel (the proxy's version server caches its own upstream).
+            fetcher: Fetcher::new(connector, tls, Arc::new(SystemClock)).with_ttl(std::time::Duration::ZERO),
             base: base_url.into().trim_end_matches('/').to_owned(),
         }
     }
@@ -244,12 +247,17 @@ where
         Ok(parse_critical_body(&url, &body)?)
     }
 
-    /// Both answers, asked concurrently; either failing fails the whole.
+    /// Both answers, asked concurrently. The version must be read; a critical flag that cannot
+    /// be read counts as not critical (REFERENCE.md), so the update waits for the window.
     pub async fn target(&self) -> Result<Target, TargetError> {
         let (version, critical) = tokio::join!(self.version(), self.critical());
+        let critical = critical.unwrap_or_else(|error| {
+            tracing::warn!(%error, "critical flag unknown, treating the update as not critical");
+            false
+        });
         Ok(Target {
             version: version?,
-            critical: critical?,
+            critical,
         })
     }
 }
@@ -358,10 +366,19 @@ mod tests {
         );
         let err = client(addr, "c").target().await.unwrap_err().to_string();
         assert!(err.contains("invalid version \"<html>oops</html>\""), "{err}");
-        let err = client(addr, "d").target().await.unwrap_err().to_string();
+        // An unreadable critical flag is an error of its own, but the target stands as not
+        // critical (REFERENCE.md): the update then waits for the window.
+        let err = client(addr, "d").critical().await.unwrap_err().to_string();
         assert!(
             err.contains("expected yes, no, true or false, got \"perhaps\""),
             "{err}"
+        );
+        assert_eq!(
+            client(addr, "d").target().await.unwrap(),
+            Target {
+                version: Some(Version::new(17, 1, 0)),
+                critical: false
+            }
         );
         let err = client(addr, "e").target().await.unwrap_err().to_string();
         assert!(err.contains("expected status 200, got 503"), "{err}");

@@ -19,7 +19,7 @@ use svc_core::{
     maintenance::Window,
 };
 use svc_update::kube::{
-    HttpTargetSource, UpdaterConfig, WorkloadKind,
+    UpdaterConfig, WorkloadKind,
     controller::{self, Context},
     health::Metrics,
     leader::{LeaderElector, LeaseTiming},
@@ -140,7 +140,7 @@ impl Harness {
         Arc::new(Context {
             client: self.api.client(NS),
             config,
-            target: Arc::new(HttpTargetSource::new(channel_base_url(
+            target: Arc::new(support::version_client(channel_base_url(
                 &self.versions.url(),
                 CHANNEL,
             ))),
@@ -359,7 +359,7 @@ async fn version_server_down_leaves_the_workload_unchanged_and_retries() {
     let ctx = Arc::new(Context {
         client: h.api.client(NS),
         config: ctx_config,
-        target: Arc::new(HttpTargetSource::new(channel_base_url(
+        target: Arc::new(support::version_client(channel_base_url(
             &format!("http://{closed}"),
             CHANNEL,
         ))),
@@ -622,7 +622,7 @@ async fn agent_schedule_export_creates_then_merges_the_secret() {
 #[tokio::test]
 async fn http_target_source_reads_the_reference_bodies() {
     let versions = VersionServer::start(CHANNEL, "v17.2.3", true).await;
-    let source = HttpTargetSource::new(channel_base_url(&versions.url(), CHANNEL));
+    let source = support::version_client(channel_base_url(&versions.url(), CHANNEL));
     let target = source.fetch().await.unwrap();
     assert_eq!(target.version, Some(svc_core::Version::new(17, 2, 3)));
     assert!(target.critical);
@@ -630,7 +630,7 @@ async fn http_target_source_reads_the_reference_bodies() {
     let target = source.fetch().await.unwrap();
     assert_eq!(target.version, None);
     assert!(!target.critical);
-    let unknown = HttpTargetSource::new(channel_base_url(&versions.url(), "stable/other"));
+    let unknown = support::version_client(channel_base_url(&versions.url(), "stable/other"));
     let err = unknown.fetch().await.unwrap_err().to_string();
     assert!(err.contains("expected status 200, got 404"), "{err}");
 }

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use support::{fake_apiserver::FakeApiServer, version_server::VersionServer, wait_until};
 use svc_core::clock::SystemClock;
 use svc_update::kube::{
-    HttpTargetSource, UpdaterConfig, WorkloadKind,
+    UpdaterConfig, WorkloadKind,
     controller::{self, Context},
     health::Metrics,
     target::channel_base_url,
@@ -347,7 +347,7 @@ async fn kubectl_annotations_drive_the_controller() {
     let ctx = Arc::new(Context {
         client: api.client("svc"),
         config,
-        target: Arc::new(HttpTargetSource::new(channel_base_url(
+        target: Arc::new(support::version_client(channel_base_url(
             &versions.url(),
             "stable/cloud",
         ))),

@@ -8,15 +8,15 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use svc_core::clock::SystemClock;
-use svc_net::dial::ProxyDialer;
 use svc_update::kube::{
-    HttpTargetSource, UpdaterConfig, WorkloadKind,
+    UpdaterConfig, WorkloadKind,
     controller::{self, Context},
     decision::channel_major,
     health::{self, Metrics},
     leader::{LeaderElector, LeaseTiming},
     target::channel_base_url,
 };
+use svc_update::target::{Trust, VersionClient, tls_config};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Kind {
@@ -40,6 +40,10 @@ struct Args {
     /// Version server: the cluster's proxy web address, e.g. https://proxy.example.com:443.
     #[arg(long)]
     version_server: String,
+    /// PEM file of an extra CA trusted for the version server (a proxy with a private CA), on
+    /// top of the public web roots.
+    #[arg(long, env = "SVC_VERSION_SERVER_CA_FILE")]
+    ca_file: Option<std::path::PathBuf>,
     /// Release channel.
     #[arg(long, default_value = "stable/cloud")]
     version_channel: String,
@@ -101,18 +105,18 @@ async fn main() -> anyhow::Result<()> {
         config.secret_name = secret;
     }
 
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_native_roots()
-        .context("loading the system's root certificates")?
-        .https_or_http()
-        .enable_http1()
-        // HTTPS_PROXY / NO_PROXY are honoured for the version server, like every outbound
-        // connection svc makes.
-        .wrap_connector(ProxyDialer::from_env().context("reading HTTPS_PROXY / NO_PROXY")?);
-    let target = HttpTargetSource::with_connector(
+    // The shared updater client: HTTPS_PROXY / NO_PROXY are honoured for the version server,
+    // like every outbound connection svc makes.
+    let ca = match &args.ca_file {
+        Some(path) => {
+            Some(std::fs::read(path).with_context(|| format!("reading --ca-file {}", path.display()))?)
+        }
+        None => None,
+    };
+    let target = VersionClient::from_env(
         channel_base_url(&args.version_server, &args.version_channel),
-        connector,
-    );
+        tls_config(Trust::Roots(ca.as_deref()))?,
+    )?;
     let client = kube::Client::try_default()
         .await
         .context("building the Kubernetes client")?;

@@ -111,6 +111,7 @@ pub struct Fetcher<C = HttpConnector> {
     connector: C,
     tls: tokio_rustls::TlsConnector,
     clock: Arc<dyn Clock>,
+    ttl: Duration,
     cache: Mutex<HashMap<String, Slot>>,
 }
 
@@ -139,11 +140,21 @@ where
             connector,
             tls: tokio_rustls::TlsConnector::from(tls),
             clock,
+            ttl: CACHE_TTL,
             cache: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The body of `GET url`, from the cache when fetched (or failed) within [`CACHE_TTL`].
+    /// How long an answer (or an error) is served from the cache; [`CACHE_TTL`] by default.
+    /// `Duration::ZERO` fetches every time — for clients that decide on the answer, such as
+    /// the updaters, while concurrent requests for one URL still share one fetch.
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The body of `GET url`, from the cache when fetched (or failed) within the cache's time to
+    /// live ([`CACHE_TTL`] unless [`with_ttl`](Self::with_ttl) says otherwise).
     pub async fn get(&self, url: &str) -> Result<String, FetchError> {
         let slot = {
             let mut cache = self
@@ -157,7 +168,7 @@ where
         if let Some((at, result)) = entry.as_ref()
             // A clock that went backwards (`Err`) counts as expired: refetch rather than serve
             // an answer of unknown age.
-            && self.clock.now().duration_since(*at).is_ok_and(|age| age < CACHE_TTL)
+            && self.clock.now().duration_since(*at).is_ok_and(|age| age < self.ttl)
         {
             return result.clone();
         }

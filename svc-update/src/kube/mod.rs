@@ -23,7 +23,7 @@ pub mod target;
 
 pub use controller::{UpdaterConfig, WorkloadKind};
 pub use decision::{Decision, SkipReason, UpdateReason, decide};
-pub use target::{HttpTargetSource, Target, TargetError, TargetSource};
+pub use target::{Target, TargetError, TargetSource, VersionClient};
 
 /// Annotation that suspends automatic updates of the workload when set to `"true"` (§6.3).
 pub const SKIP_RECONCILE_ANNOTATION: &str = "svc.dev/skipreconcile";

@@ -73,3 +73,16 @@ impl io::Write for Logs {
         Ok(())
     }
 }
+
+/// The updaters' shared version-server client, pointed at `base` over plain HTTP.
+pub fn version_client(
+    base: String,
+) -> svc_update::target::VersionClient<hyper_util::client::legacy::connect::HttpConnector> {
+    let tls =
+        svc_update::target::tls_config(svc_update::target::Trust::Roots(None)).expect("webpki roots load");
+    svc_update::target::VersionClient::new(
+        hyper_util::client::legacy::connect::HttpConnector::new(),
+        tls,
+        base,
+    )
+}
