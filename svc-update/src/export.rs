@@ -1,4 +1,8 @@
-//! Schedule export: the agent tells its Linux updater when it may be updated.
+//! Schedule export: the agent tells its updater when it may be updated.
+//!
+//! One loop ([`ScheduleExporter`]) serves both updaters through a [`ScheduleSink`]: the Linux
+//! files below ([`FileSink`], the default) or, with the `kube` feature, the agent's shared-state
+//! Secret (`crate::kube::schedule::SecretSink`).
 //!
 //! Sits on the agent, between the cluster (the `cluster_maintenance_config` resource, reached
 //! through a [`MaintenanceSource`]) and `svc-upgrade`, which reads the files written here
@@ -30,7 +34,7 @@ use std::{
 use async_trait::async_trait;
 use svc_core::{
     Clock,
-    maintenance::{AgentUpgradeWindow, render_schedule_file},
+    maintenance::{AgentUpgradeWindow, Window, render_schedule_file},
 };
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
@@ -141,6 +145,54 @@ pub fn write_endpoint_if_empty(dir: &Path, endpoint: &str) -> Result<bool, Expor
     }
 }
 
+/// Where exported windows go: the Linux updater's files, or the Kubernetes agent's Secret.
+#[async_trait]
+pub trait ScheduleSink: Send + Sync + 'static {
+    /// Publishes `windows` (empty when the cluster has no maintenance configuration).
+    async fn export(&self, windows: &[Window]) -> Result<(), BoxError>;
+    /// Withdraws the schedule after contact with the cluster was lost: an empty schedule, not a
+    /// missing one.
+    async fn reset(&self) -> Result<(), BoxError>;
+    /// Where the schedule goes, for logs.
+    fn describe(&self) -> String;
+}
+
+/// The Linux sink: `schedule` (and, once, `endpoint`) in the updater's configuration directory.
+#[derive(Debug, Clone)]
+pub struct FileSink {
+    dir: PathBuf,
+    endpoint: Option<String>,
+}
+
+impl FileSink {
+    /// Exports to `dir`, also writing `endpoint` there when that file is empty.
+    pub fn new(dir: impl Into<PathBuf>, endpoint: Option<String>) -> Self {
+        FileSink {
+            dir: dir.into(),
+            endpoint,
+        }
+    }
+}
+
+#[async_trait]
+impl ScheduleSink for FileSink {
+    async fn export(&self, windows: &[Window]) -> Result<(), BoxError> {
+        write_file(&self.dir, "schedule", &render_schedule_file(windows))?;
+        if let Some(endpoint) = &self.endpoint {
+            write_endpoint_if_empty(&self.dir, endpoint)?;
+        }
+        Ok(())
+    }
+
+    async fn reset(&self) -> Result<(), BoxError> {
+        Ok(write_file(&self.dir, "schedule", "")?)
+    }
+
+    fn describe(&self) -> String {
+        self.dir.display().to_string()
+    }
+}
+
 /// Settings of a [`ScheduleExporter`]; [`Default`] gives the system's directory and the
 /// documented intervals.
 #[derive(Debug, Clone)]
@@ -216,14 +268,27 @@ impl Drop for ScheduleExporter {
 }
 
 impl ScheduleExporter {
-    /// Starts exporting at once, then about every `settings.interval`.
+    /// Starts exporting to the Linux files of `settings.dir` at once, then about every
+    /// `settings.interval`.
     pub fn spawn(
         source: Arc<dyn MaintenanceSource>,
         clock: Arc<dyn Clock>,
         settings: ExportSettings,
     ) -> Self {
+        let sink = Arc::new(FileSink::new(settings.dir.clone(), settings.endpoint.clone()));
+        Self::spawn_to(source, clock, sink, settings)
+    }
+
+    /// Starts exporting to `sink` at once, then about every `settings.interval` (`settings.dir`
+    /// and `settings.endpoint` are the file sink's and are not used here).
+    pub fn spawn_to(
+        source: Arc<dyn MaintenanceSource>,
+        clock: Arc<dyn Clock>,
+        sink: Arc<dyn ScheduleSink>,
+        settings: ExportSettings,
+    ) -> Self {
         let (tx, status) = watch::channel(ExportStatus::default());
-        let task = tokio::spawn(export_loop(source, clock, settings, tx));
+        let task = tokio::spawn(export_loop(source, clock, sink, settings, tx));
         ScheduleExporter { task, status }
     }
 
@@ -236,6 +301,7 @@ impl ScheduleExporter {
 async fn export_loop(
     source: Arc<dyn MaintenanceSource>,
     clock: Arc<dyn Clock>,
+    sink: Arc<dyn ScheduleSink>,
     settings: ExportSettings,
     status: watch::Sender<ExportStatus>,
 ) {
@@ -247,20 +313,17 @@ async fn export_loop(
             Ok(config) => {
                 lost_since = None;
                 reset_done = false;
-                let text = schedule_text(config.as_ref(), clock.now(), settings.windows);
-                let written =
-                    write_file(&settings.dir, "schedule", &text).and_then(|()| match &settings.endpoint {
-                        Some(endpoint) => write_endpoint_if_empty(&settings.dir, endpoint).map(drop),
-                        None => Ok(()),
-                    });
-                match written {
+                let windows = config
+                    .map(|c| c.next_windows(clock.now(), settings.windows))
+                    .unwrap_or_default();
+                match sink.export(&windows).await {
                     Ok(()) => {
-                        tracing::debug!(dir = %settings.dir.display(), "exported the maintenance schedule");
+                        tracing::debug!(to = %sink.describe(), "exported the maintenance schedule");
                         status.send_modify(|s| s.exports += 1);
                         settings.interval
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot export the maintenance schedule");
+                        tracing::warn!(error = %e, to = %sink.describe(), "cannot export the maintenance schedule");
                         status.send_modify(|s| {
                             s.failures += 1;
                             s.last_error = Some(e.to_string());
@@ -274,10 +337,11 @@ async fn export_loop(
                 tracing::warn!(error = %e, "cannot read the cluster's maintenance configuration");
                 let reset = !reset_done && since.elapsed() >= settings.contact_timeout;
                 if reset {
-                    match write_file(&settings.dir, "schedule", "") {
+                    match sink.reset().await {
                         Ok(()) => {
                             reset_done = true;
                             tracing::warn!(
+                                to = %sink.describe(),
                                 "no contact with the cluster for {:?}: reset the exported maintenance schedule",
                                 settings.contact_timeout
                             );

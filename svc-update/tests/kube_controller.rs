@@ -385,7 +385,7 @@ async fn malformed_version_is_an_error_not_an_update() {
     assert!(
         h.logs
             .text()
-            .contains("expected v<major>.<minor>.<patch> or none")
+            .contains("invalid version \"<html>oops</html>\": expected v<major>.<minor>.<patch>")
     );
 }
 
@@ -703,4 +703,65 @@ async fn reconcile_timeout_bounds_a_hung_target_source() {
         "{}",
         h.logs.text()
     );
+}
+
+/// The agent in Kubernetes runs the same exporter loop as on Linux, into its Secret: windows
+/// while the cluster answers, an empty schedule once contact is lost.
+#[tokio::test]
+async fn the_schedule_exporter_loop_writes_and_resets_the_secret() {
+    use std::sync::atomic::AtomicBool;
+    use svc_update::export::{ExportSettings, MaintenanceSource, ScheduleExporter};
+    use svc_update::kube::schedule::SecretSink;
+
+    struct Cluster {
+        reachable: AtomicBool,
+        window: svc_core::maintenance::AgentUpgradeWindow,
+    }
+    #[async_trait::async_trait]
+    impl MaintenanceSource for Cluster {
+        async fn agent_upgrades(
+            &self,
+        ) -> Result<Option<svc_core::maintenance::AgentUpgradeWindow>, Box<dyn std::error::Error + Send + Sync>>
+        {
+            if self.reachable.load(Ordering::SeqCst) {
+                Ok(Some(self.window.clone()))
+            } else {
+                Err("auth service unreachable".into())
+            }
+        }
+    }
+
+    let h = Harness::new(sts("17.0.0"), vec![], "v17.0.0", false).await;
+    let client = h.api.client(NS);
+    let cluster = Arc::new(Cluster {
+        reachable: AtomicBool::new(true),
+        window: svc_core::maintenance::AgentUpgradeWindow::new(3, []).unwrap(),
+    });
+    let clock = Arc::new(ManualClock::new(
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_067_200),
+    ));
+    let mut settings = ExportSettings::default();
+    settings.interval = Duration::from_millis(10);
+    settings.retry = Duration::from_millis(10);
+    settings.contact_timeout = Duration::ZERO;
+    let exporter = ScheduleExporter::spawn_to(
+        cluster.clone(),
+        clock.clone(),
+        Arc::new(SecretSink::new(client.clone(), NS, "svc-agent-shared-state")),
+        settings.clone(),
+    );
+    let status = exporter.status();
+    wait_until("the first export", || status.borrow().exports >= 1).await;
+    let windows = read_schedule(client.clone(), NS, "svc-agent-shared-state")
+        .await
+        .unwrap();
+    assert_eq!(
+        windows,
+        cluster.window.next_windows(clock.now(), settings.windows)
+    );
+
+    cluster.reachable.store(false, Ordering::SeqCst);
+    wait_until("the reset after lost contact", || status.borrow().resets >= 1).await;
+    let windows = read_schedule(client, NS, "svc-agent-shared-state").await.unwrap();
+    assert!(windows.is_empty(), "{windows:?}");
 }

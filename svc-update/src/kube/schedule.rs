@@ -141,3 +141,50 @@ pub async fn read_schedule(
         source,
     })
 }
+
+/// The Kubernetes sink of the agent's [`ScheduleExporter`](crate::export::ScheduleExporter):
+/// its shared-state Secret. Spawn it with
+/// `ScheduleExporter::spawn_to(source, clock, Arc::new(SecretSink::new(..)), settings)`, so the
+/// agent in Kubernetes gets the same cadence, jitter and reset-on-lost-contact as on Linux.
+#[derive(Clone)]
+pub struct SecretSink {
+    client: Client,
+    namespace: String,
+    secret_name: String,
+}
+
+impl std::fmt::Debug for SecretSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretSink")
+            .field("namespace", &self.namespace)
+            .field("secret_name", &self.secret_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SecretSink {
+    /// Exports to Secret `namespace/secret_name` (usually
+    /// [`default_shared_state_secret`](super::default_shared_state_secret) of the agent).
+    pub fn new(client: Client, namespace: impl Into<String>, secret_name: impl Into<String>) -> Self {
+        SecretSink {
+            client,
+            namespace: namespace.into(),
+            secret_name: secret_name.into(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::export::ScheduleSink for SecretSink {
+    async fn export(&self, windows: &[Window]) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        Ok(write_windows(self.client.clone(), &self.namespace, &self.secret_name, windows).await?)
+    }
+
+    async fn reset(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        Ok(write_windows(self.client.clone(), &self.namespace, &self.secret_name, &[]).await?)
+    }
+
+    fn describe(&self) -> String {
+        format!("secret {}/{}", self.namespace, self.secret_name)
+    }
+}
