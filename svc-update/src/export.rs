@@ -60,6 +60,44 @@ pub trait MaintenanceSource: Send + Sync + 'static {
     async fn agent_upgrades(&self) -> Result<Option<AgentUpgradeWindow>, BoxError>;
 }
 
+/// The agent's [`MaintenanceSource`]: the cluster's `cluster_maintenance_config`, read through
+/// the Auth API with the agent's own host identity (agents may read it, and nothing more).
+#[derive(Debug, Clone)]
+pub struct AuthMaintenanceSource {
+    client: svc_net::auth::AuthClient,
+}
+
+impl AuthMaintenanceSource {
+    /// Reads through `client`, connected with the agent's identity.
+    pub fn new(client: svc_net::auth::AuthClient) -> Self {
+        AuthMaintenanceSource { client }
+    }
+}
+
+#[async_trait]
+impl MaintenanceSource for AuthMaintenanceSource {
+    async fn agent_upgrades(&self) -> Result<Option<AgentUpgradeWindow>, BoxError> {
+        use svc_core::resource::{CLUSTER_MAINTENANCE_CONFIG_NAME, Kind, Resource};
+        let mut client = self.client.clone();
+        match client
+            .get_resources(
+                Kind::ClusterMaintenanceConfig,
+                Some(CLUSTER_MAINTENANCE_CONFIG_NAME),
+                false,
+            )
+            .await
+        {
+            Ok(found) => Ok(found.into_iter().find_map(|r| match r {
+                Resource::ClusterMaintenanceConfig(c) => c.spec.agent_upgrades,
+                _ => None,
+            })),
+            // No maintenance configuration yet: an empty schedule, not lost contact.
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
 /// Why a file could not be written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

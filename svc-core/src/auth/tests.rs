@@ -437,3 +437,55 @@ async fn every_call_checks_its_verb_on_its_kind() {
     );
     denied(f.auth.inventory(&rita).await.map(drop), "list", "inventory");
 }
+
+/// Agents read the maintenance window (to export it to their updaters) and nothing else.
+#[tokio::test]
+async fn agents_read_the_maintenance_window_and_nothing_more() {
+    let f = fixture().await;
+    f.auth
+        .put_resources(&admin(&f.auth), parse_resources(MAINTENANCE).unwrap(), false)
+        .await
+        .unwrap();
+    let agent = match proxy(&f.auth) {
+        Caller::Host(mut h) => {
+            h.roles = vec![SystemRole::Node];
+            Caller::Host(h)
+        }
+        other => panic!("{other:?}"),
+    };
+    let window = f
+        .auth
+        .get_resource(
+            &agent,
+            Kind::ClusterMaintenanceConfig,
+            "cluster-maintenance-config",
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(window.kind(), Kind::ClusterMaintenanceConfig);
+    let refused = [
+        f.auth
+            .list_resources(&agent, Kind::ClusterMaintenanceConfig, false)
+            .await
+            .map(drop),
+        f.auth
+            .put_resources(&agent, parse_resources(MAINTENANCE).unwrap(), true)
+            .await
+            .map(drop),
+        f.auth
+            .delete_resource(
+                &agent,
+                Kind::ClusterMaintenanceConfig,
+                "cluster-maintenance-config",
+            )
+            .await,
+        f.auth
+            .get_resource(&agent, Kind::Role, "editor", false)
+            .await
+            .map(drop),
+    ];
+    for r in refused {
+        assert!(matches!(r, Err(AuthError::AccessDenied(_))), "{r:?}");
+    }
+}

@@ -54,6 +54,11 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// Whether the server answered that the thing asked for does not exist.
+    pub fn is_not_found(&self) -> bool {
+        self.code() == Some(tonic::Code::NotFound)
+    }
 }
 
 impl From<tonic::Status> for ClientError {
