@@ -139,6 +139,22 @@ fn tls_connector(endpoint: &ProxyEndpoint) -> Result<TlsConnector, SshError> {
     Ok(TlsConnector::from(Arc::new(config)))
 }
 
+/// The russh client configuration svc's SSH clients use: host certificates asked for (ed25519,
+/// the cluster CAs' key type, ahead of plain keys), `TCP_NODELAY`, and the tunnel's window and
+/// packet sizes. Use it for the SSH session to the node over [`connect_via_proxy`]'s stream too.
+pub fn client_config(tunables: &crate::tunnel::Tunables) -> russh::client::Config {
+    let mut preferred = russh::Preferred::default();
+    preferred.host_key_certificates = std::borrow::Cow::Borrowed(&[russh::keys::Algorithm::Ed25519]);
+    russh::client::Config {
+        preferred,
+        nodelay: true,
+        window_size: tunables.window_size,
+        maximum_packet_size: tunables.max_packet_size,
+        channel_buffer_size: tunables.channel_buffer_size,
+        ..Default::default()
+    }
+}
+
 /// Opens a stream to `node`'s SSH Service (`port` 0 means the default, 3022) through the proxy.
 /// `node` is a node name, host ID or host UUID.
 pub async fn connect_via_proxy(
@@ -171,12 +187,7 @@ pub async fn connect_via_proxy(
         } else {
             Box::new(tcp)
         };
-        let config = russh::client::Config {
-            nodelay: true,
-            window_size: 8 * 1024 * 1024,
-            maximum_packet_size: 64 * 1024,
-            ..Default::default()
-        };
+        let config = client_config(&crate::tunnel::Tunables::default());
         let handler = ClientHandler {
             verifier: endpoint.verifier.clone(),
         };

@@ -16,7 +16,7 @@ pub mod proxy;
 pub mod server;
 mod passwd;
 
-pub use client::{ClientIdentity, ProxiedStream, ProxyEndpoint, connect_via_proxy};
+pub use client::{ClientIdentity, ProxiedStream, ProxyEndpoint, client_config, connect_via_proxy};
 pub use proxy::{ProxySsh, ProxySshConfig};
 pub use server::{SshServer, SshServerConfig};
 

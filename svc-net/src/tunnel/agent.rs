@@ -215,15 +215,8 @@ impl TunnelAgent {
             })?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        let t = &config.tunables;
-        let ssh = russh::client::Config {
-            client_id: russh::SshId::Standard(format!("SSH-2.0-svc_agent_{}", config.version).into()),
-            window_size: t.window_size,
-            maximum_packet_size: t.max_packet_size,
-            channel_buffer_size: t.channel_buffer_size,
-            nodelay: true,
-            ..Default::default()
-        };
+        let mut ssh = crate::ssh::client_config(&config.tunables);
+        ssh.client_id = russh::SshId::Standard(format!("SSH-2.0-svc_agent_{}", config.version).into());
         Ok(Self {
             shared: Arc::new(Shared {
                 key: Arc::new(config.host_key.clone()),
@@ -359,9 +352,25 @@ async fn primary_loop(shared: Arc<Shared>) {
     let mut backoff = shared.config.backoff.clone();
     let (discovered_tx, mut discovered_rx) = mpsc::unbounded_channel::<Discovery>();
     let tracker = tokio_util::task::TaskTracker::new();
+    // Announcements from any tunnel open tunnels to the proxies not yet reached.
+    tracker.spawn({
+        let (shared, tx, tracker) = (shared.clone(), discovered_tx.clone(), tracker.clone());
+        async move {
+            loop {
+                tokio::select! {
+                    Some(discovery) = discovered_rx.recv() => spawn_discovered(&shared, discovery, &tx, &tracker),
+                    _ = shared.shutdown.cancelled() => return,
+                }
+            }
+        }
+    });
     loop {
+        // Shutdown is watched inside: a tunnel that is up must be closed, not dropped.
         let attempt = async {
-            let ping = shared.fetch_ping().await?;
+            let ping = tokio::select! {
+                p = shared.fetch_ping() => p?,
+                _ = shared.shutdown.cancelled() => return Ok(()),
+            };
             let (addr, tls) = tunnel_addr_from_ping(&ping, &shared.config.proxy_addr)?;
             let target = Target { addr, tls };
             if let Ok(mut t) = shared.targets.lock() {
@@ -369,26 +378,20 @@ async fn primary_loop(shared: Arc<Shared>) {
             }
             run_tunnel(&shared, &target, &discovered_tx, &mut backoff, &tracker).await
         };
-        let result = tokio::select! {
-            r = attempt => r,
-            _ = shared.shutdown.cancelled() => break,
-            Some(discovery) = discovered_rx.recv() => {
-                spawn_discovered(&shared, discovery, &discovered_tx, &tracker);
-                continue;
+        match attempt.await {
+            // A reconnect request: dial again at once.
+            Ok(()) if !shared.shutdown.is_cancelled() => continue,
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(proxy = %shared.config.proxy_addr, error = %e, "reverse tunnel failed");
+                shared.set_error(&e);
             }
-        };
-        if let Err(e) = result {
-            tracing::warn!(proxy = %shared.config.proxy_addr, error = %e, "reverse tunnel failed");
-            shared.set_error(&e);
         }
         let delay = backoff.next_delay(rand::random::<f64>());
         tracing::info!(?delay, "reconnecting the reverse tunnel after backoff");
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = shared.shutdown.cancelled() => break,
-        }
-        while let Ok(discovery) = discovered_rx.try_recv() {
-            spawn_discovered(&shared, discovery, &discovered_tx, &tracker);
         }
     }
     tracker.close();
@@ -425,13 +428,13 @@ fn spawn_discovered(
             let mut backoff = shared.config.backoff.clone();
             let inner = tokio_util::task::TaskTracker::new();
             loop {
-                let r = tokio::select! {
-                    r = run_tunnel(&shared, &target, &tx, &mut backoff, &inner) => r,
-                    _ = shared.shutdown.cancelled() => break,
-                };
-                if let Err(e) = r {
-                    tracing::warn!(proxy = %target.addr, error = %e, "reverse tunnel failed");
-                    shared.set_error(&e);
+                match run_tunnel(&shared, &target, &tx, &mut backoff, &inner).await {
+                    Ok(()) if !shared.shutdown.is_cancelled() => continue,
+                    Ok(()) => break,
+                    Err(e) => {
+                        tracing::warn!(proxy = %target.addr, error = %e, "reverse tunnel failed");
+                        shared.set_error(&e);
+                    }
                 }
                 let delay = backoff.next_delay(rand::random::<f64>());
                 tokio::select! {
@@ -495,17 +498,19 @@ async fn run_tunnel(
         }
         Ok::<_, TunnelError>(handle)
     };
-    let handle = tokio::time::timeout(after, connect)
-        .await
-        .map_err(|_| TunnelError::Timeout {
+    let handle = tokio::select! {
+        r = tokio::time::timeout(after, connect) => r.map_err(|_| TunnelError::Timeout {
             what: "connecting the reverse tunnel",
             after,
-        })??;
+        })??,
+        _ = shared.shutdown.cancelled() => return Ok(()),
+    };
 
     // Heartbeats: a ping right away, then every interval.
     let heartbeat = handle.channel_open_direct_streamlocal(HEARTBEAT_CHANNEL).await?;
     let interval = cfg.tunables.keepalive_interval;
     let hb_closed = closed.clone();
+    let hb_shutdown = shared.shutdown.clone();
     tracker.spawn(async move {
         let mut stream = heartbeat.into_stream();
         let mut tick = tokio::time::interval(interval);
@@ -513,6 +518,7 @@ async fn run_tunnel(
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = hb_closed.cancelled() => return,
+                _ = hb_shutdown.cancelled() => return,
             }
             if stream.write_all(b"ping\n").await.is_err() || stream.flush().await.is_err() {
                 return;
@@ -522,9 +528,18 @@ async fn run_tunnel(
     // Discovery: every announced list goes to the caller, which opens the missing tunnels.
     let discovery = handle.channel_open_direct_streamlocal(DISCOVERY_CHANNEL).await?;
     let tx = discovered.clone();
+    let (d_closed, d_shutdown) = (closed.clone(), shared.shutdown.clone());
     tracker.spawn(async move {
         let mut stream = discovery.into_stream();
-        while let Ok(Some(line)) = read_line(&mut stream, 64 * 1024).await {
+        loop {
+            let line = tokio::select! {
+                l = read_line(&mut stream, 64 * 1024) => match l {
+                    Ok(Some(line)) => line,
+                    _ => return,
+                },
+                _ = d_closed.cancelled() => return,
+                _ = d_shutdown.cancelled() => return,
+            };
             match serde_json::from_str::<Discovery>(&line) {
                 Ok(d) => {
                     if tx.send(d).is_err() {

@@ -131,7 +131,8 @@ impl Default for Tunables {
     fn default() -> Self {
         Self {
             window_size: 8 * 1024 * 1024,
-            max_packet_size: 64 * 1024,
+            // 64 KiB less one: russh warns above the largest TCP segment.
+            max_packet_size: 65535,
             channel_buffer_size: 256,
             keepalive_interval: Duration::from_secs(5 * 60),
             keepalive_count: 3,

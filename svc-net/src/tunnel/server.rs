@@ -27,6 +27,7 @@ use tokio::{
     sync::{oneshot, watch},
 };
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 use tower::Service;
 
 use super::{
@@ -196,8 +197,15 @@ impl TunnelServer {
         conn_service(TlsService(self.clone()))
     }
 
-    /// Serves one tunnel on an established byte stream until it closes.
-    pub async fn serve_stream<S: Io>(&self, io: S, peer: SocketAddr) -> Result<(), TunnelError> {
+    /// Serves one tunnel on an established byte stream until it closes, or until `shutdown`
+    /// is cancelled: then the agent is told the proxy is going away and dials again (to this
+    /// proxy once it is back, or to another).
+    pub async fn serve_stream<S: Io>(
+        &self,
+        io: S,
+        peer: SocketAddr,
+        shutdown: CancellationToken,
+    ) -> Result<(), TunnelError> {
         let inner = &self.inner;
         let state = ConnState::new();
         let (auth_tx, auth_rx) = oneshot::channel();
@@ -263,9 +271,18 @@ impl TunnelServer {
             live_sessions: 0,
         };
         state.heartbeat();
+        let handle_for_shutdown = handle.clone();
         let id = inner.registry.insert(info, handle, state);
         tracing::info!(host_id = %host.host_id, node = %host.node_name, %peer, "agent tunnel registered");
-        let result = session.await;
+        let result = tokio::select! {
+            r = &mut session => r,
+            _ = shutdown.cancelled() => {
+                let _ = handle_for_shutdown
+                    .disconnect(russh::Disconnect::ByApplication, "the proxy is shutting down".into(), String::new())
+                    .await;
+                Ok(())
+            }
+        };
         inner.registry.remove(&host.host_id, id);
         tracing::info!(host_id = %host.host_id, node = %host.node_name, "agent tunnel closed");
         result.map_err(Into::into)
@@ -429,7 +446,7 @@ impl Service<Connection> for PlainService {
         ConnFuture::new(async move {
             conn.classified();
             let peer = conn.peer_addr;
-            if let Err(e) = server.serve_stream(conn.io, peer).await {
+            if let Err(e) = server.serve_stream(conn.io, peer, conn.shutdown.clone()).await {
                 tracing::info!(%peer, error = %e, "agent tunnel ended with an error");
             }
             Ok(())
@@ -470,7 +487,7 @@ impl Service<Connection> for TlsService {
                     return Ok(());
                 }
             };
-            if let Err(e) = server.serve_stream(tls, peer).await {
+            if let Err(e) = server.serve_stream(tls, peer, conn.shutdown.clone()).await {
                 tracing::info!(%peer, error = %e, "agent tunnel ended with an error");
             }
             Ok(())
