@@ -457,14 +457,32 @@ async fn run_tunnel(
     backoff: &mut Backoff,
     tracker: &tokio_util::task::TaskTracker,
 ) -> Result<(), TunnelError> {
-    let cfg = &shared.config;
-    let after = cfg.tunables.handshake_timeout;
-    let closed = CancellationToken::new();
     let conn = Arc::new(ConnShared {
         draining: AtomicBool::new(false),
         reconnect: Notify::new(),
         proxy_id: Mutex::new(None),
+        disconnect_reason: Mutex::new(None),
     });
+    let result = run_tunnel_on(conn.clone(), shared, target, discovered, backoff, tracker).await;
+    // The proxy's own words (a refusal such as an incompatible version) say more than the
+    // error the cut connection caused.
+    match (result, conn.disconnect_reason.lock().ok().and_then(|r| r.clone())) {
+        (Err(_), Some(reason)) => Err(TunnelError::ProxyClosed(reason)),
+        (result, _) => result,
+    }
+}
+
+async fn run_tunnel_on(
+    conn: Arc<ConnShared>,
+    shared: &Arc<Shared>,
+    target: &Target,
+    discovered: &mpsc::UnboundedSender<Discovery>,
+    backoff: &mut Backoff,
+    tracker: &tokio_util::task::TaskTracker,
+) -> Result<(), TunnelError> {
+    let cfg = &shared.config;
+    let after = cfg.tunables.handshake_timeout;
+    let closed = CancellationToken::new();
     let handler = AgentHandler {
         shared: shared.clone(),
         conn: conn.clone(),
@@ -594,6 +612,7 @@ async fn run_tunnel(
 }
 
 struct ConnShared {
+    disconnect_reason: Mutex<Option<String>>,
     draining: AtomicBool,
     reconnect: Notify,
     proxy_id: Mutex<Option<String>>,
@@ -691,9 +710,10 @@ impl russh::client::Handler for AgentHandler {
         match reason {
             DisconnectReason::ReceivedDisconnect(info) => {
                 tracing::error!(reason = %info.message, "the proxy closed the reverse tunnel");
-                if !info.message.is_empty() {
-                    let text = format!("the proxy closed the reverse tunnel: {}", info.message);
-                    self.shared.status.send_modify(|s| s.last_error = Some(text));
+                if !info.message.is_empty()
+                    && let Ok(mut r) = self.conn.disconnect_reason.lock()
+                {
+                    *r = Some(info.message);
                 }
                 Ok(())
             }

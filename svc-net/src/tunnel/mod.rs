@@ -225,6 +225,9 @@ pub enum TunnelError {
     /// The SSH layer failed.
     #[error("ssh: {0}")]
     Ssh(#[from] russh::Error),
+    /// The proxy closed the tunnel and said why (an incompatible version, a shutdown).
+    #[error("the proxy closed the reverse tunnel: {0}")]
+    ProxyClosed(String),
     /// The proxy refused the agent's credentials.
     #[error("the proxy at {0} refused the agent's host certificate")]
     AuthRefused(String),
