@@ -458,3 +458,61 @@ pub fn require(binary: &str, package: &str) -> PathBuf {
          (apt-get install -y {package}; CI installs it from .ci/apt-packages.d/tunnel.list)"
     );
 }
+
+fn write_private(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+impl Cluster {
+    /// A credentials directory for the example programs: the CAs' public halves and the
+    /// cluster name.
+    pub fn creds_dir(&self) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::write(p.join("cluster"), CLUSTER).unwrap();
+        for (name, ca) in [("host_ca", &self.host_ca), ("user_ca", &self.user_ca)] {
+            let t = ca.trusted();
+            std::fs::write(p.join(format!("{name}.pem")), t.tls_cert_pem()).unwrap();
+            std::fs::write(p.join(format!("{name}.pub")), t.ssh_authorized_key().unwrap()).unwrap();
+        }
+        dir
+    }
+
+    /// `creds_dir` plus an agent's host identity (`tunnel_agent`).
+    pub fn host_creds_dir(&self, creds: &HostCreds) -> tempfile::TempDir {
+        let dir = self.creds_dir();
+        let p = dir.path();
+        std::fs::write(p.join("host_id"), &creds.host_id).unwrap();
+        write_private(&p.join("key"), &creds.key.to_openssh(ssh_key::LineEnding::LF).unwrap());
+        std::fs::write(p.join("key-cert.pub"), creds.cert.to_openssh().unwrap()).unwrap();
+        dir
+    }
+
+    /// `creds_dir` plus a user's key, certificate and login (`proxy_command`, OpenSSH).
+    pub fn user_creds_dir(&self, user: &ClientIdentity) -> tempfile::TempDir {
+        let dir = self.creds_dir();
+        let p = dir.path();
+        std::fs::write(p.join("login"), &user.login).unwrap();
+        write_private(&p.join("key"), &user.key.to_openssh(ssh_key::LineEnding::LF).unwrap());
+        std::fs::write(p.join("key-cert.pub"), user.cert.to_openssh().unwrap()).unwrap();
+        dir
+    }
+}
+
+/// A child process killed on drop.
+pub struct Proc(pub std::process::Child, pub PathBuf);
+
+impl Proc {
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.1).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
