@@ -49,7 +49,12 @@ async fn main() -> anyhow::Result<()> {
         _ => (target.clone(), 0),
     };
     let cluster = read(&dir, "cluster")?.trim().to_owned();
-    let host_ca = TrustedCa::from_pem(IdentityKind::Host, &cluster, &read(&dir, "host_ca.pem")?, read(&dir, "host_ca.pub")?.trim())?;
+    let host_ca = TrustedCa::from_pem(
+        IdentityKind::Host,
+        &cluster,
+        &read(&dir, "host_ca.pem")?,
+        read(&dir, "host_ca.pub")?.trim(),
+    )?;
     let endpoint = ProxyEndpoint {
         addr: proxy,
         tls,

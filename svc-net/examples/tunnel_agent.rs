@@ -42,15 +42,27 @@ async fn main() -> anyhow::Result<()> {
             "--proxy" => proxy = args.next(),
             "--dir" => dir = args.next().map(PathBuf::from),
             "--version" => version = args.next(),
-            other => anyhow::bail!("unknown argument {other:?}; usage: tunnel_agent --proxy HOST:PORT --dir DIR [--version V]"),
+            other => anyhow::bail!(
+                "unknown argument {other:?}; usage: tunnel_agent --proxy HOST:PORT --dir DIR [--version V]"
+            ),
         }
     }
     let proxy = Addr::parse(&proxy.context("--proxy is required")?)?;
     let dir = dir.context("--dir is required")?;
     let cluster = read(&dir, "cluster")?.trim().to_owned();
     let cas = [
-        TrustedCa::from_pem(IdentityKind::Host, &cluster, &read(&dir, "host_ca.pem")?, read(&dir, "host_ca.pub")?.trim())?,
-        TrustedCa::from_pem(IdentityKind::User, &cluster, &read(&dir, "user_ca.pem")?, read(&dir, "user_ca.pub")?.trim())?,
+        TrustedCa::from_pem(
+            IdentityKind::Host,
+            &cluster,
+            &read(&dir, "host_ca.pem")?,
+            read(&dir, "host_ca.pub")?.trim(),
+        )?,
+        TrustedCa::from_pem(
+            IdentityKind::User,
+            &cluster,
+            &read(&dir, "user_ca.pem")?,
+            read(&dir, "user_ca.pub")?.trim(),
+        )?,
     ];
     let verifier = Arc::new(Verifier::new(&cluster, cas)?);
     let key = ssh_key::PrivateKey::from_openssh(read(&dir, "key")?)?;

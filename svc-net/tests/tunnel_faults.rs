@@ -21,7 +21,10 @@ async fn the_agent_reconnects_after_a_proxy_restart() {
     let node = cluster.host(&[SystemRole::Node], "node-r");
     let agent = start_agent(&cluster, web, &node);
     proxy.tunnel.registry().wait_for("node-r", |a| a.is_some()).await;
-    assert_eq!(ssh_exec(&proxy, &cluster, "node-r", "echo one").await.stdout(), "one\n");
+    assert_eq!(
+        ssh_exec(&proxy, &cluster, "node-r", "echo one").await.stdout(),
+        "one\n"
+    );
 
     proxy.shutdown().await;
     agent.wait_for(|s| s.connected.is_empty()).await;
@@ -43,7 +46,10 @@ async fn the_agent_reconnects_after_a_proxy_restart() {
         .wait_for("node-r", |a| a.is_some_and(|a| a.online))
         .await;
     agent.wait_for(|s| s.established >= 2).await;
-    assert_eq!(ssh_exec(&proxy, &cluster, "node-r", "echo two").await.stdout(), "two\n");
+    assert_eq!(
+        ssh_exec(&proxy, &cluster, "node-r", "echo two").await.stdout(),
+        "two\n"
+    );
     agent.shutdown().await;
     proxy.shutdown().await;
 }
@@ -104,7 +110,10 @@ async fn an_agent_restart_is_seen_and_never_disturbs_another_agent() {
     // A comes back with the same identity and is reachable again.
     let a = start_agent(&cluster, proxy.web, &a_creds);
     reg.wait_for("node-a", |a| a.is_some_and(|a| a.online)).await;
-    assert_eq!(ssh_exec(&proxy, &cluster, "node-a", "echo back").await.stdout(), "back\n");
+    assert_eq!(
+        ssh_exec(&proxy, &cluster, "node-a", "echo back").await.stdout(),
+        "back\n"
+    );
     let _ = session.disconnect(russh::Disconnect::ByApplication, "", "").await;
     a.shutdown().await;
     b.shutdown().await;
@@ -120,7 +129,11 @@ async fn forged_and_expired_agent_certificates_are_refused() {
     // Signed by another host CA that claims the same cluster name.
     let forger = Cluster::new();
     let forged = forger.host(&[SystemRole::Node], "forged");
-    let a = start_agent_with(agent_config(&cluster, proxy.web, &forged, "17.0.0"), &cluster, &forged);
+    let a = start_agent_with(
+        agent_config(&cluster, proxy.web, &forged, "17.0.0"),
+        &cluster,
+        &forged,
+    );
     a.wait_for(|s| s.last_error.is_some()).await;
     let err = a.status().last_error.unwrap();
     assert!(err.contains("refused the agent's host certificate"), "{err}");
@@ -132,12 +145,19 @@ async fn forged_and_expired_agent_certificates_are_refused() {
         SystemTime::now() - Duration::from_secs(7200),
         Duration::from_secs(3600),
     );
-    let b = start_agent_with(agent_config(&cluster, proxy.web, &expired, "17.0.0"), &cluster, &expired);
+    let b = start_agent_with(
+        agent_config(&cluster, proxy.web, &expired, "17.0.0"),
+        &cluster,
+        &expired,
+    );
     b.wait_for(|s| s.last_error.is_some()).await;
     let err = b.status().last_error.unwrap();
     assert!(err.contains("refused the agent's host certificate"), "{err}");
 
-    assert!(proxy.tunnel.registry().list().is_empty(), "no refused agent is registered");
+    assert!(
+        proxy.tunnel.registry().list().is_empty(),
+        "no refused agent is registered"
+    );
     assert_eq!(a.status().established + b.status().established, 0);
     a.shutdown().await;
     b.shutdown().await;
@@ -159,9 +179,17 @@ async fn an_agent_a_major_version_ahead_is_refused_and_says_why() {
     let cluster = Cluster::new();
     let proxy = start_proxy(&cluster, ProxyOpts::default()).await;
     let node = cluster.host(&[SystemRole::Node], "node-next");
-    let agent = start_agent_with(agent_config(&cluster, proxy.web, &node, "18.0.0"), &cluster, &node);
+    let agent = start_agent_with(
+        agent_config(&cluster, proxy.web, &node, "18.0.0"),
+        &cluster,
+        &node,
+    );
     agent
-        .wait_for(|s| s.last_error.as_deref().is_some_and(|e| e.contains("incompatible")))
+        .wait_for(|s| {
+            s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("incompatible"))
+        })
         .await;
     let err = agent.status().last_error.unwrap();
     assert!(
@@ -184,7 +212,16 @@ async fn an_agent_a_major_version_ahead_is_refused_and_says_why() {
         .registry()
         .wait_for("node-prev", |a| a.is_some())
         .await;
-    assert_eq!(proxy.tunnel.registry().get("node-prev").unwrap().version.to_string(), "v16.4.1");
+    assert_eq!(
+        proxy
+            .tunnel
+            .registry()
+            .get("node-prev")
+            .unwrap()
+            .version
+            .to_string(),
+        "v16.4.1"
+    );
     agent.shutdown().await;
     agent2.shutdown().await;
     proxy.shutdown().await;

@@ -19,7 +19,10 @@ use svc_core::identity::SystemRole;
 use tunnel_support::*;
 
 fn ip(args: &[&str]) -> std::process::Output {
-    Command::new(require("ip", "iproute2")).args(args).output().unwrap()
+    Command::new(require("ip", "iproute2"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn ip_ok(args: &[&str]) {
@@ -64,13 +67,30 @@ impl Net {
         ip_ok(&["link", "set", &peer, "netns", &net.ns]);
         ip_ok(&["addr", "add", &format!("{}/30", net.host_ip), "dev", &net.veth]);
         ip_ok(&["link", "set", &net.veth, "up"]);
-        ip_ok(&["-n", &net.ns, "addr", "add", &format!("10.231.{n}.2/30"), "dev", &peer]);
+        ip_ok(&[
+            "-n",
+            &net.ns,
+            "addr",
+            "add",
+            &format!("10.231.{n}.2/30"),
+            "dev",
+            &peer,
+        ]);
         ip_ok(&["-n", &net.ns, "link", "set", &peer, "up"]);
         ip_ok(&["-n", &net.ns, "link", "set", "lo", "up"]);
         // The proxy's address: on a second veth pair kept in the host namespace (no `dummy`
         // module is needed), so nothing routes it into the agent's namespace.
         let dummy_peer = format!("svq{tag}");
-        ip_ok(&["link", "add", &net.dummy, "type", "veth", "peer", "name", &dummy_peer]);
+        ip_ok(&[
+            "link",
+            "add",
+            &net.dummy,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &dummy_peer,
+        ]);
         ip_ok(&["addr", "add", &format!("{}/32", net.proxy_ip), "dev", &net.dummy]);
         ip_ok(&["link", "set", &net.dummy, "up"]);
         ip_ok(&["link", "set", &dummy_peer, "up"]);
@@ -92,7 +112,11 @@ const PASSWORD: &str = "s3cret-pw";
 fn tinyproxy(listen: IpAddr) -> (Proc, u16, tempfile::TempDir) {
     let bin = require("tinyproxy", "tinyproxy");
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind((listen, 0)).unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind((listen, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let conf = dir.path().join("tinyproxy.conf");
     std::fs::write(
         &conf,
@@ -153,7 +177,10 @@ async fn an_agent_behind_an_http_proxy_only_is_reachable() {
             .args(["--proxy", &proxy.web.to_string()])
             .arg("--dir")
             .arg(creds.path())
-            .env("HTTPS_PROXY", format!("http://{USER}:{PASSWORD}@{}:{tiny_port}", net.host_ip))
+            .env(
+                "HTTPS_PROXY",
+                format!("http://{USER}:{PASSWORD}@{}:{tiny_port}", net.host_ip),
+            )
             .env_remove("NO_PROXY")
             .env_remove("no_proxy")
             .env("RUST_LOG", "info")
@@ -170,15 +197,30 @@ async fn an_agent_behind_an_http_proxy_only_is_reachable() {
             .arg(format!("exec 3<>/dev/tcp/{}/{}", net.proxy_ip, proxy.web.port()))
             .output()
             .unwrap();
-        assert!(!direct.status.success(), "the namespace must have no route to the proxy");
+        assert!(
+            !direct.status.success(),
+            "the namespace must have no route to the proxy"
+        );
 
         let registry = proxy.tunnel.registry().clone();
         let wait = registry.wait_for(name, |a| a.is_some_and(|a| a.online));
-        if tokio::time::timeout(std::time::Duration::from_secs(60), wait).await.is_err() {
-            panic!("the agent never connected; its log:\n{}\ntinyproxy:\n{}", agent.log(), tiny.log());
+        if tokio::time::timeout(std::time::Duration::from_secs(60), wait)
+            .await
+            .is_err()
+        {
+            panic!(
+                "the agent never connected; its log:\n{}\ntinyproxy:\n{}",
+                agent.log(),
+                tiny.log()
+            );
         }
         let out = ssh_exec(&proxy, &cluster, name, "echo through the firewall; exit 9").await;
-        assert_eq!(out.stdout(), "through the firewall\n", "agent log:\n{}", agent.log());
+        assert_eq!(
+            out.stdout(),
+            "through the firewall\n",
+            "agent log:\n{}",
+            agent.log()
+        );
         assert_eq!(out.status, Some(9));
 
         // It went through tinyproxy, authenticated, to the port the ping named.
@@ -199,7 +241,11 @@ async fn an_agent_behind_an_http_proxy_only_is_reachable() {
             .output()
             .unwrap();
         assert!(ss.status.success());
-        assert_eq!(String::from_utf8_lossy(&ss.stdout).trim(), "", "the agent must have no listening socket");
+        assert_eq!(
+            String::from_utf8_lossy(&ss.stdout).trim(),
+            "",
+            "the agent must have no listening socket"
+        );
         drop(agent);
         proxy.shutdown().await;
     }

@@ -36,7 +36,10 @@ async fn openssh_through(separate: bool) {
     let known_hosts = dir.path().join("known_hosts");
     std::fs::write(
         &known_hosts,
-        format!("@cert-authority * {}\n", cluster.host_ca.trusted().ssh_authorized_key().unwrap()),
+        format!(
+            "@cert-authority * {}\n",
+            cluster.host_ca.trusted().ssh_authorized_key().unwrap()
+        ),
     )
     .unwrap();
     let endpoint = proxy.ssh_endpoint(&cluster);
@@ -53,13 +56,26 @@ async fn openssh_through(separate: bool) {
             .arg("-i")
             .arg(dir.path().join("key"))
             .arg("-o")
-            .arg(format!("CertificateFile={}", dir.path().join("key-cert.pub").display()))
+            .arg(format!(
+                "CertificateFile={}",
+                dir.path().join("key-cert.pub").display()
+            ))
             .arg("-o")
             .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
-            .args(["-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes"])
+            .args([
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "IdentitiesOnly=yes",
+            ])
             .arg("-o")
             .arg(format!("ProxyCommand={proxy_command}"))
-            .args(["root@node-ossh", "echo hello from $(hostname -s 2>/dev/null || echo node); echo oops >&2; exit 4"])
+            .args([
+                "root@node-ossh",
+                "echo hello from $(hostname -s 2>/dev/null || echo node); echo oops >&2; exit 4",
+            ])
             .output()
             .unwrap()
     })
@@ -68,7 +84,10 @@ async fn openssh_through(separate: bool) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "stdout: {stdout}\nstderr: {stderr}");
-    assert!(stdout.starts_with("hello from "), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(
+        stdout.starts_with("hello from "),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
     assert!(stderr.contains("oops"), "stderr: {stderr}");
     agent.shutdown().await;
     proxy.shutdown().await;

@@ -44,7 +44,11 @@ async fn exec_through(separate: bool) {
     let uuid = node.host_id.split('.').next().unwrap().to_owned();
     for name in [node.host_id.as_str(), uuid.as_str()] {
         let out = ssh_exec(&proxy, &cluster, name, "printf %s \"$USER\"").await;
-        assert_eq!((out.stdout().as_str(), out.status), ("root", Some(0)), "via {name}");
+        assert_eq!(
+            (out.stdout().as_str(), out.status),
+            ("root", Some(0)),
+            "via {name}"
+        );
     }
     agent.shutdown().await;
     proxy.shutdown().await;
@@ -99,7 +103,10 @@ async fn interactive_pty_session_with_resize() {
     assert_eq!(status, Some(3), "{text}");
     assert!(successes >= 3, "env, pty and shell requests are acknowledged");
     assert!(text.contains("\r\nhi\r\n"), "PTY output uses CRLF: {text:?}");
-    assert!(text.contains("43 132"), "the window resize reached the PTY: {text:?}");
+    assert!(
+        text.contains("43 132"),
+        "the window resize reached the PTY: {text:?}"
+    );
     assert!(text.contains("lang=C.UTF-8 tty=/dev/pts/"), "{text:?}");
     agent.shutdown().await;
     proxy.shutdown().await;
@@ -128,10 +135,18 @@ async fn a_login_outside_the_certificate_is_refused_and_unknown_nodes_fail_clear
         seen_host: Arc::default(),
     };
     let seen = handler.seen_host.clone();
-    let mut session = russh::client::connect_stream(Arc::new(svc_net::ssh::client_config(&svc_net::tunnel::Tunables::default())), stream, handler)
-        .await
-        .unwrap();
-    assert_eq!(seen.lock().unwrap().as_deref(), Some(node.host_id.as_str()), "the node presented its host certificate");
+    let mut session = russh::client::connect_stream(
+        Arc::new(svc_net::ssh::client_config(&svc_net::tunnel::Tunables::default())),
+        stream,
+        handler,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        seen.lock().unwrap().as_deref(),
+        Some(node.host_id.as_str()),
+        "the node presented its host certificate"
+    );
     let auth = session
         .authenticate_openssh_cert("root", user.key.clone(), user.cert.clone())
         .await
@@ -141,7 +156,11 @@ async fn a_login_outside_the_certificate_is_refused_and_unknown_nodes_fail_clear
     let err = svc_net::ssh::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "no-such-node", 0)
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("no agent tunnel for server \"no-such-node\""), "{err}");
+    assert!(
+        err.to_string()
+            .contains("no agent tunnel for server \"no-such-node\""),
+        "{err}"
+    );
 
     // A certificate from another cluster's user CA is refused by the proxy.
     let other = Cluster::new();
@@ -178,9 +197,13 @@ async fn the_ssh_service_listens_directly_for_joined_agents() {
         seen_host: Arc::default(),
     };
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut session = russh::client::connect_stream(Arc::new(svc_net::ssh::client_config(&svc_net::tunnel::Tunables::default())), tcp, handler)
-        .await
-        .unwrap();
+    let mut session = russh::client::connect_stream(
+        Arc::new(svc_net::ssh::client_config(&svc_net::tunnel::Tunables::default())),
+        tcp,
+        handler,
+    )
+    .await
+    .unwrap();
     assert!(
         session
             .authenticate_openssh_cert("root", user.key.clone(), user.cert.clone())

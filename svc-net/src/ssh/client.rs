@@ -97,13 +97,21 @@ impl std::fmt::Debug for ProxiedStream {
 }
 
 impl AsyncRead for ProxiedStream {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for ProxiedStream {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -130,11 +138,12 @@ fn tls_connector(endpoint: &ProxyEndpoint) -> Result<TlsConnector, SshError> {
                 .map_err(|e| invalid(e.to_string()))?;
         }
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| invalid(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| invalid(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
     config.alpn_protocols = vec![alpn::PROXY_SSH.as_bytes().to_vec()];
     Ok(TlsConnector::from(Arc::new(config)))
 }
@@ -143,8 +152,10 @@ fn tls_connector(endpoint: &ProxyEndpoint) -> Result<TlsConnector, SshError> {
 /// the cluster CAs' key type, ahead of plain keys), `TCP_NODELAY`, and the tunnel's window and
 /// packet sizes. Use it for the SSH session to the node over [`connect_via_proxy`]'s stream too.
 pub fn client_config(tunables: &crate::tunnel::Tunables) -> russh::client::Config {
-    let mut preferred = russh::Preferred::default();
-    preferred.host_key_certificates = std::borrow::Cow::Borrowed(&[russh::keys::Algorithm::Ed25519]);
+    let preferred = russh::Preferred {
+        host_key_certificates: std::borrow::Cow::Borrowed(&[russh::keys::Algorithm::Ed25519]),
+        ..Default::default()
+    };
     russh::client::Config {
         preferred,
         nodelay: true,
@@ -165,10 +176,14 @@ pub async fn connect_via_proxy(
 ) -> Result<ProxiedStream, SshError> {
     let addr = endpoint.addr.to_string();
     let setup = async {
-        let tcp = endpoint.dialer.dial(&endpoint.addr).await.map_err(|e| SshError::Dial {
-            addr: addr.clone(),
-            reason: e.to_string(),
-        })?;
+        let tcp = endpoint
+            .dialer
+            .dial(&endpoint.addr)
+            .await
+            .map_err(|e| SshError::Dial {
+                addr: addr.clone(),
+                reason: e.to_string(),
+            })?;
         let io: BoxIo = if endpoint.tls {
             let host = endpoint.addr.host_str();
             let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
@@ -193,7 +208,11 @@ pub async fn connect_via_proxy(
         };
         let mut session = russh::client::connect_stream(Arc::new(config), io, handler).await?;
         let auth = session
-            .authenticate_openssh_cert(identity.login.clone(), identity.key.clone(), identity.cert.clone())
+            .authenticate_openssh_cert(
+                identity.login.clone(),
+                identity.key.clone(),
+                identity.cert.clone(),
+            )
             .await?;
         if !auth.success() {
             return Err(SshError::AuthRefused(addr.clone()));
@@ -212,7 +231,9 @@ pub async fn connect_via_proxy(
             match channel.wait().await {
                 Some(ChannelMsg::Success) => break,
                 Some(ChannelMsg::Failure) | Some(ChannelMsg::Close) | None => {
-                    while let Ok(Some(msg)) = tokio::time::timeout(Duration::from_millis(200), channel.wait()).await {
+                    while let Ok(Some(msg)) =
+                        tokio::time::timeout(Duration::from_millis(200), channel.wait()).await
+                    {
                         if let ChannelMsg::ExtendedData { data, .. } = msg {
                             reason.push_str(&String::from_utf8_lossy(&data));
                         }
@@ -226,7 +247,9 @@ pub async fn connect_via_proxy(
                         },
                     });
                 }
-                Some(ChannelMsg::ExtendedData { data, .. }) => reason.push_str(&String::from_utf8_lossy(&data)),
+                Some(ChannelMsg::ExtendedData { data, .. }) => {
+                    reason.push_str(&String::from_utf8_lossy(&data))
+                }
                 Some(_) => {}
             }
         }

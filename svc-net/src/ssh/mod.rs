@@ -12,9 +12,9 @@
 //! commands. [`client::connect_via_proxy`] is the client half of the first hop.
 
 pub mod client;
+mod passwd;
 pub mod proxy;
 pub mod server;
-mod passwd;
 
 pub use client::{ClientIdentity, ProxiedStream, ProxyEndpoint, client_config, connect_via_proxy};
 pub use proxy::{ProxySsh, ProxySshConfig};

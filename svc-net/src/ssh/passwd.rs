@@ -49,7 +49,10 @@ mod tests {
         let text = "root:x:0:0:root:/root:/bin/bash\nbob:x:1000:1000::/home/bob:\nbad:line\n";
         assert_eq!(find(text, "root").unwrap().shell, PathBuf::from("/bin/bash"));
         let bob = find(text, "bob").unwrap();
-        assert_eq!((bob.uid, bob.gid, bob.shell.to_str()), (1000, 1000, Some("/bin/sh")));
+        assert_eq!(
+            (bob.uid, bob.gid, bob.shell.to_str()),
+            (1000, 1000, Some("/bin/sh"))
+        );
         assert!(find(text, "bad").is_none());
         assert!(find(text, "alice").is_none());
     }

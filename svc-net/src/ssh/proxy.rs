@@ -49,7 +49,12 @@ pub struct ProxySshConfig {
 
 impl ProxySshConfig {
     /// A configuration with default tunables and no TLS.
-    pub fn new(host_key: PrivateKey, host_cert: Certificate, verifier: Arc<Verifier>, dialer: TunnelDialer) -> Self {
+    pub fn new(
+        host_key: PrivateKey,
+        host_cert: Certificate,
+        verifier: Arc<Verifier>,
+        dialer: TunnelDialer,
+    ) -> Self {
         Self {
             host_key,
             host_cert,
@@ -92,7 +97,9 @@ impl std::fmt::Debug for ProxySsh {
 pub fn parse_proxy_subsystem(name: &str) -> Option<(String, u16)> {
     let rest = name.strip_prefix("proxy:")?;
     let (host, port) = match rest.rsplit_once(':') {
-        Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() && (!h.contains(':') || h.ends_with(']')) => {
+        Some((h, p))
+            if !h.is_empty() && p.parse::<u16>().is_ok() && (!h.contains(':') || h.ends_with(']')) =>
+        {
             (h, p.parse().ok()?)
         }
         _ => (rest, 0),
@@ -106,7 +113,11 @@ impl ProxySsh {
     pub fn new(config: ProxySshConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
-                ssh: Arc::new(ssh_server_config(&config.tunables, config.host_key, Some(config.host_cert))),
+                ssh: Arc::new(ssh_server_config(
+                    &config.tunables,
+                    config.host_key,
+                    Some(config.host_cert),
+                )),
                 verifier: config.verifier,
                 dialer: config.dialer,
                 tls: config.tls.map(TlsAcceptor::from),
@@ -117,16 +128,27 @@ impl ProxySsh {
 
     /// The handler for the SSH listener (`ProxyBuilder::ssh`).
     pub fn plain_service(&self) -> ConnService {
-        conn_service(Entry { ssh: self.clone(), tls: false })
+        conn_service(Entry {
+            ssh: self.clone(),
+            tls: false,
+        })
     }
 
     /// The handler for ALPN `svc-proxy-ssh` (`ProxyBuilder::route`).
     pub fn tls_service(&self) -> ConnService {
-        conn_service(Entry { ssh: self.clone(), tls: true })
+        conn_service(Entry {
+            ssh: self.clone(),
+            tls: true,
+        })
     }
 
     /// Serves one client connection until it closes.
-    pub async fn serve_stream<S: Io>(&self, io: S, peer: SocketAddr, local: SocketAddr) -> Result<(), SshError> {
+    pub async fn serve_stream<S: Io>(
+        &self,
+        io: S,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> Result<(), SshError> {
         let handler = EntryHandler {
             inner: self.inner.clone(),
             peer,
@@ -211,8 +233,16 @@ impl EntryHandler {
 impl russh::server::Handler for EntryHandler {
     type Error = russh::Error;
 
-    async fn auth_openssh_certificate(&mut self, user: &str, certificate: &Certificate) -> Result<Auth, Self::Error> {
-        match self.inner.verifier.verify_user_ssh(certificate, SystemTime::now()) {
+    async fn auth_openssh_certificate(
+        &mut self,
+        user: &str,
+        certificate: &Certificate,
+    ) -> Result<Auth, Self::Error> {
+        match self
+            .inner
+            .verifier
+            .verify_user_ssh(certificate, SystemTime::now())
+        {
             Ok(identity) => {
                 tracing::info!(peer = %self.peer, ssh_user = user, user = %identity.username, "SSH client authenticated at the proxy");
                 self.user = Some(identity);
@@ -236,7 +266,12 @@ impl russh::server::Handler for EntryHandler {
         Ok(())
     }
 
-    async fn subsystem_request(&mut self, channel: ChannelId, name: &str, session: &mut Session) -> Result<(), Self::Error> {
+    async fn subsystem_request(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
         let Some((host, port)) = parse_proxy_subsystem(name) else {
             tracing::info!(peer = %self.peer, subsystem = name, "refusing an unknown subsystem");
             return session.channel_failure(channel);
@@ -304,7 +339,10 @@ mod tests {
 
     #[test]
     fn proxy_subsystem_names() {
-        assert_eq!(parse_proxy_subsystem("proxy:node-1:3022"), Some(("node-1".into(), 3022)));
+        assert_eq!(
+            parse_proxy_subsystem("proxy:node-1:3022"),
+            Some(("node-1".into(), 3022))
+        );
         assert_eq!(parse_proxy_subsystem("proxy:node-1"), Some(("node-1".into(), 0)));
         assert_eq!(parse_proxy_subsystem("proxy:[::1]:22"), Some(("::1".into(), 22)));
         assert_eq!(parse_proxy_subsystem("proxy:"), None);

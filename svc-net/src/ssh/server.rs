@@ -8,13 +8,7 @@
 //! host certificate. Sessions: `exec` and `shell`, with a PTY when asked (`pty-process`),
 //! `env`, `window-change`, exit status; closing the channel kills the child.
 
-use std::{
-    collections::HashMap,
-    net::SocketAddr,
-    process::Stdio,
-    sync::Arc,
-    time::SystemTime,
-};
+use std::{collections::HashMap, net::SocketAddr, process::Stdio, sync::Arc, time::SystemTime};
 
 use bytes::Bytes;
 use russh::{
@@ -168,7 +162,11 @@ struct NodeHandler {
 /// Environment variables a client may set (OpenSSH's `AcceptEnv` spirit: locale and
 /// terminal, never loader or path variables).
 fn env_allowed(name: &str) -> bool {
-    name == "LANG" || name.starts_with("LC_") || name == "TERM" || name == "COLORTERM" || name.starts_with("SVC_")
+    name == "LANG"
+        || name.starts_with("LC_")
+        || name == "TERM"
+        || name == "COLORTERM"
+        || name.starts_with("SVC_")
 }
 
 fn dim(v: u32) -> u16 {
@@ -187,7 +185,10 @@ impl NodeHandler {
             ("USER".into(), account.name.clone()),
             ("LOGNAME".into(), account.name.clone()),
             ("SHELL".into(), account.shell.display().to_string()),
-            ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()),
+            (
+                "PATH".into(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            ),
             ("SVC_USER".into(), user.username.clone()),
         ];
         if let Some(peer) = self.peer {
@@ -229,7 +230,9 @@ impl NodeHandler {
             if switch {
                 cmd = cmd.uid(account.uid).gid(account.gid);
             }
-            let child = cmd.spawn(pts).map_err(|e| format!("starting {}: {e}", shell.display()))?;
+            let child = cmd
+                .spawn(pts)
+                .map_err(|e| format!("starting {}: {e}", shell.display()))?;
             let (resize_tx, resize_rx) = mpsc::unbounded_channel();
             state.resize = Some(resize_tx);
             let (read, write) = pty.into_split();
@@ -247,7 +250,9 @@ impl NodeHandler {
             if switch {
                 cmd.uid(account.uid).gid(account.gid);
             }
-            let child = cmd.spawn().map_err(|e| format!("starting {}: {e}", shell.display()))?;
+            let child = cmd
+                .spawn()
+                .map_err(|e| format!("starting {}: {e}", shell.display()))?;
             tokio::spawn(run_piped(channel, child, kill));
         }
         Ok(())
@@ -392,7 +397,11 @@ async fn run_pty(
 impl russh::server::Handler for NodeHandler {
     type Error = russh::Error;
 
-    async fn auth_openssh_certificate(&mut self, login: &str, certificate: &Certificate) -> Result<Auth, Self::Error> {
+    async fn auth_openssh_certificate(
+        &mut self,
+        login: &str,
+        certificate: &Certificate,
+    ) -> Result<Auth, Self::Error> {
         let user = match self.verifier.verify_user_ssh(certificate, SystemTime::now()) {
             Ok(u) => u,
             Err(e) => {
@@ -460,7 +469,9 @@ impl russh::server::Handler for NodeHandler {
     ) -> Result<(), Self::Error> {
         match self.channels.get_mut(&channel) {
             Some(state) if env_allowed(variable_name) => {
-                state.env.push((variable_name.to_owned(), variable_value.to_owned()));
+                state
+                    .env
+                    .push((variable_name.to_owned(), variable_value.to_owned()));
                 session.channel_success(channel)
             }
             _ => session.channel_failure(channel),
@@ -478,7 +489,12 @@ impl russh::server::Handler for NodeHandler {
         }
     }
 
-    async fn exec_request(&mut self, channel: ChannelId, data: &[u8], session: &mut Session) -> Result<(), Self::Error> {
+    async fn exec_request(
+        &mut self,
+        channel: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
         let command = String::from_utf8_lossy(data).into_owned();
         match self.start(channel, Some(command)) {
             Ok(()) => session.channel_success(channel),

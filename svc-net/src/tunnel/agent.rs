@@ -37,8 +37,9 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tower::{ServiceExt, util::BoxCloneSyncService};
 
 use super::{
-    Backoff, DIAL_OK, DISCOVERY_CHANNEL, DRAINING, DialRequest, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST,
-    RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST, read_line,
+    Backoff, DIAL_OK, DISCOVERY_CHANNEL, DRAINING, DialRequest, Discovery, HEARTBEAT_CHANNEL,
+    MAX_DIAL_REQUEST, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST,
+    read_line,
 };
 use crate::{
     dial::ProxyDialer,
@@ -193,7 +194,9 @@ impl TunnelAgent {
         S::Error: Into<BoxError>,
         S::Future: Send + 'static,
     {
-        let mut roots = config.verifier.root_store(Some(svc_core::identity::IdentityKind::Host));
+        let mut roots = config
+            .verifier
+            .root_store(Some(svc_core::identity::IdentityKind::Host));
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         if let Some(pem) = &config.proxy_ca_pem {
             for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
@@ -207,14 +210,15 @@ impl TunnelAgent {
                 })?;
             }
         }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| TunnelError::Malformed {
-                what: "TLS configuration",
-                reason: e.to_string(),
-            })?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let tls =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| TunnelError::Malformed {
+                    what: "TLS configuration",
+                    reason: e.to_string(),
+                })?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
         let mut ssh = crate::ssh::client_config(&config.tunables);
         ssh.client_id = russh::SshId::Standard(format!("SSH-2.0-svc_agent_{}", config.version).into());
         Ok(Self {
@@ -237,7 +241,11 @@ impl TunnelAgent {
         let status = shared.status.subscribe();
         let shutdown = shared.shutdown.clone();
         let task = tokio::spawn(primary_loop(shared));
-        RunningAgent { status, shutdown, task }
+        RunningAgent {
+            status,
+            shutdown,
+            task,
+        }
     }
 }
 
@@ -271,13 +279,24 @@ pub fn tunnel_addr_from_ping(ping: &serde_json::Value, pinged: &Addr) -> Result<
         what: "ping",
         reason: "no tunnel address in proxy.ssh".into(),
     })?;
-    let default_port = if tls { pinged.port() } else { crate::web::ping::TUNNEL_PORT };
+    let default_port = if tls {
+        pinged.port()
+    } else {
+        crate::web::ping::TUNNEL_PORT
+    };
     let addr = Addr::parse_with_default_port(&text, default_port).map_err(|e| TunnelError::Malformed {
         what: "ping",
         reason: format!("proxy.ssh tunnel address {text:?}: {e}"),
     })?;
     let unspecified = addr.host().ip().is_some_and(|ip| ip.is_unspecified());
-    Ok((if unspecified { pinged.with_port(addr.port()) } else { addr }, tls))
+    Ok((
+        if unspecified {
+            pinged.with_port(addr.port())
+        } else {
+            addr
+        },
+        tls,
+    ))
 }
 
 fn server_name(addr: &Addr) -> Result<ServerName<'static>, TunnelError> {
@@ -489,10 +508,14 @@ async fn run_tunnel_on(
         _closed: closed.clone().drop_guard(),
     };
     let connect = async {
-        let tcp = cfg.dialer.dial(&target.addr).await.map_err(|source| TunnelError::Dial {
-            addr: target.addr.to_string(),
-            source,
-        })?;
+        let tcp = cfg
+            .dialer
+            .dial(&target.addr)
+            .await
+            .map_err(|source| TunnelError::Dial {
+                addr: target.addr.to_string(),
+                source,
+            })?;
         let io: BoxIo = if target.tls {
             let mut tls_config = (**shared.tls.config()).clone();
             tls_config.alpn_protocols = vec![alpn::REVERSE_TUNNEL.as_bytes().to_vec()];
@@ -696,7 +719,9 @@ impl russh::client::Handler for AgentHandler {
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         if connected_address != TRANSPORT_CHANNEL {
-            reply.reject(russh::ChannelOpenFailure::AdministrativelyProhibited).await;
+            reply
+                .reject(russh::ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
             return Ok(());
         }
         reply.accept().await;
@@ -726,7 +751,9 @@ impl russh::client::Handler for AgentHandler {
 async fn serve_transport(channel: Channel<Msg>, service: DialService, draining: bool) {
     let mut stream = channel.into_stream();
     let req = match read_line(&mut stream, MAX_DIAL_REQUEST).await {
-        Ok(Some(line)) => serde_json::from_str::<DialRequest>(&line).map_err(|e| format!("malformed dial request: {e}")),
+        Ok(Some(line)) => {
+            serde_json::from_str::<DialRequest>(&line).map_err(|e| format!("malformed dial request: {e}"))
+        }
         Ok(None) => return,
         Err(e) => Err(format!("reading the dial request: {e}")),
     };
@@ -782,7 +809,11 @@ mod tests {
         assert_eq!((addr.to_string().as_str(), tls), ("tun.example.com:3024", false));
         let ping = serde_json::json!({"proxy": {"ssh": {"tunnel_listen_addr": "0.0.0.0:4024"}}});
         let (addr, _) = tunnel_addr_from_ping(&ping, &pinged()).unwrap();
-        assert_eq!(addr.to_string(), "proxy.example.com:4024", "an unspecified host means the pinged host");
+        assert_eq!(
+            addr.to_string(),
+            "proxy.example.com:4024",
+            "an unspecified host means the pinged host"
+        );
         let err = tunnel_addr_from_ping(&serde_json::json!({}), &pinged()).unwrap_err();
         assert!(err.to_string().contains("no tunnel address"), "{err}");
     }

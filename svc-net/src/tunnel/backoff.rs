@@ -21,7 +21,11 @@ impl Default for Backoff {
 impl Backoff {
     /// Steps of `step`, capped at `max`.
     pub fn new(step: Duration, max: Duration) -> Self {
-        Self { step, max, attempt: 0 }
+        Self {
+            step,
+            max,
+            attempt: 0,
+        }
     }
 
     /// The next delay: `min(step × attempt, max)` scaled by a jitter factor in `[0.5, 1.0]`

@@ -41,9 +41,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use agent::{AgentConfig, AgentStatus, DialService, RunningAgent, TunnelAgent, tunnel_addr_from_ping};
-pub(crate) use server::ssh_server_config;
 pub use backoff::Backoff;
 pub use registry::{AgentInfo, AgentRegistry};
+pub(crate) use server::ssh_server_config;
 pub use server::{TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream};
 
 /// Wraps an async function as the [`DialService`] an agent serves dial requests with.
@@ -277,7 +277,10 @@ pub(crate) async fn read_line<R: tokio::io::AsyncRead + Unpin>(
             return if buf.is_empty() {
                 Ok(None)
             } else {
-                Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "line cut short"))
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "line cut short",
+                ))
             };
         }
         if b[0] == b'\n' {
@@ -322,7 +325,10 @@ mod tests {
     #[tokio::test]
     async fn read_line_leaves_the_rest() {
         let mut data: &[u8] = b"{\"a\":1}\nrest";
-        assert_eq!(read_line(&mut data, 100).await.unwrap().as_deref(), Some("{\"a\":1}"));
+        assert_eq!(
+            read_line(&mut data, 100).await.unwrap().as_deref(),
+            Some("{\"a\":1}")
+        );
         assert_eq!(data, b"rest");
         let mut long: &[u8] = b"xxxxxxxx\n";
         assert!(read_line(&mut long, 4).await.is_err());

@@ -115,7 +115,9 @@ impl Default for AgentRegistry {
 
 impl std::fmt::Debug for AgentRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentRegistry").field("agents", &self.list().len()).finish()
+        f.debug_struct("AgentRegistry")
+            .field("agents", &self.list().len())
+            .finish()
     }
 }
 
@@ -124,7 +126,12 @@ impl AgentRegistry {
         self.changed.send_modify(|n| *n += 1);
     }
 
-    pub(crate) fn insert(&self, mut info: AgentInfo, handle: russh::server::Handle, state: Arc<ConnState>) -> u64 {
+    pub(crate) fn insert(
+        &self,
+        mut info: AgentInfo,
+        handle: russh::server::Handle,
+        state: Arc<ConnState>,
+    ) -> u64 {
         let mut inner = lock(&self.inner);
         inner.next_id += 1;
         let id = inner.next_id;
@@ -165,7 +172,11 @@ impl AgentRegistry {
                 info
             })
             .collect();
-        all.sort_by(|a, b| a.host_id.cmp(&b.host_id).then(a.connected_at.cmp(&b.connected_at)));
+        all.sort_by(|a, b| {
+            a.host_id
+                .cmp(&b.host_id)
+                .then(a.connected_at.cmp(&b.connected_at))
+        });
         all
     }
 
@@ -182,7 +193,10 @@ impl AgentRegistry {
             .flatten()
             .filter(|e| {
                 e.info.node_name == name
-                    || e.info.host_id.split_once('.').is_some_and(|(uuid, _)| uuid == name)
+                    || e.info
+                        .host_id
+                        .split_once('.')
+                        .is_some_and(|(uuid, _)| uuid == name)
             })
             .collect();
         found.sort_by_key(|e| (e.info.online, e.id));
@@ -220,7 +234,11 @@ impl AgentRegistry {
     /// online); returns the handles of
     /// those that carry no live session, which the caller closes. Tunnels carrying sessions
     /// stay open (their clients keep working) but get no new dials.
-    pub(crate) fn sweep(&self, now: Instant, offline_after: Duration) -> Vec<(String, russh::server::Handle)> {
+    pub(crate) fn sweep(
+        &self,
+        now: Instant,
+        offline_after: Duration,
+    ) -> Vec<(String, russh::server::Handle)> {
         let mut to_close = Vec::new();
         let mut changed = false;
         for e in lock(&self.inner).agents.values_mut().flatten() {

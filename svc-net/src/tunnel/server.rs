@@ -241,7 +241,11 @@ impl TunnelServer {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => {
                 let _ = handle
-                    .disconnect(russh::Disconnect::ByApplication, format!("version query failed: {e}"), String::new())
+                    .disconnect(
+                        russh::Disconnect::ByApplication,
+                        format!("version query failed: {e}"),
+                        String::new(),
+                    )
                     .await;
                 return Err(e);
             }
@@ -299,14 +303,14 @@ fn incompatibility(agent: &Version, cluster: &Version) -> Option<String> {
         Compatibility::AgentTooOld => Some(format!(
             "agent version {agent} is incompatible with cluster version {cluster}: agents may be at most one major version behind; upgrade the agent"
         )),
-        _ => Some(format!("agent version {agent} is incompatible with cluster version {cluster}")),
+        _ => Some(format!(
+            "agent version {agent} is incompatible with cluster version {cluster}"
+        )),
     }
 }
 
 async fn query_version(handle: &russh::server::Handle) -> Result<Version, TunnelError> {
-    let channel = handle
-        .channel_open_forwarded_streamlocal(VERSION_REQUEST)
-        .await?;
+    let channel = handle.channel_open_forwarded_streamlocal(VERSION_REQUEST).await?;
     let mut stream = channel.into_stream();
     let mut buf = Vec::new();
     (&mut stream)
@@ -318,16 +322,20 @@ async fn query_version(handle: &russh::server::Handle) -> Result<Version, Tunnel
             source,
         })?;
     let text = String::from_utf8_lossy(&buf);
-    text.trim().parse().map_err(|e: svc_core::version::VersionError| TunnelError::Malformed {
-        what: "agent version",
-        reason: e.to_string(),
-    })
+    text.trim()
+        .parse()
+        .map_err(|e: svc_core::version::VersionError| TunnelError::Malformed {
+            what: "agent version",
+            reason: e.to_string(),
+        })
 }
 
 /// Marks silent agents offline and closes their idle tunnels, until the server is dropped.
 async fn sweep(inner: Weak<Inner>) {
     let period = match inner.upgrade() {
-        Some(i) => (i.tunables.keepalive_interval / 2).clamp(Duration::from_millis(50), Duration::from_secs(5)),
+        Some(i) => {
+            (i.tunables.keepalive_interval / 2).clamp(Duration::from_millis(50), Duration::from_secs(5))
+        }
         None => return,
     };
     let mut tick = tokio::time::interval(period);
@@ -361,8 +369,16 @@ struct TunnelHandler {
 impl russh::server::Handler for TunnelHandler {
     type Error = russh::Error;
 
-    async fn auth_openssh_certificate(&mut self, user: &str, certificate: &Certificate) -> Result<Auth, Self::Error> {
-        match self.inner.verifier.verify_host_ssh(certificate, SystemTime::now(), None) {
+    async fn auth_openssh_certificate(
+        &mut self,
+        user: &str,
+        certificate: &Certificate,
+    ) -> Result<Auth, Self::Error> {
+        match self
+            .inner
+            .verifier
+            .verify_host_ssh(certificate, SystemTime::now(), None)
+        {
             Ok(host) if host.host_id == user => {
                 if let Some(tx) = self.auth.take() {
                     let _ = tx.send(host);
@@ -405,7 +421,9 @@ impl russh::server::Handler for TunnelHandler {
                     let mut stream = channel.into_stream();
                     loop {
                         let msg = rx.borrow_and_update().clone();
-                        let Ok(mut line) = serde_json::to_vec(&msg) else { return };
+                        let Ok(mut line) = serde_json::to_vec(&msg) else {
+                            return;
+                        };
                         line.push(b'\n');
                         if stream.write_all(&line).await.is_err() || stream.flush().await.is_err() {
                             return;
@@ -424,7 +442,11 @@ impl russh::server::Handler for TunnelHandler {
         Ok(())
     }
 
-    async fn channel_close(&mut self, _channel: ChannelId, _session: &mut Session) -> Result<(), Self::Error> {
+    async fn channel_close(
+        &mut self,
+        _channel: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
         Ok(())
     }
 }
@@ -611,13 +633,21 @@ impl std::fmt::Debug for TunnelStream {
 }
 
 impl AsyncRead for TunnelStream {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for TunnelStream {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -640,7 +670,10 @@ mod tests {
         assert!(incompatibility(&"17.2.0".parse().unwrap(), &cluster).is_none());
         assert!(incompatibility(&"16.4.0".parse().unwrap(), &cluster).is_none());
         let ahead = incompatibility(&"18.0.0".parse().unwrap(), &cluster).unwrap();
-        assert!(ahead.contains("v18.0.0") && ahead.contains("newer major"), "{ahead}");
+        assert!(
+            ahead.contains("v18.0.0") && ahead.contains("newer major"),
+            "{ahead}"
+        );
         let old = incompatibility(&"15.0.0".parse().unwrap(), &cluster).unwrap();
         assert!(old.contains("one major version behind"), "{old}");
     }

@@ -26,9 +26,12 @@ use svc_net::{
     dial::ProxyDialer,
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
     route::alpn,
-    ssh::{ClientIdentity, ProxyEndpoint, ProxySsh, ProxySshConfig, SshServer, SshServerConfig, connect_via_proxy},
+    ssh::{
+        ClientIdentity, ProxyEndpoint, ProxySsh, ProxySshConfig, SshServer, SshServerConfig,
+        connect_via_proxy,
+    },
     tls::{ServerIdentity, TlsSource},
-    tunnel::{AgentConfig, Backoff, RunningAgent, TunnelAgent, TunnelServer, TunnelServerConfig, Tunables},
+    tunnel::{AgentConfig, Backoff, RunningAgent, Tunables, TunnelAgent, TunnelServer, TunnelServerConfig},
 };
 
 pub const CLUSTER: &str = "tunnel.test";
@@ -112,7 +115,10 @@ impl Cluster {
             logins: logins.iter().map(|s| s.to_string()).collect(),
             ttl: Duration::from_secs(3600),
         };
-        let cert = self.user_ca.sign_user_ssh(&req, key.public_key(), SystemTime::now()).unwrap();
+        let cert = self
+            .user_ca
+            .sign_user_ssh(&req, key.public_key(), SystemTime::now())
+            .unwrap();
         ClientIdentity {
             key: Arc::new(key),
             cert,
@@ -128,7 +134,11 @@ impl Cluster {
             host_uuid: uuid::Uuid::new_v4(),
             node_name: "proxy".into(),
             roles: vec![SystemRole::Proxy],
-            additional_names: ips.iter().map(|ip| ip.to_string()).chain(["localhost".into()]).collect(),
+            additional_names: ips
+                .iter()
+                .map(|ip| ip.to_string())
+                .chain(["localhost".into()])
+                .collect(),
             ttl: Duration::from_secs(3600),
         };
         let der = self
@@ -288,7 +298,12 @@ pub async fn start_proxy_with(
     }
 }
 
-pub fn agent_config(cluster: &Cluster, proxy_web: SocketAddr, creds: &HostCreds, version: &str) -> AgentConfig {
+pub fn agent_config(
+    cluster: &Cluster,
+    proxy_web: SocketAddr,
+    creds: &HostCreds,
+    version: &str,
+) -> AgentConfig {
     AgentConfig::new(
         Addr::from(proxy_web),
         creds.host_id.clone(),
@@ -299,7 +314,10 @@ pub fn agent_config(cluster: &Cluster, proxy_web: SocketAddr, creds: &HostCreds,
     )
     .with_version(version.parse().unwrap())
     .with_tunables(fast_tunables())
-    .with_backoff(Backoff::new(Duration::from_millis(100), Duration::from_millis(800)))
+    .with_backoff(Backoff::new(
+        Duration::from_millis(100),
+        Duration::from_millis(800),
+    ))
 }
 
 /// An in-process agent running the SSH Service behind its tunnel.
@@ -329,7 +347,10 @@ impl russh::client::Handler for NodeClient {
         let PublicKeyOrCertificate::Certificate(cert) = key else {
             return Ok(false);
         };
-        match self.verifier.verify_host_ssh(cert, SystemTime::now(), Some(SystemRole::Node)) {
+        match self
+            .verifier
+            .verify_host_ssh(cert, SystemTime::now(), Some(SystemRole::Node))
+        {
             Ok(host) => {
                 *self.seen_host.lock().unwrap() = Some(host.host_id);
                 Ok(true)
@@ -342,15 +363,26 @@ impl russh::client::Handler for NodeClient {
 pub type NodeSession = russh::client::Handle<NodeClient>;
 
 /// An SSH session to `node` through the proxy, authenticated as `user`.
-pub async fn node_session(proxy: &TestProxy, cluster: &Cluster, user: &ClientIdentity, node: &str) -> NodeSession {
-    let stream = connect_via_proxy(&proxy.ssh_endpoint(cluster), user, node, 0).await.unwrap();
+pub async fn node_session(
+    proxy: &TestProxy,
+    cluster: &Cluster,
+    user: &ClientIdentity,
+    node: &str,
+) -> NodeSession {
+    let stream = connect_via_proxy(&proxy.ssh_endpoint(cluster), user, node, 0)
+        .await
+        .unwrap();
     let handler = NodeClient {
         verifier: cluster.verifier.clone(),
         seen_host: Arc::default(),
     };
-    let mut session = russh::client::connect_stream(Arc::new(svc_net::ssh::client_config(&Tunables::default())), stream, handler)
-        .await
-        .unwrap();
+    let mut session = russh::client::connect_stream(
+        Arc::new(svc_net::ssh::client_config(&Tunables::default())),
+        stream,
+        handler,
+    )
+    .await
+    .unwrap();
     let auth = session
         .authenticate_openssh_cert(user.login.clone(), user.key.clone(), user.cert.clone())
         .await
@@ -394,9 +426,7 @@ pub async fn ssh_exec(proxy: &TestProxy, cluster: &Cluster, node: &str, cmd: &st
     let user = cluster.user("alice", &["root"]);
     let session = node_session(proxy, cluster, &user, node).await;
     let out = exec(&session, cmd).await;
-    let _ = session
-        .disconnect(russh::Disconnect::ByApplication, "", "")
-        .await;
+    let _ = session.disconnect(russh::Disconnect::ByApplication, "", "").await;
     out
 }
 
@@ -485,7 +515,10 @@ impl Cluster {
         let dir = self.creds_dir();
         let p = dir.path();
         std::fs::write(p.join("host_id"), &creds.host_id).unwrap();
-        write_private(&p.join("key"), &creds.key.to_openssh(ssh_key::LineEnding::LF).unwrap());
+        write_private(
+            &p.join("key"),
+            &creds.key.to_openssh(ssh_key::LineEnding::LF).unwrap(),
+        );
         std::fs::write(p.join("key-cert.pub"), creds.cert.to_openssh().unwrap()).unwrap();
         dir
     }
@@ -495,7 +528,10 @@ impl Cluster {
         let dir = self.creds_dir();
         let p = dir.path();
         std::fs::write(p.join("login"), &user.login).unwrap();
-        write_private(&p.join("key"), &user.key.to_openssh(ssh_key::LineEnding::LF).unwrap());
+        write_private(
+            &p.join("key"),
+            &user.key.to_openssh(ssh_key::LineEnding::LF).unwrap(),
+        );
         std::fs::write(p.join("key-cert.pub"), user.cert.to_openssh().unwrap()).unwrap();
         dir
     }
