@@ -226,3 +226,36 @@ async fn an_agent_a_major_version_ahead_is_refused_and_says_why() {
     agent2.shutdown().await;
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_request_drains_the_old_tunnel_and_dials_a_new_one() {
+    init_tracing();
+    let cluster = Cluster::new();
+    let proxy = start_proxy(&cluster, ProxyOpts::default()).await;
+    let node = cluster.host(&[SystemRole::Node], "node-rc");
+    let agent = start_agent(&cluster, proxy.web, &node);
+    let reg = proxy.tunnel.registry().clone();
+    reg.wait_for("node-rc", |a| a.is_some()).await;
+    agent.wait_for(|s| s.established == 1).await;
+
+    // A session on the old tunnel survives the drain.
+    let user = cluster.user("alice", &["root"]);
+    let session = node_session(&proxy, &cluster, &user, "node-rc").await;
+    assert_eq!(proxy.tunnel.request_reconnect(&node.host_id).await, 1);
+    agent.wait_for(|s| s.established == 2).await;
+    assert_eq!(exec(&session, "echo old").await.stdout(), "old\n");
+    // New sessions use the new tunnel.
+    assert_eq!(
+        ssh_exec(&proxy, &cluster, "node-rc", "echo new").await.stdout(),
+        "new\n"
+    );
+    // Once its last session ends the old tunnel closes.
+    let _ = session.disconnect(russh::Disconnect::ByApplication, "", "").await;
+    let host_id = node.host_id.clone();
+    let wait = reg.wait_until(|all| all.iter().filter(|a| a.host_id == host_id).count() == 1);
+    tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .expect("the drained tunnel closes after its last session");
+    agent.shutdown().await;
+    proxy.shutdown().await;
+}

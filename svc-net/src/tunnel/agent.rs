@@ -481,6 +481,8 @@ async fn run_tunnel(
         reconnect: Notify::new(),
         proxy_id: Mutex::new(None),
         disconnect_reason: Mutex::new(None),
+        active: std::sync::atomic::AtomicUsize::new(0),
+        idle: Notify::new(),
     });
     let result = run_tunnel_on(conn.clone(), shared, target, discovered, backoff, tracker).await;
     // The proxy's own words (a refusal such as an incompatible version) say more than the
@@ -619,13 +621,22 @@ async fn run_tunnel_on(
         conn.draining.store(true, Ordering::SeqCst);
         tracing::info!(%proxy_id, "draining the reverse tunnel");
         let shutdown = shared.shutdown.clone();
+        let conn = conn.clone();
         tracker.spawn(async move {
-            tokio::select! {
-                _ = closed.cancelled() => {}
-                _ = shutdown.cancelled() => {
-                    let _ = handle.disconnect(russh::Disconnect::ByApplication, "agent shutting down", "").await;
+            loop {
+                let idle = conn.idle.notified();
+                if conn.active.load(Ordering::SeqCst) == 0 {
+                    break;
+                }
+                tokio::select! {
+                    _ = idle => {}
+                    _ = closed.cancelled() => return,
+                    _ = shutdown.cancelled() => break,
                 }
             }
+            let _ = handle
+                .disconnect(russh::Disconnect::ByApplication, "agent connection drained", "")
+                .await;
         });
         if shared.shutdown.is_cancelled() {
             return Ok(());
@@ -636,6 +647,9 @@ async fn run_tunnel_on(
 
 struct ConnShared {
     disconnect_reason: Mutex<Option<String>>,
+    // Transport channels being served, and a wake-up for the drain when it reaches zero.
+    active: std::sync::atomic::AtomicUsize,
+    idle: Notify,
     draining: AtomicBool,
     reconnect: Notify,
     proxy_id: Mutex<Option<String>>,
@@ -727,7 +741,14 @@ impl russh::client::Handler for AgentHandler {
         reply.accept().await;
         let draining = self.conn.draining.load(Ordering::SeqCst);
         let service = self.shared.service.clone();
-        tokio::spawn(serve_transport(channel, service, draining));
+        let conn = self.conn.clone();
+        conn.active.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            serve_transport(channel, service, draining).await;
+            if conn.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+                conn.idle.notify_waiters();
+            }
+        });
         Ok(())
     }
 

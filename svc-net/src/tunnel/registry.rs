@@ -276,4 +276,17 @@ impl AgentRegistry {
             }
         }
     }
+
+    /// Waits until `check` holds for the list of every tunnel ([`AgentRegistry::list`]).
+    pub async fn wait_until(&self, mut check: impl FnMut(&[AgentInfo]) -> bool) {
+        let mut rx = self.changed.subscribe();
+        loop {
+            if check(&self.list()) {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
 }
