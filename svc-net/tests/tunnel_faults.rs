@@ -259,3 +259,45 @@ async fn a_reconnect_request_drains_the_old_tunnel_and_dials_a_new_one() {
     agent.shutdown().await;
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_keeps_a_tunnel_to_every_discovered_proxy() {
+    init_tracing();
+    let cluster = Cluster::new();
+    let a = start_proxy(&cluster, ProxyOpts::default()).await;
+    let b = start_proxy(
+        &cluster,
+        ProxyOpts {
+            separate: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let node = cluster.host(&[SystemRole::Node], "node-disc");
+    // The agent is told only about A; A announces B.
+    let agent = start_agent(&cluster, a.web, &node);
+    a.tunnel.set_proxies(svc_net::tunnel::Discovery {
+        proxies: vec![svc_net::tunnel::DiscoveredProxy {
+            proxy_id: b.creds.host_id.clone(),
+            tunnel_addr: b.tunnel_addr.unwrap().to_string(),
+            tls_routing: false,
+        }],
+    });
+    b.tunnel
+        .registry()
+        .wait_for("node-disc", |x| x.is_some_and(|x| x.online))
+        .await;
+    agent.wait_for(|s| s.connected.len() == 2).await;
+    assert!(agent.status().connected.contains(&b.creds.host_id));
+    assert_eq!(
+        ssh_exec(&b, &cluster, "node-disc", "echo via b").await.stdout(),
+        "via b\n"
+    );
+    assert_eq!(
+        ssh_exec(&a, &cluster, "node-disc", "echo via a").await.stdout(),
+        "via a\n"
+    );
+    agent.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
