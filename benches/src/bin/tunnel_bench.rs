@@ -350,7 +350,7 @@ async fn main() -> anyhow::Result<()> {
     t_tls.registry().wait_for("agent-tls", |a| a.is_some()).await;
     let (d_sep, d_tls): (TunnelDialer, TunnelDialer) = (t_sep.dialer(), t_tls.dialer());
     let (_ossh, fwd) = openssh_reverse(dir.path(), sink).await?;
-    let fwd_addr: SocketAddr = ([127, 0, 0, 1], fwd as u16).into();
+    let fwd_addr: SocketAddr = ([127, 0, 0, 1], fwd).into();
 
     println!(
         "single stream, {} MiB per run, {reps} alternating repetitions",
