@@ -301,3 +301,40 @@ async fn the_agent_keeps_a_tunnel_to_every_discovered_proxy() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_agent_is_marked_offline_but_its_live_sessions_continue() {
+    init_tracing();
+    let cluster = Cluster::new();
+    // The proxy expects a heartbeat every 200 ms (offline after 2 missed); the agent sends one
+    // at connect and then only hourly.
+    let proxy = start_proxy(
+        &cluster,
+        ProxyOpts {
+            tunables: svc_net::tunnel::Tunables::default().with_keepalive(Duration::from_millis(200), 2),
+            ..Default::default()
+        },
+    )
+    .await;
+    let node = cluster.host(&[SystemRole::Node], "node-quiet");
+    let config = agent_config(&cluster, proxy.web, &node, "17.0.0")
+        .with_tunables(svc_net::tunnel::Tunables::default().with_keepalive(Duration::from_secs(3600), 3));
+    let agent = start_agent_with(config, &cluster, &node);
+    let reg = proxy.tunnel.registry().clone();
+    reg.wait_for("node-quiet", |a| a.is_some()).await;
+    let user = cluster.user("alice", &["root"]);
+    let session = node_session(&proxy, &cluster, &user, "node-quiet").await;
+
+    reg.wait_for("node-quiet", |a| a.is_some_and(|a| !a.online)).await;
+    let info = reg.get("node-quiet").unwrap();
+    assert!(info.live_sessions >= 1, "{info:?}");
+    // The live session keeps working; new connections are not sent to an offline agent.
+    assert_eq!(exec(&session, "echo still here").await.stdout(), "still here\n");
+    let err = svc_net::ssh::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "node-quiet", 0)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no agent tunnel"), "{err}");
+    let _ = session.disconnect(russh::Disconnect::ByApplication, "", "").await;
+    agent.shutdown().await;
+    proxy.shutdown().await;
+}
