@@ -13,7 +13,7 @@ use std::{
 
 use futures_util::future::BoxFuture;
 use russh::{
-    Channel, ChannelId,
+    Channel,
     keys::{Certificate, PrivateKey},
     server::{Auth, ChannelOpenHandle, Msg, Session},
 };
@@ -439,14 +439,6 @@ impl russh::server::Handler for TunnelHandler {
                 reply.reject(russh::ChannelOpenFailure::UnknownChannelType).await;
             }
         }
-        Ok(())
-    }
-
-    async fn channel_close(
-        &mut self,
-        _channel: ChannelId,
-        _session: &mut Session,
-    ) -> Result<(), Self::Error> {
         Ok(())
     }
 }
