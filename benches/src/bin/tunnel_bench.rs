@@ -36,7 +36,7 @@ use svc_net::{
     route::alpn,
     tls::{ServerIdentity, TlsSource},
     tunnel::{
-        AgentConfig, ConnType, DialRequest, RunningAgent, TunnelAgent, TunnelDialer, TunnelServer,
+        AgentConfig, ConnType, DialRequest, RunningAgent, Tunables, TunnelAgent, TunnelDialer, TunnelServer,
         TunnelServerConfig, dial_service_fn,
     },
 };
@@ -160,6 +160,7 @@ async fn start_proxy(
     c: &Cluster,
     dir: &Path,
     separate: bool,
+    tunables: Tunables,
 ) -> anyhow::Result<(RunningProxy, TunnelServer)> {
     let kp = rcgen::KeyPair::generate()?;
     let req = HostCertRequest {
@@ -172,7 +173,7 @@ async fn start_proxy(
     let der = c
         .host_ca
         .sign_host_x509(&req, &kp.subject_public_key_info(), SystemTime::now())?;
-    let tag = if separate { "sep" } else { "tls" };
+    let tag = uuid::Uuid::new_v4();
     let (cert, keyf) = (
         dir.join(format!("{tag}-cert.pem")),
         dir.join(format!("{tag}-key.pem")),
@@ -185,7 +186,8 @@ async fn start_proxy(
     let version: svc_core::Version = "17.0.0".parse()?;
     let tunnel = TunnelServer::new(
         TunnelServerConfig::new(version.clone(), pk, pc, c.verifier.clone())
-            .with_tls(identity.server_config(&[alpn::REVERSE_TUNNEL])?),
+            .with_tls(identity.server_config(&[alpn::REVERSE_TUNNEL])?)
+            .with_tunables(tunables),
     );
     let mut s = ProxySettings::default();
     s.cluster_name = CLUSTER.into();
@@ -208,11 +210,12 @@ async fn start_proxy(
     Ok((running, tunnel))
 }
 
-fn start_agent(c: &Cluster, web: SocketAddr, name: &str) -> anyhow::Result<RunningAgent> {
+fn start_agent(c: &Cluster, web: SocketAddr, name: &str, tunables: Tunables) -> anyhow::Result<RunningAgent> {
     let (id, k, cert) = host(c, SystemRole::App, name)?;
     let dialer = ProxyDialer::builder(ProxyEnv::default()).build()?;
     let config = AgentConfig::new(Addr::from(web), id, k, cert, c.verifier.clone(), dialer)
-        .with_version("17.0.0".parse()?);
+        .with_version("17.0.0".parse()?)
+        .with_tunables(tunables);
     // The agent's resource dialer: plain TCP to the requested address.
     let service = dial_service_fn(|req: DialRequest| async move {
         let s = TcpStream::connect(&req.address).await?;
@@ -342,12 +345,21 @@ async fn main() -> anyhow::Result<()> {
     let c = Cluster { host_ca, verifier };
 
     let sink = sink().await?;
-    let (p_sep, t_sep) = start_proxy(&c, dir.path(), true).await?;
-    let (p_tls, t_tls) = start_proxy(&c, dir.path(), false).await?;
-    let a_sep = start_agent(&c, p_sep.addrs().web, "agent-3024")?;
-    let a_tls = start_agent(&c, p_tls.addrs().web, "agent-tls")?;
+    // russh's own defaults, to show what the tunables buy.
+    let mut russh_defaults = Tunables::default();
+    russh_defaults.window_size = 2 * 1024 * 1024;
+    russh_defaults.max_packet_size = 32 * 1024;
+    russh_defaults.channel_buffer_size = 100;
+    let (p_sep, t_sep) = start_proxy(&c, dir.path(), true, Tunables::default()).await?;
+    let (p_tls, t_tls) = start_proxy(&c, dir.path(), false, Tunables::default()).await?;
+    let (p_def, t_def) = start_proxy(&c, dir.path(), true, russh_defaults.clone()).await?;
+    let a_sep = start_agent(&c, p_sep.addrs().web, "agent-3024", Tunables::default())?;
+    let a_tls = start_agent(&c, p_tls.addrs().web, "agent-tls", Tunables::default())?;
+    let a_def = start_agent(&c, p_def.addrs().web, "agent-def", russh_defaults)?;
     t_sep.registry().wait_for("agent-3024", |a| a.is_some()).await;
     t_tls.registry().wait_for("agent-tls", |a| a.is_some()).await;
+    t_def.registry().wait_for("agent-def", |a| a.is_some()).await;
+    let d_def = t_def.dialer();
     let (d_sep, d_tls): (TunnelDialer, TunnelDialer) = (t_sep.dialer(), t_tls.dialer());
     let (_ossh, fwd) = openssh_reverse(dir.path(), sink).await?;
     let fwd_addr: SocketAddr = ([127, 0, 0, 1], fwd).into();
@@ -356,18 +368,25 @@ async fn main() -> anyhow::Result<()> {
         "single stream, {} MiB per run, {reps} alternating repetitions",
         bytes / 1024 / 1024
     );
-    let (mut direct, mut sep, mut tls, mut ossh) = (vec![], vec![], vec![], vec![]);
+    let (mut direct, mut sep, mut tls, mut ossh, mut def) = (vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..reps {
         let s = TcpStream::connect(sink).await?;
         s.set_nodelay(true)?;
         direct.push(bulk(s, bytes).await?);
         sep.push(bulk(d_sep.dial(req("agent-3024", sink)).await?, bytes).await?);
         tls.push(bulk(d_tls.dial(req("agent-tls", sink)).await?, bytes).await?);
+        def.push(bulk(d_def.dial(req("agent-def", sink)).await?, bytes).await?);
         let s = TcpStream::connect(fwd_addr).await?;
         s.set_nodelay(true)?;
         ossh.push(bulk(s, bytes).await?);
     }
-    let (d, s, t, o) = (median(direct), median(sep), median(tls), median(ossh));
+    let (d, s, t, o, f) = (
+        median(direct),
+        median(sep),
+        median(tls),
+        median(ossh),
+        median(def),
+    );
     println!("  direct TCP            {d:7.2} Gbit/s   1.00");
     println!(
         "  svc tunnel (3024 SSH) {s:7.2} Gbit/s   {:.2} x direct   {:.2} x OpenSSH -R",
@@ -378,6 +397,11 @@ async fn main() -> anyhow::Result<()> {
         "  svc tunnel (TLS port) {t:7.2} Gbit/s   {:.2} x direct   {:.2} x OpenSSH -R",
         t / d,
         t / o
+    );
+    println!(
+        "  svc, russh defaults   {f:7.2} Gbit/s   {:.2} x direct   {:.2} x OpenSSH -R  (2 MiB window, 32 KiB packets; 3024 path)",
+        f / d,
+        f / o
     );
     println!("  OpenSSH -R aes128-gcm {o:7.2} Gbit/s   {:.2} x direct", o / d);
 
@@ -411,6 +435,8 @@ async fn main() -> anyhow::Result<()> {
             rate / ossh_rate
         );
     }
+    a_def.shutdown().await;
+    p_def.shutdown().await;
     a_sep.shutdown().await;
     a_tls.shutdown().await;
     p_sep.shutdown().await;
