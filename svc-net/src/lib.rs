@@ -10,5 +10,7 @@ pub mod dial;
 pub mod listen;
 pub mod proxy;
 pub mod route;
+pub mod ssh;
 pub mod tls;
+pub mod tunnel;
 pub mod web;

@@ -1,0 +1,71 @@
+//! SSH: the agent's SSH Service, the proxy's SSH entry for clients, and the client-side hop
+//! through the proxy.
+//!
+//! Where it sits in the data flow: a client (`tsh ssh`, or OpenSSH with `tsh proxy ssh` as its
+//! `ProxyCommand`) reaches the proxy on 3023 (plain SSH) or the web port (ALPN
+//! `svc-proxy-ssh`, SSH inside TLS) — [`proxy::ProxySsh`] authenticates the user certificate
+//! and serves the `proxy:<host>:<port>` subsystem (or `direct-tcpip`) by dialing the agent
+//! through the [`TunnelDialer`](crate::tunnel::TunnelDialer) and piping bytes. The client then
+//! runs its own SSH session over that pipe to the agent's [`server::SshServer`], which
+//! authenticates the user certificate again (the requested login must be one of the
+//! certificate's principals), presents the agent's host certificate and runs shells and
+//! commands. [`client::connect_via_proxy`] is the client half of the first hop.
+
+pub mod client;
+mod passwd;
+pub mod proxy;
+pub mod server;
+
+pub use client::{ClientIdentity, ProxiedStream, ProxyEndpoint, client_config, connect_via_proxy};
+pub use proxy::{ProxySsh, ProxySshConfig};
+pub use server::{SshServer, SshServerConfig};
+
+/// Why an SSH operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SshError {
+    /// The SSH layer failed.
+    #[error("ssh: {0}")]
+    Ssh(#[from] russh::Error),
+    /// Dialing failed.
+    #[error("dialing {addr}: {reason}")]
+    Dial {
+        /// The address.
+        addr: String,
+        /// The cause.
+        reason: String,
+    },
+    /// The proxy refused the user's certificate.
+    #[error("the proxy at {0} refused the user certificate")]
+    AuthRefused(String),
+    /// The proxy could not reach the node.
+    #[error("the proxy could not reach {node}: {reason}")]
+    NodeUnreachable {
+        /// The node asked for.
+        node: String,
+        /// The proxy's answer.
+        reason: String,
+    },
+    /// A deadline passed.
+    #[error("{what} timed out after {after:?}")]
+    Timeout {
+        /// What was being done.
+        what: &'static str,
+        /// The deadline.
+        after: std::time::Duration,
+    },
+    /// Bad input.
+    #[error("invalid {what}: {reason}")]
+    Invalid {
+        /// What.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl From<SshError> for std::io::Error {
+    fn from(e: SshError) -> Self {
+        std::io::Error::other(e)
+    }
+}

@@ -1,0 +1,59 @@
+//! OS accounts for SSH logins, read from `/etc/passwd` (a pure parser plus one file read).
+
+use std::path::PathBuf;
+
+/// An OS account.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Account {
+    pub(crate) name: String,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) home: PathBuf,
+    pub(crate) shell: PathBuf,
+}
+
+/// Finds `login` in passwd-format text.
+pub(crate) fn find(passwd: &str, login: &str) -> Option<Account> {
+    passwd.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() < 7 || f[0] != login {
+            return None;
+        }
+        Some(Account {
+            name: f[0].to_owned(),
+            uid: f[2].parse().ok()?,
+            gid: f[3].parse().ok()?,
+            home: PathBuf::from(if f[5].is_empty() { "/" } else { f[5] }),
+            shell: PathBuf::from(if f[6].is_empty() { "/bin/sh" } else { f[6] }),
+        })
+    })
+}
+
+/// Looks `login` up in `/etc/passwd`.
+pub(crate) fn lookup(login: &str) -> Option<Account> {
+    find(&std::fs::read_to_string("/etc/passwd").ok()?, login)
+}
+
+/// The uid this process runs as (the owner of `/proc/self`), if it can be read.
+pub(crate) fn current_uid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_accounts() {
+        let text = "root:x:0:0:root:/root:/bin/bash\nbob:x:1000:1000::/home/bob:\nbad:line\n";
+        assert_eq!(find(text, "root").unwrap().shell, PathBuf::from("/bin/bash"));
+        let bob = find(text, "bob").unwrap();
+        assert_eq!(
+            (bob.uid, bob.gid, bob.shell.to_str()),
+            (1000, 1000, Some("/bin/sh"))
+        );
+        assert!(find(text, "bad").is_none());
+        assert!(find(text, "alice").is_none());
+    }
+}

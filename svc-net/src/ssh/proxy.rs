@@ -1,0 +1,351 @@
+//! The proxy's SSH entry for clients: on the SSH listener (3023) and on the web port with ALPN
+//! `svc-proxy-ssh` (SSH inside TLS). Authenticates the user certificate and serves the
+//! `proxy:<host>:<port>` subsystem (and `direct-tcpip` to `<host>:<port>`) by dialing the
+//! agent through the [`TunnelDialer`] — by node name, host ID or UUID — and piping bytes. The
+//! client runs its own SSH session to the agent over that pipe; the proxy never sees inside it.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::Arc,
+    task::{Context, Poll},
+    time::SystemTime,
+};
+
+use bytes::Bytes;
+use russh::{
+    Channel, ChannelId,
+    keys::{Certificate, PrivateKey},
+    server::{Auth, ChannelOpenHandle, Msg, Session},
+};
+use svc_core::identity::{UserIdentity, Verifier};
+use tokio::io::copy_bidirectional_with_sizes;
+use tokio_rustls::TlsAcceptor;
+use tower::Service;
+
+use super::SshError;
+use crate::{
+    listen::{BoxError, ConnFuture, Connection, Io},
+    route::{ConnService, conn_service},
+    tunnel::{ConnType, DialRequest, Tunables, TunnelDialer, ssh_server_config},
+};
+
+/// What the proxy's SSH entry needs.
+#[non_exhaustive]
+pub struct ProxySshConfig {
+    /// The proxy's SSH host key.
+    pub host_key: PrivateKey,
+    /// Its host-CA-signed certificate (role `proxy`).
+    pub host_cert: Certificate,
+    /// Verifies user certificates (trusts the cluster's user CA).
+    pub verifier: Arc<Verifier>,
+    /// Reaches agents.
+    pub dialer: TunnelDialer,
+    /// TLS for ALPN `svc-proxy-ssh` (`ServerIdentity::server_config(&[alpn::PROXY_SSH])`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Window and packet sizes.
+    pub tunables: Tunables,
+}
+
+impl ProxySshConfig {
+    /// A configuration with default tunables and no TLS.
+    pub fn new(
+        host_key: PrivateKey,
+        host_cert: Certificate,
+        verifier: Arc<Verifier>,
+        dialer: TunnelDialer,
+    ) -> Self {
+        Self {
+            host_key,
+            host_cert,
+            verifier,
+            dialer,
+            tls: None,
+            tunables: Tunables::default(),
+        }
+    }
+
+    /// Serves the TLS path with `tls`.
+    pub fn with_tls(mut self, tls: Arc<rustls::ServerConfig>) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+}
+
+struct Inner {
+    ssh: Arc<russh::server::Config>,
+    verifier: Arc<Verifier>,
+    dialer: TunnelDialer,
+    tls: Option<TlsAcceptor>,
+    handshake_timeout: std::time::Duration,
+}
+
+/// The proxy's SSH entry. Cheap to clone.
+#[derive(Clone)]
+pub struct ProxySsh {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ProxySsh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProxySsh")
+    }
+}
+
+/// Parses a `proxy:<host>:<port>` subsystem name (the port is optional; IPv6 hosts in
+/// brackets).
+pub fn parse_proxy_subsystem(name: &str) -> Option<(String, u16)> {
+    let rest = name.strip_prefix("proxy:")?;
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p))
+            if !h.is_empty() && p.parse::<u16>().is_ok() && (!h.contains(':') || h.ends_with(']')) =>
+        {
+            (h, p.parse().ok()?)
+        }
+        _ => (rest, 0),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (!host.is_empty()).then(|| (host.to_owned(), port))
+}
+
+impl ProxySsh {
+    /// Builds the entry.
+    pub fn new(config: ProxySshConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                ssh: Arc::new(ssh_server_config(
+                    &config.tunables,
+                    config.host_key,
+                    Some(config.host_cert),
+                )),
+                verifier: config.verifier,
+                dialer: config.dialer,
+                tls: config.tls.map(TlsAcceptor::from),
+                handshake_timeout: config.tunables.handshake_timeout,
+            }),
+        }
+    }
+
+    /// The handler for the SSH listener (`ProxyBuilder::ssh`).
+    pub fn plain_service(&self) -> ConnService {
+        conn_service(Entry {
+            ssh: self.clone(),
+            tls: false,
+        })
+    }
+
+    /// The handler for ALPN `svc-proxy-ssh` (`ProxyBuilder::route`).
+    pub fn tls_service(&self) -> ConnService {
+        conn_service(Entry {
+            ssh: self.clone(),
+            tls: true,
+        })
+    }
+
+    /// Serves one client connection until it closes.
+    pub async fn serve_stream<S: Io>(
+        &self,
+        io: S,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> Result<(), SshError> {
+        let handler = EntryHandler {
+            inner: self.inner.clone(),
+            peer,
+            local,
+            user: None,
+            channels: HashMap::new(),
+        };
+        let session = russh::server::run_stream(self.inner.ssh.clone(), io, handler).await?;
+        session.await?;
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+struct Entry {
+    ssh: ProxySsh,
+    tls: bool,
+}
+
+impl Service<Connection> for Entry {
+    type Response = ();
+    type Error = BoxError;
+    type Future = ConnFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut conn: Connection) -> Self::Future {
+        let this = self.clone();
+        ConnFuture::new(async move {
+            conn.classified();
+            let (peer, local) = (conn.peer_addr, conn.local_addr);
+            let result = if this.tls {
+                let Some(acceptor) = this.ssh.inner.tls.clone() else {
+                    tracing::warn!(%peer, "an SSH-in-TLS client arrived but the SSH entry has no TLS configuration; closing");
+                    return Ok(());
+                };
+                let after = this.ssh.inner.handshake_timeout;
+                match tokio::time::timeout(after, acceptor.accept(conn.io)).await {
+                    Ok(Ok(tls)) => this.ssh.serve_stream(tls, peer, local).await,
+                    Ok(Err(e)) => {
+                        tracing::info!(%peer, error = %e, "TLS handshake of an SSH client failed");
+                        return Ok(());
+                    }
+                    Err(_) => {
+                        tracing::info!(%peer, "TLS handshake of an SSH client timed out");
+                        return Ok(());
+                    }
+                }
+            } else {
+                this.ssh.serve_stream(conn.io, peer, local).await
+            };
+            if let Err(e) = result {
+                tracing::info!(%peer, error = %e, "SSH client connection ended with an error");
+            }
+            Ok(())
+        })
+    }
+}
+
+struct EntryHandler {
+    inner: Arc<Inner>,
+    peer: SocketAddr,
+    local: SocketAddr,
+    user: Option<UserIdentity>,
+    channels: HashMap<ChannelId, Channel<Msg>>,
+}
+
+impl EntryHandler {
+    fn request(&self, host: &str, port: u16) -> DialRequest {
+        DialRequest {
+            address: format!("{host}:{}", if port == 0 { 3022 } else { port }),
+            server_id: host.to_owned(),
+            conn_type: ConnType::Node,
+            client_src_addr: self.peer.to_string(),
+            client_dst_addr: self.local.to_string(),
+        }
+    }
+}
+
+impl russh::server::Handler for EntryHandler {
+    type Error = russh::Error;
+
+    async fn auth_openssh_certificate(
+        &mut self,
+        user: &str,
+        certificate: &Certificate,
+    ) -> Result<Auth, Self::Error> {
+        match self
+            .inner
+            .verifier
+            .verify_user_ssh(certificate, SystemTime::now())
+        {
+            Ok(identity) => {
+                tracing::info!(peer = %self.peer, ssh_user = user, user = %identity.username, "SSH client authenticated at the proxy");
+                self.user = Some(identity);
+                Ok(Auth::Accept)
+            }
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, ssh_user = user, error = %e, "SSH client refused: bad user certificate");
+                Ok(Auth::reject())
+            }
+        }
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        channel: Channel<Msg>,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.channels.insert(channel.id(), channel);
+        reply.accept().await;
+        Ok(())
+    }
+
+    async fn subsystem_request(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Some((host, port)) = parse_proxy_subsystem(name) else {
+            tracing::info!(peer = %self.peer, subsystem = name, "refusing an unknown subsystem");
+            return session.channel_failure(channel);
+        };
+        let Some(ch) = self.channels.remove(&channel) else {
+            return session.channel_failure(channel);
+        };
+        let req = self.request(&host, port);
+        match self.inner.dialer.dial(req).await {
+            Ok(mut stream) => {
+                session.channel_success(channel)?;
+                tokio::spawn(async move {
+                    let mut ch = ch.into_stream();
+                    let _ = copy_bidirectional_with_sizes(&mut ch, &mut stream, 64 * 1024, 64 * 1024).await;
+                });
+            }
+            Err(e) => {
+                tracing::info!(peer = %self.peer, node = %host, error = %e, "dialing a node for an SSH client failed");
+                session.channel_failure(channel)?;
+                session.extended_data(channel, 1, Bytes::from(format!("svc: {e}\n")))?;
+                session.exit_status_request(channel, 1)?;
+                session.close(channel)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn channel_open_direct_tcpip(
+        &mut self,
+        channel: Channel<Msg>,
+        host_to_connect: &str,
+        port_to_connect: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let port = u16::try_from(port_to_connect).unwrap_or(0);
+        let req = self.request(host_to_connect, port);
+        match self.inner.dialer.dial(req).await {
+            Ok(mut stream) => {
+                reply.accept().await;
+                tokio::spawn(async move {
+                    let mut ch = channel.into_stream();
+                    let _ = copy_bidirectional_with_sizes(&mut ch, &mut stream, 64 * 1024, 64 * 1024).await;
+                });
+            }
+            Err(e) => {
+                tracing::info!(peer = %self.peer, node = host_to_connect, error = %e, "direct-tcpip to a node failed");
+                reply
+                    .reject(russh::ChannelOpenFailure::Other {
+                        code: 2,
+                        reason: e.to_string(),
+                    })
+                    .await;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_subsystem_names() {
+        assert_eq!(
+            parse_proxy_subsystem("proxy:node-1:3022"),
+            Some(("node-1".into(), 3022))
+        );
+        assert_eq!(parse_proxy_subsystem("proxy:node-1"), Some(("node-1".into(), 0)));
+        assert_eq!(parse_proxy_subsystem("proxy:[::1]:22"), Some(("::1".into(), 22)));
+        assert_eq!(parse_proxy_subsystem("proxy:"), None);
+        assert_eq!(parse_proxy_subsystem("sftp"), None);
+    }
+}

@@ -1,0 +1,539 @@
+//! The agent's SSH Service: a real SSH server (russh) reached through the reverse tunnel (one
+//! session per dial request with `conn_type: node`) or on its own listener (3022) when the
+//! agent joined directly.
+//!
+//! Authentication: OpenSSH user certificates signed by the cluster's user CA
+//! ([`Verifier::verify_user_ssh`]); the requested login must be one of the certificate's
+//! principals (the user's allowed logins) and an OS account. The server presents the agent's
+//! host certificate. Sessions: `exec` and `shell`, with a PTY when asked (`pty-process`),
+//! `env`, `window-change`, exit status; closing the channel kills the child.
+
+use std::{collections::HashMap, net::SocketAddr, process::Stdio, sync::Arc, time::SystemTime};
+
+use bytes::Bytes;
+use russh::{
+    Channel, ChannelId, ChannelMsg, Pty,
+    keys::{Certificate, PrivateKey},
+    server::{Auth, ChannelOpenHandle, Msg, Session},
+};
+use svc_core::identity::{UserIdentity, Verifier};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::TcpListener,
+    sync::mpsc,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::{SshError, passwd};
+use crate::{
+    listen::{BoxError, BoxIo, Io},
+    tunnel::{ConnType, DialRequest, Tunables, dial_service_fn},
+};
+
+/// What the SSH Service needs.
+#[non_exhaustive]
+pub struct SshServerConfig {
+    /// The agent's SSH host key.
+    pub host_key: PrivateKey,
+    /// Its host-CA-signed certificate.
+    pub host_cert: Certificate,
+    /// Verifies user certificates (trusts the cluster's user CA).
+    pub verifier: Arc<Verifier>,
+    /// Window and packet sizes.
+    pub tunables: Tunables,
+}
+
+impl SshServerConfig {
+    /// A configuration with default tunables.
+    pub fn new(host_key: PrivateKey, host_cert: Certificate, verifier: Arc<Verifier>) -> Self {
+        Self {
+            host_key,
+            host_cert,
+            verifier,
+            tunables: Tunables::default(),
+        }
+    }
+}
+
+/// The SSH Service. Cheap to clone.
+#[derive(Clone)]
+pub struct SshServer {
+    config: Arc<russh::server::Config>,
+    verifier: Arc<Verifier>,
+}
+
+impl std::fmt::Debug for SshServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SshServer")
+    }
+}
+
+impl SshServer {
+    /// Builds the server.
+    pub fn new(config: SshServerConfig) -> Self {
+        let ssh = crate::tunnel::ssh_server_config(&config.tunables, config.host_key, Some(config.host_cert));
+        Self {
+            config: Arc::new(ssh),
+            verifier: config.verifier,
+        }
+    }
+
+    /// Serves one SSH connection on `io` until it closes.
+    pub async fn serve_stream<S: Io>(&self, io: S, peer: Option<SocketAddr>) -> Result<(), SshError> {
+        let handler = NodeHandler {
+            verifier: self.verifier.clone(),
+            peer,
+            user: None,
+            channels: HashMap::new(),
+        };
+        let session = russh::server::run_stream(self.config.clone(), io, handler).await?;
+        session.await?;
+        Ok(())
+    }
+
+    /// Serves the direct listener (3022) until `shutdown`.
+    pub async fn serve_listener(&self, listener: TcpListener, shutdown: CancellationToken) {
+        let tracker = tokio_util::task::TaskTracker::new();
+        loop {
+            let (tcp, peer) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting an SSH connection failed");
+                        continue;
+                    }
+                },
+                _ = shutdown.cancelled() => break,
+            };
+            let _ = tcp.set_nodelay(true);
+            let this = self.clone();
+            tracker.spawn(async move {
+                if let Err(e) = this.serve_stream(tcp, Some(peer)).await {
+                    tracing::info!(%peer, error = %e, "SSH connection ended with an error");
+                }
+            });
+        }
+        tracker.close();
+        tracker.wait().await;
+    }
+
+    /// The service a [`TunnelAgent`](crate::tunnel::TunnelAgent) serves `node` dial requests
+    /// with: each request gets an SSH session on one end of an in-memory pipe whose other end
+    /// is returned. Requests of other kinds are refused.
+    pub fn dial_service(&self) -> crate::tunnel::DialService {
+        let this = self.clone();
+        dial_service_fn(move |req: DialRequest| {
+            let this = this.clone();
+            async move {
+                if req.conn_type != ConnType::Node {
+                    return Err::<BoxIo, BoxError>(
+                        format!("this agent serves SSH only, not {:?} connections", req.conn_type).into(),
+                    );
+                }
+                let (ours, theirs) = tokio::io::duplex(256 * 1024);
+                let peer = req.client_src_addr.parse().ok();
+                tokio::spawn(async move {
+                    if let Err(e) = this.serve_stream(ours, peer).await {
+                        tracing::info!(client = %req.client_src_addr, error = %e, "tunnelled SSH session ended with an error");
+                    }
+                });
+                Ok(Box::new(theirs) as BoxIo)
+            }
+        })
+    }
+}
+
+#[derive(Default)]
+struct ChanState {
+    channel: Option<Channel<Msg>>,
+    pty: Option<(String, u16, u16)>,
+    env: Vec<(String, String)>,
+    resize: Option<mpsc::UnboundedSender<(u16, u16)>>,
+    kill: CancellationToken,
+}
+
+struct NodeHandler {
+    verifier: Arc<Verifier>,
+    peer: Option<SocketAddr>,
+    user: Option<(UserIdentity, passwd::Account)>,
+    channels: HashMap<ChannelId, ChanState>,
+}
+
+/// Environment variables a client may set (OpenSSH's `AcceptEnv` spirit: locale and
+/// terminal, never loader or path variables).
+fn env_allowed(name: &str) -> bool {
+    name == "LANG"
+        || name.starts_with("LC_")
+        || name == "TERM"
+        || name == "COLORTERM"
+        || name.starts_with("SVC_")
+}
+
+fn dim(v: u32) -> u16 {
+    u16::try_from(v).unwrap_or(u16::MAX)
+}
+
+impl NodeHandler {
+    fn start(&mut self, id: ChannelId, command: Option<String>) -> Result<(), String> {
+        let Some((user, account)) = &self.user else {
+            return Err("not authenticated".into());
+        };
+        let state = self.channels.get_mut(&id).ok_or("unknown channel")?;
+        let channel = state.channel.take().ok_or("the channel already runs a program")?;
+        let mut env: Vec<(String, String)> = vec![
+            ("HOME".into(), account.home.display().to_string()),
+            ("USER".into(), account.name.clone()),
+            ("LOGNAME".into(), account.name.clone()),
+            ("SHELL".into(), account.shell.display().to_string()),
+            (
+                "PATH".into(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            ),
+            ("SVC_USER".into(), user.username.clone()),
+        ];
+        if let Some(peer) = self.peer {
+            env.push(("SSH_CLIENT".into(), format!("{} {} 0", peer.ip(), peer.port())));
+        }
+        if let Some((term, _, _)) = &state.pty {
+            env.push(("TERM".into(), term.clone()));
+        }
+        env.extend(state.env.iter().cloned());
+        let shell = account.shell.clone();
+        let args: Vec<String> = match &command {
+            Some(c) => vec!["-c".into(), c.clone()],
+            None => vec!["-l".into()],
+        };
+        // Switch to the login's account only when running as root; otherwise the login must
+        // be the account the agent runs as.
+        let me = passwd::current_uid();
+        let switch = match me {
+            Some(0) => account.uid != 0,
+            Some(uid) if uid == account.uid => false,
+            _ => {
+                return Err(format!(
+                    "the agent runs unprivileged and cannot start a session as {:?}",
+                    account.name
+                ));
+            }
+        };
+        let kill = state.kill.clone();
+        if let Some((_, cols, rows)) = state.pty.clone() {
+            let (pty, pts) = pty_process::open().map_err(|e| format!("allocating a PTY: {e}"))?;
+            pty.resize(pty_process::Size::new(rows, cols))
+                .map_err(|e| format!("sizing the PTY: {e}"))?;
+            let mut cmd = pty_process::Command::new(&shell)
+                .args(&args)
+                .env_clear()
+                .envs(env)
+                .current_dir(&account.home)
+                .kill_on_drop(true);
+            if switch {
+                cmd = cmd.uid(account.uid).gid(account.gid);
+            }
+            let child = cmd
+                .spawn(pts)
+                .map_err(|e| format!("starting {}: {e}", shell.display()))?;
+            let (resize_tx, resize_rx) = mpsc::unbounded_channel();
+            state.resize = Some(resize_tx);
+            let (read, write) = pty.into_split();
+            tokio::spawn(run_pty(channel, child, read, write, resize_rx, kill));
+        } else {
+            let mut cmd = tokio::process::Command::new(&shell);
+            cmd.args(&args)
+                .env_clear()
+                .envs(env)
+                .current_dir(&account.home)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true);
+            if switch {
+                cmd.uid(account.uid).gid(account.gid);
+            }
+            let child = cmd
+                .spawn()
+                .map_err(|e| format!("starting {}: {e}", shell.display()))?;
+            tokio::spawn(run_piped(channel, child, kill));
+        }
+        Ok(())
+    }
+}
+
+fn exit_code(status: std::io::Result<std::process::ExitStatus>) -> u32 {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Ok(s) => s
+            .code()
+            .map(|c| c as u32)
+            .or_else(|| s.signal().map(|sig| 128 + sig as u32))
+            .unwrap_or(255),
+        Err(_) => 255,
+    }
+}
+
+async fn pump<R: AsyncRead + Unpin>(mut from: R, to: &mut (impl AsyncWrite + Unpin)) {
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        match from.read(&mut buf).await {
+            // The PTY master reports EIO once the last holder of the terminal is gone: the end.
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A command with pipes: stdin from the channel, stdout and stderr to it, then the exit
+/// status; a closed channel kills the child.
+async fn run_piped(channel: Channel<Msg>, mut child: tokio::process::Child, kill: CancellationToken) {
+    let (mut rd, wr) = channel.split();
+    let mut stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let mut out_w = wr.make_writer();
+    let mut err_w = wr.make_writer_ext(Some(1));
+    let out = async {
+        if let Some(s) = stdout {
+            pump(s, &mut out_w).await;
+        }
+    };
+    let err = async {
+        if let Some(s) = stderr {
+            pump(s, &mut err_w).await;
+        }
+    };
+    let input = async {
+        while let Some(msg) = rd.wait().await {
+            match msg {
+                ChannelMsg::Data { data } => {
+                    if let Some(s) = stdin.as_mut()
+                        && s.write_all(&data).await.is_err()
+                    {
+                        stdin = None;
+                    }
+                }
+                ChannelMsg::Eof => stdin = None,
+                ChannelMsg::Close => break,
+                _ => {}
+            }
+        }
+        // The client closed the channel: end the command.
+        kill.cancel();
+        std::future::pending::<()>().await;
+    };
+    let status = tokio::select! {
+        (_, _, status) = async { tokio::join!(out, err, child.wait()) } => Some(status),
+        _ = input => None,
+        _ = kill.cancelled() => None,
+    };
+    match status {
+        Some(status) => {
+            let _ = wr.exit_status(exit_code(status)).await;
+            let _ = wr.eof().await;
+            let _ = wr.close().await;
+        }
+        None => {
+            let _ = child.kill().await;
+            let _ = wr.close().await;
+        }
+    }
+}
+
+/// A command on a PTY: input and resizes from the channel, output to it, then the exit status.
+async fn run_pty(
+    channel: Channel<Msg>,
+    mut child: tokio::process::Child,
+    read: pty_process::OwnedReadPty,
+    mut write: pty_process::OwnedWritePty,
+    mut resize: mpsc::UnboundedReceiver<(u16, u16)>,
+    kill: CancellationToken,
+) {
+    let (mut rd, wr) = channel.split();
+    let mut out_w = wr.make_writer();
+    let output = pump(read, &mut out_w);
+    let input = async {
+        loop {
+            tokio::select! {
+                msg = rd.wait() => match msg {
+                    Some(ChannelMsg::Data { data }) => {
+                        if write.write_all(&data).await.is_err() {
+                            break;
+                        }
+                    }
+                    Some(ChannelMsg::Close) | None => break,
+                    Some(_) => {}
+                },
+                Some((cols, rows)) = resize.recv() => {
+                    if let Err(e) = write.resize(pty_process::Size::new(rows, cols)) {
+                        tracing::debug!(error = %e, "resizing the PTY failed");
+                    }
+                }
+            }
+        }
+        kill.cancel();
+        std::future::pending::<()>().await;
+    };
+    let status = tokio::select! {
+        (_, status) = async { tokio::join!(output, child.wait()) } => Some(status),
+        _ = input => None,
+        _ = kill.cancelled() => None,
+    };
+    match status {
+        Some(status) => {
+            let _ = wr.exit_status(exit_code(status)).await;
+            let _ = wr.eof().await;
+            let _ = wr.close().await;
+        }
+        None => {
+            let _ = child.kill().await;
+            let _ = wr.close().await;
+        }
+    }
+}
+
+impl russh::server::Handler for NodeHandler {
+    type Error = russh::Error;
+
+    async fn auth_openssh_certificate(
+        &mut self,
+        login: &str,
+        certificate: &Certificate,
+    ) -> Result<Auth, Self::Error> {
+        let user = match self.verifier.verify_user_ssh(certificate, SystemTime::now()) {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(peer = ?self.peer, login, error = %e, "SSH login refused: bad user certificate");
+                return Ok(Auth::reject());
+            }
+        };
+        if !user.logins.iter().any(|l| l == login) {
+            tracing::warn!(peer = ?self.peer, login, user = %user.username, allowed = ?user.logins, "SSH login refused: the login is not among the certificate's principals");
+            return Ok(Auth::reject());
+        }
+        let Some(account) = passwd::lookup(login) else {
+            tracing::warn!(peer = ?self.peer, login, "SSH login refused: no such OS account");
+            return Ok(Auth::reject());
+        };
+        tracing::info!(peer = ?self.peer, login, user = %user.username, "SSH login");
+        self.user = Some((user, account));
+        Ok(Auth::Accept)
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        channel: Channel<Msg>,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let id = channel.id();
+        self.channels.insert(
+            id,
+            ChanState {
+                channel: Some(channel),
+                ..Default::default()
+            },
+        );
+        reply.accept().await;
+        Ok(())
+    }
+
+    async fn pty_request(
+        &mut self,
+        channel: ChannelId,
+        term: &str,
+        col_width: u32,
+        row_height: u32,
+        _pix_width: u32,
+        _pix_height: u32,
+        _modes: &[(Pty, u32)],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        match self.channels.get_mut(&channel) {
+            Some(state) if state.channel.is_some() => {
+                state.pty = Some((term.to_owned(), dim(col_width).max(1), dim(row_height).max(1)));
+                session.channel_success(channel)
+            }
+            _ => session.channel_failure(channel),
+        }
+    }
+
+    async fn env_request(
+        &mut self,
+        channel: ChannelId,
+        variable_name: &str,
+        variable_value: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        match self.channels.get_mut(&channel) {
+            Some(state) if env_allowed(variable_name) => {
+                state
+                    .env
+                    .push((variable_name.to_owned(), variable_value.to_owned()));
+                session.channel_success(channel)
+            }
+            _ => session.channel_failure(channel),
+        }
+    }
+
+    async fn shell_request(&mut self, channel: ChannelId, session: &mut Session) -> Result<(), Self::Error> {
+        match self.start(channel, None) {
+            Ok(()) => session.channel_success(channel),
+            Err(e) => {
+                tracing::warn!(error = %e, "starting a shell failed");
+                session.extended_data(channel, 1, Bytes::from(format!("svc: {e}\r\n")))?;
+                session.channel_failure(channel)
+            }
+        }
+    }
+
+    async fn exec_request(
+        &mut self,
+        channel: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let command = String::from_utf8_lossy(data).into_owned();
+        match self.start(channel, Some(command)) {
+            Ok(()) => session.channel_success(channel),
+            Err(e) => {
+                tracing::warn!(error = %e, "starting a command failed");
+                session.extended_data(channel, 1, Bytes::from(format!("svc: {e}\n")))?;
+                session.channel_failure(channel)
+            }
+        }
+    }
+
+    async fn window_change_request(
+        &mut self,
+        channel: ChannelId,
+        col_width: u32,
+        row_height: u32,
+        _pix_width: u32,
+        _pix_height: u32,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let Some(tx) = self.channels.get(&channel).and_then(|s| s.resize.as_ref()) {
+            let _ = tx.send((dim(col_width).max(1), dim(row_height).max(1)));
+        }
+        Ok(())
+    }
+
+    async fn channel_close(&mut self, channel: ChannelId, _session: &mut Session) -> Result<(), Self::Error> {
+        if let Some(state) = self.channels.remove(&channel) {
+            state.kill.cancel();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for NodeHandler {
+    fn drop(&mut self) {
+        // The connection is gone: end every program it started.
+        for state in self.channels.values() {
+            state.kill.cancel();
+        }
+    }
+}

@@ -1,0 +1,841 @@
+//! The agent side of the reverse tunnel: [`TunnelAgent`] finds where to dial from the proxy's
+//! `/webapi/ping`, dials through the [`ProxyDialer`] (direct or HTTP CONNECT), speaks SSH —
+//! on the tunnel port, or inside TLS with ALPN `svc-reversetunnel` on the web port — and
+//! serves every transport channel with the caller's `tower::Service<DialRequest>`. It sends
+//! heartbeats, answers version queries, drains and re-dials on a reconnect request, reconnects
+//! after any loss with jittered linear backoff, and keeps a tunnel to every proxy that the
+//! discovery channel announces.
+
+use std::{
+    collections::BTreeSet,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::SystemTime,
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use russh::{
+    Channel,
+    client::{ChannelOpenHandle, DisconnectReason, Msg, Session},
+    keys::{Certificate, PrivateKey, PublicKeyOrCertificate},
+};
+use rustls::pki_types::ServerName;
+use svc_core::{
+    Addr, Version,
+    identity::{SystemRole, Verifier},
+};
+use tokio::{
+    io::{AsyncWriteExt, copy_bidirectional_with_sizes},
+    sync::{Notify, mpsc, watch},
+    task::JoinHandle,
+};
+use tokio_rustls::TlsConnector;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tower::{ServiceExt, util::BoxCloneSyncService};
+
+use super::{
+    Backoff, DIAL_OK, DISCOVERY_CHANNEL, DRAINING, DialRequest, Discovery, HEARTBEAT_CHANNEL,
+    MAX_DIAL_REQUEST, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST,
+    read_line,
+};
+use crate::{
+    dial::ProxyDialer,
+    listen::{BoxError, BoxIo},
+    route::alpn,
+};
+
+/// The service an agent serves dial requests with: a stream to the requested resource.
+pub type DialService = BoxCloneSyncService<DialRequest, BoxIo, BoxError>;
+
+/// What the agent needs to keep its tunnels.
+#[non_exhaustive]
+pub struct AgentConfig {
+    /// The proxy's web address (`proxy_server` in the agent's configuration): where
+    /// `/webapi/ping` is asked.
+    pub proxy_addr: Addr,
+    /// The agent's SSH key.
+    pub host_key: PrivateKey,
+    /// Its host-CA-signed certificate; the SSH user is the certificate's host ID.
+    pub host_cert: Certificate,
+    /// The host ID (`<uuid>.<cluster>`).
+    pub host_id: String,
+    /// Verifies the proxy's SSH host certificate (trusts the cluster's host CA).
+    pub verifier: Arc<Verifier>,
+    /// Trust for the proxy's TLS certificate: the cluster host CA (from the verifier), plus the
+    /// public web roots and this PEM bundle (a configured proxy CA), if given.
+    pub proxy_ca_pem: Option<Vec<u8>>,
+    /// The agent's version, answered to the version query.
+    pub version: Version,
+    /// Outbound dialing (direct, or HTTP CONNECT per `HTTPS_PROXY`/`NO_PROXY`).
+    pub dialer: ProxyDialer,
+    /// Window, packet and keep-alive settings.
+    pub tunables: Tunables,
+    /// The reconnect schedule.
+    pub backoff: Backoff,
+}
+
+impl AgentConfig {
+    /// A configuration with the running binary's version, the environment's proxy settings
+    /// given as `dialer`, default tunables and the reference backoff.
+    pub fn new(
+        proxy_addr: Addr,
+        host_id: String,
+        host_key: PrivateKey,
+        host_cert: Certificate,
+        verifier: Arc<Verifier>,
+        dialer: ProxyDialer,
+    ) -> Self {
+        Self {
+            proxy_addr,
+            host_key,
+            host_cert,
+            host_id,
+            verifier,
+            proxy_ca_pem: None,
+            version: svc_core::version::current().clone(),
+            dialer,
+            tunables: Tunables::default(),
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// Reports `version` instead of the binary's.
+    pub fn with_version(mut self, version: Version) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// Replaces the tunables.
+    pub fn with_tunables(mut self, tunables: Tunables) -> Self {
+        self.tunables = tunables;
+        self
+    }
+
+    /// Also trusts these CA certificates (PEM) for the proxy's TLS certificate.
+    pub fn with_proxy_ca_pem(mut self, pem: Vec<u8>) -> Self {
+        self.proxy_ca_pem = Some(pem);
+        self
+    }
+
+    /// Replaces the reconnect schedule.
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+}
+
+/// What an agent's tunnels are doing, for health checks and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AgentStatus {
+    /// Host IDs of the proxies with an established tunnel.
+    pub connected: BTreeSet<String>,
+    /// How many tunnels were established since start.
+    pub established: u64,
+    /// The last failure, as logged.
+    pub last_error: Option<String>,
+}
+
+/// Keeps an agent's reverse tunnels.
+pub struct TunnelAgent {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    config: AgentConfig,
+    ssh: Arc<russh::client::Config>,
+    tls: TlsConnector,
+    key: Arc<PrivateKey>,
+    service: DialService,
+    status: watch::Sender<AgentStatus>,
+    shutdown: CancellationToken,
+    targets: Mutex<BTreeSet<String>>,
+}
+
+/// A running agent: its status and its stop switch.
+pub struct RunningAgent {
+    status: watch::Receiver<AgentStatus>,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl RunningAgent {
+    /// The current status.
+    pub fn status(&self) -> AgentStatus {
+        self.status.borrow().clone()
+    }
+
+    /// A receiver of status changes.
+    pub fn watch(&self) -> watch::Receiver<AgentStatus> {
+        self.status.clone()
+    }
+
+    /// Waits until `check` holds for the status.
+    pub async fn wait_for(&self, mut check: impl FnMut(&AgentStatus) -> bool) {
+        let mut rx = self.status.clone();
+        let _ = rx.wait_for(|s| check(s)).await;
+    }
+
+    /// Stops every tunnel and waits for the agent's tasks.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+impl TunnelAgent {
+    /// Builds an agent that serves dial requests with `service`.
+    pub fn new<S>(config: AgentConfig, service: S) -> Result<Self, TunnelError>
+    where
+        S: tower::Service<DialRequest, Response = BoxIo> + Clone + Send + Sync + 'static,
+        S::Error: Into<BoxError>,
+        S::Future: Send + 'static,
+    {
+        let mut roots = config
+            .verifier
+            .root_store(Some(svc_core::identity::IdentityKind::Host));
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        if let Some(pem) = &config.proxy_ca_pem {
+            for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+                let cert = cert.map_err(|source| TunnelError::Io {
+                    what: "reading the proxy CA bundle",
+                    source,
+                })?;
+                roots.add(cert).map_err(|e| TunnelError::Malformed {
+                    what: "proxy CA bundle",
+                    reason: e.to_string(),
+                })?;
+            }
+        }
+        let tls =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| TunnelError::Malformed {
+                    what: "TLS configuration",
+                    reason: e.to_string(),
+                })?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        let mut ssh = crate::ssh::client_config(&config.tunables);
+        ssh.client_id = russh::SshId::Standard(format!("SSH-2.0-svc_agent_{}", config.version).into());
+        Ok(Self {
+            shared: Arc::new(Shared {
+                key: Arc::new(config.host_key.clone()),
+                ssh: Arc::new(ssh),
+                tls: TlsConnector::from(Arc::new(tls)),
+                config,
+                service: BoxCloneSyncService::new(service.map_err(Into::into)),
+                status: watch::channel(AgentStatus::default()).0,
+                shutdown: CancellationToken::new(),
+                targets: Mutex::new(BTreeSet::new()),
+            }),
+        })
+    }
+
+    /// Starts the tunnels in the background.
+    pub fn spawn(self) -> RunningAgent {
+        let shared = self.shared;
+        let status = shared.status.subscribe();
+        let shutdown = shared.shutdown.clone();
+        let task = tokio::spawn(primary_loop(shared));
+        RunningAgent {
+            status,
+            shutdown,
+            task,
+        }
+    }
+}
+
+/// Where a tunnel is dialed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Target {
+    addr: Addr,
+    tls: bool,
+}
+
+/// Where an agent dials its tunnel, from a `/webapi/ping` document (REFERENCE.md, "Ping"):
+/// with TLS routing the proxy's public web address (`proxy.ssh.public_addr`); otherwise
+/// `proxy.ssh.ssh_tunnel_public_addr`, else `proxy.ssh.tunnel_listen_addr`. An unspecified
+/// host (`0.0.0.0`) means "the host the ping was asked at". Returns the address and whether
+/// it is a TLS-routing port.
+pub fn tunnel_addr_from_ping(ping: &serde_json::Value, pinged: &Addr) -> Result<(Addr, bool), TunnelError> {
+    let proxy = &ping["proxy"];
+    let tls = proxy["tls_routing_enabled"].as_bool().unwrap_or(false);
+    let field = |name: &str| {
+        proxy["ssh"][name]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    };
+    let chosen = if tls {
+        field("public_addr").or_else(|| field("web_listen_addr"))
+    } else {
+        field("ssh_tunnel_public_addr").or_else(|| field("tunnel_listen_addr"))
+    };
+    let text = chosen.ok_or_else(|| TunnelError::Malformed {
+        what: "ping",
+        reason: "no tunnel address in proxy.ssh".into(),
+    })?;
+    let default_port = if tls {
+        pinged.port()
+    } else {
+        crate::web::ping::TUNNEL_PORT
+    };
+    let addr = Addr::parse_with_default_port(&text, default_port).map_err(|e| TunnelError::Malformed {
+        what: "ping",
+        reason: format!("proxy.ssh tunnel address {text:?}: {e}"),
+    })?;
+    let unspecified = addr.host().ip().is_some_and(|ip| ip.is_unspecified());
+    Ok((
+        if unspecified {
+            pinged.with_port(addr.port())
+        } else {
+            addr
+        },
+        tls,
+    ))
+}
+
+fn server_name(addr: &Addr) -> Result<ServerName<'static>, TunnelError> {
+    let host = addr.host_str();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    ServerName::try_from(host.to_owned()).map_err(|e| TunnelError::Malformed {
+        what: "proxy address",
+        reason: format!("{host:?} is not a valid TLS server name: {e}"),
+    })
+}
+
+impl Shared {
+    fn set_error(&self, e: &dyn std::fmt::Display) {
+        let text = e.to_string();
+        self.status.send_modify(|s| s.last_error = Some(text));
+    }
+
+    async fn fetch_ping(&self) -> Result<serde_json::Value, TunnelError> {
+        let addr = &self.config.proxy_addr;
+        let url = format!("https://{addr}/webapi/ping");
+        let err = |reason: String| TunnelError::Ping {
+            url: url.clone(),
+            reason,
+        };
+        let after = self.config.tunables.handshake_timeout;
+        let fetch = async {
+            let tcp = self
+                .config
+                .dialer
+                .dial(addr)
+                .await
+                .map_err(|e| err(e.to_string()))?;
+            let mut tls_config = (**self.tls.config()).clone();
+            tls_config.alpn_protocols = vec![alpn::HTTP1.as_bytes().to_vec()];
+            let tls = TlsConnector::from(Arc::new(tls_config))
+                .connect(server_name(addr)?, tcp)
+                .await
+                .map_err(|e| err(e.to_string()))?;
+            let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .map_err(|e| err(e.to_string()))?;
+            tokio::spawn(conn);
+            let req = http::Request::get("/webapi/ping")
+                .header(http::header::HOST, addr.to_string())
+                .body(Empty::<Bytes>::new())
+                .map_err(|e| err(e.to_string()))?;
+            let resp = send.send_request(req).await.map_err(|e| err(e.to_string()))?;
+            let status = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| err(e.to_string()))?
+                .to_bytes();
+            if !status.is_success() {
+                return Err(err(format!("status {status}")));
+            }
+            serde_json::from_slice(&body).map_err(|e| err(format!("not JSON: {e}")))
+        };
+        tokio::time::timeout(after, fetch)
+            .await
+            .map_err(|_| TunnelError::Timeout {
+                what: "fetching the proxy's ping",
+                after,
+            })?
+    }
+}
+
+/// The primary tunnel: the address comes from the ping, asked again before every dial (the
+/// cluster's addresses may change while the agent is away).
+async fn primary_loop(shared: Arc<Shared>) {
+    let mut backoff = shared.config.backoff.clone();
+    let (discovered_tx, mut discovered_rx) = mpsc::unbounded_channel::<Discovery>();
+    let tracker = tokio_util::task::TaskTracker::new();
+    // Announcements from any tunnel open tunnels to the proxies not yet reached.
+    tracker.spawn({
+        let (shared, tx, tracker) = (shared.clone(), discovered_tx.clone(), tracker.clone());
+        async move {
+            loop {
+                tokio::select! {
+                    Some(discovery) = discovered_rx.recv() => spawn_discovered(&shared, discovery, &tx, &tracker),
+                    _ = shared.shutdown.cancelled() => return,
+                }
+            }
+        }
+    });
+    loop {
+        // Shutdown is watched inside: a tunnel that is up must be closed, not dropped.
+        let attempt = async {
+            let ping = tokio::select! {
+                p = shared.fetch_ping() => p?,
+                _ = shared.shutdown.cancelled() => return Ok(()),
+            };
+            let (addr, tls) = tunnel_addr_from_ping(&ping, &shared.config.proxy_addr)?;
+            let target = Target { addr, tls };
+            if let Ok(mut t) = shared.targets.lock() {
+                t.insert(target.addr.to_string());
+            }
+            run_tunnel(&shared, &target, &discovered_tx, &mut backoff, &tracker).await
+        };
+        match attempt.await {
+            // A reconnect request: dial again at once.
+            Ok(()) if !shared.shutdown.is_cancelled() => continue,
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(proxy = %shared.config.proxy_addr, error = %e, "reverse tunnel failed");
+                shared.set_error(&e);
+            }
+        }
+        let delay = backoff.next_delay(rand::random::<f64>());
+        tracing::info!(?delay, "reconnecting the reverse tunnel after backoff");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shared.shutdown.cancelled() => break,
+        }
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+/// Starts a tunnel loop for each announced proxy the agent has no tunnel to yet.
+fn spawn_discovered(
+    shared: &Arc<Shared>,
+    discovery: Discovery,
+    tx: &mpsc::UnboundedSender<Discovery>,
+    tracker: &tokio_util::task::TaskTracker,
+) {
+    for proxy in discovery.proxies {
+        let Ok(addr) = Addr::parse(&proxy.tunnel_addr) else {
+            tracing::warn!(addr = %proxy.tunnel_addr, "discovery announced an unusable proxy address");
+            continue;
+        };
+        let new = shared
+            .targets
+            .lock()
+            .map(|mut t| t.insert(addr.to_string()))
+            .unwrap_or(false);
+        if !new {
+            continue;
+        }
+        tracing::info!(proxy_id = %proxy.proxy_id, %addr, "discovered another proxy; opening a tunnel to it");
+        let target = Target {
+            addr,
+            tls: proxy.tls_routing,
+        };
+        let (shared, tx) = (shared.clone(), tx.clone());
+        tracker.spawn(async move {
+            let mut backoff = shared.config.backoff.clone();
+            let inner = tokio_util::task::TaskTracker::new();
+            loop {
+                match run_tunnel(&shared, &target, &tx, &mut backoff, &inner).await {
+                    Ok(()) if !shared.shutdown.is_cancelled() => continue,
+                    Ok(()) => break,
+                    Err(e) => {
+                        tracing::warn!(proxy = %target.addr, error = %e, "reverse tunnel failed");
+                        shared.set_error(&e);
+                    }
+                }
+                let delay = backoff.next_delay(rand::random::<f64>());
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shared.shutdown.cancelled() => break,
+                }
+            }
+            inner.close();
+            inner.wait().await;
+        });
+    }
+}
+
+/// One tunnel connection, from dial to loss (`Err`) or reconnect request (`Ok`, after which
+/// the caller dials again at once while this connection drains in the background).
+async fn run_tunnel(
+    shared: &Arc<Shared>,
+    target: &Target,
+    discovered: &mpsc::UnboundedSender<Discovery>,
+    backoff: &mut Backoff,
+    tracker: &tokio_util::task::TaskTracker,
+) -> Result<(), TunnelError> {
+    let conn = Arc::new(ConnShared {
+        draining: AtomicBool::new(false),
+        reconnect: Notify::new(),
+        proxy_id: Mutex::new(None),
+        disconnect_reason: Mutex::new(None),
+        active: std::sync::atomic::AtomicUsize::new(0),
+        idle: Notify::new(),
+    });
+    let result = run_tunnel_on(conn.clone(), shared, target, discovered, backoff, tracker).await;
+    // The proxy's own words (a refusal such as an incompatible version) say more than the
+    // error the cut connection caused.
+    match (result, conn.disconnect_reason.lock().ok().and_then(|r| r.clone())) {
+        (Err(_), Some(reason)) => Err(TunnelError::ProxyClosed(reason)),
+        (result, _) => result,
+    }
+}
+
+async fn run_tunnel_on(
+    conn: Arc<ConnShared>,
+    shared: &Arc<Shared>,
+    target: &Target,
+    discovered: &mpsc::UnboundedSender<Discovery>,
+    backoff: &mut Backoff,
+    tracker: &tokio_util::task::TaskTracker,
+) -> Result<(), TunnelError> {
+    let cfg = &shared.config;
+    let after = cfg.tunables.handshake_timeout;
+    let closed = CancellationToken::new();
+    let handler = AgentHandler {
+        shared: shared.clone(),
+        conn: conn.clone(),
+        _closed: closed.clone().drop_guard(),
+    };
+    let connect = async {
+        let tcp = cfg
+            .dialer
+            .dial(&target.addr)
+            .await
+            .map_err(|source| TunnelError::Dial {
+                addr: target.addr.to_string(),
+                source,
+            })?;
+        let io: BoxIo = if target.tls {
+            let mut tls_config = (**shared.tls.config()).clone();
+            tls_config.alpn_protocols = vec![alpn::REVERSE_TUNNEL.as_bytes().to_vec()];
+            let tls = TlsConnector::from(Arc::new(tls_config))
+                .connect(server_name(&target.addr)?, tcp)
+                .await
+                .map_err(|source| TunnelError::Tls {
+                    addr: target.addr.to_string(),
+                    source,
+                })?;
+            Box::new(tls)
+        } else {
+            Box::new(tcp)
+        };
+        let mut handle = russh::client::connect_stream(shared.ssh.clone(), io, handler).await?;
+        let auth = handle
+            .authenticate_openssh_cert(cfg.host_id.clone(), shared.key.clone(), cfg.host_cert.clone())
+            .await?;
+        if !auth.success() {
+            return Err(TunnelError::AuthRefused(target.addr.to_string()));
+        }
+        Ok::<_, TunnelError>(handle)
+    };
+    let handle = tokio::select! {
+        r = tokio::time::timeout(after, connect) => r.map_err(|_| TunnelError::Timeout {
+            what: "connecting the reverse tunnel",
+            after,
+        })??,
+        _ = shared.shutdown.cancelled() => return Ok(()),
+    };
+
+    // Heartbeats: a ping right away, then every interval.
+    let heartbeat = handle.channel_open_direct_streamlocal(HEARTBEAT_CHANNEL).await?;
+    let interval = cfg.tunables.keepalive_interval;
+    let hb_closed = closed.clone();
+    let hb_shutdown = shared.shutdown.clone();
+    tracker.spawn(async move {
+        let mut stream = heartbeat.into_stream();
+        let mut tick = tokio::time::interval(interval);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = hb_closed.cancelled() => return,
+                _ = hb_shutdown.cancelled() => return,
+            }
+            if stream.write_all(b"ping\n").await.is_err() || stream.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    // Discovery: every announced list goes to the caller, which opens the missing tunnels.
+    let discovery = handle.channel_open_direct_streamlocal(DISCOVERY_CHANNEL).await?;
+    let tx = discovered.clone();
+    let (d_closed, d_shutdown) = (closed.clone(), shared.shutdown.clone());
+    tracker.spawn(async move {
+        let mut stream = discovery.into_stream();
+        loop {
+            let line = tokio::select! {
+                l = read_line(&mut stream, 64 * 1024) => match l {
+                    Ok(Some(line)) => line,
+                    _ => return,
+                },
+                _ = d_closed.cancelled() => return,
+                _ = d_shutdown.cancelled() => return,
+            };
+            match serde_json::from_str::<Discovery>(&line) {
+                Ok(d) => {
+                    if tx.send(d).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "malformed discovery message"),
+            }
+        }
+    });
+
+    let proxy_id = conn
+        .proxy_id
+        .lock()
+        .ok()
+        .and_then(|p| p.clone())
+        .unwrap_or_else(|| target.addr.to_string());
+    backoff.reset();
+    shared.status.send_modify(|s| {
+        s.connected.insert(proxy_id.clone());
+        s.established += 1;
+    });
+    tracing::info!(proxy = %target.addr, %proxy_id, tls = target.tls, "reverse tunnel established");
+
+    let outcome = tokio::select! {
+        _ = closed.cancelled() => Err(TunnelError::Closed { server: proxy_id.clone(), reason: "the proxy closed the connection".into() }),
+        _ = conn.reconnect.notified() => Ok(()),
+        _ = shared.shutdown.cancelled() => Ok(()),
+    };
+    shared.status.send_modify(|s| {
+        s.connected.remove(&proxy_id);
+    });
+    if outcome.is_ok() {
+        // Drain: new work is refused; the connection closes when its sessions are done (or at
+        // shutdown), while the caller dials a fresh tunnel at once.
+        conn.draining.store(true, Ordering::SeqCst);
+        tracing::info!(%proxy_id, "draining the reverse tunnel");
+        let shutdown = shared.shutdown.clone();
+        let conn = conn.clone();
+        tracker.spawn(async move {
+            loop {
+                let idle = conn.idle.notified();
+                if conn.active.load(Ordering::SeqCst) == 0 {
+                    break;
+                }
+                tokio::select! {
+                    _ = idle => {}
+                    _ = closed.cancelled() => return,
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+            let _ = handle
+                .disconnect(russh::Disconnect::ByApplication, "agent connection drained", "")
+                .await;
+        });
+        if shared.shutdown.is_cancelled() {
+            return Ok(());
+        }
+    }
+    outcome
+}
+
+struct ConnShared {
+    disconnect_reason: Mutex<Option<String>>,
+    // Transport channels being served, and a wake-up for the drain when it reaches zero.
+    active: std::sync::atomic::AtomicUsize,
+    idle: Notify,
+    draining: AtomicBool,
+    reconnect: Notify,
+    proxy_id: Mutex<Option<String>>,
+}
+
+struct AgentHandler {
+    shared: Arc<Shared>,
+    conn: Arc<ConnShared>,
+    // Cancels `closed` when russh drops the handler, i.e. when the connection is gone.
+    _closed: DropGuard,
+}
+
+impl russh::client::Handler for AgentHandler {
+    type Error = russh::Error;
+
+    async fn check_server_key(&mut self, key: &PublicKeyOrCertificate) -> Result<bool, Self::Error> {
+        let PublicKeyOrCertificate::Certificate(cert) = key else {
+            tracing::warn!("the proxy presented a plain SSH key, not a host certificate; refusing it");
+            return Ok(false);
+        };
+        match self
+            .shared
+            .config
+            .verifier
+            .verify_host_ssh(cert, SystemTime::now(), Some(SystemRole::Proxy))
+        {
+            Ok(host) => {
+                if let Ok(mut p) = self.conn.proxy_id.lock() {
+                    *p = Some(host.host_id);
+                }
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the proxy's host certificate is not trusted; refusing it");
+                Ok(false)
+            }
+        }
+    }
+
+    async fn server_channel_open_forwarded_streamlocal(
+        &mut self,
+        channel: Channel<Msg>,
+        socket_path: &str,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        match socket_path {
+            VERSION_REQUEST => {
+                reply.accept().await;
+                let version = self.shared.config.version.to_string();
+                tokio::spawn(async move {
+                    let _ = channel.data_bytes(Bytes::from(version)).await;
+                    let _ = channel.eof().await;
+                    let _ = channel.close().await;
+                });
+            }
+            RECONNECT_REQUEST => {
+                reply.accept().await;
+                tracing::info!("the proxy asked the agent to reconnect");
+                self.conn.reconnect.notify_one();
+                tokio::spawn(async move {
+                    let _ = channel.close().await;
+                });
+            }
+            other => {
+                tracing::debug!(request = other, "refusing an unknown request from the proxy");
+                reply.reject(russh::ChannelOpenFailure::UnknownChannelType).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn server_channel_open_forwarded_tcpip(
+        &mut self,
+        channel: Channel<Msg>,
+        connected_address: &str,
+        _connected_port: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if connected_address != TRANSPORT_CHANNEL {
+            reply
+                .reject(russh::ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        }
+        reply.accept().await;
+        let draining = self.conn.draining.load(Ordering::SeqCst);
+        let service = self.shared.service.clone();
+        let conn = self.conn.clone();
+        conn.active.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            serve_transport(channel, service, draining).await;
+            if conn.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+                conn.idle.notify_waiters();
+            }
+        });
+        Ok(())
+    }
+
+    async fn disconnected(&mut self, reason: DisconnectReason<Self::Error>) -> Result<(), Self::Error> {
+        match reason {
+            DisconnectReason::ReceivedDisconnect(info) => {
+                tracing::error!(reason = %info.message, "the proxy closed the reverse tunnel");
+                if !info.message.is_empty()
+                    && let Ok(mut r) = self.conn.disconnect_reason.lock()
+                {
+                    *r = Some(info.message);
+                }
+                Ok(())
+            }
+            DisconnectReason::Error(e) => Err(e),
+        }
+    }
+}
+
+/// One transport channel: read the dial request, ask the service, answer, pipe.
+async fn serve_transport(channel: Channel<Msg>, service: DialService, draining: bool) {
+    let mut stream = channel.into_stream();
+    let req = match read_line(&mut stream, MAX_DIAL_REQUEST).await {
+        Ok(Some(line)) => {
+            serde_json::from_str::<DialRequest>(&line).map_err(|e| format!("malformed dial request: {e}"))
+        }
+        Ok(None) => return,
+        Err(e) => Err(format!("reading the dial request: {e}")),
+    };
+    let outcome = match req {
+        Err(e) => Err(e),
+        Ok(_) if draining => Err(DRAINING.to_owned()),
+        Ok(req) => {
+            let address = req.address.clone();
+            match service.oneshot(req).await {
+                Ok(io) => Ok(io),
+                Err(e) => Err(format!("dialing {address}: {e}")),
+            }
+        }
+    };
+    match outcome {
+        Ok(mut io) => {
+            if stream.write_all(format!("{DIAL_OK}\n").as_bytes()).await.is_err() {
+                return;
+            }
+            let _ = copy_bidirectional_with_sizes(&mut stream, &mut io, 64 * 1024, 64 * 1024).await;
+        }
+        Err(text) => {
+            tracing::info!(error = %text, "refusing a dial request");
+            let line = format!("{}\n", text.replace('\n', " "));
+            let _ = stream.write_all(line.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pinged() -> Addr {
+        Addr::parse("proxy.example.com:443").unwrap()
+    }
+
+    #[test]
+    fn tls_routing_dials_the_public_web_address() {
+        let ping = serde_json::json!({"proxy": {"tls_routing_enabled": true,
+            "ssh": {"public_addr": "proxy.example.com:443", "ssh_tunnel_public_addr": "proxy.example.com:3024"}}});
+        let (addr, tls) = tunnel_addr_from_ping(&ping, &pinged()).unwrap();
+        assert_eq!((addr.to_string().as_str(), tls), ("proxy.example.com:443", true));
+    }
+
+    #[test]
+    fn separate_ports_dial_the_tunnel_address() {
+        let ping = serde_json::json!({"proxy": {"tls_routing_enabled": false,
+            "ssh": {"public_addr": "proxy.example.com:3080", "ssh_tunnel_public_addr": "tun.example.com:3024",
+                    "tunnel_listen_addr": "0.0.0.0:3024"}}});
+        let (addr, tls) = tunnel_addr_from_ping(&ping, &pinged()).unwrap();
+        assert_eq!((addr.to_string().as_str(), tls), ("tun.example.com:3024", false));
+        let ping = serde_json::json!({"proxy": {"ssh": {"tunnel_listen_addr": "0.0.0.0:4024"}}});
+        let (addr, _) = tunnel_addr_from_ping(&ping, &pinged()).unwrap();
+        assert_eq!(
+            addr.to_string(),
+            "proxy.example.com:4024",
+            "an unspecified host means the pinged host"
+        );
+        let err = tunnel_addr_from_ping(&serde_json::json!({}), &pinged()).unwrap_err();
+        assert!(err.to_string().contains("no tunnel address"), "{err}");
+    }
+}

@@ -1,0 +1,349 @@
+//! The reverse tunnel: agents dial out to the proxy and keep one multiplexed SSH connection over
+//! which the proxy reaches their resources.
+//!
+//! Where it sits in the data flow: on the proxy, a handler (`ssh::proxy` for SSH clients)
+//! asks the [`TunnelDialer`] for a stream to `node-1:3022`; the dialer finds the agent in the
+//! [`AgentRegistry`] that the [`TunnelServer`] fills as agents connect, and opens a transport
+//! channel on that agent's tunnel. On the agent, [`TunnelAgent`] keeps the tunnel up (find the
+//! address from `/webapi/ping`, dial through [`ProxyDialer`](crate::dial::ProxyDialer) —
+//! directly or via HTTP CONNECT — then SSH on 3024 or SSH inside TLS with ALPN
+//! `svc-reversetunnel`) and hands every transport channel to a caller-supplied
+//! `tower::Service<DialRequest>` (the SSH Service is one) whose stream it pipes to the channel.
+//!
+//! # Wire protocol (REFERENCE.md, "Reverse tunnel")
+//!
+//! SSH via russh. The agent is the SSH client, user = its host ID, authenticated with its
+//! cluster-signed OpenSSH host certificate; the proxy presents its own host certificate
+//! (`<proxy-id>.<cluster>`, role `proxy`) and each side verifies the other with the host CA.
+//!
+//! russh supports neither custom global requests nor custom channel types opened by the
+//! server, so the messages map onto standard channel types, each named by its address field:
+//!
+//! | message | direction | SSH form |
+//! |---|---|---|
+//! | heartbeat | agent → proxy | `direct-streamlocal@openssh.com` to [`HEARTBEAT_CHANNEL`]: a `ping` line right away, then one per keep-alive interval |
+//! | discovery | agent → proxy | `direct-streamlocal@openssh.com` to [`DISCOVERY_CHANNEL`]: the proxy writes JSON lines, each the full list of proxies ([`Discovery`]) |
+//! | version query | proxy → agent | `forwarded-streamlocal@openssh.com` from [`VERSION_REQUEST`]: the agent writes its version and closes |
+//! | reconnect request | proxy → agent | `forwarded-streamlocal@openssh.com` from [`RECONNECT_REQUEST`]: the agent drains and dials again |
+//! | any other request | proxy → agent | refused (the "answered false" of a global request) |
+//! | dial | proxy → agent | `forwarded-tcpip` from [`TRANSPORT_CHANNEL`]: one JSON [`DialRequest`] line, then the agent answers one line — `ok` or the failure text — and, on `ok`, the channel carries the connection's bytes |
+//!
+//! An agent whose version is incompatible with the cluster's is disconnected with a message
+//! saying why (`SSH_MSG_DISCONNECT` description); the agent logs it.
+
+mod agent;
+mod backoff;
+mod registry;
+mod server;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use agent::{AgentConfig, AgentStatus, DialService, RunningAgent, TunnelAgent, tunnel_addr_from_ping};
+pub use backoff::Backoff;
+pub use registry::{AgentInfo, AgentRegistry};
+pub(crate) use server::ssh_server_config;
+pub use server::{TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream};
+
+/// Wraps an async function as the [`DialService`] an agent serves dial requests with.
+pub fn dial_service_fn<F, Fut>(f: F) -> DialService
+where
+    F: Fn(DialRequest) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<crate::listen::BoxIo, crate::listen::BoxError>> + Send + 'static,
+{
+    tower::util::BoxCloneSyncService::new(tower::service_fn(f))
+}
+
+/// The heartbeat channel's address (agent → proxy).
+pub const HEARTBEAT_CHANNEL: &str = "heartbeat@svc.dev";
+/// The discovery channel's address (agent → proxy).
+pub const DISCOVERY_CHANNEL: &str = "discovery@svc.dev";
+/// The version query (proxy → agent).
+pub const VERSION_REQUEST: &str = "version@svc.dev";
+/// The reconnect request (proxy → agent).
+pub const RECONNECT_REQUEST: &str = "reconnect@svc.dev";
+/// The transport channel's connected address (proxy → agent).
+pub const TRANSPORT_CHANNEL: &str = "transport@svc.dev";
+/// What a draining agent answers to new work.
+pub const DRAINING: &str = "agent connection is draining";
+/// The agent's answer to a dial request that succeeded.
+pub const DIAL_OK: &str = "ok";
+/// Dial requests longer than this are refused (a JSON object of a few addresses).
+pub const MAX_DIAL_REQUEST: usize = 8 * 1024;
+
+/// What kind of resource a dial is for.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ConnType {
+    /// The SSH Service.
+    Node,
+    /// An application.
+    App,
+    /// A Kubernetes cluster.
+    Kube,
+    /// A database.
+    Db,
+    /// A Windows desktop.
+    WindowsDesktop,
+}
+
+/// A dial request, as the proxy sends it down a transport channel (REFERENCE.md).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct DialRequest {
+    /// The resource address on the agent's side (`host:port`).
+    pub address: String,
+    /// The agent's host ID, `<uuid>.<cluster>`.
+    pub server_id: String,
+    /// The kind of resource.
+    pub conn_type: ConnType,
+    /// The client's address as the proxy saw it.
+    pub client_src_addr: String,
+    /// The address the client connected to on the proxy.
+    pub client_dst_addr: String,
+}
+
+/// Tunnel tunables, shared by both ends.
+///
+/// The channel window is raised from russh's 2 MiB to 8 MiB: a tunnel carries bulk streams
+/// across high bandwidth-delay paths, where the window caps a stream at window / RTT (2 MiB
+/// over 50 ms is 335 Mbit/s; 8 MiB is 1.3 Gbit/s), and on loopback the larger window costs
+/// nothing measurable. The packet size stays at 32 KiB: 64 KiB packets, reported to help SFTP
+/// (BENCHMARKS.md), measured 10–15 % slower through the tunnel here (docs/performance.md,
+/// "Reverse tunnel").
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Tunables {
+    /// Per-channel receive window, bytes.
+    pub window_size: u32,
+    /// Largest SSH packet payload per channel message, bytes.
+    pub max_packet_size: u32,
+    /// Messages buffered per channel before backpressure reaches the connection.
+    pub channel_buffer_size: usize,
+    /// Heartbeat interval (agent) and the unit of the offline timeout (proxy).
+    pub keepalive_interval: Duration,
+    /// Missed heartbeats before the proxy marks an agent offline.
+    pub keepalive_count: u32,
+    /// Deadline for dialing and the TLS + SSH handshakes.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for Tunables {
+    fn default() -> Self {
+        Self {
+            window_size: 8 * 1024 * 1024,
+            max_packet_size: 32 * 1024,
+            channel_buffer_size: 100,
+            keepalive_interval: Duration::from_secs(5 * 60),
+            keepalive_count: 3,
+            handshake_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Tunables {
+    /// Sets the heartbeat interval (tests shorten it).
+    pub fn with_keepalive(mut self, interval: Duration, count: u32) -> Self {
+        self.keepalive_interval = interval;
+        self.keepalive_count = count.max(1);
+        self
+    }
+
+    /// How long an agent may stay silent before it is marked offline.
+    pub fn offline_after(&self) -> Duration {
+        self.keepalive_interval * self.keepalive_count
+    }
+}
+
+/// A proxy an agent should keep a tunnel to, as the discovery channel announces it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct DiscoveredProxy {
+    /// The proxy's host ID.
+    pub proxy_id: String,
+    /// Where to dial its tunnel (`host:port`).
+    pub tunnel_addr: String,
+    /// Whether that address is a TLS-routing port (SSH inside TLS with ALPN).
+    pub tls_routing: bool,
+}
+
+/// The discovery channel's message: every proxy of the cluster.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct Discovery {
+    /// The proxies.
+    pub proxies: Vec<DiscoveredProxy>,
+}
+
+/// Why a tunnel operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TunnelError {
+    /// No connected agent answers to the requested server.
+    #[error("no agent tunnel for server {0:?} (is the agent connected?)")]
+    NoAgent(String),
+    /// The agent's connection went away.
+    #[error("the tunnel to {server} is closed: {reason}")]
+    Closed {
+        /// The server.
+        server: String,
+        /// What happened.
+        reason: String,
+    },
+    /// The agent refused or failed the dial.
+    #[error("agent {server} could not dial {address}: {reason}")]
+    DialRefused {
+        /// The server.
+        server: String,
+        /// The address requested.
+        address: String,
+        /// The agent's text.
+        reason: String,
+    },
+    /// The proxy's ping could not be fetched or read.
+    #[error("fetching {url}: {reason}")]
+    Ping {
+        /// The URL.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Dialing the proxy failed.
+    #[error("dialing the proxy at {addr}: {source}")]
+    Dial {
+        /// The address.
+        addr: String,
+        /// The cause.
+        source: crate::dial::Error,
+    },
+    /// TLS to the proxy failed.
+    #[error("TLS to {addr}: {source}")]
+    Tls {
+        /// The address.
+        addr: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The SSH layer failed.
+    #[error("ssh: {0}")]
+    Ssh(#[from] russh::Error),
+    /// The proxy closed the tunnel and said why (an incompatible version, a shutdown).
+    #[error("the proxy closed the reverse tunnel: {0}")]
+    ProxyClosed(String),
+    /// The proxy refused the agent's credentials.
+    #[error("the proxy at {0} refused the agent's host certificate")]
+    AuthRefused(String),
+    /// A deadline passed.
+    #[error("{what} timed out after {after:?}")]
+    Timeout {
+        /// What was being done.
+        what: &'static str,
+        /// The deadline.
+        after: Duration,
+    },
+    /// An I/O error on a channel.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A malformed message.
+    #[error("malformed {what}: {reason}")]
+    Malformed {
+        /// Which message.
+        what: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl From<TunnelError> for std::io::Error {
+    fn from(e: TunnelError) -> Self {
+        std::io::Error::other(e)
+    }
+}
+
+/// Reads one `\n`-terminated line of at most `max` bytes (without the newline), byte by byte
+/// so that nothing after the line is consumed: the rest of the stream belongs to the caller.
+pub(crate) async fn read_line<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> std::io::Result<Option<String>> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::with_capacity(64);
+    loop {
+        let mut b = [0u8; 1];
+        if r.read(&mut b).await? == 0 {
+            return if buf.is_empty() {
+                Ok(None)
+            } else {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "line cut short",
+                ))
+            };
+        }
+        if b[0] == b'\n' {
+            return String::from_utf8(buf)
+                .map(Some)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e));
+        }
+        if buf.len() >= max {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("line longer than {max} bytes"),
+            ));
+        }
+        buf.push(b[0]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dial_request_json_matches_the_reference() {
+        let req = DialRequest {
+            address: "node-1:3022".into(),
+            server_id: "6f1c.example.com".into(),
+            conn_type: ConnType::WindowsDesktop,
+            client_src_addr: "10.0.0.1:5000".into(),
+            client_dst_addr: "10.0.0.2:443".into(),
+        };
+        let json = serde_json::to_value(&req).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"address": "node-1:3022", "server_id": "6f1c.example.com",
+                "conn_type": "windows_desktop", "client_src_addr": "10.0.0.1:5000",
+                "client_dst_addr": "10.0.0.2:443"})
+        );
+        let back: DialRequest = serde_json::from_value(json).unwrap();
+        assert_eq!(back, req);
+    }
+
+    #[tokio::test]
+    async fn read_line_leaves_the_rest() {
+        let mut data: &[u8] = b"{\"a\":1}\nrest";
+        assert_eq!(
+            read_line(&mut data, 100).await.unwrap().as_deref(),
+            Some("{\"a\":1}")
+        );
+        assert_eq!(data, b"rest");
+        let mut long: &[u8] = b"xxxxxxxx\n";
+        assert!(read_line(&mut long, 4).await.is_err());
+        let mut empty: &[u8] = b"";
+        assert_eq!(read_line(&mut empty, 4).await.unwrap(), None);
+    }
+
+    #[test]
+    fn offline_after_is_count_times_interval() {
+        let t = Tunables::default();
+        assert_eq!(t.offline_after(), Duration::from_secs(15 * 60));
+        assert_eq!(
+            t.with_keepalive(Duration::from_secs(2), 0).offline_after(),
+            Duration::from_secs(2)
+        );
+    }
+}

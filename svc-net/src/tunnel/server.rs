@@ -1,0 +1,672 @@
+//! The proxy side of the reverse tunnel: [`TunnelServer`] accepts agents' tunnels (plain SSH
+//! on the tunnel listener, or SSH inside TLS with ALPN `svc-reversetunnel` on the web port),
+//! verifies them and registers them; [`TunnelDialer`] opens a transport channel on a
+//! registered tunnel for each client connection.
+
+use std::{
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, Weak},
+    task::{Context, Poll},
+    time::{Duration, SystemTime},
+};
+
+use futures_util::future::BoxFuture;
+use russh::{
+    Channel,
+    keys::{Certificate, PrivateKey},
+    server::{Auth, ChannelOpenHandle, Msg, Session},
+};
+use svc_core::{
+    Version,
+    identity::{HostIdentity, Verifier},
+    version::Compatibility,
+};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf},
+    sync::{oneshot, watch},
+};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tower::Service;
+
+use super::{
+    DIAL_OK, DISCOVERY_CHANNEL, DialRequest, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST,
+    RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST, read_line,
+    registry::{AgentInfo, AgentRegistry, ConnState, LiveGuard},
+};
+use crate::{
+    listen::{BoxError, ConnFuture, Connection, Io},
+    route::{ConnService, conn_service},
+};
+
+/// What the proxy needs to accept tunnels.
+#[non_exhaustive]
+pub struct TunnelServerConfig {
+    /// The cluster's version: agents are checked against it.
+    pub cluster_version: Version,
+    /// The proxy's SSH host key and its host-CA-signed certificate (role `proxy`).
+    pub host_key: PrivateKey,
+    /// The certificate for `host_key`.
+    pub host_cert: Certificate,
+    /// Verifies agents' host certificates (trusts the cluster's host CA).
+    pub verifier: Arc<Verifier>,
+    /// The web port's TLS configuration, for tunnels arriving with ALPN `svc-reversetunnel`
+    /// (`ServerIdentity::server_config(&[alpn::REVERSE_TUNNEL])`). Without it only plain-SSH
+    /// tunnels are served.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Window, packet and keep-alive settings.
+    pub tunables: Tunables,
+}
+
+impl TunnelServerConfig {
+    /// A configuration with default tunables and no TLS.
+    pub fn new(
+        cluster_version: Version,
+        host_key: PrivateKey,
+        host_cert: Certificate,
+        verifier: Arc<Verifier>,
+    ) -> Self {
+        Self {
+            cluster_version,
+            host_key,
+            host_cert,
+            verifier,
+            tls: None,
+            tunables: Tunables::default(),
+        }
+    }
+
+    /// Serves the TLS path with `tls`.
+    pub fn with_tls(mut self, tls: Arc<rustls::ServerConfig>) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Replaces the tunables.
+    pub fn with_tunables(mut self, tunables: Tunables) -> Self {
+        self.tunables = tunables;
+        self
+    }
+}
+
+struct Inner {
+    ssh: Arc<russh::server::Config>,
+    verifier: Arc<Verifier>,
+    cluster_version: Version,
+    tls: Option<TlsAcceptor>,
+    tunables: Tunables,
+    registry: AgentRegistry,
+    discovery: watch::Sender<Discovery>,
+}
+
+/// Accepts and registers agents' tunnels. Cheap to clone.
+#[derive(Clone)]
+pub struct TunnelServer {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for TunnelServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TunnelServer")
+            .field("registry", &self.inner.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The russh server configuration both SSH servers of this crate start from.
+pub(crate) fn ssh_server_config(
+    tunables: &Tunables,
+    key: PrivateKey,
+    cert: Option<Certificate>,
+) -> russh::server::Config {
+    let mut methods = russh::MethodSet::empty();
+    methods.push(russh::MethodKind::PublicKey);
+    russh::server::Config {
+        server_id: russh::SshId::Standard(format!("SSH-2.0-svc_{}", svc_core::version::current()).into()),
+        methods,
+        auth_rejection_time: Duration::from_millis(200),
+        auth_rejection_time_initial: Some(Duration::ZERO),
+        keys: vec![key],
+        certificates: cert.into_iter().collect(),
+        window_size: tunables.window_size,
+        maximum_packet_size: tunables.max_packet_size,
+        channel_buffer_size: tunables.channel_buffer_size,
+        inactivity_timeout: None,
+        nodelay: true,
+        ..Default::default()
+    }
+}
+
+impl TunnelServer {
+    /// Builds the server and starts its offline sweeper (a task that ends with the server).
+    /// Must be called inside a tokio runtime.
+    pub fn new(config: TunnelServerConfig) -> Self {
+        let ssh = ssh_server_config(&config.tunables, config.host_key, Some(config.host_cert));
+        let inner = Arc::new(Inner {
+            ssh: Arc::new(ssh),
+            verifier: config.verifier,
+            cluster_version: config.cluster_version,
+            tls: config.tls.map(TlsAcceptor::from),
+            tunables: config.tunables,
+            registry: AgentRegistry::default(),
+            discovery: watch::channel(Discovery::default()).0,
+        });
+        tokio::spawn(sweep(Arc::downgrade(&inner)));
+        Self { inner }
+    }
+
+    /// The registry of connected agents.
+    pub fn registry(&self) -> &AgentRegistry {
+        &self.inner.registry
+    }
+
+    /// A dialer over this server's tunnels.
+    pub fn dialer(&self) -> TunnelDialer {
+        TunnelDialer {
+            registry: self.inner.registry.clone(),
+            timeout: self.inner.tunables.handshake_timeout,
+        }
+    }
+
+    /// Announces the cluster's proxies to every agent (the discovery channel).
+    pub fn set_proxies(&self, discovery: Discovery) {
+        self.inner.discovery.send_replace(discovery);
+    }
+
+    /// Asks every tunnel of `host_id` to drain and reconnect; returns how many were asked.
+    pub async fn request_reconnect(&self, host_id: &str) -> usize {
+        let mut asked = 0;
+        for handle in self.inner.registry.handles(host_id) {
+            if let Ok(ch) = handle.channel_open_forwarded_streamlocal(RECONNECT_REQUEST).await {
+                let _ = ch.close().await;
+                asked += 1;
+            }
+        }
+        asked
+    }
+
+    /// The handler for the plain-SSH tunnel listener (`ProxyBuilder::tunnel`, port 3024).
+    pub fn plain_service(&self) -> ConnService {
+        conn_service(PlainService(self.clone()))
+    }
+
+    /// The handler for ALPN `svc-reversetunnel` (`ProxyBuilder::route`): terminates TLS, then
+    /// serves SSH inside it. Without a TLS configuration every such connection is refused.
+    pub fn tls_service(&self) -> ConnService {
+        conn_service(TlsService(self.clone()))
+    }
+
+    /// Serves one tunnel on an established byte stream until it closes, or until `shutdown`
+    /// is cancelled: then the agent is told the proxy is going away and dials again (to this
+    /// proxy once it is back, or to another).
+    pub async fn serve_stream<S: Io>(
+        &self,
+        io: S,
+        peer: SocketAddr,
+        shutdown: CancellationToken,
+    ) -> Result<(), TunnelError> {
+        let inner = &self.inner;
+        let state = ConnState::new();
+        let (auth_tx, auth_rx) = oneshot::channel();
+        let handler = TunnelHandler {
+            inner: self.inner.clone(),
+            state: state.clone(),
+            auth: Some(auth_tx),
+            peer,
+        };
+        let after = inner.tunables.handshake_timeout;
+        let session = tokio::time::timeout(after, russh::server::run_stream(inner.ssh.clone(), io, handler))
+            .await
+            .map_err(|_| TunnelError::Timeout {
+                what: "the tunnel's SSH handshake",
+                after,
+            })??;
+        let handle = session.handle();
+        let mut session = session;
+        let host = tokio::select! {
+            r = auth_rx => match r {
+                Ok(host) => host,
+                Err(_) => return Ok(()),
+            },
+            r = &mut session => return r.map_err(Into::into),
+            _ = tokio::time::sleep(after) => {
+                return Err(TunnelError::Timeout { what: "the tunnel's authentication", after });
+            }
+        };
+
+        // Query the version right after authentication; refuse incompatible agents with a
+        // message the agent logs.
+        let version = match tokio::time::timeout(after, query_version(&handle)).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                let _ = handle
+                    .disconnect(
+                        russh::Disconnect::ByApplication,
+                        format!("version query failed: {e}"),
+                        String::new(),
+                    )
+                    .await;
+                return Err(e);
+            }
+            Err(_) => {
+                return Err(TunnelError::Timeout {
+                    what: "the agent's version query",
+                    after,
+                });
+            }
+        };
+        if let Some(msg) = incompatibility(&version, &inner.cluster_version) {
+            tracing::warn!(host_id = %host.host_id, agent_version = %version, cluster_version = %inner.cluster_version, "refusing the agent's tunnel: {msg}");
+            let _ = handle
+                .disconnect(russh::Disconnect::ByApplication, msg, String::new())
+                .await;
+            let _ = session.await;
+            return Ok(());
+        }
+
+        let info = AgentInfo {
+            host_id: host.host_id.clone(),
+            node_name: host.node_name.clone(),
+            version,
+            remote_addr: peer,
+            connected_at: SystemTime::now(),
+            online: true,
+            live_sessions: 0,
+        };
+        state.heartbeat();
+        let handle_for_shutdown = handle.clone();
+        let id = inner.registry.insert(info, handle, state);
+        tracing::info!(host_id = %host.host_id, node = %host.node_name, %peer, "agent tunnel registered");
+        let result = tokio::select! {
+            r = &mut session => r,
+            _ = shutdown.cancelled() => {
+                let _ = handle_for_shutdown
+                    .disconnect(russh::Disconnect::ByApplication, "the proxy is shutting down".into(), String::new())
+                    .await;
+                Ok(())
+            }
+        };
+        inner.registry.remove(&host.host_id, id);
+        tracing::info!(host_id = %host.host_id, node = %host.node_name, "agent tunnel closed");
+        result.map_err(Into::into)
+    }
+}
+
+/// Why an agent at `agent` may not join a cluster at `cluster`, if it may not.
+fn incompatibility(agent: &Version, cluster: &Version) -> Option<String> {
+    match agent.agent_compatibility(cluster) {
+        Compatibility::Compatible => None,
+        Compatibility::AgentAhead => Some(format!(
+            "agent version {agent} is incompatible with cluster version {cluster}: agents must not run a newer major version than the cluster; install the cluster's version"
+        )),
+        Compatibility::AgentTooOld => Some(format!(
+            "agent version {agent} is incompatible with cluster version {cluster}: agents may be at most one major version behind; upgrade the agent"
+        )),
+        _ => Some(format!(
+            "agent version {agent} is incompatible with cluster version {cluster}"
+        )),
+    }
+}
+
+async fn query_version(handle: &russh::server::Handle) -> Result<Version, TunnelError> {
+    let channel = handle.channel_open_forwarded_streamlocal(VERSION_REQUEST).await?;
+    let mut stream = channel.into_stream();
+    let mut buf = Vec::new();
+    (&mut stream)
+        .take(256)
+        .read_to_end(&mut buf)
+        .await
+        .map_err(|source| TunnelError::Io {
+            what: "reading the agent's version",
+            source,
+        })?;
+    let text = String::from_utf8_lossy(&buf);
+    text.trim()
+        .parse()
+        .map_err(|e: svc_core::version::VersionError| TunnelError::Malformed {
+            what: "agent version",
+            reason: e.to_string(),
+        })
+}
+
+/// Marks silent agents offline and closes their idle tunnels, until the server is dropped.
+async fn sweep(inner: Weak<Inner>) {
+    let period = match inner.upgrade() {
+        Some(i) => {
+            (i.tunables.keepalive_interval / 2).clamp(Duration::from_millis(50), Duration::from_secs(5))
+        }
+        None => return,
+    };
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        let stale = inner
+            .registry
+            .sweep(tokio::time::Instant::now(), inner.tunables.offline_after());
+        for (host_id, handle) in stale {
+            tracing::info!(%host_id, "closing a silent agent tunnel that carries no sessions");
+            let _ = handle
+                .disconnect(
+                    russh::Disconnect::ByApplication,
+                    "no heartbeat from the agent".into(),
+                    String::new(),
+                )
+                .await;
+        }
+    }
+}
+
+struct TunnelHandler {
+    inner: Arc<Inner>,
+    state: Arc<ConnState>,
+    auth: Option<oneshot::Sender<HostIdentity>>,
+    peer: SocketAddr,
+}
+
+impl russh::server::Handler for TunnelHandler {
+    type Error = russh::Error;
+
+    async fn auth_openssh_certificate(
+        &mut self,
+        user: &str,
+        certificate: &Certificate,
+    ) -> Result<Auth, Self::Error> {
+        match self
+            .inner
+            .verifier
+            .verify_host_ssh(certificate, SystemTime::now(), None)
+        {
+            Ok(host) if host.host_id == user => {
+                if let Some(tx) = self.auth.take() {
+                    let _ = tx.send(host);
+                }
+                Ok(Auth::Accept)
+            }
+            Ok(host) => {
+                tracing::warn!(peer = %self.peer, user, cert_host_id = %host.host_id, "tunnel refused: the SSH user is not the certificate's host ID");
+                Ok(Auth::reject())
+            }
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, user, error = %e, "tunnel refused: bad agent certificate");
+                Ok(Auth::reject())
+            }
+        }
+    }
+
+    async fn channel_open_direct_streamlocal(
+        &mut self,
+        channel: Channel<Msg>,
+        socket_path: &str,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        match socket_path {
+            HEARTBEAT_CHANNEL => {
+                reply.accept().await;
+                let state = self.state.clone();
+                tokio::spawn(async move {
+                    let mut stream = channel.into_stream();
+                    while let Ok(Some(_ping)) = read_line(&mut stream, 256).await {
+                        state.heartbeat();
+                    }
+                });
+            }
+            DISCOVERY_CHANNEL => {
+                reply.accept().await;
+                let mut rx = self.inner.discovery.subscribe();
+                tokio::spawn(async move {
+                    let mut stream = channel.into_stream();
+                    loop {
+                        let msg = rx.borrow_and_update().clone();
+                        let Ok(mut line) = serde_json::to_vec(&msg) else {
+                            return;
+                        };
+                        line.push(b'\n');
+                        if stream.write_all(&line).await.is_err() || stream.flush().await.is_err() {
+                            return;
+                        }
+                        if rx.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            other => {
+                tracing::debug!(peer = %self.peer, channel = other, "refusing an unknown tunnel channel");
+                reply.reject(russh::ChannelOpenFailure::UnknownChannelType).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+struct PlainService(TunnelServer);
+
+impl Service<Connection> for PlainService {
+    type Response = ();
+    type Error = BoxError;
+    type Future = ConnFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut conn: Connection) -> Self::Future {
+        let server = self.0.clone();
+        ConnFuture::new(async move {
+            conn.classified();
+            let peer = conn.peer_addr;
+            if let Err(e) = server.serve_stream(conn.io, peer, conn.shutdown.clone()).await {
+                tracing::info!(%peer, error = %e, "agent tunnel ended with an error");
+            }
+            Ok(())
+        })
+    }
+}
+
+#[derive(Clone)]
+struct TlsService(TunnelServer);
+
+impl Service<Connection> for TlsService {
+    type Response = ();
+    type Error = BoxError;
+    type Future = ConnFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut conn: Connection) -> Self::Future {
+        let server = self.0.clone();
+        ConnFuture::new(async move {
+            conn.classified();
+            let peer = conn.peer_addr;
+            let Some(acceptor) = server.inner.tls.clone() else {
+                tracing::warn!(%peer, "a TLS reverse tunnel arrived but the tunnel server has no TLS configuration; closing");
+                return Ok(());
+            };
+            let after = server.inner.tunables.handshake_timeout;
+            let tls = match tokio::time::timeout(after, acceptor.accept(conn.io)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::info!(%peer, error = %e, "TLS handshake of an agent tunnel failed");
+                    return Ok(());
+                }
+                Err(_) => {
+                    tracing::info!(%peer, ?after, "TLS handshake of an agent tunnel timed out");
+                    return Ok(());
+                }
+            };
+            if let Err(e) = server.serve_stream(tls, peer, conn.shutdown.clone()).await {
+                tracing::info!(%peer, error = %e, "agent tunnel ended with an error");
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Opens a stream to an agent's resource over its tunnel: `DialRequest` → [`TunnelStream`].
+/// Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct TunnelDialer {
+    registry: AgentRegistry,
+    timeout: Duration,
+}
+
+impl TunnelDialer {
+    /// The registry it dials through.
+    pub fn registry(&self) -> &AgentRegistry {
+        &self.registry
+    }
+
+    /// Dials `req.address` through the tunnel of `req.server_id` (a host ID, UUID or node
+    /// name; the request sent down the tunnel always names the host ID).
+    pub async fn dial(&self, mut req: DialRequest) -> Result<TunnelStream, TunnelError> {
+        let host_id = self
+            .registry
+            .resolve(&req.server_id)
+            .ok_or_else(|| TunnelError::NoAgent(req.server_id.clone()))?;
+        req.server_id = host_id.clone();
+        let (handle, state) = self
+            .registry
+            .pick(&host_id)
+            .ok_or_else(|| TunnelError::NoAgent(host_id.clone()))?;
+        let guard = LiveGuard::new(state);
+        let (src_host, src_port) = split_host_port(&req.client_src_addr);
+        let open = async {
+            let channel = handle
+                .channel_open_forwarded_tcpip(TRANSPORT_CHANNEL, 0, src_host, src_port)
+                .await
+                .map_err(|e| TunnelError::Closed {
+                    server: host_id.clone(),
+                    reason: e.to_string(),
+                })?;
+            let mut stream = channel.into_stream();
+            let mut line = serde_json::to_vec(&req).map_err(|e| TunnelError::Malformed {
+                what: "dial request",
+                reason: e.to_string(),
+            })?;
+            line.push(b'\n');
+            stream.write_all(&line).await.map_err(|source| TunnelError::Io {
+                what: "sending the dial request",
+                source,
+            })?;
+            stream.flush().await.map_err(|source| TunnelError::Io {
+                what: "sending the dial request",
+                source,
+            })?;
+            let answer = read_line(&mut stream, MAX_DIAL_REQUEST)
+                .await
+                .map_err(|source| TunnelError::Io {
+                    what: "reading the agent's answer",
+                    source,
+                })?
+                .unwrap_or_else(|| "the agent closed the channel".into());
+            if answer == DIAL_OK {
+                Ok(stream)
+            } else {
+                Err(TunnelError::DialRefused {
+                    server: host_id.clone(),
+                    address: req.address.clone(),
+                    reason: answer,
+                })
+            }
+        };
+        let stream = tokio::time::timeout(self.timeout, open)
+            .await
+            .map_err(|_| TunnelError::Timeout {
+                what: "dialing through the tunnel",
+                after: self.timeout,
+            })??;
+        Ok(TunnelStream {
+            inner: stream,
+            _live: guard,
+        })
+    }
+}
+
+fn split_host_port(addr: &str) -> (String, u32) {
+    match addr.parse::<SocketAddr>() {
+        Ok(sa) => (sa.ip().to_string(), u32::from(sa.port())),
+        Err(_) => (addr.to_owned(), 0),
+    }
+}
+
+impl Service<DialRequest> for TunnelDialer {
+    type Response = TunnelStream;
+    type Error = TunnelError;
+    type Future = BoxFuture<'static, Result<TunnelStream, TunnelError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: DialRequest) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { this.dial(req).await })
+    }
+}
+
+/// A client connection carried by a tunnel's transport channel. While it lives, the tunnel
+/// counts it as a live session (kept open even if the agent's heartbeats stop).
+pub struct TunnelStream {
+    inner: russh::ChannelStream<Msg>,
+    _live: LiveGuard,
+}
+
+impl std::fmt::Debug for TunnelStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TunnelStream")
+    }
+}
+
+impl AsyncRead for TunnelStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TunnelStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incompatibility_messages() {
+        let cluster: Version = "17.0.0".parse().unwrap();
+        assert!(incompatibility(&"17.2.0".parse().unwrap(), &cluster).is_none());
+        assert!(incompatibility(&"16.4.0".parse().unwrap(), &cluster).is_none());
+        let ahead = incompatibility(&"18.0.0".parse().unwrap(), &cluster).unwrap();
+        assert!(
+            ahead.contains("v18.0.0") && ahead.contains("newer major"),
+            "{ahead}"
+        );
+        let old = incompatibility(&"15.0.0".parse().unwrap(), &cluster).unwrap();
+        assert!(old.contains("one major version behind"), "{old}");
+    }
+}

@@ -1,0 +1,222 @@
+//! SSH through proxy → reverse tunnel → agent SSH Service, with russh clients: exec with output
+//! and exit status, an interactive PTY session with a window resize, logins outside the
+//! certificate refused, the 3022 listener for directly joined agents, and both tunnel paths
+//! (plain SSH on the tunnel port, SSH inside TLS on the web port).
+#![allow(clippy::unwrap_used)]
+
+mod tunnel_support;
+
+use std::sync::Arc;
+
+use russh::ChannelMsg;
+use svc_core::identity::SystemRole;
+use svc_net::ssh::{SshServer, SshServerConfig};
+use tunnel_support::*;
+
+async fn exec_through(separate: bool) {
+    init_tracing();
+    let cluster = Cluster::new();
+    let proxy = start_proxy(
+        &cluster,
+        ProxyOpts {
+            separate,
+            ..Default::default()
+        },
+    )
+    .await;
+    let node = cluster.host(&[SystemRole::Node], "node-1");
+    let agent = start_agent(&cluster, proxy.web, &node);
+    proxy
+        .tunnel
+        .registry()
+        .wait_for("node-1", |a| a.is_some_and(|a| a.online))
+        .await;
+    let info = proxy.tunnel.registry().get("node-1").unwrap();
+    assert_eq!(info.host_id, node.host_id);
+    assert_eq!(info.version.to_string(), "v17.0.0");
+
+    let out = ssh_exec(&proxy, &cluster, "node-1", "echo out; echo err >&2; exit 7").await;
+    assert_eq!(out.stdout(), "out\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n");
+    assert_eq!(out.status, Some(7));
+
+    // By host ID and by UUID too.
+    let uuid = node.host_id.split('.').next().unwrap().to_owned();
+    for name in [node.host_id.as_str(), uuid.as_str()] {
+        let out = ssh_exec(&proxy, &cluster, name, "printf %s \"$USER\"").await;
+        assert_eq!(
+            (out.stdout().as_str(), out.status),
+            ("root", Some(0)),
+            "via {name}"
+        );
+    }
+    agent.shutdown().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_through_the_tunnel_with_tls_routing() {
+    exec_through(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_through_the_tunnel_on_separate_ports() {
+    exec_through(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactive_pty_session_with_resize() {
+    init_tracing();
+    let cluster = Cluster::new();
+    let proxy = start_proxy(&cluster, ProxyOpts::default()).await;
+    let node = cluster.host(&[SystemRole::Node], "node-pty");
+    let agent = start_agent(&cluster, proxy.web, &node);
+    proxy
+        .tunnel
+        .registry()
+        .wait_for("node-pty", |a| a.is_some_and(|a| a.online))
+        .await;
+    let user = cluster.user("alice", &["root"]);
+    let session = node_session(&proxy, &cluster, &user, "node-pty").await;
+    let mut ch = session.channel_open_session().await.unwrap();
+    ch.set_env(true, "LANG", "C.UTF-8").await.unwrap();
+    ch.request_pty(true, "xterm", 80, 24, 0, 0, &[]).await.unwrap();
+    ch.request_shell(true).await.unwrap();
+    ch.window_change(132, 43, 0, 0).await.unwrap();
+    ch.data(&b"stty size; echo \"lang=$LANG tty=$(tty)\"; echo hi; exit 3\n"[..])
+        .await
+        .unwrap();
+    let mut output = Vec::new();
+    let mut status = None;
+    let mut successes = 0;
+    while let Some(msg) = ch.wait().await {
+        match msg {
+            ChannelMsg::Data { data } => output.extend_from_slice(&data),
+            ChannelMsg::ExitStatus { exit_status } => status = Some(exit_status),
+            ChannelMsg::Close => break,
+            ChannelMsg::Success => successes += 1,
+            ChannelMsg::Failure => panic!("the node refused a request"),
+            _ => {}
+        }
+    }
+    let text = String::from_utf8_lossy(&output);
+    assert_eq!(status, Some(3), "{text}");
+    assert!(successes >= 3, "env, pty and shell requests are acknowledged");
+    assert!(text.contains("\r\nhi\r\n"), "PTY output uses CRLF: {text:?}");
+    assert!(
+        text.contains("43 132"),
+        "the window resize reached the PTY: {text:?}"
+    );
+    assert!(text.contains("lang=C.UTF-8 tty=/dev/pts/"), "{text:?}");
+    agent.shutdown().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_outside_the_certificate_is_refused_and_unknown_nodes_fail_clearly() {
+    init_tracing();
+    let cluster = Cluster::new();
+    let proxy = start_proxy(&cluster, ProxyOpts::default()).await;
+    let node = cluster.host(&[SystemRole::Node], "node-2");
+    let agent = start_agent(&cluster, proxy.web, &node);
+    proxy
+        .tunnel
+        .registry()
+        .wait_for("node-2", |a| a.is_some_and(|a| a.online))
+        .await;
+    // Certificate allows `nobody`; asking for `root` must fail at the node.
+    let mut user = cluster.user("mallory", &["nobody"]);
+    user.login = "root".into();
+    let stream = svc_net::ssh::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "node-2", 0)
+        .await
+        .unwrap();
+    let handler = NodeClient {
+        verifier: cluster.verifier.clone(),
+        seen_host: Arc::default(),
+    };
+    let seen = handler.seen_host.clone();
+    let mut session = russh::client::connect_stream(
+        Arc::new(svc_net::ssh::client_config(&svc_net::tunnel::Tunables::default())),
+        stream,
+        handler,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        seen.lock().unwrap().as_deref(),
+        Some(node.host_id.as_str()),
+        "the node presented its host certificate"
+    );
+    let auth = session
+        .authenticate_openssh_cert("root", user.key.clone(), user.cert.clone())
+        .await
+        .unwrap();
+    assert!(!auth.success(), "a login that is not a principal is refused");
+
+    let err = svc_net::ssh::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "no-such-node", 0)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("no agent tunnel for server \"no-such-node\""),
+        "{err}"
+    );
+
+    // A certificate from another cluster's user CA is refused by the proxy.
+    let other = Cluster::new();
+    let stranger = other.user("eve", &["root"]);
+    let err = svc_net::ssh::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &stranger, "node-2", 0)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("refused the user certificate"), "{err}");
+    let _ = session.disconnect(russh::Disconnect::ByApplication, "", "").await;
+    agent.shutdown().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ssh_service_listens_directly_for_joined_agents() {
+    init_tracing();
+    let cluster = Cluster::new();
+    let node = cluster.host(&[SystemRole::Node], "node-direct");
+    let server = SshServer::new(SshServerConfig::new(
+        node.key.clone(),
+        node.cert.clone(),
+        cluster.verifier.clone(),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { server.serve_listener(listener, shutdown).await }
+    });
+    let user = cluster.user("alice", &["root"]);
+    let handler = NodeClient {
+        verifier: cluster.verifier.clone(),
+        seen_host: Arc::default(),
+    };
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut session = russh::client::connect_stream(
+        Arc::new(svc_net::ssh::client_config(&svc_net::tunnel::Tunables::default())),
+        tcp,
+        handler,
+    )
+    .await
+    .unwrap();
+    assert!(
+        session
+            .authenticate_openssh_cert("root", user.key.clone(), user.cert.clone())
+            .await
+            .unwrap()
+            .success()
+    );
+    let out = exec(&session, "echo direct; exit 5").await;
+    assert_eq!((out.stdout().as_str(), out.status), ("direct\n", Some(5)));
+    session
+        .disconnect(russh::Disconnect::ByApplication, "", "")
+        .await
+        .unwrap();
+    shutdown.cancel();
+    task.await.unwrap();
+}
