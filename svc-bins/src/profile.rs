@@ -26,6 +26,10 @@ pub struct Profile {
     pub proxy: String,
     /// The user's identity.
     pub identity: ClientIdentity,
+    /// Signed in with `--insecure`: no trust for the proxy's TLS certificate, so `tsh ssh`
+    /// uses plain SSH on the web port (the proxy is then checked by its host certificate).
+    #[serde(default)]
+    pub insecure: bool,
 }
 
 /// `$SVC_HOME`, else `~/.svc`.
