@@ -1,0 +1,137 @@
+//! End to end: the quick start ends with a working `tsh ssh`. The real `svc start` runs Auth,
+//! Proxy and an SSH agent (reverse tunnel to its own proxy); a user with `--logins=root` signs
+//! in with `tsh login --insecure`, runs a command on the node with `tsh ssh` (output and exit
+//! status carried back), and OpenSSH reaches the same node with `tsh proxy ssh` as its
+//! `ProxyCommand`.
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+use common::{Cluster, TSH};
+use russh::keys::ssh_key::LineEnding;
+use svc_bins::profile::Profile;
+
+const PASSWORD: &str = "correct-horse-battery";
+
+/// The node name `svc start` gives its agent when svc.yaml names none: this host's name.
+fn nodename() -> String {
+    svc_core::config::Config::all_in_one_default().svc.nodename
+}
+
+fn signed_in_cluster() -> Cluster {
+    let cluster = Cluster::start("info");
+    cluster
+        .tctl_admin(
+            &[
+                "users",
+                "add",
+                "alice",
+                "--roles=access",
+                "--logins=root",
+                "--password-stdin",
+            ],
+            Some(PASSWORD),
+        )
+        .ok();
+    cluster.login("alice", PASSWORD).ok();
+    cluster
+}
+
+#[test]
+fn tsh_ssh_runs_a_command_on_the_node_and_returns_its_status() {
+    let cluster = signed_in_cluster();
+    let target = format!("root@{}", nodename());
+    let out = cluster.tsh(&["ssh", &target, "echo hello; echo oops >&2; exit 3"], None);
+    assert_eq!(
+        out.stdout,
+        "hello\n",
+        "stderr: {}\nsvc: {}",
+        out.stderr,
+        cluster.stderr()
+    );
+    assert!(out.stderr.contains("oops"), "{}", out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
+
+    // A login the certificate does not grant is refused by the node.
+    let denied = cluster.tsh(&["ssh", &format!("nobody@{}", nodename()), "true"], None);
+    assert!(!denied.status.success());
+    assert!(denied.stderr.contains("refused"), "{}", denied.stderr);
+
+    // The agent heartbeats into the inventory.
+    let inventory = cluster.tctl_admin(&["inventory", "ls"], None).ok();
+    assert!(inventory.stdout.contains(&nodename()), "{}", inventory.stdout);
+}
+
+#[test]
+fn openssh_reaches_the_node_through_tsh_proxy_ssh() {
+    assert!(
+        Command::new("ssh").arg("-V").output().is_ok(),
+        "OpenSSH's ssh is missing: apt-get install openssh-client"
+    );
+    let cluster = signed_in_cluster();
+    // OpenSSH needs the user's key and certificate as files, and the host CA as a
+    // @cert-authority line, all taken from the signed-in profile.
+    let profile: Profile =
+        serde_json::from_slice(&std::fs::read(cluster.home.join("profile.json")).unwrap()).unwrap();
+    let key = cluster.write(
+        "id",
+        &profile
+            .identity
+            .ssh_private_key()
+            .unwrap()
+            .to_openssh(LineEnding::LF)
+            .unwrap(),
+    );
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let cert = cluster.write("id-cert.pub", &format!("{}\n", profile.identity.ssh_cert));
+    let host_ca = profile
+        .identity
+        .trusted
+        .iter()
+        .find(|ca| ca.kind == "host")
+        .expect("host CA in the profile");
+    let known_hosts = cluster.write(
+        "known_hosts",
+        &format!("@cert-authority * {}\n", host_ca.ssh_public_key),
+    );
+    let home = cluster.home.to_string_lossy().into_owned();
+    let out = Command::new("ssh")
+        .args([
+            "-F",
+            "/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+        ])
+        .arg("-i")
+        .arg(&key)
+        .arg("-o")
+        .arg(format!("CertificateFile={}", cert.display()))
+        .arg("-o")
+        .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
+        .args([
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+        ])
+        .arg("-o")
+        .arg(format!(
+            "ProxyCommand=env SVC_HOME={home} {TSH} proxy ssh %r@%h:%p"
+        ))
+        .arg(format!("root@{}", nodename()))
+        .arg("echo hello-openssh; exit 4")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ssh");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello-openssh\n",
+        "ssh stderr: {}\nsvc: {}",
+        String::from_utf8_lossy(&out.stderr),
+        cluster.stderr()
+    );
+    assert_eq!(out.status.code(), Some(4));
+}
