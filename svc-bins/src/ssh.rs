@@ -8,6 +8,7 @@
 //! host certificate alone) → [`exec`] runs an SSH session to the node over that stream,
 //! checking the node's host certificate (role `node`) against the cluster's host CA.
 
+use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -107,8 +108,12 @@ impl russh::client::Handler for NodeHandler {
     }
 }
 
-/// Runs `command` on `target` as `login`, copying its output to ours; returns its exit status.
-pub async fn exec(profile: &Profile, target: &Target, login: &str, command: &str) -> anyhow::Result<u32> {
+/// An authenticated SSH session to `target` as `login`, through the profile's proxy.
+async fn session(
+    profile: &Profile,
+    target: &Target,
+    login: &str,
+) -> anyhow::Result<russh::client::Handle<NodeHandler>> {
     let (endpoint, identity, verifier) = endpoint(profile, login)?;
     let stream = connect_via_proxy(&endpoint, &identity, &target.host, target.port).await?;
     let mut session = russh::client::connect_stream(
@@ -127,8 +132,42 @@ pub async fn exec(profile: &Profile, target: &Target, login: &str, command: &str
             target.host
         );
     }
+    Ok(session)
+}
+
+/// Runs `command` on `target` as `login` — or, without a command, a shell (with a PTY and the
+/// local terminal in raw mode when standard input is a terminal) — copying standard input to
+/// it and its output to ours; returns its exit status.
+pub async fn run(
+    profile: &Profile,
+    target: &Target,
+    login: &str,
+    command: Option<&str>,
+) -> anyhow::Result<u32> {
+    let session = session(profile, target, login).await?;
     let mut channel = session.channel_open_session().await?;
-    channel.exec(true, command).await?;
+    let tty = command.is_none() && std::io::stdin().is_terminal();
+    let _raw = if tty {
+        let (cols, rows) = terminal_size();
+        let term = std::env::var("TERM").unwrap_or_else(|_| "xterm".into());
+        channel.request_pty(true, &term, cols, rows, 0, 0, &[]).await?;
+        Some(RawMode::enable()?)
+    } else {
+        None
+    };
+    match command {
+        Some(c) => channel.exec(true, c).await?,
+        None => channel.request_shell(true).await?,
+    }
+    // Standard input goes to the remote side until it ends (then EOF is sent); the task stops
+    // with the process once the remote side has closed.
+    let mut writer = channel.make_writer();
+    let input = tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        if tokio::io::copy(&mut stdin, &mut writer).await.is_ok() {
+            let _ = writer.shutdown().await;
+        }
+    });
     let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
     let mut status = None;
     while let Some(msg) = channel.wait().await {
@@ -146,8 +185,43 @@ pub async fn exec(profile: &Profile, target: &Target, login: &str, command: &str
             _ => {}
         }
     }
+    input.abort();
     let _ = session.disconnect(russh::Disconnect::ByApplication, "", "").await;
     status.with_context(|| format!("{} closed the session without an exit status", target.host))
+}
+
+/// The local terminal's size (columns, rows), 80x24 when unknown.
+fn terminal_size() -> (u32, u32) {
+    match rustix::termios::tcgetwinsize(std::io::stdin()) {
+        Ok(w) if w.ws_col > 0 && w.ws_row > 0 => (u32::from(w.ws_col), u32::from(w.ws_row)),
+        _ => (80, 24),
+    }
+}
+
+/// The local terminal in raw mode (keys go to the remote shell as typed); restored on drop.
+struct RawMode {
+    saved: rustix::termios::Termios,
+}
+
+impl RawMode {
+    fn enable() -> anyhow::Result<RawMode> {
+        use rustix::termios::{OptionalActions, tcgetattr, tcsetattr};
+        let saved = tcgetattr(std::io::stdin()).context("reading the terminal's settings")?;
+        let mut raw = saved.clone();
+        raw.make_raw();
+        tcsetattr(std::io::stdin(), OptionalActions::Now, &raw).context("setting raw mode")?;
+        Ok(RawMode { saved })
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let _ = rustix::termios::tcsetattr(
+            std::io::stdin(),
+            rustix::termios::OptionalActions::Now,
+            &self.saved,
+        );
+    }
 }
 
 /// `tsh proxy ssh`: copies stdin/stdout to `target`'s SSH Service (OpenSSH `ProxyCommand`).

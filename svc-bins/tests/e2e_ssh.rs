@@ -64,6 +64,55 @@ fn tsh_ssh_runs_a_command_on_the_node_and_returns_its_status() {
 }
 
 #[test]
+fn tsh_ssh_without_a_command_runs_a_shell_fed_by_standard_input() {
+    let cluster = signed_in_cluster();
+    let target = format!("root@{}", nodename());
+    let out = cluster.tsh(&["ssh", &target], Some("echo from-stdin\nexit 5\n"));
+    assert_eq!(out.stdout, "from-stdin\n", "stderr: {}", out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn tsh_ssh_gives_a_terminal_an_interactive_shell_with_a_pty() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cluster = signed_in_cluster();
+    let (mut pty, pts) = pty_process::open().expect("allocating a PTY");
+    pty.resize(pty_process::Size::new(24, 80)).expect("PTY size");
+    let mut child = pty_process::Command::new(TSH)
+        .args(["ssh", &format!("root@{}", nodename())])
+        .env("SVC_HOME", &cluster.home)
+        .env_remove("RUST_LOG")
+        .kill_on_drop(true)
+        .spawn(pts)
+        .expect("spawn tsh");
+    // The remote shell sees a terminal (`test -t 0`) of the local size; the arithmetic proves
+    // the output came from the shell, not from the echo of what was typed.
+    pty.write_all(b"test -t 0 && echo remote-tty-$((40+2)) $(stty size); exit 7\r")
+        .await
+        .expect("type into the PTY");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Read until the shell's answer is in; the PTY then closes when tsh exits (EIO on Linux).
+    loop {
+        match pty.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+        if String::from_utf8_lossy(&seen).contains("remote-tty-42 24 80") {
+            break;
+        }
+    }
+    let status = child.wait().await.expect("wait for tsh");
+    let text = String::from_utf8_lossy(&seen);
+    assert!(
+        text.contains("remote-tty-42 24 80"),
+        "{text}\nsvc: {}",
+        cluster.stderr()
+    );
+    assert_eq!(status.code(), Some(7), "{text}");
+}
+
+#[test]
 fn openssh_reaches_the_node_through_tsh_proxy_ssh() {
     assert!(
         Command::new("ssh").arg("-V").output().is_ok(),

@@ -51,7 +51,8 @@ enum Command {
     },
     /// Sign out: delete the session's keys and certificates.
     Logout,
-    /// Run a command on a node through the proxy; exits with the command's exit status.
+    /// Run a command (or, without one, a shell: interactive with a PTY when standard input is
+    /// a terminal) on a node through the proxy; exits with the remote exit status.
     Ssh {
         /// The node's SSH Service port (default 3022).
         #[arg(long, short = 'p')]
@@ -63,7 +64,7 @@ enum Command {
         /// [login@]node[:port]; node is a node name, host ID or host UUID.
         target: String,
         /// The command (its words are joined with spaces, as OpenSSH does).
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
     /// Proxies for other clients.
@@ -155,8 +156,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 None => default_login(&profile)?,
             };
             let rt = tokio::runtime::Runtime::new()?;
-            let status = rt.block_on(svc_bins::ssh::exec(&profile, &target, &login, &command.join(" ")))?;
-            drop(rt);
+            let command = (!command.is_empty()).then(|| command.join(" "));
+            let status = rt.block_on(svc_bins::ssh::run(&profile, &target, &login, command.as_deref()))?;
+            // Not a plain drop: that would wait for the blocking read of standard input.
+            rt.shutdown_background();
             // The remote command's status is ours, as with OpenSSH (statuses above 255 wrap).
             std::process::exit(i32::try_from(status & 0xff).unwrap_or(255));
         }
