@@ -9,8 +9,6 @@ mod common;
 use std::process::{Command, Stdio};
 
 use common::{Cluster, TSH};
-use russh::keys::ssh_key::LineEnding;
-use svc_bins::profile::Profile;
 
 const PASSWORD: &str = "correct-horse-battery";
 
@@ -119,31 +117,15 @@ fn openssh_reaches_the_node_through_tsh_proxy_ssh() {
         "OpenSSH's ssh is missing: apt-get install openssh-client"
     );
     let cluster = signed_in_cluster();
-    // OpenSSH needs the user's key and certificate as files, and the host CA as a
-    // @cert-authority line, all taken from the signed-in profile.
-    let profile: Profile =
-        serde_json::from_slice(&std::fs::read(cluster.home.join("profile.json")).unwrap()).unwrap();
-    let key = cluster.write(
-        "id",
-        &profile
-            .identity
-            .ssh_private_key()
-            .unwrap()
-            .to_openssh(LineEnding::LF)
-            .unwrap(),
+    // `tsh login` wrote the key, its certificate and a known_hosts trusting the host CA.
+    let keys = cluster.home.join("keys");
+    let (key, cert, known_hosts) = (
+        keys.join("key"),
+        keys.join("key-cert.pub"),
+        keys.join("known_hosts"),
     );
-    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let cert = cluster.write("id-cert.pub", &format!("{}\n", profile.identity.ssh_cert));
-    let host_ca = profile
-        .identity
-        .trusted
-        .iter()
-        .find(|ca| ca.kind == "host")
-        .expect("host CA in the profile");
-    let known_hosts = cluster.write(
-        "known_hosts",
-        &format!("@cert-authority * {}\n", host_ca.ssh_public_key),
-    );
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "the private key is private");
     let home = cluster.home.to_string_lossy().into_owned();
     let out = Command::new("ssh")
         .args([
