@@ -305,20 +305,24 @@ async fn start_node(
     }
 
     let client = AuthClient::connect(&identity.auth_addr, &identity).await?;
-    let beat_client = client.clone();
-    let hostname = name.clone();
+    let beat = svc_core::auth::Heartbeat {
+        hostname: name.clone(),
+        version: svc_core::version::current().to_string(),
+        upgrader: String::new(),
+        upgrader_version: String::new(),
+    };
+    // The first heartbeat before `svc start` reports ready, so the node is in the inventory
+    // as soon as the banner is printed; then one every HEARTBEAT_INTERVAL.
+    let mut beat_client = client.clone();
+    if let Err(e) = beat_client.heartbeat(&beat).await {
+        tracing::warn!(error = %e, "heartbeat to the Auth Service failed; retrying");
+    }
     let heartbeat = tokio::spawn(async move {
-        let mut client = beat_client;
-        let beat = svc_core::auth::Heartbeat {
-            hostname,
-            version: svc_core::version::current().to_string(),
-            upgrader: String::new(),
-            upgrader_version: String::new(),
-        };
         let mut tick = tokio::time::interval(svc_core::auth::HEARTBEAT_INTERVAL);
+        tick.tick().await;
         loop {
             tick.tick().await;
-            if let Err(e) = client.heartbeat(&beat).await {
+            if let Err(e) = beat_client.heartbeat(&beat).await {
                 tracing::warn!(error = %e, "heartbeat to the Auth Service failed; retrying");
             }
         }
