@@ -3,7 +3,13 @@
 //! Order: open the backend → open the Auth Service (CAs created on first start) → serve its
 //! gRPC API → write the admin identity for `tctl` on this host → give the in-process proxy a
 //! host identity and mount `/webapi/login` (which calls the Auth API with it) and the version
-//! server (fetching `forward_url`s through the environment-aware dialer) → bind the proxy.
+//! server (fetching `forward_url`s through the environment-aware dialer), the reverse-tunnel
+//! server and the SSH entry for clients (`svc-reversetunnel` / `svc-proxy-ssh` on the web port,
+//! plain SSH on 3023 and 3024) → bind the proxy → when `ssh_service.enabled`, run an SSH agent
+//! in the same process: a `node` host identity issued in-process, the SSH Service behind a
+//! reverse tunnel to the local proxy's web address (through `HTTPS_PROXY`/`NO_PROXY` like any
+//! agent), a heartbeat to the inventory every `HEARTBEAT_INTERVAL`, and — only when
+//! `/etc/svc-upgrade.d` exists — the maintenance-schedule export for `svc-upgrade`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -17,11 +23,18 @@ use svc_core::identity::{HostCertRequest, SystemRole};
 use svc_core::{Addr, SystemClock};
 use svc_net::auth::{AuthClient, ClientIdentity, KeyMaterial};
 use svc_net::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
-use svc_net::tls::TlsSource;
+use svc_net::route::alpn;
+use svc_net::ssh::{ProxySsh, ProxySshConfig, SshServer, SshServerConfig};
+use svc_net::tls::{ServerIdentity, TlsSource};
+use svc_net::tunnel::{AgentConfig, RunningAgent, TunnelAgent, TunnelServer, TunnelServerConfig};
 use tokio_util::sync::CancellationToken;
 
 /// The admin identity file in the data directory: `tctl` on the Auth host uses it.
 pub const ADMIN_IDENTITY_FILE: &str = "admin-identity.json";
+/// Where `svc-upgrade` reads the maintenance schedule; exported to only when it exists.
+pub const UPGRADE_CONFIG_DIR: &str = "/etc/svc-upgrade.d";
+/// How long `svc start` waits for its SSH agent's first tunnel before announcing the node.
+const FIRST_TUNNEL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// The embedded backend's file in the data directory.
 pub const BACKEND_FILE: &str = "backend.redb";
 
@@ -80,13 +93,31 @@ pub struct Running {
     pub cluster: String,
     /// The host CA pin.
     pub ca_pin: String,
+    /// The in-process SSH agent, if `ssh_service.enabled` (and the proxy runs here).
+    pub node: Option<Node>,
     shutdown: CancellationToken,
     auth_task: tokio::task::JoinHandle<()>,
+}
+
+/// The SSH agent of this process: SSH Service behind a reverse tunnel to the local proxy.
+pub struct Node {
+    /// The node name (`svc.nodename`): `tsh ssh user@<name>`.
+    pub name: String,
+    /// The host ID (`<uuid>.<cluster>`).
+    pub host_id: String,
+    /// The tunnel agent.
+    pub agent: RunningAgent,
+    heartbeat: tokio::task::JoinHandle<()>,
+    _export: Option<svc_update::export::ScheduleExporter>,
 }
 
 impl Running {
     /// Stops the proxy (draining) and the Auth API.
     pub async fn shutdown(self) {
+        if let Some(node) = self.node {
+            node.heartbeat.abort();
+            node.agent.shutdown().await;
+        }
         if let Some(proxy) = self.proxy {
             proxy.shutdown().await;
         }
@@ -185,9 +216,14 @@ pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Re
             );
         }
         let builder = install_version_server(builder)?;
+        let builder = install_ssh(builder, &identity)?;
         Some(builder.bind().await?)
     } else {
         None
+    };
+    let node = match &proxy {
+        Some(proxy) if config.ssh.enabled => Some(start_node(config, &auth, auth_addr, proxy).await?),
+        _ => None,
     };
     Ok(Running {
         auth_addr,
@@ -195,8 +231,117 @@ pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Re
         admin_identity,
         cluster: auth.cluster().to_owned(),
         ca_pin: auth.ca_pin(),
+        node,
         shutdown,
         auth_task,
+    })
+}
+
+/// Registers the reverse-tunnel server and the proxy's SSH entry, both presenting the proxy's
+/// host certificate (role `proxy`); on the web port they answer ALPN `svc-reversetunnel` and
+/// `svc-proxy-ssh` with the same TLS certificate the proxy will load at bind.
+fn install_ssh(builder: ProxyBuilder, identity: &ClientIdentity) -> anyhow::Result<ProxyBuilder> {
+    let settings = builder.settings();
+    let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
+    let key = identity.ssh_private_key()?;
+    let cert = identity.ssh_certificate()?;
+    let verifier = Arc::new(identity.verifier()?);
+    let tunnel = TunnelServer::new(
+        TunnelServerConfig::new(
+            svc_core::version::current().clone(),
+            key.clone(),
+            cert.clone(),
+            verifier.clone(),
+        )
+        .with_tls(tls.server_config(&[alpn::REVERSE_TUNNEL])?),
+    );
+    let ssh = ProxySsh::new(
+        ProxySshConfig::new(key, cert, verifier, tunnel.dialer())
+            .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),
+    );
+    Ok(builder
+        .tunnel(tunnel.plain_service())
+        .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
+        .ssh(ssh.plain_service())
+        .route(alpn::PROXY_SSH, ssh.tls_service()))
+}
+
+/// Starts this process's SSH agent against the local proxy.
+async fn start_node(
+    config: &Config,
+    auth: &AuthService,
+    auth_addr: SocketAddr,
+    proxy: &RunningProxy,
+) -> anyhow::Result<Node> {
+    let name = config.svc.nodename.clone();
+    let identity = host_identity(auth, &name, SystemRole::Node, auth_addr)?;
+    let key = identity.ssh_private_key()?;
+    let cert = identity.ssh_certificate()?;
+    let verifier = Arc::new(identity.verifier()?);
+    let ssh = SshServer::new(SshServerConfig::new(key.clone(), cert.clone(), verifier.clone()));
+    let web = Addr::from(dialable(proxy.addrs().web));
+    let mut agent_config = AgentConfig::new(
+        web,
+        identity.name.clone(),
+        key,
+        cert,
+        verifier,
+        svc_net::dial::ProxyDialer::from_env()?,
+    );
+    if let Some(ca) = proxy.ca_file() {
+        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+        agent_config = agent_config.with_proxy_ca_pem(pem);
+    }
+    let agent = TunnelAgent::new(agent_config, ssh.dial_service())?.spawn();
+    // Announce the node only once it is reachable, so `tsh ssh` right after the banner works;
+    // a proxy that is slow to accept is logged and the agent keeps retrying on its own.
+    let first = agent.wait_for(|s| !s.connected.is_empty());
+    if tokio::time::timeout(FIRST_TUNNEL_WAIT, first).await.is_err() {
+        tracing::warn!(
+            node = %name,
+            last_error = ?agent.status().last_error,
+            "the SSH agent has no tunnel to the local proxy yet; it keeps retrying"
+        );
+    }
+
+    let client = AuthClient::connect(&identity.auth_addr, &identity).await?;
+    let beat = svc_core::auth::Heartbeat {
+        hostname: name.clone(),
+        version: svc_core::version::current().to_string(),
+        upgrader: String::new(),
+        upgrader_version: String::new(),
+    };
+    // The first heartbeat before `svc start` reports ready, so the node is in the inventory
+    // as soon as the banner is printed; then one every HEARTBEAT_INTERVAL.
+    let mut beat_client = client.clone();
+    if let Err(e) = beat_client.heartbeat(&beat).await {
+        tracing::warn!(error = %e, "heartbeat to the Auth Service failed; retrying");
+    }
+    let heartbeat = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(svc_core::auth::HEARTBEAT_INTERVAL);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if let Err(e) = beat_client.heartbeat(&beat).await {
+                tracing::warn!(error = %e, "heartbeat to the Auth Service failed; retrying");
+            }
+        }
+    });
+    // The schedule export only serves `svc-upgrade`, which owns this directory: without it
+    // there is no reader, and creating it here would claim a system path nobody asked for.
+    let export = Path::new(UPGRADE_CONFIG_DIR).is_dir().then(|| {
+        svc_update::export::ScheduleExporter::spawn(
+            Arc::new(svc_update::export::AuthMaintenanceSource::new(client)),
+            Arc::new(SystemClock),
+            svc_update::export::ExportSettings::new(UPGRADE_CONFIG_DIR),
+        )
+    });
+    Ok(Node {
+        name,
+        host_id: identity.name,
+        agent,
+        heartbeat,
+        _export: export,
     })
 }
 

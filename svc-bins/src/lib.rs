@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod output;
 pub mod profile;
+pub mod ssh;
 
 /// Sends `tracing` output to stderr, filtered by `RUST_LOG` (default `default_level`).
 pub fn init_logging(default_level: &str) {

@@ -4,7 +4,9 @@
 //! Profile format: `<home>/profile.json`, mode 0600, `{"proxy": "host:port", "identity":
 //! <identity file>}` where the identity file is [`ClientIdentity`] (user certificates, private
 //! keys, trusted CAs, Auth API address). The roles shown by `tsh status` are read back from the
-//! certificate itself, so they are exactly what the cluster will see.
+//! certificate itself, so they are exactly what the cluster will see. Next to it, for OpenSSH:
+//! `keys/key` (0600), `keys/key-cert.pub` and `keys/known_hosts` (`@cert-authority` lines for
+//! the cluster's host CA).
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -18,6 +20,12 @@ use svc_net::auth::ClientIdentity;
 pub const SVC_HOME_ENV: &str = "SVC_HOME";
 /// The profile file name.
 pub const PROFILE_FILE: &str = "profile.json";
+/// The OpenSSH key, certificate (`key-cert.pub`) and `known_hosts` written next to the profile.
+pub const OPENSSH_KEY_FILE: &str = "keys/key";
+/// The OpenSSH certificate for [`OPENSSH_KEY_FILE`].
+pub const OPENSSH_CERT_FILE: &str = "keys/key-cert.pub";
+/// `@cert-authority * <host CA>`: lets OpenSSH check the nodes' host certificates.
+pub const KNOWN_HOSTS_FILE: &str = "keys/known_hosts";
 
 /// A signed-in session.
 #[derive(Clone, Serialize, Deserialize)]
@@ -26,6 +34,10 @@ pub struct Profile {
     pub proxy: String,
     /// The user's identity.
     pub identity: ClientIdentity,
+    /// Signed in with `--insecure`: no trust for the proxy's TLS certificate, so `tsh ssh`
+    /// uses plain SSH on the web port (the proxy is then checked by its host certificate).
+    #[serde(default)]
+    pub insecure: bool,
 }
 
 /// `$SVC_HOME`, else `~/.svc`.
@@ -79,12 +91,44 @@ impl Profile {
         f.write_all(&serde_json::to_vec_pretty(self)?)?;
         f.sync_all()?;
         std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+        self.save_openssh_files(dir)?;
         Ok(path)
     }
 
-    /// Removes the profile; whether there was one.
+    /// Writes the SSH key and certificate and a `known_hosts` trusting the cluster's host CA
+    /// under `<home>/keys/`, for OpenSSH with `tsh proxy ssh` as its `ProxyCommand`.
+    fn save_openssh_files(&self, home: &Path) -> anyhow::Result<()> {
+        let key = self
+            .identity
+            .ssh_private_key()?
+            .to_openssh(russh::keys::ssh_key::LineEnding::LF)
+            .context("encoding the SSH key")?;
+        let host_cas: String = self
+            .identity
+            .trusted
+            .iter()
+            .filter(|ca| ca.kind == "host")
+            .map(|ca| format!("@cert-authority * {}\n", ca.ssh_public_key.trim()))
+            .collect();
+        write_private(&home.join(OPENSSH_KEY_FILE), key.as_bytes())?;
+        write_private(
+            &home.join(OPENSSH_CERT_FILE),
+            format!("{}\n", self.identity.ssh_cert.trim()).as_bytes(),
+        )?;
+        write_private(&home.join(KNOWN_HOSTS_FILE), host_cas.as_bytes())
+    }
+
+    /// Removes the profile (and the OpenSSH files); whether there was one.
     pub fn remove() -> anyhow::Result<bool> {
         let path = profile_path()?;
+        let home = home()?;
+        for file in [OPENSSH_KEY_FILE, OPENSSH_CERT_FILE, KNOWN_HOSTS_FILE] {
+            match std::fs::remove_file(home.join(file)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("removing {}", home.join(file).display())),
+            }
+        }
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -104,6 +148,25 @@ impl Profile {
             .unwrap_or(SystemTime::UNIX_EPOCH);
         Ok(self.identity.verifier()?.verify_user_x509(&chain, at)?)
     }
+}
+
+/// Writes `bytes` to `path` (mode 0600), creating its directory.
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(bytes)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Which identity `tctl` acts with: on the Auth host (`--data-dir` or `--config` given) the

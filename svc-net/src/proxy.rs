@@ -145,8 +145,9 @@ impl Default for ProxySettings {
 }
 
 impl ProxySettings {
-    /// Host names and addresses the generated certificate must name.
-    fn certificate_names(&self) -> Vec<String> {
+    /// Host names and addresses the generated certificate must name (an embedder loading the
+    /// same [`ServerIdentity`] before [`ProxyBuilder::bind`] passes these).
+    pub fn certificate_names(&self) -> Vec<String> {
         [
             &self.web_public_addr,
             &self.ssh_public_addr,

@@ -108,6 +108,9 @@ async fn run(config: Config, tunnel_override: Option<Addr>) -> anyhow::Result<()
     println!("  auth: {}", running.auth_addr);
     println!("  CA pin: {}", running.ca_pin);
     println!("  admin identity: {}", running.admin_identity.display());
+    if let Some(node) = &running.node {
+        println!("  node: {} ({})", node.name, node.host_id);
+    }
     if let Some(proxy) = &running.proxy {
         println!("  web: https://{}", proxy.addrs().web);
         for (field, addr) in &proxy.addrs().others {
@@ -122,6 +125,9 @@ async fn run(config: Config, tunnel_override: Option<Addr>) -> anyhow::Result<()
             ""
         };
         println!("  tsh login --proxy={} --user=admin{insecure}", proxy.addrs().web);
+        if let Some(node) = &running.node {
+            println!("  tsh ssh root@{}", node.name);
+        }
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

@@ -51,6 +51,35 @@ enum Command {
     },
     /// Sign out: delete the session's keys and certificates.
     Logout,
+    /// Run a command (or, without one, a shell: interactive with a PTY when standard input is
+    /// a terminal) on a node through the proxy; exits with the remote exit status.
+    Ssh {
+        /// The node's SSH Service port (default 3022).
+        #[arg(long, short = 'p')]
+        port: Option<u16>,
+        /// The login on the node (default: the one in TARGET, else the first of the session's
+        /// logins).
+        #[arg(long, short = 'l')]
+        login: Option<String>,
+        /// [login@]node[:port]; node is a node name, host ID or host UUID.
+        target: String,
+        /// The command (its words are joined with spaces, as OpenSSH does).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Proxies for other clients.
+    #[command(subcommand)]
+    Proxy(ProxyCommand),
+}
+
+#[derive(Subcommand)]
+enum ProxyCommand {
+    /// Pipe stdin/stdout to a node's SSH Service, for OpenSSH:
+    /// `ssh -o ProxyCommand="tsh proxy ssh %r@%h:%p" root@node`.
+    Ssh {
+        /// [login@]node[:port].
+        target: String,
+    },
 }
 
 fn main() {
@@ -99,7 +128,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 &password,
                 ttl,
             ))?;
-            let profile = Profile { proxy, identity };
+            let profile = Profile {
+                proxy,
+                identity,
+                insecure,
+            };
             profile.save().context("saving the profile")?;
             print_status(&profile, Format::Text)
         }
@@ -107,6 +140,39 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Some(profile) => print_status(&profile, format),
             None => anyhow::bail!("not signed in: run tsh login"),
         },
+        Command::Ssh {
+            port,
+            login,
+            target,
+            command,
+        } => {
+            let profile = signed_in()?;
+            let mut target = svc_bins::ssh::Target::parse(&target)?;
+            if let Some(p) = port {
+                target.port = p;
+            }
+            let login = match login.or_else(|| target.login.clone()) {
+                Some(l) => l,
+                None => default_login(&profile)?,
+            };
+            let rt = tokio::runtime::Runtime::new()?;
+            let command = (!command.is_empty()).then(|| command.join(" "));
+            let status = rt.block_on(svc_bins::ssh::run(&profile, &target, &login, command.as_deref()))?;
+            // Not a plain drop: that would wait for the blocking read of standard input.
+            rt.shutdown_background();
+            // The remote command's status is ours, as with OpenSSH (statuses above 255 wrap).
+            std::process::exit(i32::try_from(status & 0xff).unwrap_or(255));
+        }
+        Command::Proxy(ProxyCommand::Ssh { target }) => {
+            let profile = signed_in()?;
+            let target = svc_bins::ssh::Target::parse(&target)?;
+            let login = match target.login.clone() {
+                Some(l) => l,
+                None => default_login(&profile)?,
+            };
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(svc_bins::ssh::pipe(&profile, &target, &login))
+        }
         Command::Logout => {
             if Profile::remove()? {
                 println!("Logged out.");
@@ -116,6 +182,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn signed_in() -> anyhow::Result<Profile> {
+    let profile = Profile::load()?.context("not signed in: run tsh login")?;
+    if profile.identity.is_expired(SystemTime::now()) {
+        anyhow::bail!("the session has expired: sign in again with tsh login");
+    }
+    Ok(profile)
+}
+
+fn default_login(profile: &Profile) -> anyhow::Result<String> {
+    profile
+        .user()?
+        .logins
+        .into_iter()
+        .find(|l| !l.starts_with('-'))
+        .context("the session has no logins: pass login@node")
 }
 
 fn print_status(profile: &Profile, format: Format) -> anyhow::Result<()> {

@@ -1,0 +1,259 @@
+//! `tsh ssh` and `tsh proxy ssh`: the client end of SSH access through the proxy.
+//!
+//! Where it sits in the data flow: the signed-in profile gives the user's SSH key and
+//! certificate and the cluster CAs → [`connect`] opens the first hop to the proxy's web address
+//! ([`svc_net::ssh::connect_via_proxy`]: ALPN `svc-proxy-ssh` inside TLS, or — when the
+//! profile was signed in with `--insecure`, so there is no trust for the proxy's TLS
+//! certificate — plain SSH detected on the same port, the proxy then authenticated by its
+//! host certificate alone) → [`exec`] runs an SSH session to the node over that stream,
+//! checking the node's host certificate (role `node`) against the cluster's host CA.
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, bail};
+use russh::ChannelMsg;
+use russh::keys::PublicKeyOrCertificate;
+use svc_core::Addr;
+use svc_core::identity::{SystemRole, Verifier};
+use svc_net::ssh::{ClientIdentity, ProxiedStream, ProxyEndpoint, client_config, connect_via_proxy};
+use svc_net::tunnel::Tunables;
+use tokio::io::AsyncWriteExt;
+
+use crate::profile::Profile;
+
+/// Where to connect: `login@host[:port]`, `%r@%h:%p` as OpenSSH expands it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The login on the node (`None`: the caller picks a default).
+    pub login: Option<String>,
+    /// The node name, host ID or host UUID.
+    pub host: String,
+    /// The SSH Service port, 0 for the default.
+    pub port: u16,
+}
+
+impl Target {
+    /// Parses `[login@]host[:port]`.
+    pub fn parse(text: &str) -> anyhow::Result<Target> {
+        let (login, rest) = match text.rsplit_once('@') {
+            Some((l, r)) => (Some(l.to_owned()).filter(|l| !l.is_empty()), r),
+            None => (None, text),
+        };
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, p)) => (
+                h,
+                p.parse::<u16>()
+                    .with_context(|| format!("{text:?}: expected a port number after ':', found {p:?}"))?,
+            ),
+            None => (rest, 0),
+        };
+        if host.is_empty() {
+            bail!("{text:?}: expected [login@]host[:port], found no host");
+        }
+        Ok(Target {
+            login,
+            host: host.to_owned(),
+            port,
+        })
+    }
+}
+
+/// The SSH identity and proxy endpoint of a profile, for `login`.
+pub fn endpoint(
+    profile: &Profile,
+    login: &str,
+) -> anyhow::Result<(ProxyEndpoint, ClientIdentity, Arc<Verifier>)> {
+    let verifier = Arc::new(profile.identity.verifier()?);
+    let endpoint = ProxyEndpoint {
+        addr: Addr::parse(&profile.proxy)
+            .with_context(|| format!("the profile's proxy {}", profile.proxy))?,
+        tls: !profile.insecure,
+        verifier: verifier.clone(),
+        extra_ca_pem: None,
+        dialer: svc_net::dial::ProxyDialer::from_env()?,
+        timeout: Duration::from_secs(30),
+    };
+    let identity = ClientIdentity {
+        key: Arc::new(profile.identity.ssh_private_key()?),
+        cert: profile.identity.ssh_certificate()?,
+        login: login.to_owned(),
+    };
+    Ok((endpoint, identity, verifier))
+}
+
+/// Opens a stream to `target`'s SSH Service through the profile's proxy.
+pub async fn connect(profile: &Profile, target: &Target, login: &str) -> anyhow::Result<ProxiedStream> {
+    let (endpoint, identity, _) = endpoint(profile, login)?;
+    Ok(connect_via_proxy(&endpoint, &identity, &target.host, target.port).await?)
+}
+
+/// Checks the node's host certificate (role `node`) against the cluster's host CA.
+struct NodeHandler {
+    verifier: Arc<Verifier>,
+}
+
+impl russh::client::Handler for NodeHandler {
+    type Error = russh::Error;
+
+    async fn check_server_key(&mut self, key: &PublicKeyOrCertificate) -> Result<bool, Self::Error> {
+        let PublicKeyOrCertificate::Certificate(cert) = key else {
+            return Ok(false);
+        };
+        Ok(self
+            .verifier
+            .verify_host_ssh(cert, SystemTime::now(), Some(SystemRole::Node))
+            .is_ok())
+    }
+}
+
+/// An authenticated SSH session to `target` as `login`, through the profile's proxy.
+async fn session(
+    profile: &Profile,
+    target: &Target,
+    login: &str,
+) -> anyhow::Result<russh::client::Handle<NodeHandler>> {
+    let (endpoint, identity, verifier) = endpoint(profile, login)?;
+    let stream = connect_via_proxy(&endpoint, &identity, &target.host, target.port).await?;
+    let mut session = russh::client::connect_stream(
+        Arc::new(client_config(&Tunables::default())),
+        stream,
+        NodeHandler { verifier },
+    )
+    .await
+    .with_context(|| format!("SSH to {}", target.host))?;
+    let auth = session
+        .authenticate_openssh_cert(login.to_owned(), identity.key.clone(), identity.cert.clone())
+        .await?;
+    if !auth.success() {
+        bail!(
+            "{} refused login {login:?}: the certificate's logins must include it",
+            target.host
+        );
+    }
+    Ok(session)
+}
+
+/// Runs `command` on `target` as `login` — or, without a command, a shell (with a PTY and the
+/// local terminal in raw mode when standard input is a terminal) — copying standard input to
+/// it and its output to ours; returns its exit status.
+pub async fn run(
+    profile: &Profile,
+    target: &Target,
+    login: &str,
+    command: Option<&str>,
+) -> anyhow::Result<u32> {
+    let session = session(profile, target, login).await?;
+    let mut channel = session.channel_open_session().await?;
+    let tty = command.is_none() && std::io::stdin().is_terminal();
+    let _raw = if tty {
+        let (cols, rows) = terminal_size();
+        let term = std::env::var("TERM").unwrap_or_else(|_| "xterm".into());
+        channel.request_pty(true, &term, cols, rows, 0, 0, &[]).await?;
+        Some(RawMode::enable()?)
+    } else {
+        None
+    };
+    match command {
+        Some(c) => channel.exec(true, c).await?,
+        None => channel.request_shell(true).await?,
+    }
+    // Standard input goes to the remote side until it ends (then EOF is sent); the task stops
+    // with the process once the remote side has closed.
+    let mut writer = channel.make_writer();
+    let input = tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        if tokio::io::copy(&mut stdin, &mut writer).await.is_ok() {
+            let _ = writer.shutdown().await;
+        }
+    });
+    let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
+    let mut status = None;
+    while let Some(msg) = channel.wait().await {
+        match msg {
+            ChannelMsg::Data { data } => {
+                stdout.write_all(&data).await?;
+                stdout.flush().await?;
+            }
+            ChannelMsg::ExtendedData { data, .. } => {
+                stderr.write_all(&data).await?;
+                stderr.flush().await?;
+            }
+            ChannelMsg::ExitStatus { exit_status } => status = Some(exit_status),
+            ChannelMsg::Close => break,
+            _ => {}
+        }
+    }
+    input.abort();
+    let _ = session.disconnect(russh::Disconnect::ByApplication, "", "").await;
+    status.with_context(|| format!("{} closed the session without an exit status", target.host))
+}
+
+/// The local terminal's size (columns, rows), 80x24 when unknown.
+fn terminal_size() -> (u32, u32) {
+    match rustix::termios::tcgetwinsize(std::io::stdin()) {
+        Ok(w) if w.ws_col > 0 && w.ws_row > 0 => (u32::from(w.ws_col), u32::from(w.ws_row)),
+        _ => (80, 24),
+    }
+}
+
+/// The local terminal in raw mode (keys go to the remote shell as typed); restored on drop.
+struct RawMode {
+    saved: rustix::termios::Termios,
+}
+
+impl RawMode {
+    fn enable() -> anyhow::Result<RawMode> {
+        use rustix::termios::{OptionalActions, tcgetattr, tcsetattr};
+        let saved = tcgetattr(std::io::stdin()).context("reading the terminal's settings")?;
+        let mut raw = saved.clone();
+        raw.make_raw();
+        tcsetattr(std::io::stdin(), OptionalActions::Now, &raw).context("setting raw mode")?;
+        Ok(RawMode { saved })
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let _ = rustix::termios::tcsetattr(
+            std::io::stdin(),
+            rustix::termios::OptionalActions::Now,
+            &self.saved,
+        );
+    }
+}
+
+/// `tsh proxy ssh`: copies stdin/stdout to `target`'s SSH Service (OpenSSH `ProxyCommand`).
+pub async fn pipe(profile: &Profile, target: &Target, login: &str) -> anyhow::Result<()> {
+    let stream = connect(profile, target, login).await?;
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let (mut stdin, mut stdout) = (tokio::io::stdin(), tokio::io::stdout());
+    tokio::select! {
+        r = tokio::io::copy(&mut stdin, &mut wr) => { r?; }
+        r = tokio::io::copy(&mut rd, &mut stdout) => { r?; }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_as_openssh_expands_them() {
+        let t = Target::parse("root@node-1:3022").unwrap();
+        assert_eq!(
+            t,
+            Target {
+                login: Some("root".into()),
+                host: "node-1".into(),
+                port: 3022
+            }
+        );
+        let t = Target::parse("node-1").unwrap();
+        assert_eq!((t.login, t.host.as_str(), t.port), (None, "node-1", 0));
+        assert!(Target::parse("root@").is_err());
+        assert!(Target::parse("root@n:x").is_err());
+    }
+}
