@@ -329,11 +329,18 @@ async fn start_node(
     });
     // The schedule export only serves `svc-upgrade`, which owns this directory: without it
     // there is no reader, and creating it here would claim a system path nobody asked for.
+    // The endpoint file (written only while empty) points the updater at this cluster's own
+    // proxy, never a global server (REFERENCE.md, "Schedule export").
+    let endpoint = format!(
+        "{}{}default",
+        config.proxy.web_public_addr(),
+        svc_update::target::CHANNEL_PATH_PREFIX
+    );
     let export = Path::new(UPGRADE_CONFIG_DIR).is_dir().then(|| {
         svc_update::export::ScheduleExporter::spawn(
             Arc::new(svc_update::export::AuthMaintenanceSource::new(client)),
             Arc::new(SystemClock),
-            svc_update::export::ExportSettings::new(UPGRADE_CONFIG_DIR),
+            svc_update::export::ExportSettings::new(UPGRADE_CONFIG_DIR).with_endpoint(endpoint),
         )
     });
     Ok(Node {
