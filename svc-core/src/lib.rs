@@ -1,9 +1,10 @@
 //! The svc domain model, shared by every service, client and updater.
 //!
-//! This crate has no socket, file-watching or process code: everything here is a plain function
-//! over data (with a [`clock`] passed in where time matters), so it can be tested
-//! without a network and embedded anywhere. The crates above it (`svc-net`, `svc-update`,
-//! `svc-bins`) do the I/O.
+//! This crate has no socket or process code. Almost everything here is a plain function over data
+//! (with a [`clock`] passed in where time matters), so it can be tested without a network and
+//! embedded anywhere; the one exception is storage: the embedded [`backend`] writes its database
+//! file in the data directory. The crates above it (`svc-net`, `svc-update`, `svc-bins`) do the
+//! network I/O.
 //!
 //! | module | what it holds |
 //! |---|---|
