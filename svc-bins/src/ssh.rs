@@ -5,7 +5,7 @@
 //! ([`svc_net::ssh::connect_via_proxy`]: ALPN `svc-proxy-ssh` inside TLS, or — when the
 //! profile was signed in with `--insecure`, so there is no trust for the proxy's TLS
 //! certificate — plain SSH detected on the same port, the proxy then authenticated by its
-//! host certificate alone) → [`exec`] runs an SSH session to the node over that stream,
+//! host certificate alone) → [`run`] runs an SSH session to the node over that stream,
 //! checking the node's host certificate (role `node`) against the cluster's host CA.
 
 use std::io::IsTerminal;

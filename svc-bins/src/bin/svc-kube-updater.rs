@@ -37,7 +37,7 @@ struct Args {
     /// Kind of the agent workload.
     #[arg(long, value_enum, default_value = "statefulset")]
     agent_kind: Kind,
-    /// Version server: the cluster's proxy web address, e.g. https://proxy.example.com:443.
+    /// Version server: the cluster's proxy web address, e.g. `https://proxy.example.com:443`.
     #[arg(long)]
     version_server: String,
     /// PEM file of an extra CA trusted for the version server (a proxy with a private CA), on

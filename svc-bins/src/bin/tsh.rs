@@ -27,7 +27,7 @@ enum Command {
     /// Sign in through the proxy (password from the terminal, or from standard input when it is
     /// not a terminal).
     Login {
-        /// The proxy's web address, host[:port] (default port 3080).
+        /// The proxy's web address, `host[:port]` (default port 3080).
         #[arg(long)]
         proxy: String,
         /// The user name (default: $USER).
@@ -61,7 +61,7 @@ enum Command {
         /// logins).
         #[arg(long, short = 'l')]
         login: Option<String>,
-        /// [login@]node[:port]; node is a node name, host ID or host UUID.
+        /// `[login@]node[:port]`; node is a node name, host ID or host UUID.
         target: String,
         /// The command (its words are joined with spaces, as OpenSSH does).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -77,7 +77,7 @@ enum ProxyCommand {
     /// Pipe stdin/stdout to a node's SSH Service, for OpenSSH:
     /// `ssh -o ProxyCommand="tsh proxy ssh %r@%h:%p" root@node`.
     Ssh {
-        /// [login@]node[:port].
+        /// `[login@]node[:port]`.
         target: String,
     },
 }
