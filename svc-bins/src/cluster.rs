@@ -9,7 +9,10 @@
 //! in the same process: a `node` host identity issued in-process, the SSH Service behind a
 //! reverse tunnel to the local proxy's web address (through `HTTPS_PROXY`/`NO_PROXY` like any
 //! agent), a heartbeat to the inventory every `HEARTBEAT_INTERVAL`, and — only when
-//! `/etc/svc-upgrade.d` exists — the maintenance-schedule export for `svc-upgrade`.
+//! `/etc/svc-upgrade.d` exists — the maintenance-schedule export for `svc-upgrade`
+//! ([`crate::agent`], the runtime every agent shares). With `auth_service` and
+//! `proxy_service` disabled, the process is a standalone agent instead
+//! ([`crate::agent::start_standalone`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -24,17 +27,15 @@ use svc_core::{Addr, SystemClock};
 use svc_net::auth::{AuthClient, ClientIdentity, KeyMaterial};
 use svc_net::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
 use svc_net::route::alpn;
-use svc_net::ssh::{ProxySsh, ProxySshConfig, SshServer, SshServerConfig};
+use svc_net::ssh::{ProxySsh, ProxySshConfig};
 use svc_net::tls::{ServerIdentity, TlsSource};
-use svc_net::tunnel::{AgentConfig, RunningAgent, TunnelAgent, TunnelServer, TunnelServerConfig};
+use svc_net::tunnel::{TunnelServer, TunnelServerConfig};
+
+pub use crate::agent::Node;
 use tokio_util::sync::CancellationToken;
 
 /// The admin identity file in the data directory: `tctl` on the Auth host uses it.
 pub const ADMIN_IDENTITY_FILE: &str = "admin-identity.json";
-/// Where `svc-upgrade` reads the maintenance schedule; exported to only when it exists.
-pub const UPGRADE_CONFIG_DIR: &str = "/etc/svc-upgrade.d";
-/// How long `svc start` waits for its SSH agent's first tunnel before announcing the node.
-const FIRST_TUNNEL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// The embedded backend's file in the data directory.
 pub const BACKEND_FILE: &str = "backend.redb";
 
@@ -81,48 +82,47 @@ pub fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> ProxySe
     s
 }
 
-/// A running cluster process.
-pub struct Running {
-    /// The Auth API address.
-    pub auth_addr: SocketAddr,
-    /// The running proxy, if enabled.
-    pub proxy: Option<RunningProxy>,
-    /// The admin identity file written for `tctl`.
-    pub admin_identity: PathBuf,
-    /// The cluster name.
-    pub cluster: String,
-    /// The host CA pin.
-    pub ca_pin: String,
-    /// The in-process SSH agent, if `ssh_service.enabled` (and the proxy runs here).
-    pub node: Option<Node>,
-    shutdown: CancellationToken,
-    auth_task: tokio::task::JoinHandle<()>,
+/// How `svc start` was asked to run, beyond the configuration file.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct StartOptions {
+    /// `SVC_TUNNEL_PUBLIC_ADDR`: the tunnel address the ping advertises.
+    pub tunnel_override: Option<Addr>,
+    /// `--insecure`: a standalone agent accepts any TLS certificate from the proxy.
+    pub insecure: bool,
 }
 
-/// The SSH agent of this process: SSH Service behind a reverse tunnel to the local proxy.
-pub struct Node {
-    /// The node name (`svc.nodename`): `tsh ssh user@<name>`.
-    pub name: String,
-    /// The host ID (`<uuid>.<cluster>`).
-    pub host_id: String,
-    /// The tunnel agent.
-    pub agent: RunningAgent,
-    heartbeat: tokio::task::JoinHandle<()>,
-    _export: Option<svc_update::export::ScheduleExporter>,
+/// A running `svc` process: the cluster's services, an agent, or both.
+pub struct Running {
+    /// The Auth API address, when the Auth Service runs here.
+    pub auth_addr: Option<SocketAddr>,
+    /// The running proxy, if enabled.
+    pub proxy: Option<RunningProxy>,
+    /// The admin identity file written for `tctl`, when the Auth Service runs here.
+    pub admin_identity: Option<PathBuf>,
+    /// The cluster name.
+    pub cluster: String,
+    /// The host CA pin, when the Auth Service runs here.
+    pub ca_pin: Option<String>,
+    /// The agent: the local SSH agent of an all-in-one process, or a standalone agent.
+    pub node: Option<Node>,
+    shutdown: CancellationToken,
+    auth_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Running {
     /// Stops the proxy (draining) and the Auth API.
     pub async fn shutdown(self) {
         if let Some(node) = self.node {
-            node.heartbeat.abort();
-            node.agent.shutdown().await;
+            node.shutdown().await;
         }
         if let Some(proxy) = self.proxy {
             proxy.shutdown().await;
         }
         self.shutdown.cancel();
-        let _ = self.auth_task.await;
+        if let Some(task) = self.auth_task {
+            let _ = task.await;
+        }
     }
 }
 
@@ -155,11 +155,31 @@ fn host_identity(
     Ok(identity)
 }
 
-/// Starts what `config` enables (Auth and Proxy) and returns once both listen.
-pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Result<Running> {
+/// Starts what `config` enables and returns once it listens: Auth and Proxy (with the local
+/// SSH agent), or — with both disabled — a standalone agent joining the cluster at
+/// `svc.proxy_server`.
+pub async fn start(config: &Config, opts: &StartOptions) -> anyhow::Result<Running> {
     if !config.auth.enabled {
-        bail!("auth_service.enabled is false: svc start runs the Auth Service in this release; enable it");
+        if config.proxy.enabled {
+            bail!(
+                "proxy_service.enabled is true but auth_service.enabled is false: in this release the \
+                 Proxy Service runs in the Auth Service's process; disable proxy_service to run an agent"
+            );
+        }
+        let node = crate::agent::start_standalone(config, opts.insecure).await?;
+        let cluster = node.host_id.split_once('.').map(|(_, c)| c.to_owned()).unwrap_or_default();
+        return Ok(Running {
+            auth_addr: None,
+            proxy: None,
+            admin_identity: None,
+            cluster,
+            ca_pin: None,
+            node: Some(node),
+            shutdown: CancellationToken::new(),
+            auth_task: None,
+        });
     }
+    let tunnel_override = opts.tunnel_override.clone();
     let data_dir = &config.svc.data_dir;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
@@ -222,18 +242,18 @@ pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Re
         None
     };
     let node = match &proxy {
-        Some(proxy) if config.ssh.enabled => Some(start_node(config, &auth, auth_addr, proxy).await?),
+        Some(proxy) if config.ssh.enabled => Some(start_local_node(config, &auth, auth_addr, proxy).await?),
         _ => None,
     };
     Ok(Running {
-        auth_addr,
+        auth_addr: Some(auth_addr),
         proxy,
-        admin_identity,
+        admin_identity: Some(admin_identity),
         cluster: auth.cluster().to_owned(),
-        ca_pin: auth.ca_pin(),
+        ca_pin: Some(auth.ca_pin()),
         node,
         shutdown,
-        auth_task,
+        auth_task: Some(auth_task),
     })
 }
 
@@ -266,8 +286,9 @@ fn install_ssh(builder: ProxyBuilder, identity: &ClientIdentity) -> anyhow::Resu
         .route(alpn::PROXY_SSH, ssh.tls_service()))
 }
 
-/// Starts this process's SSH agent against the local proxy.
-async fn start_node(
+/// Starts this process's SSH agent against the local proxy: a `node` host identity issued
+/// in-process, the shared agent runtime ([`crate::agent::start_node`]).
+async fn start_local_node(
     config: &Config,
     auth: &AuthService,
     auth_addr: SocketAddr,
@@ -275,81 +296,25 @@ async fn start_node(
 ) -> anyhow::Result<Node> {
     let name = config.svc.nodename.clone();
     let identity = host_identity(auth, &name, SystemRole::Node, auth_addr)?;
-    let key = identity.ssh_private_key()?;
-    let cert = identity.ssh_certificate()?;
-    let verifier = Arc::new(identity.verifier()?);
-    let ssh = SshServer::new(SshServerConfig::new(key.clone(), cert.clone(), verifier.clone()));
-    let web = Addr::from(dialable(proxy.addrs().web));
-    let mut agent_config = AgentConfig::new(
-        web,
-        identity.name.clone(),
-        key,
-        cert,
-        verifier,
-        svc_net::dial::ProxyDialer::from_env()?,
-    );
-    if let Some(ca) = proxy.ca_file() {
-        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-        agent_config = agent_config.with_proxy_ca_pem(pem);
-    }
-    let agent = TunnelAgent::new(agent_config, ssh.dial_service())?.spawn();
-    // Announce the node only once it is reachable, so `tsh ssh` right after the banner works;
-    // a proxy that is slow to accept is logged and the agent keeps retrying on its own.
-    let first = agent.wait_for(|s| !s.connected.is_empty());
-    if tokio::time::timeout(FIRST_TUNNEL_WAIT, first).await.is_err() {
-        tracing::warn!(
-            node = %name,
-            last_error = ?agent.status().last_error,
-            "the SSH agent has no tunnel to the local proxy yet; it keeps retrying"
-        );
-    }
-
-    let client = AuthClient::connect(&identity.auth_addr, &identity).await?;
-    let beat = svc_core::auth::Heartbeat {
-        hostname: name.clone(),
-        version: svc_core::version::current().to_string(),
-        upgrader: String::new(),
-        upgrader_version: String::new(),
+    let proxy_ca_pem = match proxy.ca_file() {
+        Some(ca) => Some(std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?),
+        None => None,
     };
-    // The first heartbeat before `svc start` reports ready, so the node is in the inventory
-    // as soon as the banner is printed; then one every HEARTBEAT_INTERVAL.
-    let mut beat_client = client.clone();
-    if let Err(e) = beat_client.heartbeat(&beat).await {
-        tracing::warn!(error = %e, "heartbeat to the Auth Service failed; retrying");
-    }
-    let heartbeat = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(svc_core::auth::HEARTBEAT_INTERVAL);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            if let Err(e) = beat_client.heartbeat(&beat).await {
-                tracing::warn!(error = %e, "heartbeat to the Auth Service failed; retrying");
-            }
-        }
-    });
-    // The schedule export only serves `svc-upgrade`, which owns this directory: without it
-    // there is no reader, and creating it here would claim a system path nobody asked for.
-    // The endpoint file (written only while empty) points the updater at this cluster's own
-    // proxy, never a global server (REFERENCE.md, "Schedule export").
-    let endpoint = format!(
-        "{}{}default",
-        config.proxy.web_public_addr(),
-        svc_update::target::CHANNEL_PATH_PREFIX
-    );
-    let export = Path::new(UPGRADE_CONFIG_DIR).is_dir().then(|| {
-        svc_update::export::ScheduleExporter::spawn(
-            Arc::new(svc_update::export::AuthMaintenanceSource::new(client)),
-            Arc::new(SystemClock),
-            svc_update::export::ExportSettings::new(UPGRADE_CONFIG_DIR).with_endpoint(endpoint),
-        )
-    });
-    Ok(Node {
+    crate::agent::start_node(crate::agent::NodeOptions {
         name,
-        host_id: identity.name,
-        agent,
-        heartbeat,
-        _export: export,
+        identity,
+        proxy_addr: Addr::from(dialable(proxy.addrs().web)),
+        proxy_ca_pem,
+        insecure: false,
+        dialer: svc_net::dial::ProxyDialer::from_env()?,
+        ssh: true,
+        upgrade_dir: crate::agent::upgrade_dir(),
+        // The updater asks this cluster's own proxy, never a global server (REFERENCE.md,
+        // "Schedule export").
+        endpoint: crate::agent::version_endpoint(&config.proxy.web_public_addr()),
+        diag_addr: config.svc.diag_addr.clone(),
     })
+    .await
 }
 
 /// Mounts the version server; `forward_url` upstreams are fetched through the

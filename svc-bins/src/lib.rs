@@ -3,6 +3,7 @@
 //! behaviour lives in the libraries; this crate wires them together.
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod cluster;
 pub mod output;
 pub mod profile;

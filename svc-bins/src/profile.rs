@@ -38,6 +38,17 @@ pub struct Profile {
     /// uses plain SSH on the web port (the proxy is then checked by its host certificate).
     #[serde(default)]
     pub insecure: bool,
+    /// The CA bundle (PEM) given to `tsh login --cacert`: trusted for the proxy's TLS
+    /// certificate by every later command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_pem: Option<String>,
+    /// Whether the proxy routes every protocol on its web port (from `/webapi/ping` at login;
+    /// `None` in profiles written before it was recorded: taken as on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_routing: Option<bool>,
+    /// Without TLS routing: the proxy's SSH entry for clients (`proxy.ssh.ssh_public_addr`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_proxy_addr: Option<String>,
 }
 
 /// `$SVC_HOME`, else `~/.svc`.

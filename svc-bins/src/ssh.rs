@@ -3,9 +3,9 @@
 //! Where it sits in the data flow: the signed-in profile gives the user's SSH key and
 //! certificate and the cluster CAs → [`connect`] opens the first hop to the proxy's web address
 //! ([`svc_net::ssh::connect_via_proxy`]: ALPN `svc-proxy-ssh` inside TLS, or — when the
-//! profile was signed in with `--insecure`, so there is no trust for the proxy's TLS
-//! certificate — plain SSH detected on the same port, the proxy then authenticated by its
-//! host certificate alone) → [`run`] runs an SSH session to the node over that stream,
+//! profile was signed in with `--insecure` and no `--cacert`, so there is no trust for the
+//! proxy's TLS certificate — plain SSH detected on the same port, the proxy then authenticated
+//! by its host certificate alone; without TLS routing, plain SSH on the proxy's SSH port) → [`run`] runs an SSH session to the node over that stream,
 //! checking the node's host certificate (role `node`) against the cluster's host CA.
 
 use std::io::IsTerminal;
@@ -66,12 +66,18 @@ pub fn endpoint(
     login: &str,
 ) -> anyhow::Result<(ProxyEndpoint, ClientIdentity, Arc<Verifier>)> {
     let verifier = Arc::new(profile.identity.verifier()?);
+    // With TLS routing: the web port, SSH inside TLS (ALPN `svc-proxy-ssh`) when the proxy's
+    // certificate can be checked, else plain SSH detected on the same port. Without: the
+    // proxy's SSH port (3023). Either way the proxy is also checked by its host certificate.
+    let (addr, tls) = match (&profile.ssh_proxy_addr, profile.tls_routing) {
+        (Some(ssh), Some(false)) => (ssh, false),
+        _ => (&profile.proxy, !profile.insecure || profile.ca_pem.is_some()),
+    };
     let endpoint = ProxyEndpoint {
-        addr: Addr::parse(&profile.proxy)
-            .with_context(|| format!("the profile's proxy {}", profile.proxy))?,
-        tls: !profile.insecure,
+        addr: Addr::parse(addr).with_context(|| format!("the profile's proxy SSH address {addr}"))?,
+        tls,
         verifier: verifier.clone(),
-        extra_ca_pem: None,
+        extra_ca_pem: profile.ca_pem.as_ref().map(|p| p.as_bytes().to_vec()),
         dialer: svc_net::dial::ProxyDialer::from_env()?,
         timeout: Duration::from_secs(30),
     };
@@ -81,6 +87,17 @@ pub fn endpoint(
         login: login.to_owned(),
     };
     Ok((endpoint, identity, verifier))
+}
+
+/// Where a client dials an address the proxy advertised: an unspecified host (`0.0.0.0`, `::`,
+/// a proxy listening on every interface) is the host the client already reaches the proxy at.
+pub fn reachable(advertised: &str, proxy: &str) -> String {
+    match (Addr::parse(advertised), Addr::parse(proxy)) {
+        (Ok(a), Ok(p)) if a.host().ip().is_some_and(|ip| ip.is_unspecified()) => {
+            p.with_port(a.port()).to_string()
+        }
+        _ => advertised.to_owned(),
+    }
 }
 
 /// Opens a stream to `target`'s SSH Service through the profile's proxy.

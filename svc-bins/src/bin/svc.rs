@@ -46,6 +46,10 @@ enum Command {
         /// Overrides proxy_service.public_addr.
         #[arg(long)]
         public_addr: Option<String>,
+        /// An agent accepts any TLS certificate from the proxy (a self-signed test proxy). The
+        /// SSH inside the reverse tunnel still checks the proxy against the cluster's host CA.
+        #[arg(long)]
+        insecure: bool,
     },
 }
 
@@ -71,6 +75,7 @@ fn main() -> anyhow::Result<()> {
             data_dir,
             web_listen_addr,
             public_addr,
+            insecure,
         } => {
             let mut config = load_config(config.as_deref(), data_dir)?;
             if let Some(a) = web_listen_addr {
@@ -91,25 +96,48 @@ fn main() -> anyhow::Result<()> {
                         .with_context(|| format!("SVC_TUNNEL_PUBLIC_ADDR={v}"))
                 })
                 .transpose()?;
-            tokio::runtime::Runtime::new()?.block_on(run(config, tunnel_override))?;
+            let mut opts = svc_bins::cluster::StartOptions::default();
+            opts.tunnel_override = tunnel_override;
+            opts.insecure = insecure;
+            tokio::runtime::Runtime::new()?.block_on(run(config, opts))?;
         }
     }
     Ok(())
 }
 
-async fn run(config: Config, tunnel_override: Option<Addr>) -> anyhow::Result<()> {
-    let running = svc_bins::cluster::start(&config, tunnel_override).await?;
+async fn run(config: Config, opts: svc_bins::cluster::StartOptions) -> anyhow::Result<()> {
+    let running = svc_bins::cluster::start(&config, &opts).await?;
     let data_dir = config.svc.data_dir.display();
-    println!(
-        "svc {}: cluster {:?} is running",
-        svc_core::version::current(),
-        running.cluster
-    );
-    println!("  auth: {}", running.auth_addr);
-    println!("  CA pin: {}", running.ca_pin);
-    println!("  admin identity: {}", running.admin_identity.display());
+    match &running.auth_addr {
+        Some(_) => println!(
+            "svc {}: cluster {:?} is running",
+            svc_core::version::current(),
+            running.cluster
+        ),
+        None => println!(
+            "svc {}: agent of cluster {:?} is running",
+            svc_core::version::current(),
+            running.cluster
+        ),
+    }
+    if let Some(auth) = &running.auth_addr {
+        println!("  auth: {auth}");
+    }
+    if let Some(pin) = &running.ca_pin {
+        println!("  CA pin: {pin}");
+    }
+    if let Some(admin) = &running.admin_identity {
+        println!("  admin identity: {}", admin.display());
+    }
     if let Some(node) = &running.node {
         println!("  node: {} ({})", node.name, node.host_id);
+        let status = node.agent.status();
+        for proxy in &status.connected {
+            println!("  tunnel: {proxy}");
+        }
+        if let Some(diag) = node.diag_addr {
+            println!("  diag: http://{diag}");
+        }
     }
     if let Some(proxy) = &running.proxy {
         println!("  web: https://{}", proxy.addrs().web);
@@ -129,6 +157,7 @@ async fn run(config: Config, tunnel_override: Option<Addr>) -> anyhow::Result<()
             println!("  tsh ssh root@{}", node.name);
         }
     }
+    println!("svc: ready");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => {}

@@ -120,18 +120,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .transpose()?;
             let password = read_password(&user)?;
             let rt = tokio::runtime::Runtime::new()?;
-            let identity = rt.block_on(svc_net::web::login::login_via_proxy(
+            let dialer = svc_net::dial::ProxyDialer::from_env()?;
+            let ping = rt.block_on(svc_net::web::login::ping_via_proxy(
                 &proxy,
                 insecure,
                 ca.as_deref(),
+                Some(&dialer),
+            ))?;
+            let identity = rt.block_on(svc_net::web::login::login_via_proxy_with(
+                &proxy,
+                insecure,
+                ca.as_deref(),
+                Some(&dialer),
                 &user,
                 &password,
                 ttl,
             ))?;
+            let tls_routing = ping["proxy"]["tls_routing_enabled"].as_bool().unwrap_or(true);
+            let ssh_proxy_addr = (!tls_routing)
+                .then(|| ping["proxy"]["ssh"]["ssh_public_addr"].as_str())
+                .flatten()
+                .map(|a| svc_bins::ssh::reachable(a, &proxy));
             let profile = Profile {
                 proxy,
                 identity,
                 insecure,
+                ca_pem: ca.map(|pem| String::from_utf8_lossy(&pem).into_owned()),
+                tls_routing: Some(tls_routing),
+                ssh_proxy_addr,
             };
             profile.save().context("saving the profile")?;
             print_status(&profile, Format::Text)

@@ -4,12 +4,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
-use svc_core::Secret;
+use svc_core::proxy_env::ProxyEnv;
+use svc_core::{Addr, Secret};
 use svc_core::auth::{Heartbeat, InventoryRow};
 use svc_core::identity::SystemRole;
 use svc_core::resource::{Kind, Resource, parse_resource};
-use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
+
+use crate::dial::ProxyDialer;
 
 use super::identity::{ClientIdentity, IdentityFileError, KeyMaterial};
 use super::proto;
@@ -92,19 +94,34 @@ fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-async fn channel(addr: &str, config: Arc<rustls::ClientConfig>) -> Result<Channel, ClientError> {
-    let target = addr.to_owned();
+async fn channel(
+    addr: &str,
+    config: Arc<rustls::ClientConfig>,
+    dialer: Option<&ProxyDialer>,
+) -> Result<Channel, ClientError> {
+    let connect_err = |reason: String| ClientError::Connect {
+        addr: addr.to_owned(),
+        reason,
+    };
+    let target = Addr::parse(addr).map_err(|e| connect_err(e.to_string()))?;
+    let dialer = match dialer {
+        Some(d) => d.clone(),
+        // No proxy settings: every dial is direct.
+        None => ProxyDialer::builder(ProxyEnv::default())
+            .build()
+            .map_err(|e| connect_err(e.to_string()))?,
+    };
     let connector = tower::service_fn(move |_uri: http::Uri| {
-        let addr = target.clone();
+        let target = target.clone();
         let config = config.clone();
+        let dialer = dialer.clone();
         async move {
-            let tcp = TcpStream::connect(&addr).await?;
-            tcp.set_nodelay(true)?;
+            let stream = dialer.dial(&target).await.map_err(std::io::Error::other)?;
             // The name is not checked (see the verifier); it only fills the SNI field.
             let name = ServerName::try_from("auth.svc")
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
             let tls = tokio_rustls::TlsConnector::from(config)
-                .connect(name, tcp)
+                .connect(name, stream)
                 .await?;
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
         }
@@ -113,10 +130,7 @@ async fn channel(addr: &str, config: Arc<rustls::ClientConfig>) -> Result<Channe
         .connect_timeout(CONNECT_TIMEOUT)
         .connect_with_connector(connector)
         .await
-        .map_err(|e| ClientError::Connect {
-            addr: addr.to_owned(),
-            reason: chain(&e),
-        })
+        .map_err(|e| connect_err(chain(&e)))
 }
 
 /// A connected Auth API client with an identity.
@@ -130,6 +144,17 @@ impl AuthClient {
     /// web port in TLS routing mode) presenting `identity`, and checks that
     /// the server holds a host certificate with the `auth` role from the identity's cluster.
     pub async fn connect(addr: &str, identity: &ClientIdentity) -> Result<Self, ClientError> {
+        Self::connect_via(addr, identity, None).await
+    }
+
+    /// Like [`AuthClient::connect`], dialing through `dialer` (direct or HTTP CONNECT, per its
+    /// `HTTPS_PROXY`/`NO_PROXY` settings) when given: what an agent behind a corporate proxy
+    /// uses.
+    pub async fn connect_via(
+        addr: &str,
+        identity: &ClientIdentity,
+        dialer: Option<&ProxyDialer>,
+    ) -> Result<Self, ClientError> {
         let config = client_config(
             Some(&identity.cluster),
             ServerCheck::Cluster(identity.verifier()?),
@@ -140,7 +165,7 @@ impl AuthClient {
             reason: e.to_string(),
         })?;
         Ok(Self {
-            inner: proto::auth_client::AuthClient::new(channel(addr, config).await?),
+            inner: proto::auth_client::AuthClient::new(channel(addr, config, dialer).await?),
         })
     }
 
@@ -332,13 +357,22 @@ pub struct JoinParams {
 /// token, and returns the agent's identity (host ID, certificates, fresh keys, trusted CAs),
 /// with `auth_addr` set to `addr`. Save it with [`ClientIdentity::save`].
 pub async fn join(addr: &str, params: JoinParams) -> Result<ClientIdentity, ClientError> {
+    join_via(addr, params, None).await
+}
+
+/// Like [`join`], dialing through `dialer` (direct or HTTP CONNECT) when given.
+pub async fn join_via(
+    addr: &str,
+    params: JoinParams,
+    dialer: Option<&ProxyDialer>,
+) -> Result<ClientIdentity, ClientError> {
     let config = client_config(Some(""), ServerCheck::Pin(params.ca_pin.clone()), None).map_err(|e| {
         ClientError::Connect {
             addr: addr.to_owned(),
             reason: e.to_string(),
         }
     })?;
-    let mut client = proto::auth_client::AuthClient::new(channel(addr, config).await?);
+    let mut client = proto::auth_client::AuthClient::new(channel(addr, config, dialer).await?);
     let keys = KeyMaterial::generate()?;
     let certs = client
         .join(proto::JoinRequest {

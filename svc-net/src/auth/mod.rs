@@ -97,7 +97,7 @@ pub mod proto {
     }
 }
 
-pub use client::{AuthClient, ClientError, JoinParams, join};
+pub use client::{AuthClient, ClientError, JoinParams, join, join_via};
 pub use identity::{ClientIdentity, IdentityFileError, KeyMaterial, TrustedCaPem};
 pub use route::{alpn, auth_route};
 pub use server::{AuthGrpc, ServeError, serve, server_identity};

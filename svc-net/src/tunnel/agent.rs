@@ -67,6 +67,11 @@ pub struct AgentConfig {
     /// Trust for the proxy's TLS certificate: the cluster host CA (from the verifier), plus the
     /// public web roots and this PEM bundle (a configured proxy CA), if given.
     pub proxy_ca_pem: Option<Vec<u8>>,
+    /// Accept any TLS certificate from the proxy (`svc start --insecure`, for proxies with a
+    /// self-signed certificate). The SSH layer inside still verifies the proxy's host
+    /// certificate against the cluster's host CA, so this only gives up the check of the
+    /// `/webapi/ping` answer and the outer TLS.
+    pub insecure_proxy_tls: bool,
     /// The agent's version, answered to the version query.
     pub version: Version,
     /// Outbound dialing (direct, or HTTP CONNECT per `HTTPS_PROXY`/`NO_PROXY`).
@@ -95,6 +100,7 @@ impl AgentConfig {
             host_id,
             verifier,
             proxy_ca_pem: None,
+            insecure_proxy_tls: false,
             version: svc_core::version::current().clone(),
             dialer,
             tunables: Tunables::default(),
@@ -117,6 +123,12 @@ impl AgentConfig {
     /// Also trusts these CA certificates (PEM) for the proxy's TLS certificate.
     pub fn with_proxy_ca_pem(mut self, pem: Vec<u8>) -> Self {
         self.proxy_ca_pem = Some(pem);
+        self
+    }
+
+    /// Accepts any TLS certificate from the proxy (see [`AgentConfig::insecure_proxy_tls`]).
+    pub fn with_insecure_proxy_tls(mut self) -> Self {
+        self.insecure_proxy_tls = true;
         self
     }
 
@@ -210,15 +222,19 @@ impl TunnelAgent {
                 })?;
             }
         }
-        let tls =
+        let tls_error = |e: rustls::Error| TunnelError::Malformed {
+            what: "TLS configuration",
+            reason: e.to_string(),
+        };
+        let tls = if config.insecure_proxy_tls {
+            crate::tls::insecure_client_config().map_err(tls_error)?
+        } else {
             rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_safe_default_protocol_versions()
-                .map_err(|e| TunnelError::Malformed {
-                    what: "TLS configuration",
-                    reason: e.to_string(),
-                })?
+                .map_err(tls_error)?
                 .with_root_certificates(roots)
-                .with_no_client_auth();
+                .with_no_client_auth()
+        };
         let mut ssh = crate::ssh::client_config(&config.tunables);
         ssh.client_id = russh::SshId::Standard(format!("SSH-2.0-svc_agent_{}", config.version).into());
         Ok(Self {

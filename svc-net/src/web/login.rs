@@ -13,13 +13,13 @@ use base64::Engine;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::ServerName;
 use serde::{Deserialize, Serialize};
 use svc_core::Secret;
 
 use super::{Body, ResponseBody, WebService, full, json_error, web_service};
 use crate::auth::{AuthClient, ClientError, ClientIdentity, KeyMaterial, proto};
+use crate::dial::ProxyDialer;
 
 /// The path the handler is mounted at.
 pub const LOGIN_PATH: &str = "/webapi/login";
@@ -164,42 +164,6 @@ pub enum LoginError {
     Invalid(String),
 }
 
-/// Accepts any server certificate: `tsh --insecure` against a self-signed proxy.
-#[derive(Debug)]
-struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for NoVerify {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// Signs in through the proxy at `proxy` (`host:port`): sends fresh public keys with the
 /// password and returns the full identity (certificates + the private keys generated here).
 /// `insecure` skips the proxy certificate check (self-signed test clusters only); otherwise
@@ -212,10 +176,20 @@ pub async fn login_via_proxy(
     password: &Secret,
     ttl: Option<Duration>,
 ) -> Result<ClientIdentity, LoginError> {
-    let connect = |reason: String| LoginError::Connect {
-        addr: proxy.to_owned(),
-        reason,
-    };
+    login_via_proxy_with(proxy, insecure, extra_ca_pem, None, user, password, ttl).await
+}
+
+/// Like [`login_via_proxy`], dialing the proxy through `dialer` (direct or HTTP CONNECT per
+/// its `HTTPS_PROXY`/`NO_PROXY` settings) when given.
+pub async fn login_via_proxy_with(
+    proxy: &str,
+    insecure: bool,
+    extra_ca_pem: Option<&[u8]>,
+    dialer: Option<&ProxyDialer>,
+    user: &str,
+    password: &Secret,
+    ttl: Option<Duration>,
+) -> Result<ClientIdentity, LoginError> {
     let keys = KeyMaterial::generate().map_err(|e| LoginError::Invalid(e.to_string()))?;
     let body = LoginBody {
         user: user.to_owned(),
@@ -228,14 +202,73 @@ pub async fn login_via_proxy(
     };
     let body = serde_json::to_vec(&body).map_err(|e| LoginError::Invalid(e.to_string()))?;
 
+    let bytes = proxy_request(
+        proxy,
+        insecure,
+        extra_ca_pem,
+        dialer,
+        Method::POST,
+        LOGIN_PATH,
+        Some(Bytes::from(body)),
+    )
+    .await?;
+    let answer: LoginAnswer =
+        serde_json::from_slice(&bytes).map_err(|e| LoginError::Invalid(e.to_string()))?;
+    let auth_addr = answer.auth_addr.clone().unwrap_or_else(|| proxy.to_owned());
+    let certs = proto::Certs {
+        name: answer.name,
+        tls_cert_pem: answer.tls_cert_pem,
+        ssh_cert: answer.ssh_cert,
+        tls_ca_pems: answer.tls_ca_pems,
+        ssh_ca_keys: answer.ssh_ca_keys,
+        cluster_name: answer.cluster_name,
+        not_after_unix: answer.not_after_unix,
+    };
+    let mut identity = keys
+        .into_identity_from_proto(certs)
+        .map_err(|e| LoginError::Invalid(e.to_string()))?;
+    identity.auth_addr = auth_addr;
+    Ok(identity)
+}
+
+/// The proxy's `/webapi/ping` document (unauthenticated): where its SSH and tunnel entries
+/// are and whether TLS routing is on. Same trust and dialing rules as [`login_via_proxy_with`].
+pub async fn ping_via_proxy(
+    proxy: &str,
+    insecure: bool,
+    extra_ca_pem: Option<&[u8]>,
+    dialer: Option<&ProxyDialer>,
+) -> Result<serde_json::Value, LoginError> {
+    let bytes = proxy_request(
+        proxy,
+        insecure,
+        extra_ca_pem,
+        dialer,
+        Method::GET,
+        crate::web::ping::PING_PATH,
+        None,
+    )
+    .await?;
+    serde_json::from_slice(&bytes).map_err(|e| LoginError::Invalid(e.to_string()))
+}
+
+/// One HTTPS/1.1 request to the proxy's web API; the body of a 2xx answer, else the JSON
+/// error's message as [`LoginError::Refused`].
+async fn proxy_request(
+    proxy: &str,
+    insecure: bool,
+    extra_ca_pem: Option<&[u8]>,
+    dialer: Option<&ProxyDialer>,
+    method: Method,
+    path: &str,
+    body: Option<Bytes>,
+) -> Result<Bytes, LoginError> {
+    let connect = |reason: String| LoginError::Connect {
+        addr: proxy.to_owned(),
+        reason,
+    };
     let mut config = if insecure {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| connect(e.to_string()))?
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
-            .with_no_client_auth()
+        crate::tls::insecure_client_config().map_err(|e| connect(e.to_string()))?
     } else {
         crate::tls::client_config(extra_ca_pem)
             .map_err(|e| connect(e.to_string()))?
@@ -243,26 +276,37 @@ pub async fn login_via_proxy(
             .clone()
     };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let (host, _) = proxy
-        .rsplit_once(':')
-        .ok_or_else(|| connect("expected host:port".into()))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let target = svc_core::Addr::parse(proxy).map_err(|e| connect(e.to_string()))?;
+    let host = target.host_str().trim_start_matches('[').trim_end_matches(']').to_owned();
     let name = ServerName::try_from(host.clone()).map_err(|e| connect(e.to_string()))?;
-    let tcp = tokio::net::TcpStream::connect(proxy)
-        .await
-        .map_err(|e| connect(e.to_string()))?;
+    let direct;
+    let dialer = match dialer {
+        Some(d) => d,
+        None => {
+            direct = ProxyDialer::builder(svc_core::proxy_env::ProxyEnv::default())
+                .build()
+                .map_err(|e| connect(e.to_string()))?;
+            &direct
+        }
+    };
+    let stream = dialer.dial(&target).await.map_err(|e| connect(e.to_string()))?;
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
+        .connect(name, stream)
         .await
         .map_err(|e| connect(e.to_string()))?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
         .await
         .map_err(|e| connect(e.to_string()))?;
     tokio::spawn(conn);
-    let req = Request::post(LOGIN_PATH)
-        .header(header::HOST, host)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::HOST, host);
+    if body.is_some() {
+        req = req.header(header::CONTENT_TYPE, "application/json");
+    }
+    let req = req
+        .body(Full::new(body.unwrap_or_default()))
         .map_err(|e| LoginError::Invalid(e.to_string()))?;
     let resp = sender
         .send_request(req)
@@ -281,21 +325,5 @@ pub async fn login_via_proxy(
             .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
         return Err(LoginError::Refused { status, message });
     }
-    let answer: LoginAnswer =
-        serde_json::from_slice(&bytes).map_err(|e| LoginError::Invalid(e.to_string()))?;
-    let auth_addr = answer.auth_addr.clone().unwrap_or_else(|| proxy.to_owned());
-    let certs = proto::Certs {
-        name: answer.name,
-        tls_cert_pem: answer.tls_cert_pem,
-        ssh_cert: answer.ssh_cert,
-        tls_ca_pems: answer.tls_ca_pems,
-        ssh_ca_keys: answer.ssh_ca_keys,
-        cluster_name: answer.cluster_name,
-        not_after_unix: answer.not_after_unix,
-    };
-    let mut identity = keys
-        .into_identity_from_proto(certs)
-        .map_err(|e| LoginError::Invalid(e.to_string()))?;
-    identity.auth_addr = auth_addr;
-    Ok(identity)
+    Ok(bytes)
 }

@@ -9,6 +9,9 @@ use svc_core::{Addr, Version};
 
 use crate::proxy::ProxySettings;
 
+/// Where the proxy answers the ping document.
+pub const PING_PATH: &str = "/webapi/ping";
+
 /// The tunnel port agents dial without TLS routing.
 pub const TUNNEL_PORT: u16 = 3024;
 
