@@ -187,7 +187,27 @@ pub async fn run(
     });
     let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
     let mut status = None;
-    while let Some(msg) = channel.wait().await {
+    // The remote PTY follows the local terminal's size (SIGWINCH).
+    let mut winch = if tty {
+        Some(tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())?)
+    } else {
+        None
+    };
+    loop {
+        let msg = tokio::select! {
+            msg = channel.wait() => msg,
+            Some(()) = async {
+                match winch.as_mut() {
+                    Some(w) => w.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let (cols, rows) = terminal_size();
+                channel.window_change(cols, rows, 0, 0).await?;
+                continue;
+            }
+        };
+        let Some(msg) = msg else { break };
         match msg {
             ChannelMsg::Data { data } => {
                 stdout.write_all(&data).await?;

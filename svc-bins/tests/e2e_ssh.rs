@@ -85,20 +85,32 @@ async fn tsh_ssh_gives_a_terminal_an_interactive_shell_with_a_pty() {
         .expect("spawn tsh");
     // The remote shell sees a terminal (`test -t 0`) of the local size; the arithmetic proves
     // the output came from the shell, not from the echo of what was typed.
-    pty.write_all(b"test -t 0 && echo remote-tty-$((40+2)) $(stty size); exit 7\r")
+    pty.write_all(b"test -t 0 && echo remote-tty-$((40+2)) $(stty size)\r")
         .await
         .expect("type into the PTY");
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
-    // Read until the shell's answer is in; the PTY then closes when tsh exits (EIO on Linux).
-    loop {
-        match pty.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => seen.extend_from_slice(&buf[..n]),
+    // Read until `want` is in; the PTY closes when tsh exits (EIO on Linux).
+    async fn read_until(pty: &mut pty_process::Pty, seen: &mut Vec<u8>, buf: &mut [u8], want: &str) {
+        while !String::from_utf8_lossy(seen).contains(want) {
+            match pty.read(buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
         }
-        if String::from_utf8_lossy(&seen).contains("remote-tty-42 24 80") {
-            break;
-        }
+    }
+    read_until(&mut pty, &mut seen, &mut buf, "remote-tty-42 24 80").await;
+    // The local window grows: tsh gets SIGWINCH and the remote PTY follows. The shell waits
+    // (bounded) for the new size to arrive, then reports what it has.
+    pty.resize(pty_process::Size::new(40, 100)).expect("PTY resize");
+    pty.write_all(
+        b"for i in $(seq 200); do [ \"$(stty size)\" = \"40 100\" ] && break; sleep 0.05; done; echo resized-$((1+1)) $(stty size); exit 7\r",
+    )
+    .await
+    .expect("type into the PTY");
+    // Everything until tsh exits and the PTY closes.
+    while let Ok(n @ 1..) = pty.read(&mut buf).await {
+        seen.extend_from_slice(&buf[..n]);
     }
     let status = child.wait().await.expect("wait for tsh");
     let text = String::from_utf8_lossy(&seen);
@@ -107,6 +119,7 @@ async fn tsh_ssh_gives_a_terminal_an_interactive_shell_with_a_pty() {
         "{text}\nsvc: {}",
         cluster.stderr()
     );
+    assert!(text.contains("resized-2 40 100"), "{text}");
     assert_eq!(status.code(), Some(7), "{text}");
 }
 
