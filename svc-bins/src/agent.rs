@@ -163,7 +163,6 @@ pub struct Node {
     /// Where health and metrics are served, when enabled.
     pub diag_addr: Option<SocketAddr>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    _exports: Vec<ScheduleExporter>,
 }
 
 impl Node {
@@ -172,7 +171,6 @@ impl Node {
         for t in &self.tasks {
             t.abort();
         }
-        drop(self._exports);
         self.agent.shutdown().await;
     }
 }
@@ -237,9 +235,6 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<Node> {
         );
     }
 
-    let client = AuthClient::connect_via(&identity.auth_addr, identity, Some(&opts.dialer))
-        .await
-        .with_context(|| format!("connecting to the Auth API at {}", identity.auth_addr))?;
     let beat = Heartbeat {
         hostname: opts.name.clone(),
         version: svc_core::version::current().to_string(),
@@ -248,20 +243,26 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<Node> {
     };
     let counters = Arc::new(Counters::default());
     // The first heartbeat before `svc start` reports ready, so the node is in the inventory
-    // as soon as the banner is printed; then one every HEARTBEAT_INTERVAL.
-    let mut beat_client = client.clone();
-    beat_once(&mut beat_client, &beat, &counters).await;
-    let beat_counters = counters.clone();
-    let heartbeat = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(svc_core::auth::HEARTBEAT_INTERVAL);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            beat_once(&mut beat_client, &beat, &beat_counters).await;
-        }
-    });
+    // as soon as the banner is printed (when the Auth API answers within the first wait).
+    let first_beat = Arc::new(tokio::sync::Notify::new());
+    let heartbeat = tokio::spawn(heartbeat_loop(
+        opts.identity.clone(),
+        opts.dialer.clone(),
+        beat,
+        counters.clone(),
+        first_beat.clone(),
+        ExportTargets {
+            upgrade_dir: opts.upgrade_dir.clone(),
+            endpoint: opts.endpoint.clone(),
+        },
+    ));
+    if tokio::time::timeout(FIRST_TUNNEL_WAIT, first_beat.notified())
+        .await
+        .is_err()
+    {
+        tracing::warn!(auth = %identity.auth_addr, "no heartbeat accepted yet; the agent keeps retrying");
+    }
     let mut tasks = vec![heartbeat];
-    let exports = exports(&opts, client).await;
     let diag_addr = match &opts.diag_addr {
         Some(addr) => {
             let (bound, task) = serve_diag(addr, agent.watch(), counters).await?;
@@ -276,8 +277,47 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<Node> {
         agent,
         diag_addr,
         tasks,
-        _exports: exports,
     })
+}
+
+/// Where the schedule goes (see [`exports`]).
+struct ExportTargets {
+    upgrade_dir: PathBuf,
+    endpoint: String,
+}
+
+/// Connects to the Auth API (retrying with the reconnect backoff: the proxy or the Auth
+/// Service may be down when the agent starts), starts the schedule exports, and heartbeats
+/// every `HEARTBEAT_INTERVAL`. Aborting the task stops the exports too.
+async fn heartbeat_loop(
+    identity: ClientIdentity,
+    dialer: ProxyDialer,
+    beat: Heartbeat,
+    counters: Arc<Counters>,
+    first_beat: Arc<tokio::sync::Notify>,
+    targets: ExportTargets,
+) {
+    let mut backoff = svc_net::tunnel::Backoff::default();
+    let mut client = loop {
+        match AuthClient::connect_via(&identity.auth_addr, &identity, Some(&dialer)).await {
+            Ok(c) => break c,
+            Err(e) => {
+                counters.heartbeat_failures.fetch_add(1, Ordering::Relaxed);
+                let wait = backoff.next_delay(rand::random::<f64>());
+                tracing::warn!(error = %e, retry_in = ?wait, "cannot reach the Auth API; retrying");
+                tokio::time::sleep(wait).await;
+            }
+        }
+    };
+    beat_once(&mut client, &beat, &counters).await;
+    first_beat.notify_one();
+    let _exports = exports(&targets, client.clone()).await;
+    let mut tick = tokio::time::interval(svc_core::auth::HEARTBEAT_INTERVAL);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        beat_once(&mut client, &beat, &counters).await;
+    }
 }
 
 async fn beat_once(client: &mut AuthClient, beat: &Heartbeat, counters: &Counters) {
@@ -296,7 +336,7 @@ async fn beat_once(client: &mut AuthClient, beat: &Heartbeat, counters: &Counter
 /// package owns it, and creating it here would claim a system path nobody asked for; the
 /// endpoint file, written only while empty, points the updater at this cluster's proxy) and,
 /// in Kubernetes, the shared-state Secret the updater controller reads.
-async fn exports(opts: &NodeOptions, client: AuthClient) -> Vec<ScheduleExporter> {
+async fn exports(opts: &ExportTargets, client: AuthClient) -> Vec<ScheduleExporter> {
     let source = Arc::new(AuthMaintenanceSource::new(client));
     let mut out = Vec::new();
     if opts.upgrade_dir.is_dir() {
@@ -316,7 +356,9 @@ async fn exports(opts: &NodeOptions, client: AuthClient) -> Vec<ScheduleExporter
                 out.push(ScheduleExporter::spawn_to(
                     source,
                     Arc::new(SystemClock),
-                    Arc::new(svc_update::kube::schedule::SecretSink::new(kube, namespace, secret)),
+                    Arc::new(svc_update::kube::schedule::SecretSink::new(
+                        kube, namespace, secret,
+                    )),
                     ExportSettings::default(),
                 ));
             }

@@ -167,7 +167,11 @@ pub async fn start(config: &Config, opts: &StartOptions) -> anyhow::Result<Runni
             );
         }
         let node = crate::agent::start_standalone(config, opts.insecure).await?;
-        let cluster = node.host_id.split_once('.').map(|(_, c)| c.to_owned()).unwrap_or_default();
+        let cluster = node
+            .host_id
+            .split_once('.')
+            .map(|(_, c)| c.to_owned())
+            .unwrap_or_default();
         return Ok(Running {
             auth_addr: None,
             proxy: None,

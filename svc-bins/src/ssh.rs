@@ -189,7 +189,9 @@ pub async fn run(
     let mut status = None;
     // The remote PTY follows the local terminal's size (SIGWINCH).
     let mut winch = if tty {
-        Some(tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())?)
+        Some(tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::window_change(),
+        )?)
     } else {
         None
     };

@@ -31,6 +31,8 @@ struct Agent {
     child: Child,
     stderr: PathBuf,
     host_id: String,
+    /// The diagnostics address, when `svc.diag_addr` is set.
+    diag: Option<String>,
 }
 
 impl Agent {
@@ -48,6 +50,7 @@ impl Agent {
             .expect("spawn svc agent");
         let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
         let mut host_id = String::new();
+        let mut diag = None;
         for line in lines.by_ref() {
             let line = line.expect("agent stdout");
             if let Some(node) = line.trim().strip_prefix("node: ") {
@@ -55,6 +58,9 @@ impl Agent {
                     .rsplit_once('(')
                     .map(|(_, id)| id.trim_end_matches(')').to_owned())
                     .unwrap_or_default();
+            }
+            if let Some(addr) = line.trim().strip_prefix("diag: http://") {
+                diag = Some(addr.to_owned());
             }
             if line.trim() == "svc: ready" {
                 break;
@@ -70,6 +76,7 @@ impl Agent {
             child,
             stderr,
             host_id,
+            diag,
         }
     }
 
@@ -88,7 +95,10 @@ impl Drop for Agent {
 /// A join token and the CA pin from `tctl tokens add --format json`.
 fn token(cluster: &Cluster, kind: &str) -> (String, String) {
     let out = cluster
-        .tctl_admin(&["tokens", "add", &format!("--type={kind}"), "--format", "json"], None)
+        .tctl_admin(
+            &["tokens", "add", &format!("--type={kind}"), "--format", "json"],
+            None,
+        )
         .ok();
     let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("token json");
     (
@@ -99,7 +109,13 @@ fn token(cluster: &Cluster, kind: &str) -> (String, String) {
 
 /// The agent's svc.yaml: only the SSH Service, joining through `proxy` (and `auth` directly,
 /// when given).
-fn agent_yaml(data: &Path, name: &str, proxy: &str, auth: Option<&str>, token: Option<(&str, &str)>) -> String {
+fn agent_yaml(
+    data: &Path,
+    name: &str,
+    proxy: &str,
+    auth: Option<&str>,
+    token: Option<(&str, &str)>,
+) -> String {
     let mut svc = format!(
         "version: v1\nsvc:\n  nodename: {name}\n  data_dir: {}\n  proxy_server: {proxy}\n",
         data.display()
@@ -111,6 +127,17 @@ fn agent_yaml(data: &Path, name: &str, proxy: &str, auth: Option<&str>, token: O
         svc.push_str(&format!("  auth_token: {token}\n  ca_pin: {pin}\n"));
     }
     svc + "auth_service:\n  enabled: false\nproxy_service:\n  enabled: false\nssh_service:\n  enabled: true\n"
+}
+
+/// `curl URL`: the status code and the body.
+fn curl(url: &str) -> (String, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("curl is missing: apt-get install curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (status.to_owned(), body.to_owned())
 }
 
 fn signed_in(cluster: &Cluster) {
@@ -192,7 +219,10 @@ fn an_agent_behind_an_http_proxy_only_serves_tsh_ssh() {
         assert!(log.contains(&format!("{ip}:{web_port}")), "tinyproxy log:\n{log}");
         if separate {
             let auth_port = cluster.auth_addr.rsplit_once(':').unwrap().1;
-            assert!(log.contains(&format!("{ip}:{auth_port}")), "tinyproxy log:\n{log}");
+            assert!(
+                log.contains(&format!("{ip}:{auth_port}")),
+                "tinyproxy log:\n{log}"
+            );
         }
         assert_eq!(net.listening(), "", "the agent must have no listening socket");
         // No secret in the agent's log: not the token, not the proxy password.
@@ -214,11 +244,20 @@ fn an_agent_behind_an_http_proxy_only_serves_tsh_ssh() {
         // Restarted without the token (spent? kept? it does not matter): the saved identity.
         let host_id = agent.host_id.clone();
         drop(agent);
-        let config = cluster.write("agent-again.yaml", &agent_yaml(&data, name, &cluster.web_addr, auth, None));
+        let config = cluster.write(
+            "agent-again.yaml",
+            &agent_yaml(&data, name, &cluster.web_addr, auth, None),
+        );
         let again = Agent::start(agent_cmd(&config), cluster.path().join("agent-again.stderr"));
         assert_eq!(again.host_id, host_id, "the same identity after a restart");
         let out = cluster.tsh(&["ssh", &target, "echo back"], None);
-        assert_eq!(out.stdout, "back\n", "tsh: {}\nagent: {}", out.stderr, again.log());
+        assert_eq!(
+            out.stdout,
+            "back\n",
+            "tsh: {}\nagent: {}",
+            out.stderr,
+            again.log()
+        );
     }
 }
 
@@ -261,7 +300,8 @@ async fn an_agent_in_kubernetes_writes_its_schedule_to_the_shared_state_secret()
     let data = cluster.path().join("agent-data");
     let config = cluster.write(
         "agent.yaml",
-        &agent_yaml(&data, "kube-agent", &cluster.web_addr, None, Some((&token, &pin))),
+        &agent_yaml(&data, "kube-agent", &cluster.web_addr, None, Some((&token, &pin)))
+            .replace("svc:\n", "svc:\n  diag_addr: 127.0.0.1:0\n"),
     );
     let kubeconfig = cluster.write("kubeconfig", &api.kubeconfig("svc"));
     let mut command = Command::new(SVC);
@@ -288,11 +328,25 @@ async fn an_agent_in_kubernetes_writes_its_schedule_to_the_shared_state_secret()
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert!(!windows.is_empty(), "no schedule in the secret; agent log:\n{}", agent.log());
+    assert!(
+        !windows.is_empty(),
+        "no schedule in the secret; agent log:\n{}",
+        agent.log()
+    );
     for w in &windows {
         let start = time::OffsetDateTime::from(w.start);
         assert_eq!(start.hour(), 4, "{w:?}");
     }
+    // The chart's probes: /healthz, /readyz (a tunnel is up), /metrics.
+    let diag = agent.diag.clone().expect("the diag address in the banner");
+    let (status, _) = curl(&format!("http://{diag}/healthz"));
+    assert_eq!(status, "200");
+    let (status, _) = curl(&format!("http://{diag}/readyz"));
+    assert_eq!(status, "200");
+    let (status, metrics) = curl(&format!("http://{diag}/metrics"));
+    assert_eq!(status, "200");
+    assert!(metrics.contains("svc_tunnels_connected 1"), "{metrics}");
+    assert!(!metrics.contains("svc_heartbeats_total 0"), "{metrics}");
     // The inventory reports the Kubernetes updater.
     let inventory = cluster
         .tctl_admin(&["inventory", "ls", "--upgrader=kube"], None)

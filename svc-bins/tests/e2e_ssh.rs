@@ -185,7 +185,14 @@ fn tsh_login_with_cacert_keeps_the_trust_and_ssh_goes_inside_tls() {
     let cluster = Cluster::start("debug");
     cluster
         .tctl_admin(
-            &["users", "add", "bob", "--roles=access", "--logins=root", "--password-stdin"],
+            &[
+                "users",
+                "add",
+                "bob",
+                "--roles=access",
+                "--logins=root",
+                "--password-stdin",
+            ],
             Some(PASSWORD),
         )
         .ok();
@@ -193,10 +200,16 @@ fn tsh_login_with_cacert_keeps_the_trust_and_ssh_goes_inside_tls() {
     let proxy = format!("--proxy={}", cluster.web_addr);
     let cacert = format!("--cacert={}", ca.display());
     cluster
-        .tsh(&["login", &proxy, "--user=bob", &cacert], Some(&format!("{PASSWORD}\n")))
+        .tsh(
+            &["login", &proxy, "--user=bob", &cacert],
+            Some(&format!("{PASSWORD}\n")),
+        )
         .ok();
     let profile = std::fs::read_to_string(cluster.home.join("profile.json")).unwrap();
-    assert!(profile.contains("BEGIN CERTIFICATE"), "the CA is kept in the profile");
+    assert!(
+        profile.contains("BEGIN CERTIFICATE"),
+        "the CA is kept in the profile"
+    );
     let out = cluster.tsh(&["ssh", &format!("root@{}", nodename()), "echo tls"], None);
     assert_eq!(out.stdout, "tls\n", "{}", out.stderr);
     // The proxy saw ALPN `svc-proxy-ssh`, not plain SSH on the web port.

@@ -316,4 +316,3 @@ impl ServerCertVerifier for NoVerify {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
-

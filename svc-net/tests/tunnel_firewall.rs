@@ -7,9 +7,9 @@
 //! `tsh ssh` as the client is `svc-bins/tests/e2e_agent.rs`.
 #![allow(clippy::unwrap_used)]
 
-mod tunnel_support;
 #[path = "support/netns.rs"]
 mod netns;
+mod tunnel_support;
 
 use std::process::Stdio;
 

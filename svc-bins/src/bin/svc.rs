@@ -66,8 +66,12 @@ fn load_config(file: Option<&Path>, data_dir: Option<PathBuf>) -> anyhow::Result
     Ok(config)
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+fn main() {
+    svc_bins::exit_on_error(run_cli(Cli::parse()));
+}
+
+fn run_cli(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
         Command::Version => println!("svc {}", svc_core::version::current()),
         Command::Configure => print!("{}", svc_core::config::render_default_commented()),
         Command::Start {

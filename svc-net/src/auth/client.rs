@@ -4,11 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
-use svc_core::proxy_env::ProxyEnv;
-use svc_core::{Addr, Secret};
 use svc_core::auth::{Heartbeat, InventoryRow};
 use svc_core::identity::SystemRole;
+use svc_core::proxy_env::ProxyEnv;
 use svc_core::resource::{Kind, Resource, parse_resource};
+use svc_core::{Addr, Secret};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::dial::ProxyDialer;
@@ -88,7 +88,11 @@ fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        out = format!("{out}: {s}");
+        // Some errors already print their cause; say each cause once.
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out = format!("{out}: {text}");
+        }
         source = s.source();
     }
     out

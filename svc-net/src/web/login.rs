@@ -277,7 +277,11 @@ async fn proxy_request(
     };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let target = svc_core::Addr::parse(proxy).map_err(|e| connect(e.to_string()))?;
-    let host = target.host_str().trim_start_matches('[').trim_end_matches(']').to_owned();
+    let host = target
+        .host_str()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
     let name = ServerName::try_from(host.clone()).map_err(|e| connect(e.to_string()))?;
     let direct;
     let dialer = match dialer {

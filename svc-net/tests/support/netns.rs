@@ -79,13 +79,30 @@ impl Net {
         ip_ok(&["link", "set", &peer, "netns", &net.ns]);
         ip_ok(&["addr", "add", &format!("{}/30", net.host_ip), "dev", &net.veth]);
         ip_ok(&["link", "set", &net.veth, "up"]);
-        ip_ok(&["-n", &net.ns, "addr", "add", &format!("10.231.{n}.2/30"), "dev", &peer]);
+        ip_ok(&[
+            "-n",
+            &net.ns,
+            "addr",
+            "add",
+            &format!("10.231.{n}.2/30"),
+            "dev",
+            &peer,
+        ]);
         ip_ok(&["-n", &net.ns, "link", "set", &peer, "up"]);
         ip_ok(&["-n", &net.ns, "link", "set", "lo", "up"]);
         // The proxy's address: on a second veth pair kept in the host namespace (no `dummy`
         // module is needed), so nothing routes it into the agent's namespace.
         let dummy_peer = format!("svq{tag}");
-        ip_ok(&["link", "add", &net.dummy, "type", "veth", "peer", "name", &dummy_peer]);
+        ip_ok(&[
+            "link",
+            "add",
+            &net.dummy,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &dummy_peer,
+        ]);
         ip_ok(&["addr", "add", &format!("{}/32", net.proxy_ip), "dev", &net.dummy]);
         ip_ok(&["link", "set", &net.dummy, "up"]);
         ip_ok(&["link", "set", &dummy_peer, "up"]);
@@ -112,7 +129,11 @@ impl Net {
 
     /// The namespace's listening TCP sockets (`ss -l -t -n`), trimmed.
     pub fn listening(&self) -> String {
-        let ss = self.command("ss").args(["-H", "-l", "-t", "-n"]).output().unwrap();
+        let ss = self
+            .command("ss")
+            .args(["-H", "-l", "-t", "-n"])
+            .output()
+            .unwrap();
         assert!(ss.status.success());
         String::from_utf8_lossy(&ss.stdout).trim().to_owned()
     }
