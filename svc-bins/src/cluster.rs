@@ -315,7 +315,7 @@ async fn start_local_node(
         upgrade_dir: crate::agent::upgrade_dir(),
         // The updater asks this cluster's own proxy, never a global server (REFERENCE.md,
         // "Schedule export").
-        endpoint: crate::agent::version_endpoint(&config.proxy.web_public_addr()),
+        endpoint: crate::agent::version_endpoint(config.proxy.web_public_addr()),
         diag_addr: config.svc.diag_addr.clone(),
     })
     .await

@@ -174,7 +174,7 @@ impl Tinyproxy {
         .unwrap();
         let log = dir.path().join("tinyproxy.log");
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(bin)
+        let mut child = Command::new(bin)
             .arg("-d")
             .arg("-c")
             .arg(&conf)
@@ -195,6 +195,8 @@ impl Tinyproxy {
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("tinyproxy never listened on {addr}");
     }
 
