@@ -36,7 +36,7 @@ mod backoff;
 mod registry;
 mod server;
 
-use std::time::Duration;
+use std::{borrow::Cow, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
@@ -112,6 +112,10 @@ pub struct DialRequest {
 /// nothing measurable. The packet size stays at 32 KiB: 64 KiB packets, reported to help SFTP
 /// (BENCHMARKS.md), measured 10–15 % slower through the tunnel here (docs/performance.md,
 /// "Reverse tunnel").
+///
+/// The cipher preference puts AES-GCM first ([`CIPHERS`]): with AES-NI and carry-less
+/// multiply, ring's AES-GCM costs a fraction of its ChaCha20-Poly1305, whose Poly1305 is
+/// portable C and took about 40 % of the bulk-transfer CPU profile (docs/performance.md).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Tunables {
@@ -127,7 +131,20 @@ pub struct Tunables {
     pub keepalive_count: u32,
     /// Deadline for dialing and the TLS + SSH handshakes.
     pub handshake_timeout: Duration,
+    /// Ciphers offered, most preferred first (both ends; the client's order decides).
+    pub ciphers: Cow<'static, [russh::cipher::Name]>,
 }
+
+/// The cipher preference of svc's SSH ends: AES-GCM (hardware AES) ahead of
+/// ChaCha20-Poly1305, then russh's CTR modes. russh's own default leaves `aes128-gcm` out.
+pub const CIPHERS: &[russh::cipher::Name] = &[
+    russh::cipher::AES_128_GCM,
+    russh::cipher::AES_256_GCM,
+    russh::cipher::CHACHA20_POLY1305,
+    russh::cipher::AES_256_CTR,
+    russh::cipher::AES_192_CTR,
+    russh::cipher::AES_128_CTR,
+];
 
 impl Default for Tunables {
     fn default() -> Self {
@@ -138,6 +155,7 @@ impl Default for Tunables {
             keepalive_interval: Duration::from_secs(5 * 60),
             keepalive_count: 3,
             handshake_timeout: Duration::from_secs(30),
+            ciphers: Cow::Borrowed(CIPHERS),
         }
     }
 }
@@ -147,6 +165,12 @@ impl Tunables {
     pub fn with_keepalive(mut self, interval: Duration, count: u32) -> Self {
         self.keepalive_interval = interval;
         self.keepalive_count = count.max(1);
+        self
+    }
+
+    /// Replaces the cipher preference (most preferred first).
+    pub fn with_ciphers(mut self, ciphers: impl Into<Cow<'static, [russh::cipher::Name]>>) -> Self {
+        self.ciphers = ciphers.into();
         self
     }
 

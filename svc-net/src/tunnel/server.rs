@@ -134,6 +134,10 @@ pub(crate) fn ssh_server_config(
         channel_buffer_size: tunables.channel_buffer_size,
         inactivity_timeout: None,
         nodelay: true,
+        preferred: russh::Preferred {
+            cipher: tunables.ciphers.clone(),
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
