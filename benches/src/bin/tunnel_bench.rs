@@ -91,7 +91,12 @@ async fn sink() -> anyhow::Result<SocketAddr> {
                     return;
                 }
                 let mut left = u64::from_be_bytes(len);
-                let mut buf = vec![0u8; 256 * 1024];
+                // Set-up jobs are empty: no 256 KiB buffer (and its zeroing) for them.
+                let mut buf = if left > 0 {
+                    vec![0u8; 256 * 1024]
+                } else {
+                    Vec::new()
+                };
                 while left > 0 {
                     match s.read(&mut buf).await {
                         Ok(0) | Err(_) => return,

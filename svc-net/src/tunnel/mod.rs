@@ -69,6 +69,11 @@ pub const TRANSPORT_CHANNEL: &str = "transport@svc.dev";
 pub const DRAINING: &str = "agent connection is draining";
 /// The agent's answer to a dial request that succeeded.
 pub const DIAL_OK: &str = "ok";
+/// Read buffer between the TCP stream and TLS on the single-port path. rustls reads at most
+/// 4 KiB per `read` call, so without it an SSH packet of 32 KiB costs about eight `recv`
+/// system calls; with it, one `recv` fills 64 KiB and rustls copies out of memory
+/// (docs/performance.md, "Reverse tunnel").
+pub(crate) const TLS_READ_BUFFER: usize = 64 * 1024;
 /// Dial requests longer than this are refused (a JSON object of a few addresses).
 pub const MAX_DIAL_REQUEST: usize = 8 * 1024;
 

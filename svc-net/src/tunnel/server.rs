@@ -494,7 +494,8 @@ impl Service<Connection> for TlsService {
                 return Ok(());
             };
             let after = server.inner.tunables.handshake_timeout;
-            let tls = match tokio::time::timeout(after, acceptor.accept(conn.io)).await {
+            let io = tokio::io::BufReader::with_capacity(super::TLS_READ_BUFFER, conn.io);
+            let tls = match tokio::time::timeout(after, acceptor.accept(io)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
                     tracing::info!(%peer, error = %e, "TLS handshake of an agent tunnel failed");
