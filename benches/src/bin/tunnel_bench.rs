@@ -358,8 +358,8 @@ impl Path {
     }
 }
 
-/// `total` set-ups, `conc` at a time (each worker runs its share back to back): the rate
-/// over the whole run and every set-up's latency in milliseconds.
+/// `total` set-ups, `conc` at a time (each worker runs its share back to back): the seconds
+/// the whole run took and every set-up's latency in milliseconds.
 async fn setup_run(path: &Path, total: usize, conc: usize) -> anyhow::Result<(f64, Vec<f64>)> {
     let conc = conc.max(1);
     let start = Instant::now();
@@ -381,7 +381,7 @@ async fn setup_run(path: &Path, total: usize, conc: usize) -> anyhow::Result<(f6
     while let Some(r) = workers.join_next().await {
         lat.extend(r??);
     }
-    Ok((total as f64 / start.elapsed().as_secs_f64(), lat))
+    Ok((start.elapsed().as_secs_f64(), lat))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -496,16 +496,31 @@ async fn main() -> anyhow::Result<()> {
         ),
         ("OpenSSH -R", Path::Tcp(fwd_addr)),
     ];
+    // The paths take turns in `reps` rounds, so that a burst of load elsewhere on the machine
+    // lands on all of them rather than on one.
+    let rounds = reps.max(1) as usize;
     for conc in [1, concurrency] {
         println!(
-            "connection set-up through an established tunnel: {conns} connections, {conc} at a time \
-             (connect + 8-byte request + 1-byte answer + close; latency per connection)"
+            "connection set-up through an established tunnel: {conns} connections per path in {rounds} \
+             alternating rounds, {conc} at a time (connect + 8-byte request + 1-byte answer + close)"
         );
-        let mut rows = Vec::new();
-        for (name, path) in &paths {
-            let (rate, mut lat) = setup_run(path, conns as usize, conc).await?;
-            rows.push((name, rate, pct(&mut lat, 0.5), pct(&mut lat, 0.99)));
+        let mut acc: Vec<(f64, Vec<f64>)> = paths.iter().map(|_| (0.0, Vec::new())).collect();
+        for round in 0..rounds {
+            let n = conns as usize / rounds + usize::from(round < conns as usize % rounds);
+            for ((_, path), (secs, lat)) in paths.iter().zip(acc.iter_mut()) {
+                let (s, l) = setup_run(path, n, conc).await?;
+                *secs += s;
+                lat.extend(l);
+            }
         }
+        let rows: Vec<_> = paths
+            .iter()
+            .zip(acc)
+            .map(|((name, _), (secs, mut lat))| {
+                let rate = lat.len() as f64 / secs;
+                (name, rate, pct(&mut lat, 0.5), pct(&mut lat, 0.99))
+            })
+            .collect();
         let ossh_rate = rows.last().map(|r| r.1).unwrap_or(f64::NAN);
         for (name, rate, p50, p99) in rows {
             println!(

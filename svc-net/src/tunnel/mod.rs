@@ -367,6 +367,33 @@ mod tests {
     }
 
     #[test]
+    fn both_ends_prefer_aes_gcm() {
+        let t = Tunables::default();
+        let client = crate::ssh::client_config(&t);
+        let key = ssh_key::PrivateKey::from(ssh_key::private::Ed25519Keypair::from_seed(&[7; 32]));
+        let server = ssh_server_config(&t, key, None);
+        for (end, ciphers) in [
+            ("client", &client.preferred.cipher),
+            ("server", &server.preferred.cipher),
+        ] {
+            assert_eq!(
+                ciphers.first(),
+                Some(&russh::cipher::AES_128_GCM),
+                "{end} preference: {ciphers:?}"
+            );
+            assert!(
+                ciphers.contains(&russh::cipher::CHACHA20_POLY1305),
+                "{end} still offers chacha20-poly1305 to peers without AES-GCM"
+            );
+        }
+        let chacha_first = t.with_ciphers(vec![russh::cipher::CHACHA20_POLY1305]);
+        assert_eq!(
+            crate::ssh::client_config(&chacha_first).preferred.cipher.as_ref(),
+            [russh::cipher::CHACHA20_POLY1305]
+        );
+    }
+
+    #[test]
     fn offline_after_is_count_times_interval() {
         let t = Tunables::default();
         assert_eq!(t.offline_after(), Duration::from_secs(15 * 60));
