@@ -494,6 +494,8 @@ async fn main() -> anyhow::Result<()> {
             "svc tunnel (TLS port)",
             Path::Tunnel(d_tls.clone(), "agent-tls", sink),
         ),
+        ("svc, alternative", Path::Tunnel(d_def.clone(), "agent-def", sink)),
+        // Last: the ratios are against it.
         ("OpenSSH -R", Path::Tcp(fwd_addr)),
     ];
     // The paths take turns in `reps` rounds, so that a burst of load elsewhere on the machine
