@@ -115,8 +115,8 @@ pub struct DialRequest {
 /// across high bandwidth-delay paths, where the window caps a stream at window / RTT (2 MiB
 /// over 50 ms is 335 Mbit/s; 8 MiB is 1.3 Gbit/s), and on loopback the larger window costs
 /// nothing measurable. The packet size stays at 32 KiB: 64 KiB packets, reported to help SFTP
-/// (BENCHMARKS.md), measured 10–15 % slower through the tunnel here (docs/performance.md,
-/// "Reverse tunnel").
+/// (BENCHMARKS.md), were 10–15 % slower through the tunnel with ChaCha20-Poly1305 and equal
+/// with AES-GCM here (docs/performance.md, "Reverse tunnel").
 ///
 /// The cipher preference puts AES-GCM first ([`CIPHERS`]): with AES-NI and carry-less
 /// multiply, ring's AES-GCM costs a fraction of its ChaCha20-Poly1305, whose Poly1305 is
