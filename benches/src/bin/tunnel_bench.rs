@@ -2,11 +2,13 @@
 //! port and the TLS-routed single port) against direct loopback TCP and against an OpenSSH
 //! reverse tunnel (`ssh -R`, `-c aes128-gcm@openssh.com`, to a local `sshd`), all in the same
 //! run; then connection set-up through an established tunnel (connections/s, p50/p99) against
-//! the same two baselines. Alternating repetitions, medians, ratios.
+//! the same two baselines, one connection at a time and `--concurrency` at a time.
+//! Alternating repetitions, medians, ratios.
 //!
 //! ```text
 //! cargo run --release -p svc-benches --bin tunnel_bench -- [--mib 512] [--reps 3] [--conns 300]
-//!     [--alt-window-kib 2048] [--alt-packet 32768]
+//!     [--concurrency 8] [--alt-window-kib 8192] [--alt-packet 32768]
+//!     [--alt-cipher chacha20-poly1305@openssh.com]
 //! ```
 //!
 //! The "through the tunnel" stream is what the proxy gets from `TunnelDialer` for a client: it
@@ -14,7 +16,6 @@
 
 use std::{
     net::SocketAddr,
-    path::Path,
     process::{Child, Command, Stdio},
     sync::Arc,
     time::{Duration, Instant, SystemTime},
@@ -37,8 +38,8 @@ use svc_net::{
     route::alpn,
     tls::{ServerIdentity, TlsSource},
     tunnel::{
-        AgentConfig, ConnType, DialRequest, RunningAgent, Tunables, TunnelAgent, TunnelDialer, TunnelServer,
-        TunnelServerConfig, dial_service_fn,
+        AgentConfig, CIPHERS, ConnType, DialRequest, RunningAgent, Tunables, TunnelAgent, TunnelDialer,
+        TunnelServer, TunnelServerConfig, dial_service_fn,
     },
 };
 use tokio::{
@@ -64,6 +65,14 @@ fn arg(name: &str, default: u64) -> anyhow::Result<u64> {
     }
 }
 
+fn str_arg(name: &str, default: &str) -> String {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == name) {
+        Some(i) => args.get(i + 1).cloned().unwrap_or_else(|| default.to_owned()),
+        None => default.to_owned(),
+    }
+}
+
 fn key() -> PrivateKey {
     PrivateKey::from(Ed25519Keypair::from_seed(&rand::random::<[u8; 32]>()))
 }
@@ -82,7 +91,12 @@ async fn sink() -> anyhow::Result<SocketAddr> {
                     return;
                 }
                 let mut left = u64::from_be_bytes(len);
-                let mut buf = vec![0u8; 256 * 1024];
+                // Set-up jobs are empty: no 256 KiB buffer (and its zeroing) for them.
+                let mut buf = if left > 0 {
+                    vec![0u8; 256 * 1024]
+                } else {
+                    Vec::new()
+                };
                 while left > 0 {
                     match s.read(&mut buf).await {
                         Ok(0) | Err(_) => return,
@@ -159,7 +173,7 @@ fn pem(der: &[u8]) -> String {
 
 async fn start_proxy(
     c: &Cluster,
-    dir: &Path,
+    dir: &std::path::Path,
     separate: bool,
     tunables: Tunables,
 ) -> anyhow::Result<(RunningProxy, TunnelServer)> {
@@ -237,13 +251,13 @@ fn req(node: &str, target: SocketAddr) -> DialRequest {
 }
 
 /// An OpenSSH reverse tunnel: `ssh -R <fwd>:<sink>` to a local sshd; returns the forwarded port.
-async fn openssh_reverse(dir: &Path, sink: SocketAddr) -> anyhow::Result<(Vec<Guard>, u16)> {
+async fn openssh_reverse(dir: &std::path::Path, sink: SocketAddr) -> anyhow::Result<(Vec<Guard>, u16)> {
     for (bin, pkg) in [
         ("/usr/sbin/sshd", "openssh-server"),
         ("/usr/bin/ssh", "openssh-client"),
     ] {
         anyhow::ensure!(
-            Path::new(bin).exists(),
+            std::path::Path::new(bin).exists(),
             "{bin} is missing: apt-get install -y {pkg}"
         );
     }
@@ -322,6 +336,54 @@ async fn openssh_reverse(dir: &Path, sink: SocketAddr) -> anyhow::Result<(Vec<Gu
     anyhow::bail!("the OpenSSH reverse tunnel never came up")
 }
 
+/// Where a set-up benchmark connects.
+#[derive(Clone)]
+enum Path {
+    /// Plain TCP (the sink itself, or OpenSSH's forwarded port).
+    Tcp(SocketAddr),
+    /// Through an svc tunnel: the dialer, the agent's name and the target.
+    Tunnel(TunnelDialer, &'static str, SocketAddr),
+}
+
+impl Path {
+    async fn once(&self) -> anyhow::Result<()> {
+        match self {
+            Path::Tcp(addr) => {
+                let s = TcpStream::connect(addr).await?;
+                s.set_nodelay(true)?;
+                setup_once(s).await
+            }
+            Path::Tunnel(dialer, node, target) => setup_once(dialer.dial(req(node, *target)).await?).await,
+        }
+    }
+}
+
+/// `total` set-ups, `conc` at a time (each worker runs its share back to back): the seconds
+/// the whole run took and every set-up's latency in milliseconds.
+async fn setup_run(path: &Path, total: usize, conc: usize) -> anyhow::Result<(f64, Vec<f64>)> {
+    let conc = conc.max(1);
+    let start = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..conc {
+        let path = path.clone();
+        let share = total / conc + usize::from(w < total % conc);
+        workers.spawn(async move {
+            let mut lat = Vec::with_capacity(share);
+            for _ in 0..share {
+                let t0 = Instant::now();
+                path.once().await?;
+                lat.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            anyhow::Ok(lat)
+        });
+    }
+    let mut lat = Vec::with_capacity(total);
+    while let Some(r) = workers.join_next().await {
+        lat.extend(r??);
+    }
+    Ok((start.elapsed().as_secs_f64(), lat))
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
@@ -339,6 +401,7 @@ async fn main() -> anyhow::Result<()> {
     let bytes = arg("--mib", 512)? * 1024 * 1024;
     let reps = arg("--reps", 3)?;
     let conns = arg("--conns", 300)?;
+    let concurrency = arg("--concurrency", 8)? as usize;
     let dir = tempfile::tempdir()?;
     let now = SystemTime::now();
     let host_ca = CertAuthority::generate(IdentityKind::Host, CLUSTER, now, Duration::from_secs(86400))?;
@@ -346,12 +409,26 @@ async fn main() -> anyhow::Result<()> {
     let c = Cluster { host_ca, verifier };
 
     let sink = sink().await?;
-    // An alternative configuration, russh's defaults unless `--alt-window-kib` / `--alt-packet`
-    // say otherwise, to show what the tunables buy.
-    let mut russh_defaults = Tunables::default();
-    russh_defaults.window_size = arg("--alt-window-kib", 2 * 1024)? as u32 * 1024;
-    russh_defaults.max_packet_size = arg("--alt-packet", 32 * 1024)? as u32;
-    russh_defaults.channel_buffer_size = 100;
+    // An alternative configuration, to show what a tunable buys in the same run: by default
+    // the previous cipher preference (ChaCha20-Poly1305 first, russh's default), with the
+    // default window and packet size unless `--alt-*` say otherwise.
+    let mut alt = Tunables::default();
+    alt.window_size = arg("--alt-window-kib", u64::from(alt.window_size / 1024))? as u32 * 1024;
+    alt.max_packet_size = arg("--alt-packet", u64::from(alt.max_packet_size))? as u32;
+    let alt_cipher = str_arg("--alt-cipher", "chacha20-poly1305@openssh.com");
+    let first = CIPHERS
+        .iter()
+        .find(|c| c.as_ref() == alt_cipher)
+        .with_context(|| format!("--alt-cipher {alt_cipher:?} is not one of {CIPHERS:?}"))?;
+    let mut order = vec![*first];
+    order.extend(CIPHERS.iter().filter(|c| *c != first));
+    let alt = alt.with_ciphers(order);
+    let alt_label = format!(
+        "{} KiB window, {} B packets, {alt_cipher}; 3024 path",
+        alt.window_size / 1024,
+        alt.max_packet_size
+    );
+    let russh_defaults = alt;
     let (p_sep, t_sep) = start_proxy(&c, dir.path(), true, Tunables::default()).await?;
     let (p_tls, t_tls) = start_proxy(&c, dir.path(), false, Tunables::default()).await?;
     let (p_def, t_def) = start_proxy(&c, dir.path(), true, russh_defaults.clone()).await?;
@@ -401,43 +478,58 @@ async fn main() -> anyhow::Result<()> {
         t / o
     );
     println!(
-        "  svc, alternative      {f:7.2} Gbit/s   {:.2} x direct   {:.2} x OpenSSH -R  ({} KiB window, {} B packets; 3024 path)",
+        "  svc, alternative      {f:7.2} Gbit/s   {:.2} x direct   {:.2} x OpenSSH -R  ({alt_label})",
         f / d,
         f / o,
-        arg("--alt-window-kib", 2048)?,
-        arg("--alt-packet", 32768)?
     );
     println!("  OpenSSH -R aes128-gcm {o:7.2} Gbit/s   {:.2} x direct", o / d);
 
-    println!("connection set-up through an established tunnel, {conns} sequential connections");
-    let mut rows = Vec::new();
-    for name in [
-        "direct TCP",
-        "svc tunnel (3024 SSH)",
-        "svc tunnel (TLS port)",
-        "OpenSSH -R",
-    ] {
-        let mut lat = Vec::with_capacity(conns as usize);
-        let start = Instant::now();
-        for _ in 0..conns {
-            let t0 = Instant::now();
-            match name {
-                "direct TCP" => setup_once(TcpStream::connect(sink).await?).await?,
-                "svc tunnel (3024 SSH)" => setup_once(d_sep.dial(req("agent-3024", sink)).await?).await?,
-                "svc tunnel (TLS port)" => setup_once(d_tls.dial(req("agent-tls", sink)).await?).await?,
-                _ => setup_once(TcpStream::connect(fwd_addr).await?).await?,
-            }
-            lat.push(t0.elapsed().as_secs_f64() * 1e3);
-        }
-        let rate = conns as f64 / start.elapsed().as_secs_f64();
-        rows.push((name, rate, pct(&mut lat, 0.5), pct(&mut lat, 0.99)));
-    }
-    let ossh_rate = rows.last().map(|r| r.1).unwrap_or(f64::NAN);
-    for (name, rate, p50, p99) in rows {
+    let paths = [
+        ("direct TCP", Path::Tcp(sink)),
+        (
+            "svc tunnel (3024 SSH)",
+            Path::Tunnel(d_sep.clone(), "agent-3024", sink),
+        ),
+        (
+            "svc tunnel (TLS port)",
+            Path::Tunnel(d_tls.clone(), "agent-tls", sink),
+        ),
+        ("svc, alternative", Path::Tunnel(d_def.clone(), "agent-def", sink)),
+        // Last: the ratios are against it.
+        ("OpenSSH -R", Path::Tcp(fwd_addr)),
+    ];
+    // The paths take turns in `reps` rounds, so that a burst of load elsewhere on the machine
+    // lands on all of them rather than on one.
+    let rounds = reps.max(1) as usize;
+    for conc in [1, concurrency] {
         println!(
-            "  {name:22} {rate:8.0} conn/s   p50 {p50:6.3} ms   p99 {p99:6.3} ms   {:.2} x OpenSSH -R",
-            rate / ossh_rate
+            "connection set-up through an established tunnel: {conns} connections per path in {rounds} \
+             alternating rounds, {conc} at a time (connect + 8-byte request + 1-byte answer + close)"
         );
+        let mut acc: Vec<(f64, Vec<f64>)> = paths.iter().map(|_| (0.0, Vec::new())).collect();
+        for round in 0..rounds {
+            let n = conns as usize / rounds + usize::from(round < conns as usize % rounds);
+            for ((_, path), (secs, lat)) in paths.iter().zip(acc.iter_mut()) {
+                let (s, l) = setup_run(path, n, conc).await?;
+                *secs += s;
+                lat.extend(l);
+            }
+        }
+        let rows: Vec<_> = paths
+            .iter()
+            .zip(acc)
+            .map(|((name, _), (secs, mut lat))| {
+                let rate = lat.len() as f64 / secs;
+                (name, rate, pct(&mut lat, 0.5), pct(&mut lat, 0.99))
+            })
+            .collect();
+        let ossh_rate = rows.last().map(|r| r.1).unwrap_or(f64::NAN);
+        for (name, rate, p50, p99) in rows {
+            println!(
+                "  {name:22} {rate:8.0} conn/s   p50 {p50:6.3} ms   p99 {p99:6.3} ms   {:.2} x OpenSSH -R",
+                rate / ossh_rate
+            );
+        }
     }
     a_def.shutdown().await;
     p_def.shutdown().await;

@@ -149,11 +149,13 @@ fn tls_connector(endpoint: &ProxyEndpoint) -> Result<TlsConnector, SshError> {
 }
 
 /// The russh client configuration svc's SSH clients use: host certificates asked for (ed25519,
-/// the cluster CAs' key type, ahead of plain keys), `TCP_NODELAY`, and the tunnel's window and
-/// packet sizes. Use it for the SSH session to the node over [`connect_via_proxy`]'s stream too.
+/// the cluster CAs' key type, ahead of plain keys), `TCP_NODELAY`, and the tunnel's window,
+/// packet sizes and cipher preference (AES-GCM first). Use it for the SSH session to the node
+/// over [`connect_via_proxy`]'s stream too.
 pub fn client_config(tunables: &crate::tunnel::Tunables) -> russh::client::Config {
     let preferred = russh::Preferred {
         host_key_certificates: std::borrow::Cow::Borrowed(&[russh::keys::Algorithm::Ed25519]),
+        cipher: tunables.ciphers.clone(),
         ..Default::default()
     };
     russh::client::Config {

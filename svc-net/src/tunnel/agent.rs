@@ -537,6 +537,7 @@ async fn run_tunnel_on(
         let io: BoxIo = if target.tls {
             let mut tls_config = (**shared.tls.config()).clone();
             tls_config.alpn_protocols = vec![alpn::REVERSE_TUNNEL.as_bytes().to_vec()];
+            let tcp = tokio::io::BufReader::with_capacity(super::TLS_READ_BUFFER, tcp);
             let tls = TlsConnector::from(Arc::new(tls_config))
                 .connect(server_name(&target.addr)?, tcp)
                 .await

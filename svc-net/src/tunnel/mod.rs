@@ -36,7 +36,7 @@ mod backoff;
 mod registry;
 mod server;
 
-use std::time::Duration;
+use std::{borrow::Cow, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +69,11 @@ pub const TRANSPORT_CHANNEL: &str = "transport@svc.dev";
 pub const DRAINING: &str = "agent connection is draining";
 /// The agent's answer to a dial request that succeeded.
 pub const DIAL_OK: &str = "ok";
+/// Read buffer between the TCP stream and TLS on the single-port path. rustls reads at most
+/// 4 KiB per `read` call, so without it an SSH packet of 32 KiB costs about eight `recv`
+/// system calls; with it, one `recv` fills 64 KiB and rustls copies out of memory
+/// (docs/performance.md, "Reverse tunnel").
+pub(crate) const TLS_READ_BUFFER: usize = 64 * 1024;
 /// Dial requests longer than this are refused (a JSON object of a few addresses).
 pub const MAX_DIAL_REQUEST: usize = 8 * 1024;
 
@@ -110,8 +115,12 @@ pub struct DialRequest {
 /// across high bandwidth-delay paths, where the window caps a stream at window / RTT (2 MiB
 /// over 50 ms is 335 Mbit/s; 8 MiB is 1.3 Gbit/s), and on loopback the larger window costs
 /// nothing measurable. The packet size stays at 32 KiB: 64 KiB packets, reported to help SFTP
-/// (BENCHMARKS.md), measured 10–15 % slower through the tunnel here (docs/performance.md,
-/// "Reverse tunnel").
+/// (BENCHMARKS.md), were 10–15 % slower through the tunnel with ChaCha20-Poly1305 and equal
+/// with AES-GCM here (docs/performance.md, "Reverse tunnel").
+///
+/// The cipher preference puts AES-GCM first ([`CIPHERS`]): with AES-NI and carry-less
+/// multiply, ring's AES-GCM costs a fraction of its ChaCha20-Poly1305, whose Poly1305 is
+/// portable C and took about 40 % of the bulk-transfer CPU profile (docs/performance.md).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Tunables {
@@ -127,7 +136,20 @@ pub struct Tunables {
     pub keepalive_count: u32,
     /// Deadline for dialing and the TLS + SSH handshakes.
     pub handshake_timeout: Duration,
+    /// Ciphers offered, most preferred first (both ends; the client's order decides).
+    pub ciphers: Cow<'static, [russh::cipher::Name]>,
 }
+
+/// The cipher preference of svc's SSH ends: AES-GCM (hardware AES) ahead of
+/// ChaCha20-Poly1305, then russh's CTR modes. russh's own default leaves `aes128-gcm` out.
+pub const CIPHERS: &[russh::cipher::Name] = &[
+    russh::cipher::AES_128_GCM,
+    russh::cipher::AES_256_GCM,
+    russh::cipher::CHACHA20_POLY1305,
+    russh::cipher::AES_256_CTR,
+    russh::cipher::AES_192_CTR,
+    russh::cipher::AES_128_CTR,
+];
 
 impl Default for Tunables {
     fn default() -> Self {
@@ -138,6 +160,7 @@ impl Default for Tunables {
             keepalive_interval: Duration::from_secs(5 * 60),
             keepalive_count: 3,
             handshake_timeout: Duration::from_secs(30),
+            ciphers: Cow::Borrowed(CIPHERS),
         }
     }
 }
@@ -147,6 +170,12 @@ impl Tunables {
     pub fn with_keepalive(mut self, interval: Duration, count: u32) -> Self {
         self.keepalive_interval = interval;
         self.keepalive_count = count.max(1);
+        self
+    }
+
+    /// Replaces the cipher preference (most preferred first).
+    pub fn with_ciphers(mut self, ciphers: impl Into<Cow<'static, [russh::cipher::Name]>>) -> Self {
+        self.ciphers = ciphers.into();
         self
     }
 
@@ -335,6 +364,33 @@ mod tests {
         assert!(read_line(&mut long, 4).await.is_err());
         let mut empty: &[u8] = b"";
         assert_eq!(read_line(&mut empty, 4).await.unwrap(), None);
+    }
+
+    #[test]
+    fn both_ends_prefer_aes_gcm() {
+        let t = Tunables::default();
+        let client = crate::ssh::client_config(&t);
+        let key = ssh_key::PrivateKey::from(ssh_key::private::Ed25519Keypair::from_seed(&[7; 32]));
+        let server = ssh_server_config(&t, key, None);
+        for (end, ciphers) in [
+            ("client", &client.preferred.cipher),
+            ("server", &server.preferred.cipher),
+        ] {
+            assert_eq!(
+                ciphers.first(),
+                Some(&russh::cipher::AES_128_GCM),
+                "{end} preference: {ciphers:?}"
+            );
+            assert!(
+                ciphers.contains(&russh::cipher::CHACHA20_POLY1305),
+                "{end} still offers chacha20-poly1305 to peers without AES-GCM"
+            );
+        }
+        let chacha_first = t.with_ciphers(vec![russh::cipher::CHACHA20_POLY1305]);
+        assert_eq!(
+            crate::ssh::client_config(&chacha_first).preferred.cipher.as_ref(),
+            [russh::cipher::CHACHA20_POLY1305]
+        );
     }
 
     #[test]

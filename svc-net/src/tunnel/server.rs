@@ -134,6 +134,10 @@ pub(crate) fn ssh_server_config(
         channel_buffer_size: tunables.channel_buffer_size,
         inactivity_timeout: None,
         nodelay: true,
+        preferred: russh::Preferred {
+            cipher: tunables.ciphers.clone(),
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -490,7 +494,8 @@ impl Service<Connection> for TlsService {
                 return Ok(());
             };
             let after = server.inner.tunables.handshake_timeout;
-            let tls = match tokio::time::timeout(after, acceptor.accept(conn.io)).await {
+            let io = tokio::io::BufReader::with_capacity(super::TLS_READ_BUFFER, conn.io);
+            let tls = match tokio::time::timeout(after, acceptor.accept(io)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
                     tracing::info!(%peer, error = %e, "TLS handshake of an agent tunnel failed");
