@@ -138,14 +138,14 @@ fn dialable(bound: SocketAddr) -> SocketAddr {
 fn host_identity(
     auth: &AuthService,
     node: &str,
-    role: SystemRole,
+    roles: Vec<SystemRole>,
     auth_addr: SocketAddr,
 ) -> anyhow::Result<ClientIdentity> {
     let keys = KeyMaterial::generate()?;
     let req = HostCertRequest {
         host_uuid: uuid::Uuid::new_v4(),
         node_name: node.to_owned(),
-        roles: vec![role],
+        roles,
         additional_names: Vec::new(),
         ttl: svc_core::auth::HOST_CERT_TTL,
     };
@@ -186,12 +186,12 @@ pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Re
         }
     });
 
-    let admin = host_identity(&auth, &config.svc.nodename, SystemRole::Auth, auth_addr)?;
+    let admin = host_identity(&auth, &config.svc.nodename, vec![SystemRole::Auth], auth_addr)?;
     let admin_identity = admin_identity_path(data_dir);
     admin.save(&admin_identity)?;
 
     let proxy = if config.proxy.enabled {
-        let identity = host_identity(&auth, &config.svc.nodename, SystemRole::Proxy, auth_addr)?;
+        let identity = host_identity(&auth, &config.svc.nodename, vec![SystemRole::Proxy], auth_addr)?;
         let client = AuthClient::connect(&identity.auth_addr, &identity).await?;
         let settings = proxy_settings(config, tunnel_override);
         // With TLS routing, signed-in clients reach the Auth API through the proxy's web port
@@ -207,7 +207,7 @@ pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Re
         });
         let mut builder = ProxyBuilder::new(settings).web_mount(
             svc_net::web::login::LOGIN_PATH,
-            svc_net::web::login::login_service(client, public_auth),
+            svc_net::web::login::login_service(client.clone(), public_auth),
         );
         if routed {
             builder = builder.route_prefix(
@@ -216,13 +216,15 @@ pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Re
             );
         }
         let builder = install_version_server(builder)?;
-        let builder = install_ssh(builder, &identity)?;
+        let builder = install_ssh(builder, &identity, client)?;
         Some(builder.bind().await?)
     } else {
         None
     };
     let node = match &proxy {
-        Some(proxy) if config.ssh.enabled => Some(start_node(config, &auth, auth_addr, proxy).await?),
+        Some(proxy) if !crate::services::agent_roles(config).is_empty() => {
+            Some(start_node(config, &auth, auth_addr, proxy).await?)
+        }
         _ => None,
     };
     Ok(Running {
@@ -240,7 +242,11 @@ pub async fn start(config: &Config, tunnel_override: Option<Addr>) -> anyhow::Re
 /// Registers the reverse-tunnel server and the proxy's SSH entry, both presenting the proxy's
 /// host certificate (role `proxy`); on the web port they answer ALPN `svc-reversetunnel` and
 /// `svc-proxy-ssh` with the same TLS certificate the proxy will load at bind.
-fn install_ssh(builder: ProxyBuilder, identity: &ClientIdentity) -> anyhow::Result<ProxyBuilder> {
+fn install_ssh(
+    builder: ProxyBuilder,
+    identity: &ClientIdentity,
+    auth: AuthClient,
+) -> anyhow::Result<ProxyBuilder> {
     let settings = builder.settings();
     let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
     let key = identity.ssh_private_key()?;
@@ -259,6 +265,7 @@ fn install_ssh(builder: ProxyBuilder, identity: &ClientIdentity) -> anyhow::Resu
         ProxySshConfig::new(key, cert, verifier, tunnel.dialer())
             .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),
     );
+    let builder = crate::services::install_resource_routes(builder, identity, auth, tunnel.dialer())?;
     Ok(builder
         .tunnel(tunnel.plain_service())
         .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
@@ -274,7 +281,7 @@ async fn start_node(
     proxy: &RunningProxy,
 ) -> anyhow::Result<Node> {
     let name = config.svc.nodename.clone();
-    let identity = host_identity(auth, &name, SystemRole::Node, auth_addr)?;
+    let identity = host_identity(auth, &name, crate::services::agent_roles(config), auth_addr)?;
     let key = identity.ssh_private_key()?;
     let cert = identity.ssh_certificate()?;
     let verifier = Arc::new(identity.verifier()?);
@@ -292,7 +299,11 @@ async fn start_node(
         let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
         agent_config = agent_config.with_proxy_ca_pem(pem);
     }
-    let agent = TunnelAgent::new(agent_config, ssh.dial_service())?.spawn();
+    let agent = TunnelAgent::new(
+        agent_config,
+        crate::services::agent_dial_service(config, ssh.dial_service())?,
+    )?
+    .spawn();
     // Announce the node only once it is reachable, so `tsh ssh` right after the banner works;
     // a proxy that is slow to accept is logged and the agent keeps retrying on its own.
     let first = agent.wait_for(|s| !s.connected.is_empty());
@@ -310,6 +321,7 @@ async fn start_node(
         version: svc_core::version::current().to_string(),
         upgrader: String::new(),
         upgrader_version: String::new(),
+        resources: crate::services::served_resources(config),
     };
     // The first heartbeat before `svc start` reports ready, so the node is in the inventory
     // as soon as the banner is printed; then one every HEARTBEAT_INTERVAL.

@@ -4,8 +4,10 @@
 #![deny(missing_docs)]
 
 pub mod cluster;
+pub mod local_proxy;
 pub mod output;
 pub mod profile;
+pub mod services;
 pub mod ssh;
 
 /// Sends `tracing` output to stderr, filtered by `RUST_LOG` (default `default_level`).

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use svc_bins::profile::Profile;
 use svc_core::Secret;
+use svc_core::auth::ServedKind;
 
 #[derive(Parser)]
 #[command(name = "tsh", about = "svc client", disable_version_flag = true)]
@@ -79,6 +80,31 @@ enum ProxyCommand {
     Ssh {
         /// `[login@]node[:port]`.
         target: String,
+    },
+    /// A local listener for an application: `curl http://127.0.0.1:PORT/` reaches it.
+    App {
+        /// The application's name.
+        name: String,
+        /// The local port (0: any free port, printed).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
+    /// A local listener for a database: its native client (`psql`) connects to
+    /// `127.0.0.1:PORT` unchanged.
+    Db {
+        /// The database's name.
+        name: String,
+        /// The local port (0: any free port, printed).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
+    /// A local listener for a Windows desktop: a desktop client connects to `127.0.0.1:PORT`.
+    Desktop {
+        /// The desktop's name.
+        name: String,
+        /// The local port (0: any free port, printed).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
     },
 }
 
@@ -173,6 +199,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(svc_bins::ssh::pipe(&profile, &target, &login))
         }
+        Command::Proxy(ProxyCommand::App { name, port }) => local_proxy(ServedKind::App, name, port),
+        Command::Proxy(ProxyCommand::Desktop { name, port }) => {
+            local_proxy(ServedKind::WindowsDesktop, name, port)
+        }
+        Command::Proxy(ProxyCommand::Db { name, port }) => local_proxy(ServedKind::Db, name, port),
         Command::Logout => {
             if Profile::remove()? {
                 println!("Logged out.");
@@ -182,6 +213,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn local_proxy(kind: ServedKind, name: String, port: u16) -> anyhow::Result<()> {
+    let profile = signed_in()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let protocol = match kind {
+            ServedKind::Db => Some(svc_bins::local_proxy::db_protocol(&profile, &name).await?),
+            _ => None,
+        };
+        let what = svc_bins::local_proxy::LocalProxy { kind, name, protocol };
+        svc_bins::local_proxy::run(&profile, what, port).await
+    })
 }
 
 fn signed_in() -> anyhow::Result<Profile> {

@@ -57,6 +57,15 @@ impl Cluster {
 
     /// Starts (or restarts) `svc` on the data in `tmp` (removed when the cluster is dropped).
     pub fn start_in(tmp: tempfile::TempDir, severity: &str) -> Cluster {
+        Self::start_in_with(tmp, severity, "")
+    }
+
+    /// Starts `svc start` with `extra` (whole top-level sections of svc.yaml) appended.
+    pub fn start_with(severity: &str, extra: &str) -> Cluster {
+        Self::start_in_with(tempfile::tempdir().expect("tempdir"), severity, extra)
+    }
+
+    fn start_in_with(tmp: tempfile::TempDir, severity: &str, extra: &str) -> Cluster {
         let dir = tmp.path().to_owned();
         let data_dir = dir.join("data");
         let home = dir.join("home");
@@ -64,7 +73,7 @@ impl Cluster {
         std::fs::write(
             &config,
             format!(
-                "version: v1\nsvc:\n  data_dir: {}\n  log:\n    severity: {severity}\nauth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n",
+                "version: v1\nsvc:\n  data_dir: {}\n  log:\n    severity: {severity}\nauth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n{extra}",
                 data_dir.display()
             ),
         )

@@ -258,7 +258,7 @@ impl AuthService {
             out.push(entry);
         }
         // The freshest agent first: it is the one a dial picks when several serve a name.
-        out.sort_by(|a, b| b.last_seen.cmp(&a.last_seen));
+        out.sort_by_key(|e| std::cmp::Reverse(e.last_seen));
         Ok(out)
     }
 

@@ -599,7 +599,7 @@ async fn resources_resolve_for_users_their_labels_allow() {
     assert_eq!(
         names(
             f.auth
-                .list_served(&proxy(&f.auth), Some(&[bob.clone()]), ServedKind::App)
+                .list_served(&proxy(&f.auth), Some(std::slice::from_ref(&bob)), ServedKind::App)
                 .await
                 .unwrap()
         ),
@@ -620,7 +620,7 @@ async fn resources_resolve_for_users_their_labels_allow() {
     );
     assert!(
         f.auth
-            .resolve_resource(&agent, Some(&[bob.clone()]), ServedKind::App, "shop")
+            .resolve_resource(&agent, Some(std::slice::from_ref(&bob)), ServedKind::App, "shop")
             .await
             .is_err()
     );

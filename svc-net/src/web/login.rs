@@ -166,7 +166,7 @@ pub enum LoginError {
 
 /// Accepts any server certificate: `tsh --insecure` against a self-signed proxy.
 #[derive(Debug)]
-struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+pub(crate) struct NoVerify(pub(crate) Arc<rustls::crypto::CryptoProvider>);
 
 impl ServerCertVerifier for NoVerify {
     fn verify_server_cert(
