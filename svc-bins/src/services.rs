@@ -13,7 +13,9 @@ use svc_core::identity::SystemRole;
 use svc_net::auth::{AuthClient, ClientIdentity};
 use svc_net::proxy::ProxyBuilder;
 use svc_net::services::proxy::{ALPNS, ResourceProxy, ResourceProxyConfig};
-use svc_net::services::{AgentServices, app_service, db_service, desktop_service, router};
+use svc_net::services::{
+    AgentServices, KubeProxy, app_service, db_service, desktop_service, kube_service, router,
+};
 use svc_net::tls::ServerIdentity;
 use svc_net::tunnel::{DialService, TunnelDialer};
 
@@ -91,14 +93,18 @@ pub fn agent_dial_service(config: &Config, ssh: DialService) -> anyhow::Result<D
     if config.db.enabled {
         services.db = Some(db_service(&config.db.databases).context("db_service")?);
     }
+    if config.kube.enabled {
+        services.kube = Some(kube_service(&config.kube).context("kubernetes_service")?);
+    }
     if config.windows_desktop.enabled {
         services.windows_desktop = Some(desktop_service(&config.windows_desktop.hosts));
     }
     Ok(router(services))
 }
 
-/// Registers the proxy's entry for resource clients: ALPN `svc-tcp` and the database ALPNs on
-/// the web port, and Postgres clients detected by their SSLRequest (the multiplexed web port,
+/// Registers the proxy's entries for resource clients: Kubernetes (SNI `kube-svc-proxy-alpn.`
+/// on the web port, `kube_listen_addr` in separate mode), ALPN `svc-tcp` and the database
+/// ALPNs on the web port, and Postgres clients detected by their SSLRequest (the multiplexed web port,
 /// or `postgres_listen_addr` in separate mode). `identity` is the proxy's host identity (its
 /// user CA verifies clients); `auth` asks the Auth Service for routes as the proxy.
 pub fn install_resource_routes(
@@ -109,15 +115,16 @@ pub fn install_resource_routes(
 ) -> anyhow::Result<ProxyBuilder> {
     let settings = builder.settings();
     let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
-    let verifier = identity.verifier()?;
+    let verifier = Arc::new(identity.verifier()?);
+    let kube = KubeProxy::new(&tls, verifier.clone(), auth.clone(), dialer.clone())?;
     let config = ResourceProxyConfig::new(
         ResourceProxyConfig::tls_for(&tls, &verifier)?,
-        Arc::new(verifier),
+        verifier,
         auth,
         dialer,
     );
     let proxy = ResourceProxy::new(config);
-    let mut builder = builder.postgres(proxy.postgres_service());
+    let mut builder = builder.postgres(proxy.postgres_service()).kube(kube.service());
     for alpn in ALPNS {
         builder = builder.route(alpn, proxy.service());
     }

@@ -433,3 +433,140 @@ windows_desktop_service:\n  enabled: true\n  hosts:\n  - name: win\n    addr: 12
     let _ = curl(x_port);
     wait_for(&x_err, "app \"nope\" not found");
 }
+
+/// nginx over TLS standing in for the Kubernetes API server: 401 unless the agent's bearer
+/// token arrives; otherwise echoes the impersonation headers and the path as JSON.
+fn fake_api_server(dir: &Path, cert: &Path, key: &Path, token: &str) -> (Proc, u16) {
+    let nginx = require("nginx", "nginx");
+    let port = free_port();
+    let root = dir.join("nginx");
+    std::fs::create_dir_all(root.join("tmp")).unwrap();
+    let conf = root.join("nginx.conf");
+    let r = root.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "user root;\nworker_processes 1;\ndaemon off;\npid {r}/nginx.pid;\nerror_log {r}/error.log;\nevents {{}}\n\
+http {{\n  access_log off;\n  client_body_temp_path {r}/tmp/body;\n  proxy_temp_path {r}/tmp/proxy;\n  fastcgi_temp_path {r}/tmp/fastcgi;\n  uwsgi_temp_path {r}/tmp/uwsgi;\n  scgi_temp_path {r}/tmp/scgi;\n\
+  server {{\n    listen 127.0.0.1:{port} ssl;\n    ssl_certificate {};\n    ssl_certificate_key {};\n    default_type application/json;\n\
+    location / {{\n      if ($http_authorization != \"Bearer {token}\") {{ return 401 '{{\"kind\":\"Status\",\"message\":\"bad token\"}}'; }}\n\
+      return 200 '{{\"user\":\"$http_impersonate_user\",\"group\":\"$http_impersonate_group\",\"path\":\"$request_uri\"}}';\n    }}\n  }}\n}}\n",
+            cert.display(),
+            key.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(nginx)
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let proc = Proc(child);
+    wait_listening(port, "nginx");
+    (proc, port)
+}
+
+/// `curl` to the proxy's Kubernetes route with the user's certificate (from the tsh profile),
+/// trying to smuggle its own credentials and impersonation: (HTTP status, body).
+fn kube_curl(cluster: &Cluster, user: &User, path: &str) -> (String, String) {
+    let profile: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(user.home.join("profile.json")).unwrap()).unwrap();
+    let cert = user.home.join("user-cert.pem");
+    let key = user.home.join("user-key.pem");
+    std::fs::write(&cert, profile["identity"]["tls_cert_pem"].as_str().unwrap()).unwrap();
+    std::fs::write(&key, profile["identity"]["tls_key_pem"].as_str().unwrap()).unwrap();
+    let port = cluster.web_addr.rsplit_once(':').unwrap().1;
+    let host = "kube-svc-proxy-alpn.e2e.test";
+    let out = Command::new(require("curl", "curl"))
+        .args(["-sS", "-k", "--max-time", "30", "-w", "\n%{http_code}"])
+        .arg("--resolve")
+        .arg(format!("{host}:{port}:127.0.0.1"))
+        .arg("--cert")
+        .arg(&cert)
+        .arg("--key")
+        .arg(&key)
+        .args([
+            "-H",
+            "Authorization: Bearer stolen",
+            "-H",
+            "Impersonate-User: system:admin",
+        ])
+        .arg(format!("https://{host}:{port}{path}"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (body, code) = text.rsplit_once('\n').unwrap();
+    (code.to_owned(), body.to_owned())
+}
+
+#[test]
+fn kubernetes_requests_reach_the_api_server_with_the_agents_token_and_the_users_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = test_ca();
+    let (ca_file, cert_file, key_file) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("api.pem"),
+        dir.path().join("api-key.pem"),
+    );
+    std::fs::write(&ca_file, ca).unwrap();
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    let token = "agent-service-account-token";
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let (_nginx, api_port) = fake_api_server(dir.path(), &cert_file, &key_file, token);
+
+    let services = format!(
+        "kubernetes_service:\n  enabled: true\n  api_url: https://127.0.0.1:{api_port}\n  ca_file: {}\n  token_file: {}\n  labels: {{env: dev}}\n",
+        ca_file.display(),
+        token_file.display()
+    );
+    let cluster = Cluster::start_with("info", &services);
+    let prod_only = "kind: role\nversion: v7\nmetadata:\n  name: prod-only\nspec:\n  allow:\n    kubernetes_labels: {env: prod}\n";
+    cluster
+        .tctl_admin(
+            &[
+                "create",
+                &cluster.write("prod-only.yaml", prod_only).to_string_lossy(),
+            ],
+            None,
+        )
+        .ok();
+    for (name, role) in [("alice", "access"), ("bob", "prod-only")] {
+        cluster
+            .tctl_admin(
+                &[
+                    "users",
+                    "add",
+                    name,
+                    &format!("--roles={role}"),
+                    "--password-stdin",
+                ],
+                Some(PASSWORD),
+            )
+            .ok();
+    }
+    let alice = User::login(&cluster, "alice");
+    let bob = User::login(&cluster, "bob");
+
+    let (code, body) = kube_curl(&cluster, &alice, "/api/v1/namespaces?limit=1");
+    assert_eq!(code, "200", "{body}\nsvc: {}", cluster.stderr());
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["user"], "alice", "{body}");
+    assert_eq!(json["group"], "access", "{body}");
+    assert_eq!(json["path"], "/api/v1/namespaces?limit=1", "{body}");
+
+    let (code, body) = kube_curl(&cluster, &bob, "/api/v1/namespaces");
+    assert_eq!(code, "403", "{body}");
+    assert!(
+        body.contains("access denied to kube_cluster \\\"e2e.test\\\""),
+        "{body}"
+    );
+}

@@ -8,7 +8,7 @@
 //! labels), dials the agent through its tunnel with a [`DialRequest`] whose `conn_type` is the
 //! resource's kind and whose `address` is the resource *name*, and pipes bytes. On the agent,
 //! [`router`] hands the dial request to the service of that kind ([`app_service`],
-//! [`db_service`], `kube_service`, [`desktop_service`]; `node` to the SSH Service), which
+//! [`db_service`], [`kube_service`], [`desktop_service`]; `node` to the SSH Service), which
 //! looks the name up in its own configuration — never trusting an address from the wire — and
 //! returns a stream to the resource.
 //!
@@ -21,6 +21,7 @@
 
 pub mod client;
 mod db;
+mod kube;
 pub mod proxy;
 
 use std::sync::Arc;
@@ -35,6 +36,7 @@ use crate::listen::{BoxError, BoxIo};
 use crate::tunnel::{ConnType, DialRequest, DialService, dial_service_fn};
 
 pub use db::db_service;
+pub use kube::{KubeAgent, KubeProxy, kube_service};
 
 /// What the client names in its first line to the proxy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
