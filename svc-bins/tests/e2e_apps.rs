@@ -243,6 +243,22 @@ impl User {
         User { home }
     }
 
+    /// `tsh ARGS`, which must succeed: its standard output.
+    fn tsh(&self, args: &[&str]) -> String {
+        let out = Command::new(TSH)
+            .args(args)
+            .env("SVC_HOME", &self.home)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "tsh {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// `tsh proxy KIND NAME --port 0`: waits for the printed address. `Err` is tsh's stderr
     /// when it exits instead.
     fn proxy(&self, kind: &str, name: &str) -> Result<(Proc, u16, PathBuf), String> {
@@ -352,6 +368,15 @@ windows_desktop_service:\n  enabled: true\n  hosts:\n  - name: win\n    addr: 12
     }
     let alice = User::login(&cluster, "alice");
     let bob = User::login(&cluster, "bob");
+
+    // Listings show what the labels allow.
+    let apps = alice.tsh(&["apps", "ls"]);
+    assert!(apps.contains("web") && apps.contains("env=dev"), "{apps}");
+    let dbs = alice.tsh(&["db", "ls", "-f", "json"]);
+    let dbs: serde_json::Value = serde_json::from_str(&dbs).unwrap();
+    assert_eq!(dbs[0]["name"], "pg");
+    assert_eq!(dbs[0]["protocol"], "postgres");
+    assert!(!bob.tsh(&["desktops", "ls"]).contains("win"));
 
     // psql through `tsh proxy db`, unchanged; the server only admits TLS (the agent's).
     let (_db, db_port, db_err) = alice.proxy("db", "pg").expect("tsh proxy db");

@@ -71,6 +71,27 @@ enum Command {
     /// Proxies for other clients.
     #[command(subcommand)]
     Proxy(ProxyCommand),
+    /// Applications.
+    #[command(subcommand)]
+    Apps(ListCommand),
+    /// Databases.
+    #[command(subcommand)]
+    Db(ListCommand),
+    /// Kubernetes clusters.
+    #[command(subcommand)]
+    Kube(ListCommand),
+    /// Windows desktops.
+    #[command(subcommand)]
+    Desktops(ListCommand),
+}
+
+#[derive(Subcommand)]
+enum ListCommand {
+    /// List the ones your roles allow (by their labels).
+    Ls {
+        #[arg(short = 'f', long, value_enum, default_value = "text")]
+        format: Format,
+    },
 }
 
 #[derive(Subcommand)]
@@ -204,6 +225,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             local_proxy(ServedKind::WindowsDesktop, name, port)
         }
         Command::Proxy(ProxyCommand::Db { name, port }) => local_proxy(ServedKind::Db, name, port),
+        Command::Apps(ListCommand::Ls { format }) => list(ServedKind::App, format),
+        Command::Db(ListCommand::Ls { format }) => list(ServedKind::Db, format),
+        Command::Kube(ListCommand::Ls { format }) => list(ServedKind::Kube, format),
+        Command::Desktops(ListCommand::Ls { format }) => list(ServedKind::WindowsDesktop, format),
         Command::Logout => {
             if Profile::remove()? {
                 println!("Logged out.");
@@ -213,6 +238,52 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn list(kind: ServedKind, format: Format) -> anyhow::Result<()> {
+    let profile = signed_in()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let routes = rt.block_on(async {
+        let mut auth = svc_net::auth::AuthClient::connect_with(&profile.identity).await?;
+        anyhow::Ok(auth.list_served(kind, None).await?)
+    })?;
+    match format {
+        Format::Json => {
+            let rows: Vec<_> = routes
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "name": r.resource.name, "kind": kind.as_str(), "protocol": r.resource.protocol,
+                        "target": r.resource.target, "public_addr": r.resource.public_addr,
+                        "labels": r.resource.labels, "agent": r.hostname, "server_id": r.server_id,
+                    })
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        }
+        Format::Text => {
+            let rows: Vec<Vec<String>> = routes
+                .iter()
+                .map(|r| {
+                    let labels: Vec<String> = r
+                        .resource
+                        .labels
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    vec![
+                        r.resource.name.clone(),
+                        r.resource.protocol.clone(),
+                        r.resource.target.clone(),
+                        labels.join(","),
+                        r.hostname.clone(),
+                    ]
+                })
+                .collect();
+            svc_bins::output::print_table(&["Name", "Protocol", "Target", "Labels", "Agent"], &rows);
+        }
+    }
+    Ok(())
 }
 
 fn local_proxy(kind: ServedKind, name: String, port: u16) -> anyhow::Result<()> {
