@@ -105,7 +105,8 @@ pub fn agent_dial_service(config: &Config, ssh: DialService) -> anyhow::Result<D
 /// Registers the proxy's entries for resource clients: Kubernetes (SNI `kube-svc-proxy-alpn.`
 /// on the web port, `kube_listen_addr` in separate mode), ALPN `svc-tcp` and the database
 /// ALPNs on the web port, and Postgres clients detected by their SSLRequest (the multiplexed web port,
-/// or `postgres_listen_addr` in separate mode). `identity` is the proxy's host identity (its
+/// or `postgres_listen_addr` in separate mode), and the MySQL and MongoDB listeners of separate
+/// mode (TLS with the user's certificate, as on the web port). `identity` is the proxy's host identity (its
 /// user CA verifies clients); `auth` asks the Auth Service for routes as the proxy.
 pub fn install_resource_routes(
     builder: ProxyBuilder,
@@ -124,7 +125,11 @@ pub fn install_resource_routes(
         dialer,
     );
     let proxy = ResourceProxy::new(config);
-    let mut builder = builder.postgres(proxy.postgres_service()).kube(kube.service());
+    let mut builder = builder
+        .postgres(proxy.postgres_service())
+        .mysql(proxy.service())
+        .mongo(proxy.service())
+        .kube(kube.service());
     for alpn in ALPNS {
         builder = builder.route(alpn, proxy.service());
     }
