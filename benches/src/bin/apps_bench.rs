@@ -9,8 +9,8 @@
 //! proxied/direct ratio are printed as a Markdown table.
 //!
 //! Run: `cargo run --release -p svc-benches --bin apps_bench -- [--secs 5] [--reps 3]`.
-//! Needs the Debian packages `postgresql`, `postgresql-contrib` (pgbench), `nginx-light` (or
-//! `nginx`) and `wrk`; as root, PostgreSQL runs as the `postgres` user via `runuser`.
+//! Needs the Debian packages `postgresql` (server and pgbench), `nginx` and `wrk`; as root,
+//! PostgreSQL runs as the `postgres` user via `runuser`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -170,7 +170,7 @@ fn nginx(dir: &Path) -> Result<(Killed, u16)> {
             "user root;\nworker_processes 1;\ndaemon off;\npid {r}/nginx.pid;\nerror_log {r}/error.log;\nevents {{}}\nhttp {{\n  access_log off;\n  client_body_temp_path {r}/tmp/b;\n  proxy_temp_path {r}/tmp/p;\n  fastcgi_temp_path {r}/tmp/f;\n  uwsgi_temp_path {r}/tmp/u;\n  scgi_temp_path {r}/tmp/s;\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{ return 200 'ok'; }}\n  }}\n}}\n"
         ),
     )?;
-    let child = Command::new(tool("nginx", "nginx-light")?)
+    let child = Command::new(tool("nginx", "nginx")?)
         .arg("-c")
         .arg(&conf)
         .stdout(Stdio::null())
@@ -183,7 +183,7 @@ fn nginx(dir: &Path) -> Result<(Killed, u16)> {
 
 /// pgbench transactions per second (`new_conn`: a new connection per transaction, `-C`).
 fn pgbench(script: &Path, conninfo: &str, secs: u64, new_conn: bool) -> Result<f64> {
-    let mut cmd = Command::new(tool("pgbench", "postgresql-contrib")?);
+    let mut cmd = Command::new(tool("pgbench", "postgresql")?);
     cmd.args(["-n", "-c", "1", "-T", &secs.to_string(), "-f"])
         .arg(script)
         .arg(conninfo);

@@ -112,3 +112,93 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
         }
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tunnel::ConnType;
+    use tower::ServiceExt;
+
+    /// A server that answers the SSLRequest with `answer`, then (on `S`) runs TLS with a
+    /// certificate for `localhost` and echoes one message.
+    async fn fake_postgres(answer: u8) -> (u16, Vec<u8>) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = rcgen::CertifiedIssuer::self_signed(params, ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        let config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![cert.der().clone()],
+                    rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+                )
+                .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 8];
+            tcp.read_exact(&mut req).await.unwrap();
+            assert_eq!(req, SSL_REQUEST);
+            tcp.write_all(&[answer]).await.unwrap();
+            if answer == b'S' {
+                let mut tls = tokio_rustls::TlsAcceptor::from(Arc::new(config))
+                    .accept(tcp)
+                    .await
+                    .unwrap();
+                let mut buf = [0u8; 7];
+                tls.read_exact(&mut buf).await.unwrap();
+                tls.write_all(&buf).await.unwrap();
+                tls.flush().await.unwrap();
+            }
+        });
+        (port, ca.pem().into_bytes())
+    }
+
+    async fn dial(port: u16, ca: &[u8]) -> Result<BoxIo, BoxError> {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, ca).unwrap();
+        let yaml = format!(
+            "version: v1\ndb_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres\n    uri: 127.0.0.1:{port}\n    tls:\n      ca_cert_file: {}\n      server_name: localhost\n",
+            ca_file.display()
+        );
+        let config = svc_core::config::Config::from_yaml_str_with_hostname(&yaml, "h").unwrap();
+        let svc = db_service(&config.db.databases).unwrap();
+        let req = |name: &str| DialRequest {
+            address: name.into(),
+            server_id: "h.test".into(),
+            conn_type: ConnType::Db,
+            client_src_addr: "127.0.0.1:1".into(),
+            client_dst_addr: "127.0.0.1:2".into(),
+        };
+        let unknown = svc.clone().oneshot(req("mysql-1")).await.err().unwrap();
+        assert_eq!(unknown.to_string(), "this agent serves no db named \"mysql-1\"");
+        svc.oneshot(req("pg")).await
+    }
+
+    #[tokio::test]
+    async fn postgres_gets_tls_to_the_server_verified_with_the_configured_ca() {
+        let (port, ca) = fake_postgres(b'S').await;
+        let mut io = dial(port, &ca).await.unwrap();
+        io.write_all(b"startup").await.unwrap();
+        let mut buf = [0u8; 7];
+        io.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"startup");
+    }
+
+    #[tokio::test]
+    async fn a_server_refusing_tls_is_an_error_naming_the_database() {
+        let (port, ca) = fake_postgres(b'N').await;
+        let err = dial(port, &ca).await.err().unwrap().to_string();
+        assert!(err.starts_with("db \"pg\": the server refused TLS"), "{err}");
+    }
+}
