@@ -288,8 +288,9 @@ impl AuthService {
     }
 
     /// Finds the agent serving `kind`/`name` and checks that the user may reach it: the route
-    /// the proxy dials, or a [`RouteError`] naming the resource. See
-    /// [`acting_user`](Self::acting_user) for who `caller` and `user_cert` may be.
+    /// the proxy dials, or a [`RouteError`] naming the resource. The user is the caller itself
+    /// when it is a user (`user_cert` `None`); a proxy (host role `proxy`) acting for a user
+    /// passes the user certificate its client presented, verified here. Anyone else is refused.
     pub async fn resolve_resource(
         &self,
         caller: &Caller,
@@ -326,7 +327,8 @@ impl AuthService {
     }
 
     /// `tsh apps ls` and friends: the resources of `kind` the user may reach, sorted by name
-    /// (one entry per name, from the freshest agent).
+    /// (one entry per name, from the freshest agent). `caller` and `user_cert` as for
+    /// [`resolve_resource`](Self::resolve_resource).
     pub async fn list_served(
         &self,
         caller: &Caller,
