@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 pub mod cluster;
+pub mod kubeconfig;
 pub mod local_proxy;
 pub mod output;
 pub mod profile;

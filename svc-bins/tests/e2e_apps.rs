@@ -595,3 +595,61 @@ fn kubernetes_requests_reach_the_api_server_with_the_agents_token_and_the_users_
         "{body}"
     );
 }
+
+#[test]
+fn kubectl_with_the_kubeconfig_from_tsh_kube_login() {
+    let kubectl = require("kubectl", "kubectl");
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = test_ca();
+    let (ca_file, cert_file, key_file) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("api.pem"),
+        dir.path().join("api-key.pem"),
+    );
+    std::fs::write(&ca_file, ca).unwrap();
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    let token = "kubectl-agent-token";
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, token).unwrap();
+    let (_nginx, api_port) = fake_api_server(dir.path(), &cert_file, &key_file, token);
+    let services = format!(
+        "kubernetes_service:\n  enabled: true\n  kube_cluster_name: lab\n  api_url: https://127.0.0.1:{api_port}\n  ca_file: {}\n  token_file: {}\n",
+        ca_file.display(),
+        token_file.display()
+    );
+    let cluster = Cluster::start_with("info", &services);
+    cluster
+        .tctl_admin(
+            &["users", "add", "alice", "--roles=access", "--password-stdin"],
+            Some(PASSWORD),
+        )
+        .ok();
+    let alice = User::login(&cluster, "alice");
+    assert!(alice.tsh(&["kube", "ls"]).contains("lab"));
+    let export = alice.tsh(&["kube", "login", "lab"]);
+    let kubeconfig = export
+        .trim()
+        .strip_prefix("export KUBECONFIG=")
+        .expect("export line")
+        .to_owned();
+    let out = Command::new(kubectl)
+        .args([
+            "--kubeconfig",
+            &kubeconfig,
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl: {}\nsvc: {}",
+        String::from_utf8_lossy(&out.stderr),
+        cluster.stderr()
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["user"], "alice");
+    assert_eq!(json["path"], "/api/v1/namespaces/default");
+}

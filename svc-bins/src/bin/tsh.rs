@@ -79,10 +79,28 @@ enum Command {
     Db(ListCommand),
     /// Kubernetes clusters.
     #[command(subcommand)]
-    Kube(ListCommand),
+    Kube(KubeCommand),
     /// Windows desktops.
     #[command(subcommand)]
     Desktops(ListCommand),
+}
+
+#[derive(Subcommand)]
+enum KubeCommand {
+    /// List the Kubernetes clusters your roles allow (by their labels).
+    Ls {
+        #[arg(short = 'f', long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    /// Write a kubeconfig for a cluster (through the proxy, with your certificate) and print
+    /// the `export KUBECONFIG=...` line.
+    Login {
+        /// The Kubernetes cluster's name (`kubernetes_service.kube_cluster_name`).
+        name: String,
+        /// Where to write it (default: `<profile dir>/kube/<name>.kubeconfig`).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -227,7 +245,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Proxy(ProxyCommand::Db { name, port }) => local_proxy(ServedKind::Db, name, port),
         Command::Apps(ListCommand::Ls { format }) => list(ServedKind::App, format),
         Command::Db(ListCommand::Ls { format }) => list(ServedKind::Db, format),
-        Command::Kube(ListCommand::Ls { format }) => list(ServedKind::Kube, format),
+        Command::Kube(KubeCommand::Ls { format }) => list(ServedKind::Kube, format),
+        Command::Kube(KubeCommand::Login { name, out }) => {
+            let profile = signed_in()?;
+            let text = svc_bins::kubeconfig::kubeconfig(&profile, &name)?;
+            let path = match out {
+                Some(p) => p,
+                None => svc_bins::profile::home()?
+                    .join("kube")
+                    .join(format!("{name}.kubeconfig")),
+            };
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            }
+            svc_bins::profile::write_private(&path, text.as_bytes())?;
+            println!("export KUBECONFIG={}", path.display());
+            Ok(())
+        }
         Command::Desktops(ListCommand::Ls { format }) => list(ServedKind::WindowsDesktop, format),
         Command::Logout => {
             if Profile::remove()? {
