@@ -243,10 +243,17 @@ impl Service<Connection> for Entry {
         ConnFuture::new(async move {
             conn.classified();
             let (peer, local) = (conn.peer_addr, conn.local_addr);
+            let deadline = conn.peek_deadline;
             let mut io = conn.io;
             if this.postgres {
                 let mut first = [0u8; 8];
-                io.read_exact(&mut first).await?;
+                // Detection peeked these bytes under the same deadline; a client that stalls
+                // here is dropped rather than held.
+                let read = tokio::time::timeout_at(deadline.into(), io.read_exact(&mut first)).await;
+                if !matches!(read, Ok(Ok(_))) {
+                    tracing::info!(%peer, "a Postgres client sent no complete SSLRequest in time: closing");
+                    return Ok(());
+                }
                 if first != SSL_REQUEST {
                     tracing::info!(%peer, "a Postgres client without TLS: closing (use tsh proxy db)");
                     return Ok(());
