@@ -249,7 +249,7 @@ impl Service<Connection> for Entry {
                 let mut first = [0u8; 8];
                 // Detection peeked these bytes under the same deadline; a client that stalls
                 // here is dropped rather than held.
-                let read = tokio::time::timeout_at(deadline.into(), io.read_exact(&mut first)).await;
+                let read = tokio::time::timeout_at(deadline, io.read_exact(&mut first)).await;
                 if !matches!(read, Ok(Ok(_))) {
                     tracing::info!(%peer, "a Postgres client sent no complete SSLRequest in time: closing");
                     return Ok(());
