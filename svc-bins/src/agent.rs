@@ -46,20 +46,6 @@ pub const UPGRADER_VERSION_ENV: &str = "SVC_UPGRADER_VERSION";
 /// How long `svc start` waits for an agent's first tunnel before reporting ready anyway.
 const FIRST_TUNNEL_WAIT: Duration = Duration::from_secs(30);
 
-/// The services (system roles) `config` asks this process to run as an agent.
-pub fn agent_roles(config: &Config) -> Vec<SystemRole> {
-    [
-        (config.ssh.enabled, SystemRole::Node),
-        (config.app.enabled, SystemRole::App),
-        (config.db.enabled, SystemRole::Db),
-        (config.kube.enabled, SystemRole::Kube),
-        (config.windows_desktop.enabled, SystemRole::WindowsDesktop),
-    ]
-    .into_iter()
-    .filter_map(|(on, role)| on.then_some(role))
-    .collect()
-}
-
 fn roles_line(roles: &[SystemRole]) -> String {
     roles.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(",")
 }
@@ -80,7 +66,7 @@ fn auth_target(config: &Config) -> anyhow::Result<Addr> {
 /// services and has not expired, else a fresh join with `svc.auth_token` (saved for the next
 /// start, so the token is needed once).
 pub async fn agent_identity(config: &Config, dialer: &ProxyDialer) -> anyhow::Result<ClientIdentity> {
-    let roles = agent_roles(config);
+    let roles = crate::services::agent_roles(config);
     let data_dir = &config.svc.data_dir;
     let path = data_dir.join(HOST_IDENTITY_FILE);
     let roles_path = data_dir.join(HOST_ROLES_FILE);
@@ -142,8 +128,6 @@ pub struct NodeOptions {
     pub insecure: bool,
     /// Outbound dialing (direct or HTTP CONNECT).
     pub dialer: ProxyDialer,
-    /// Runs the SSH Service behind the tunnel.
-    pub ssh: bool,
     /// The Linux updater's directory to export the schedule to, when it exists.
     pub upgrade_dir: PathBuf,
     /// The version endpoint written for the Linux updater (`host:port/path`).
@@ -194,19 +178,21 @@ fn refuse_ssh() -> DialService {
     })
 }
 
-/// Starts the agent: the services behind a reverse tunnel, heartbeats, schedule exports and
-/// the diagnostics listener. Returns once the first tunnel is up (or after a bounded wait,
-/// logged, while the agent keeps retrying on its own).
-pub async fn start_node(opts: NodeOptions) -> anyhow::Result<Node> {
+/// Starts the agent: `config`'s services (SSH, apps, databases, Kubernetes, desktops) behind a
+/// reverse tunnel, heartbeats announcing them, schedule exports and the diagnostics listener.
+/// Returns once the first tunnel is up (or after a bounded wait, logged, while the agent keeps
+/// retrying on its own).
+pub async fn start_node(opts: NodeOptions, config: &Config) -> anyhow::Result<Node> {
     let identity = &opts.identity;
     let key = identity.ssh_private_key()?;
     let cert = identity.ssh_certificate()?;
     let verifier = Arc::new(identity.verifier()?);
-    let service = if opts.ssh {
+    let ssh = if config.ssh.enabled {
         SshServer::new(SshServerConfig::new(key.clone(), cert.clone(), verifier.clone())).dial_service()
     } else {
         refuse_ssh()
     };
+    let service = crate::services::agent_dial_service(config, ssh)?;
     let mut agent_config = AgentConfig::new(
         opts.proxy_addr.clone(),
         identity.name.clone(),
@@ -240,6 +226,7 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<Node> {
         version: svc_core::version::current().to_string(),
         upgrader: std::env::var(UPGRADER_ENV).unwrap_or_default(),
         upgrader_version: std::env::var(UPGRADER_VERSION_ENV).unwrap_or_default(),
+        resources: crate::services::served_resources(config),
     };
     let counters = Arc::new(Counters::default());
     // The first heartbeat before `svc start` reports ready, so the node is in the inventory
@@ -463,7 +450,7 @@ pub fn version_endpoint(proxy: &Addr) -> String {
 
 /// A standalone agent: `svc start` with `auth_service` and `proxy_service` disabled.
 pub async fn start_standalone(config: &Config, insecure: bool) -> anyhow::Result<Node> {
-    if agent_roles(config).is_empty() {
+    if crate::services::agent_roles(config).is_empty() {
         bail!(
             "nothing to run: auth_service and proxy_service are disabled and no agent service is \
              enabled (ssh_service, app_service, db_service, kubernetes_service, windows_desktop_service)"
@@ -477,17 +464,19 @@ pub async fn start_standalone(config: &Config, insecure: bool) -> anyhow::Result
     };
     let dialer = ProxyDialer::from_env()?;
     let identity = agent_identity(config, &dialer).await?;
-    start_node(NodeOptions {
-        name: config.svc.nodename.clone(),
-        endpoint: version_endpoint(&proxy),
-        identity,
-        proxy_addr: proxy,
-        proxy_ca_pem: None,
-        insecure,
-        dialer,
-        ssh: config.ssh.enabled,
-        upgrade_dir: upgrade_dir(),
-        diag_addr: config.svc.diag_addr.clone(),
-    })
+    start_node(
+        NodeOptions {
+            name: config.svc.nodename.clone(),
+            endpoint: version_endpoint(&proxy),
+            identity,
+            proxy_addr: proxy,
+            proxy_ca_pem: None,
+            insecure,
+            dialer,
+            upgrade_dir: upgrade_dir(),
+            diag_addr: config.svc.diag_addr.clone(),
+        },
+        config,
+    )
     .await
 }

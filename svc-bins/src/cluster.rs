@@ -138,14 +138,14 @@ fn dialable(bound: SocketAddr) -> SocketAddr {
 fn host_identity(
     auth: &AuthService,
     node: &str,
-    role: SystemRole,
+    roles: Vec<SystemRole>,
     auth_addr: SocketAddr,
 ) -> anyhow::Result<ClientIdentity> {
     let keys = KeyMaterial::generate()?;
     let req = HostCertRequest {
         host_uuid: uuid::Uuid::new_v4(),
         node_name: node.to_owned(),
-        roles: vec![role],
+        roles,
         additional_names: Vec::new(),
         ttl: svc_core::auth::HOST_CERT_TTL,
     };
@@ -210,12 +210,12 @@ pub async fn start(config: &Config, opts: &StartOptions) -> anyhow::Result<Runni
         }
     });
 
-    let admin = host_identity(&auth, &config.svc.nodename, SystemRole::Auth, auth_addr)?;
+    let admin = host_identity(&auth, &config.svc.nodename, vec![SystemRole::Auth], auth_addr)?;
     let admin_identity = admin_identity_path(data_dir);
     admin.save(&admin_identity)?;
 
     let proxy = if config.proxy.enabled {
-        let identity = host_identity(&auth, &config.svc.nodename, SystemRole::Proxy, auth_addr)?;
+        let identity = host_identity(&auth, &config.svc.nodename, vec![SystemRole::Proxy], auth_addr)?;
         let client = AuthClient::connect(&identity.auth_addr, &identity).await?;
         let settings = proxy_settings(config, tunnel_override);
         // With TLS routing, signed-in clients reach the Auth API through the proxy's web port
@@ -231,7 +231,7 @@ pub async fn start(config: &Config, opts: &StartOptions) -> anyhow::Result<Runni
         });
         let mut builder = ProxyBuilder::new(settings).web_mount(
             svc_net::web::login::LOGIN_PATH,
-            svc_net::web::login::login_service(client, public_auth),
+            svc_net::web::login::login_service(client.clone(), public_auth),
         );
         if routed {
             builder = builder.route_prefix(
@@ -240,13 +240,15 @@ pub async fn start(config: &Config, opts: &StartOptions) -> anyhow::Result<Runni
             );
         }
         let builder = install_version_server(builder)?;
-        let builder = install_ssh(builder, &identity)?;
+        let builder = install_ssh(builder, &identity, client)?;
         Some(builder.bind().await?)
     } else {
         None
     };
     let node = match &proxy {
-        Some(proxy) if config.ssh.enabled => Some(start_local_node(config, &auth, auth_addr, proxy).await?),
+        Some(proxy) if !crate::services::agent_roles(config).is_empty() => {
+            Some(start_local_node(config, &auth, auth_addr, proxy).await?)
+        }
         _ => None,
     };
     Ok(Running {
@@ -264,7 +266,11 @@ pub async fn start(config: &Config, opts: &StartOptions) -> anyhow::Result<Runni
 /// Registers the reverse-tunnel server and the proxy's SSH entry, both presenting the proxy's
 /// host certificate (role `proxy`); on the web port they answer ALPN `svc-reversetunnel` and
 /// `svc-proxy-ssh` with the same TLS certificate the proxy will load at bind.
-fn install_ssh(builder: ProxyBuilder, identity: &ClientIdentity) -> anyhow::Result<ProxyBuilder> {
+fn install_ssh(
+    builder: ProxyBuilder,
+    identity: &ClientIdentity,
+    auth: AuthClient,
+) -> anyhow::Result<ProxyBuilder> {
     let settings = builder.settings();
     let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
     let key = identity.ssh_private_key()?;
@@ -283,6 +289,7 @@ fn install_ssh(builder: ProxyBuilder, identity: &ClientIdentity) -> anyhow::Resu
         ProxySshConfig::new(key, cert, verifier, tunnel.dialer())
             .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),
     );
+    let builder = crate::services::install_resource_routes(builder, identity, auth, tunnel.dialer())?;
     Ok(builder
         .tunnel(tunnel.plain_service())
         .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
@@ -299,25 +306,27 @@ async fn start_local_node(
     proxy: &RunningProxy,
 ) -> anyhow::Result<Node> {
     let name = config.svc.nodename.clone();
-    let identity = host_identity(auth, &name, SystemRole::Node, auth_addr)?;
+    let identity = host_identity(auth, &name, crate::services::agent_roles(config), auth_addr)?;
     let proxy_ca_pem = match proxy.ca_file() {
         Some(ca) => Some(std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?),
         None => None,
     };
-    crate::agent::start_node(crate::agent::NodeOptions {
-        name,
-        identity,
-        proxy_addr: Addr::from(dialable(proxy.addrs().web)),
-        proxy_ca_pem,
-        insecure: false,
-        dialer: svc_net::dial::ProxyDialer::from_env()?,
-        ssh: true,
-        upgrade_dir: crate::agent::upgrade_dir(),
-        // The updater asks this cluster's own proxy, never a global server (REFERENCE.md,
-        // "Schedule export").
-        endpoint: crate::agent::version_endpoint(config.proxy.web_public_addr()),
-        diag_addr: config.svc.diag_addr.clone(),
-    })
+    crate::agent::start_node(
+        crate::agent::NodeOptions {
+            name,
+            identity,
+            proxy_addr: Addr::from(dialable(proxy.addrs().web)),
+            proxy_ca_pem,
+            insecure: false,
+            dialer: svc_net::dial::ProxyDialer::from_env()?,
+            upgrade_dir: crate::agent::upgrade_dir(),
+            // The updater asks this cluster's own proxy, never a global server (REFERENCE.md,
+            // "Schedule export").
+            endpoint: crate::agent::version_endpoint(config.proxy.web_public_addr()),
+            diag_addr: config.svc.diag_addr.clone(),
+        },
+        config,
+    )
     .await
 }
 

@@ -5,8 +5,11 @@
 
 pub mod agent;
 pub mod cluster;
+pub mod kubeconfig;
+pub mod local_proxy;
 pub mod output;
 pub mod profile;
+pub mod services;
 pub mod ssh;
 
 /// Sends `tracing` output to stderr, filtered by `RUST_LOG` (default `default_level`).

@@ -162,7 +162,7 @@ impl Profile {
 }
 
 /// Writes `bytes` to `path` (mode 0600), creating its directory.
-fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -10,6 +10,7 @@ pub mod dial;
 pub mod listen;
 pub mod proxy;
 pub mod route;
+pub mod services;
 pub mod ssh;
 pub mod tls;
 pub mod tunnel;

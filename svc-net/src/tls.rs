@@ -157,6 +157,22 @@ impl ServerIdentity {
         config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
         Ok(Arc::new(config))
     }
+
+    /// Like [`server_config`](Self::server_config), but requiring a client certificate that
+    /// `clients` accepts (the cluster's user CA for resource access).
+    pub fn server_config_with_client_auth(
+        &self,
+        alpn: &[&str],
+        clients: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()?
+                .with_client_cert_verifier(clients)
+                .with_single_cert(self.chain.clone(), self.key.clone_key())?;
+        config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+        Ok(Arc::new(config))
+    }
 }
 
 fn generate(dir: &Path, names: &[String]) -> Result<(), TlsError> {
@@ -283,7 +299,7 @@ pub fn insecure_client_config() -> Result<rustls::ClientConfig, rustls::Error> {
 
 /// Accepts any server certificate (see [`insecure_client_config`]).
 #[derive(Debug)]
-struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+pub(crate) struct NoVerify(pub(crate) Arc<rustls::crypto::CryptoProvider>);
 
 impl ServerCertVerifier for NoVerify {
     fn verify_server_cert(

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use svc_bins::profile::Profile;
 use svc_core::Secret;
+use svc_core::auth::ServedKind;
 
 #[derive(Parser)]
 #[command(name = "tsh", about = "svc client", disable_version_flag = true)]
@@ -70,6 +71,45 @@ enum Command {
     /// Proxies for other clients.
     #[command(subcommand)]
     Proxy(ProxyCommand),
+    /// Applications.
+    #[command(subcommand)]
+    Apps(ListCommand),
+    /// Databases.
+    #[command(subcommand)]
+    Db(ListCommand),
+    /// Kubernetes clusters.
+    #[command(subcommand)]
+    Kube(KubeCommand),
+    /// Windows desktops.
+    #[command(subcommand)]
+    Desktops(ListCommand),
+}
+
+#[derive(Subcommand)]
+enum KubeCommand {
+    /// List the Kubernetes clusters your roles allow (by their labels).
+    Ls {
+        #[arg(short = 'f', long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    /// Write a kubeconfig for a cluster (through the proxy, with your certificate) and print
+    /// the `export KUBECONFIG=...` line.
+    Login {
+        /// The Kubernetes cluster's name (`kubernetes_service.kube_cluster_name`).
+        name: String,
+        /// Where to write it (default: `<profile dir>/kube/<name>.kubeconfig`).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ListCommand {
+    /// List the ones your roles allow (by their labels).
+    Ls {
+        #[arg(short = 'f', long, value_enum, default_value = "text")]
+        format: Format,
+    },
 }
 
 #[derive(Subcommand)]
@@ -79,6 +119,31 @@ enum ProxyCommand {
     Ssh {
         /// `[login@]node[:port]`.
         target: String,
+    },
+    /// A local listener for an application: `curl http://127.0.0.1:PORT/` reaches it.
+    App {
+        /// The application's name.
+        name: String,
+        /// The local port (0: any free port, printed).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
+    /// A local listener for a database: its native client (`psql`) connects to
+    /// `127.0.0.1:PORT` unchanged.
+    Db {
+        /// The database's name.
+        name: String,
+        /// The local port (0: any free port, printed).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
+    /// A local listener for a Windows desktop: a desktop client connects to `127.0.0.1:PORT`.
+    Desktop {
+        /// The desktop's name.
+        name: String,
+        /// The local port (0: any free port, printed).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
     },
 }
 
@@ -189,6 +254,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(svc_bins::ssh::pipe(&profile, &target, &login))
         }
+        Command::Proxy(ProxyCommand::App { name, port }) => local_proxy(ServedKind::App, name, port),
+        Command::Proxy(ProxyCommand::Desktop { name, port }) => {
+            local_proxy(ServedKind::WindowsDesktop, name, port)
+        }
+        Command::Proxy(ProxyCommand::Db { name, port }) => local_proxy(ServedKind::Db, name, port),
+        Command::Apps(ListCommand::Ls { format }) => list(ServedKind::App, format),
+        Command::Db(ListCommand::Ls { format }) => list(ServedKind::Db, format),
+        Command::Kube(KubeCommand::Ls { format }) => list(ServedKind::Kube, format),
+        Command::Kube(KubeCommand::Login { name, out }) => {
+            let profile = signed_in()?;
+            let text = svc_bins::kubeconfig::kubeconfig(&profile, &name)?;
+            let path = match out {
+                Some(p) => p,
+                None => svc_bins::profile::home()?
+                    .join("kube")
+                    .join(format!("{name}.kubeconfig")),
+            };
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            }
+            svc_bins::profile::write_private(&path, text.as_bytes())?;
+            println!("export KUBECONFIG={}", path.display());
+            Ok(())
+        }
+        Command::Desktops(ListCommand::Ls { format }) => list(ServedKind::WindowsDesktop, format),
         Command::Logout => {
             if Profile::remove()? {
                 println!("Logged out.");
@@ -198,6 +288,65 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn list(kind: ServedKind, format: Format) -> anyhow::Result<()> {
+    let profile = signed_in()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let routes = rt.block_on(async {
+        let mut auth = svc_net::auth::AuthClient::connect_with(&profile.identity).await?;
+        anyhow::Ok(auth.list_served(kind, None).await?)
+    })?;
+    match format {
+        Format::Json => {
+            let rows: Vec<_> = routes
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "name": r.resource.name, "kind": kind.as_str(), "protocol": r.resource.protocol,
+                        "target": r.resource.target, "public_addr": r.resource.public_addr,
+                        "labels": r.resource.labels, "agent": r.hostname, "server_id": r.server_id,
+                    })
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        }
+        Format::Text => {
+            let rows: Vec<Vec<String>> = routes
+                .iter()
+                .map(|r| {
+                    let labels: Vec<String> = r
+                        .resource
+                        .labels
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    vec![
+                        r.resource.name.clone(),
+                        r.resource.protocol.clone(),
+                        r.resource.target.clone(),
+                        labels.join(","),
+                        r.hostname.clone(),
+                    ]
+                })
+                .collect();
+            svc_bins::output::print_table(&["Name", "Protocol", "Target", "Labels", "Agent"], &rows);
+        }
+    }
+    Ok(())
+}
+
+fn local_proxy(kind: ServedKind, name: String, port: u16) -> anyhow::Result<()> {
+    let profile = signed_in()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let protocol = match kind {
+            ServedKind::Db => Some(svc_bins::local_proxy::db_protocol(&profile, &name).await?),
+            _ => None,
+        };
+        let what = svc_bins::local_proxy::LocalProxy { kind, name, protocol };
+        svc_bins::local_proxy::run(&profile, what, port).await
+    })
 }
 
 fn signed_in() -> anyhow::Result<Profile> {

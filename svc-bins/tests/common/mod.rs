@@ -9,6 +9,9 @@ pub const SVC: &str = env!("CARGO_BIN_EXE_svc");
 pub const TCTL: &str = env!("CARGO_BIN_EXE_tctl");
 pub const TSH: &str = env!("CARGO_BIN_EXE_tsh");
 
+/// The Auth and Proxy sections of the test clusters: free loopback ports, cluster `e2e.test`.
+const LOOPBACK_CLUSTER: &str = "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n";
+
 /// One `svc start` process on free loopback ports, with its data and `SVC_HOME` in `dir`.
 pub struct Cluster {
     pub dir: PathBuf,
@@ -57,10 +60,16 @@ impl Cluster {
 
     /// Starts (or restarts) `svc` on the data in `tmp` (removed when the cluster is dropped).
     pub fn start_in(tmp: tempfile::TempDir, severity: &str) -> Cluster {
+        Self::start_with(tmp, severity, LOOPBACK_CLUSTER)
+    }
+
+    /// Starts `svc start` on loopback with `extra` (whole top-level sections of svc.yaml)
+    /// appended.
+    pub fn start_extra(severity: &str, extra: &str) -> Cluster {
         Self::start_with(
-            tmp,
+            tempfile::tempdir().expect("tempdir"),
             severity,
-            "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n",
+            &format!("{LOOPBACK_CLUSTER}{extra}"),
         )
     }
 

@@ -15,12 +15,14 @@
 //! | `/resources/<kind>/<name>` | a resource as JSON (roles, users, connectors, tokens, …) |
 //! | `/passwords/<user>` | the user's argon2 PHC hash string |
 //! | `/inventory/<host id>` | the last heartbeat of an agent (JSON), expiring after [`HEARTBEAT_TTL`] |
+//! | `/served/<host id>` | the resources the agent serves ([`ServedResource`]), same expiry |
 //!
 //! Rights: a host certificate with the `auth` system role (the admin identity the Auth Service
 //! writes for `tctl` on its own host) may do everything; other hosts may only heartbeat (and a
 //! proxy may sign users in); users get exactly what their roles allow.
 
 mod password;
+mod served;
 mod store;
 
 use std::sync::Arc;
@@ -41,6 +43,7 @@ use crate::resource::{JoinRole, Kind, Resource, ResourceError, Token, User};
 use crate::{Secret, Version};
 
 pub use password::{hash_password, verify_password};
+pub use served::{ResourceRoute, RouteError, ServedKind, ServedResource};
 
 /// The SSH principal of a user without logins (a leading `-` is never a Unix user name).
 pub const NO_LOGIN_PRINCIPAL: &str = "-svc-no-login";
@@ -273,6 +276,9 @@ pub struct Heartbeat {
     pub upgrader: String,
     /// The updater's version.
     pub upgrader_version: String,
+    /// The applications, databases, Kubernetes clusters and desktops the agent serves; each
+    /// kind needs the matching role in the agent's certificate.
+    pub resources: Vec<ServedResource>,
 }
 
 /// The Auth Service over a backend: CAs, users, roles, tokens, inventory.
@@ -715,6 +721,7 @@ impl AuthService {
             .strip_suffix(&format!(".{}", host.cluster))
             .unwrap_or(&host.host_id)
             .to_owned();
+        self.store_served(host, &beat.hostname, beat.resources).await?;
         let row = InventoryRow {
             server_id,
             hostname: beat.hostname,

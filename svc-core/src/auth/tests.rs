@@ -489,3 +489,164 @@ async fn agents_read_the_maintenance_window_and_nothing_more() {
         assert!(matches!(r, Err(AuthError::AccessDenied(_))), "{r:?}");
     }
 }
+
+/// A host caller with `roles` (issued in-process, as `svc start` does for its own agent).
+fn host_with(auth: &AuthService, roles: Vec<SystemRole>) -> Caller {
+    match admin(auth) {
+        Caller::Admin(mut h) => {
+            h.roles = roles;
+            Caller::Host(h)
+        }
+        other => other,
+    }
+}
+
+/// A user certificate (DER) for `user` signed in with `password`.
+async fn user_cert(f: &Fixture, user: &str, password: &str) -> CertificateDer<'static> {
+    let (tls, ssh) = keys();
+    let req = LoginRequest {
+        username: user.into(),
+        password: Secret::new(password.into()),
+        tls_public_key: tls,
+        ssh_public_key: ssh,
+        ttl: None,
+    };
+    f.auth.login(&proxy(&f.auth), &req).await.unwrap().tls_cert
+}
+
+#[tokio::test]
+async fn resources_resolve_for_users_their_labels_allow() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let prod_only = "kind: role\nversion: v7\nmetadata:\n  name: prod-apps\nspec:\n  allow:\n    app_labels:\n      env: prod\n";
+    f.auth
+        .put_resources(&admin, parse_resources(prod_only).unwrap(), false)
+        .await
+        .unwrap();
+    for (name, role) in [("alice", "access"), ("bob", "prod-apps")] {
+        f.auth
+            .create_user(
+                &admin,
+                User::new(name, [role]),
+                &Secret::new("correct horse".into()),
+            )
+            .await
+            .unwrap();
+    }
+    let agent = host_with(&f.auth, vec![SystemRole::Node, SystemRole::App, SystemRole::Db]);
+    let mut grafana = ServedResource::new(ServedKind::App, "grafana");
+    grafana.labels.insert("env".into(), "dev".into());
+    grafana.target = "http://127.0.0.1:3000".into();
+    let mut shop = ServedResource::new(ServedKind::App, "shop");
+    shop.labels.insert("env".into(), "prod".into());
+    let pg = ServedResource::new(ServedKind::Db, "pg");
+    f.auth
+        .heartbeat(
+            &agent,
+            Heartbeat {
+                hostname: "agent-1".into(),
+                resources: vec![grafana.clone(), shop, pg],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    // A user resolves for themselves; a proxy resolves for the user whose certificate it holds.
+    let alice = login(&f, "alice", "correct horse").await.unwrap();
+    let route = f
+        .auth
+        .resolve_resource(&alice, None, ServedKind::App, "grafana")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(route.hostname, "agent-1");
+    assert_eq!(route.resource, grafana);
+    let bob = user_cert(&f, "bob", "correct horse").await;
+    let via_proxy = |name: &'static str, kind| {
+        let (auth, proxy, bob) = (&f.auth, proxy(&f.auth), bob.clone());
+        async move {
+            auth.resolve_resource(&proxy, Some(&[bob]), kind, name)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        via_proxy("shop", ServedKind::App).await.unwrap().resource.name,
+        "shop"
+    );
+    assert_eq!(
+        via_proxy("grafana", ServedKind::App)
+            .await
+            .unwrap_err()
+            .to_string(),
+        "access denied to app \"grafana\": the roles of user bob do not allow its labels"
+    );
+    assert_eq!(
+        via_proxy("pg", ServedKind::Db).await.unwrap_err().to_string(),
+        "access denied to db \"pg\": the roles of user bob do not allow its labels"
+    );
+    assert_eq!(
+        via_proxy("nope", ServedKind::App).await.unwrap_err().to_string(),
+        "app \"nope\" not found: no connected agent serves it"
+    );
+    // Listing shows only what the labels allow.
+    let names = |routes: Vec<ResourceRoute>| routes.into_iter().map(|r| r.resource.name).collect::<Vec<_>>();
+    assert_eq!(
+        names(f.auth.list_served(&alice, None, ServedKind::App).await.unwrap()),
+        ["grafana", "shop"]
+    );
+    assert_eq!(
+        names(
+            f.auth
+                .list_served(&proxy(&f.auth), Some(std::slice::from_ref(&bob)), ServedKind::App)
+                .await
+                .unwrap()
+        ),
+        ["shop"]
+    );
+    // Neither another host nor a proxy without a user certificate may ask.
+    assert!(
+        f.auth
+            .resolve_resource(&agent, None, ServedKind::App, "shop")
+            .await
+            .is_err()
+    );
+    assert!(
+        f.auth
+            .resolve_resource(&proxy(&f.auth), None, ServedKind::App, "shop")
+            .await
+            .is_err()
+    );
+    assert!(
+        f.auth
+            .resolve_resource(&agent, Some(std::slice::from_ref(&bob)), ServedKind::App, "shop")
+            .await
+            .is_err()
+    );
+
+    // An agent cannot announce a kind its certificate has no role for.
+    let node = host_with(&f.auth, vec![SystemRole::Node]);
+    let err = f
+        .auth
+        .heartbeat(
+            &node,
+            Heartbeat {
+                resources: vec![ServedResource::new(ServedKind::Kube, "k8s")],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("kube_cluster"), "{err}");
+
+    // Resources expire with the heartbeat.
+    f.clock.advance(HEARTBEAT_TTL + Duration::from_secs(1));
+    assert!(
+        f.auth
+            .list_served(&alice, None, ServedKind::App)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

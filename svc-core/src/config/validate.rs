@@ -61,6 +61,24 @@ pub(crate) fn validate(raw: RawConfig, hostname: &str) -> Result<Config, ConfigE
     let db = db(raw.db_service)?;
     let kube = kube(raw.kubernetes_service, &auth.cluster_name)?;
     let windows_desktop = windows(raw.windows_desktop_service)?;
+    if svc.proxy_server.is_none() {
+        // Specification §1 rule 3: these two services are reachable only through reverse
+        // tunnels via the Proxy Service, so an agent joined directly to the Auth Service
+        // cannot run them.
+        for (enabled, path, service) in [
+            (app.enabled, "app_service.enabled", "Application Service"),
+            (db.enabled, "db_service.enabled", "Database Service"),
+        ] {
+            if enabled {
+                return Err(ConfigError::Invalid {
+                    path: path.to_owned(),
+                    reason: format!(
+                        "the {service} is reachable only through a reverse tunnel via the Proxy Service, but this agent joins the Auth Service directly (svc.auth_server without svc.proxy_server); set svc.proxy_server or disable the service"
+                    ),
+                });
+            }
+        }
+    }
     Ok(Config {
         svc,
         auth,

@@ -196,6 +196,7 @@ impl AuthClient {
                 version: beat.version.clone(),
                 upgrader: beat.upgrader.clone(),
                 upgrader_version: beat.upgrader_version.clone(),
+                resources: super::resources::list_to_proto(&beat.resources),
             })
             .await?;
         Ok(())

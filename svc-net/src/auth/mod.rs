@@ -15,6 +15,7 @@
 
 mod client;
 mod identity;
+mod resources;
 mod route;
 mod server;
 mod tls;
@@ -99,6 +100,7 @@ pub mod proto {
 
 pub use client::{AuthClient, ClientError, JoinParams, join, join_via};
 pub use identity::{ClientIdentity, IdentityFileError, KeyMaterial, TrustedCaPem};
+pub use resources::Resolved;
 pub use route::{alpn, auth_route};
 pub use server::{AuthGrpc, ServeError, serve, server_identity};
 

@@ -302,6 +302,12 @@ impl proto::auth_server::Auth for AuthGrpc {
             version: r.version,
             upgrader: r.upgrader,
             upgrader_version: r.upgrader_version,
+            resources: r
+                .resources
+                .into_iter()
+                .map(super::resources::from_proto)
+                .collect::<Result<_, _>>()
+                .map_err(status)?,
         };
         self.auth.heartbeat(&caller, beat).await.map_err(status)?;
         Ok(Response::new(proto::Empty {}))
@@ -481,5 +487,23 @@ impl proto::auth_server::Auth for AuthGrpc {
                 Err(status(e))
             }
         }
+    }
+
+    async fn resolve_resource(
+        &self,
+        req: Request<proto::ResolveResourceRequest>,
+    ) -> Result<Response<proto::ResolveResourceResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let answer = super::resources::resolve(&self.auth, &caller, req.into_inner(), status).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn list_served(
+        &self,
+        req: Request<proto::ListServedRequest>,
+    ) -> Result<Response<proto::ServedList>, Status> {
+        let caller = self.caller(&req).await?;
+        let list = super::resources::list(&self.auth, &caller, req.into_inner(), status).await?;
+        Ok(Response::new(list))
     }
 }

@@ -1,0 +1,39 @@
+//! `tsh kube login`: a kubeconfig that points `kubectl` at a Kubernetes cluster through the
+//! proxy — the proxy's web address with the TLS server name `kube-svc-proxy-alpn.<cluster>`
+//! (the proxy routes on it) and the user's certificate and key from the `tsh` profile.
+
+use base64::Engine;
+use svc_net::route::alpn::KUBE_SNI_PREFIX;
+
+use crate::profile::Profile;
+
+/// The kubeconfig (JSON, which kubectl reads like YAML) for `cluster` with the profile's
+/// identity. The CA given to `tsh login --cacert` verifies the proxy; without one, a profile
+/// signed in with `--insecure` skips the check, as `tsh` itself does; otherwise the system
+/// roots verify it.
+pub fn kubeconfig(profile: &Profile, cluster: &str) -> anyhow::Result<String> {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+    let context = format!("{}-{cluster}", profile.identity.cluster);
+    let mut cluster_entry = serde_json::json!({
+        "server": format!("https://{}", profile.proxy),
+        "tls-server-name": format!("{KUBE_SNI_PREFIX}{cluster}"),
+    });
+    if let Some(pem) = &profile.ca_pem {
+        // `tsh login --cacert`: kubectl trusts the same CA.
+        cluster_entry["certificate-authority-data"] = serde_json::Value::String(b64(pem));
+    } else if profile.insecure {
+        cluster_entry["insecure-skip-tls-verify"] = serde_json::Value::Bool(true);
+    }
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": cluster_entry}],
+        "users": [{"name": context, "user": {
+            "client-certificate-data": b64(&profile.identity.tls_cert_pem),
+            "client-key-data": b64(profile.identity.tls_key_pem.expose()),
+        }}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+        "current-context": context,
+    });
+    Ok(serde_json::to_string_pretty(&config)?)
+}

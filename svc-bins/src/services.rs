@@ -1,0 +1,158 @@
+//! Wiring of the Application, Database, Kubernetes and Windows Desktop services for `svc
+//! start`: which roles an agent's certificate needs, what its heartbeat announces, the one
+//! dial service its tunnel serves (SSH plus the resource services, dispatched by connection
+//! type), and the proxy's routes for resource clients. All behaviour is in
+//! `svc_net::services`; this file maps the configuration onto it.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use svc_core::auth::{ServedKind, ServedResource};
+use svc_core::config::Config;
+use svc_core::identity::SystemRole;
+use svc_net::auth::{AuthClient, ClientIdentity};
+use svc_net::proxy::ProxyBuilder;
+use svc_net::services::proxy::{ALPNS, ResourceProxy, ResourceProxyConfig};
+use svc_net::services::{
+    AgentServices, KubeProxy, app_service, db_service, desktop_service, kube_service, router,
+};
+use svc_net::tls::ServerIdentity;
+use svc_net::tunnel::{DialService, TunnelDialer};
+
+/// The system roles an agent running `config`'s services needs in its certificate: `node`
+/// when the SSH Service runs, and one per enabled resource service.
+pub fn agent_roles(config: &Config) -> Vec<SystemRole> {
+    [
+        (config.ssh.enabled, SystemRole::Node),
+        (config.app.enabled, SystemRole::App),
+        (config.db.enabled, SystemRole::Db),
+        (config.kube.enabled, SystemRole::Kube),
+        (config.windows_desktop.enabled, SystemRole::WindowsDesktop),
+    ]
+    .into_iter()
+    .filter_map(|(on, role)| on.then_some(role))
+    .collect()
+}
+
+/// What the agent's heartbeat announces: every app, database, Kubernetes cluster and desktop of
+/// the enabled services, with their labels.
+pub fn served_resources(config: &Config) -> Vec<ServedResource> {
+    let mut out = Vec::new();
+    if config.app.enabled {
+        for app in &config.app.apps {
+            let mut r = ServedResource::new(ServedKind::App, app.name.clone());
+            r.labels = app.labels.clone();
+            r.target = app.uri.clone();
+            r.protocol = app.uri.split("://").next().unwrap_or_default().to_owned();
+            r.public_addr = app
+                .public_addr
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            out.push(r);
+        }
+    }
+    if config.db.enabled {
+        for db in &config.db.databases {
+            let mut r = ServedResource::new(ServedKind::Db, db.name.clone());
+            r.labels = db.labels.clone();
+            r.target = db.uri.to_string();
+            r.protocol = db.protocol.as_str().to_owned();
+            out.push(r);
+        }
+    }
+    if config.kube.enabled {
+        let mut r = ServedResource::new(ServedKind::Kube, config.kube.kube_cluster_name.clone());
+        r.labels = config.kube.labels.clone();
+        r.target = config.kube.api_url.clone().unwrap_or_default();
+        r.protocol = "https".into();
+        out.push(r);
+    }
+    if config.windows_desktop.enabled {
+        for host in &config.windows_desktop.hosts {
+            let mut r = ServedResource::new(ServedKind::WindowsDesktop, host.name.clone());
+            r.labels = host.labels.clone();
+            r.target = host.addr.to_string();
+            r.protocol = "rdp".into();
+            out.push(r);
+        }
+    }
+    out
+}
+
+/// The agent's one dial service: `ssh` for node connections (when the SSH Service runs) and
+/// the enabled resource services.
+pub fn agent_dial_service(config: &Config, ssh: DialService) -> anyhow::Result<DialService> {
+    let mut services = AgentServices::default();
+    if config.ssh.enabled {
+        services.node = Some(ssh);
+    }
+    if config.app.enabled {
+        services.app = Some(app_service(&config.app.apps).context("app_service")?);
+    }
+    if config.db.enabled {
+        services.db = Some(db_service(&config.db.databases).context("db_service")?);
+    }
+    if config.kube.enabled {
+        services.kube = Some(kube_service(&config.kube).context("kubernetes_service")?);
+    }
+    if config.windows_desktop.enabled {
+        services.windows_desktop = Some(desktop_service(&config.windows_desktop.hosts));
+    }
+    Ok(router(services))
+}
+
+/// Registers the proxy's entries for resource clients: Kubernetes (SNI `kube-svc-proxy-alpn.`
+/// on the web port, `kube_listen_addr` in separate mode), ALPN `svc-tcp` and the database
+/// ALPNs on the web port, and Postgres clients detected by their SSLRequest (the multiplexed web port,
+/// or `postgres_listen_addr` in separate mode), and the MySQL and MongoDB listeners of separate
+/// mode (TLS with the user's certificate, as on the web port). `identity` is the proxy's host identity (its
+/// user CA verifies clients); `auth` asks the Auth Service for routes as the proxy.
+pub fn install_resource_routes(
+    builder: ProxyBuilder,
+    identity: &ClientIdentity,
+    auth: AuthClient,
+    dialer: TunnelDialer,
+) -> anyhow::Result<ProxyBuilder> {
+    let settings = builder.settings();
+    let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
+    let verifier = Arc::new(identity.verifier()?);
+    let kube = KubeProxy::new(&tls, verifier.clone(), auth.clone(), dialer.clone())?;
+    let config = ResourceProxyConfig::new(
+        ResourceProxyConfig::tls_for(&tls, &verifier)?,
+        verifier,
+        auth,
+        dialer,
+    );
+    let proxy = ResourceProxy::new(config);
+    let mut builder = builder
+        .postgres(proxy.postgres_service())
+        .mysql(proxy.service())
+        .mongo(proxy.service())
+        .kube(kube.service());
+    for alpn in ALPNS {
+        builder = builder.route(alpn, proxy.service());
+    }
+    Ok(builder)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_and_resources_follow_the_enabled_services() {
+        let yaml = "version: v1\napp_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: https://web.example.com\n    labels: {env: dev}\ndb_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres\n    uri: db.example.com\nwindows_desktop_service:\n  enabled: false\n  hosts:\n  - name: win\n    addr: 10.0.0.5\n";
+        let config = Config::from_yaml_str_with_hostname(yaml, "h").unwrap();
+        assert_eq!(
+            agent_roles(&config),
+            [SystemRole::Node, SystemRole::App, SystemRole::Db]
+        );
+        let served = served_resources(&config);
+        assert_eq!(served.len(), 2);
+        assert_eq!(served[0].protocol, "https");
+        assert_eq!(served[0].labels["env"], "dev");
+        assert_eq!(served[1].target, "db.example.com:5432");
+        assert_eq!(served[1].protocol, "postgres");
+    }
+}

@@ -1,0 +1,655 @@
+//! End to end: applications, databases and desktops through the real binaries. `svc start`
+//! runs Auth, Proxy and an agent with the Application, Database and Windows Desktop services
+//! (reverse tunnel to its own proxy). Real resources: PostgreSQL (`initdb`/`pg_ctl`, TLS on
+//! with a test CA, non-TLS connections rejected by `pg_hba.conf`), `python3 -m http.server`,
+//! and a `socat` echo server standing in for a desktop host. Real clients: `psql` through
+//! `tsh proxy db`, `curl` through `tsh proxy app`, raw TCP through `tsh proxy desktop`. A user
+//! whose roles do not match the resources' labels is refused for each kind, with a message
+//! naming the resource.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Cluster, TSH};
+
+const PASSWORD: &str = "correct-horse-battery";
+
+/// Fails naming the Debian package when a tool is missing.
+fn require(tool: &str, package: &str) -> PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(tool))
+            .find(|p| p.is_file())
+    });
+    found.unwrap_or_else(|| panic!("{tool} is not installed: apt-get install {package}"))
+}
+
+/// The PostgreSQL server binaries (initdb, pg_ctl), which Debian keeps out of PATH.
+fn pg_bin(tool: &str) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    dirs.into_iter()
+        .rev()
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{tool} is not installed: apt-get install postgresql"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until something accepts on `port` (readiness, bounded).
+fn wait_listening(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} never listened on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A test CA and a server certificate for `localhost`/127.0.0.1 (PEM: ca, cert, key).
+fn test_ca() -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "e2e database CA");
+    let ca = rcgen::CertifiedIssuer::self_signed(params, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let cert = params.signed_by(&key, &ca).unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// A PostgreSQL server with TLS required, run as the `postgres` user; stopped on drop.
+struct Postgres {
+    data: PathBuf,
+    port: u16,
+    ctl: PathBuf,
+}
+
+fn as_postgres(cmd: &Path) -> Command {
+    // Running as root: PostgreSQL refuses root, so run as its own user.
+    let mut c = Command::new(require("runuser", "util-linux"));
+    c.args(["-u", "postgres", "--"]).arg(cmd);
+    c
+}
+
+impl Postgres {
+    fn start(dir: &Path, cert: &str, key: &str) -> Postgres {
+        let data = dir.join("pg");
+        std::fs::create_dir_all(&data).unwrap();
+        let chown = |p: &Path| {
+            let ok = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(p)
+                .status()
+                .unwrap();
+            assert!(ok.success());
+        };
+        chown(&data);
+        let out = as_postgres(&pg_bin("initdb"))
+            .args(["-A", "trust", "-U", "postgres", "-D"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(data.join("server.crt"), cert).unwrap();
+        std::fs::write(data.join("server.key"), key).unwrap();
+        let port = free_port();
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .unwrap();
+        write!(
+            conf,
+            "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nssl = on\n",
+            data.display()
+        )
+        .unwrap();
+        // Only TLS connections are let in: the agent must have done the TLS handshake.
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "hostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\nlocal all all trust\n",
+        )
+        .unwrap();
+        chown(&data);
+        let ok = Command::new("chmod")
+            .arg("0600")
+            .arg(data.join("server.key"))
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let ctl = pg_bin("pg_ctl");
+        let out = as_postgres(&ctl)
+            .args(["-w", "-l"])
+            .arg(data.join("log"))
+            .arg("-D")
+            .arg(&data)
+            .arg("start")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            std::fs::read_to_string(data.join("log")).unwrap_or_default()
+        );
+        Postgres { data, port, ctl }
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = as_postgres(&self.ctl)
+            .args(["-m", "immediate", "-D"])
+            .arg(&self.data)
+            .arg("stop")
+            .output();
+    }
+}
+
+/// `python3 -m http.server` on a free port serving `dir`.
+fn http_server(dir: &Path) -> (Proc, u16) {
+    let port = free_port();
+    let child = Command::new(require("python3", "python3"))
+        .args(["-m", "http.server", "--bind", "127.0.0.1"])
+        .arg(port.to_string())
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let proc = Proc(child);
+    wait_listening(port, "python3 -m http.server");
+    (proc, port)
+}
+
+/// `socat` echoing every connection back: the desktop host.
+fn echo_server() -> (Proc, u16) {
+    let port = free_port();
+    let child = Command::new(require("socat", "socat"))
+        .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"))
+        .arg("EXEC:cat")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let proc = Proc(child);
+    wait_listening(port, "socat");
+    (proc, port)
+}
+
+/// A `tsh` session of its own (`SVC_HOME`) for one user.
+struct User {
+    home: PathBuf,
+}
+
+impl User {
+    fn login(cluster: &Cluster, name: &str) -> User {
+        let home = cluster.path().join(format!("home-{name}"));
+        let out = Command::new(TSH)
+            .args([
+                "login",
+                &format!("--proxy={}", cluster.web_addr),
+                &format!("--user={name}"),
+                "--insecure",
+            ])
+            .env("SVC_HOME", &home)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                c.stdin
+                    .take()
+                    .unwrap()
+                    .write_all(format!("{PASSWORD}\n").as_bytes())?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "tsh login {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        User { home }
+    }
+
+    /// `tsh ARGS`, which must succeed: its standard output.
+    fn tsh(&self, args: &[&str]) -> String {
+        let out = Command::new(TSH)
+            .args(args)
+            .env("SVC_HOME", &self.home)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "tsh {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `tsh proxy KIND NAME --port 0`: waits for the printed address. `Err` is tsh's stderr
+    /// when it exits instead.
+    fn proxy(&self, kind: &str, name: &str) -> Result<(Proc, u16, PathBuf), String> {
+        let stderr_file = self.home.join(format!("tsh-proxy-{kind}-{name}.stderr"));
+        let mut child = Command::new(TSH)
+            .args(["proxy", kind, name, "--port", "0"])
+            .env("SVC_HOME", &self.home)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr_file).unwrap())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().and_then(Result::ok);
+        let Some(line) = first else {
+            let _ = child.wait();
+            return Err(std::fs::read_to_string(&stderr_file).unwrap_or_default());
+        };
+        let port = line
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("unexpected tsh output: {line}"));
+        Ok((Proc(child), port, stderr_file))
+    }
+}
+
+fn psql(port: u16, sql: &str) -> std::process::Output {
+    Command::new(require("psql", "postgresql-client"))
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+        ])
+        .args(["-X", "-A", "-t", "-c", sql])
+        .env("PGCONNECT_TIMEOUT", "30")
+        .output()
+        .unwrap()
+}
+
+fn curl(port: u16) -> std::process::Output {
+    Command::new(require("curl", "curl"))
+        .args(["-sS", "--max-time", "30"])
+        .arg(format!("http://127.0.0.1:{port}/hello.txt"))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn psql_curl_and_desktop_tcp_through_local_proxies_with_rbac_by_labels() {
+    require("psql", "postgresql-client");
+    pg_bin("initdb");
+    let dir = tempfile::tempdir().unwrap();
+    // PostgreSQL runs as `postgres`: it must reach its directory.
+    let ok = Command::new("chmod")
+        .arg("0755")
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let (ca, cert, key) = test_ca();
+    let ca_file = dir.path().join("db-ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let pg = Postgres::start(dir.path(), &cert, &key);
+    let site = dir.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("hello.txt"), "hello from the app\n").unwrap();
+    let (_http, http_port) = http_server(&site);
+    let (_echo, echo_port) = echo_server();
+
+    let services = format!(
+        "app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1:{http_port}\n    labels: {{env: dev}}\n\
+db_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres\n    uri: 127.0.0.1:{}\n    labels: {{env: dev}}\n    tls:\n      ca_cert_file: {}\n      server_name: localhost\n\
+windows_desktop_service:\n  enabled: true\n  hosts:\n  - name: win\n    addr: 127.0.0.1:{echo_port}\n    labels: {{env: dev}}\n",
+        pg.port,
+        ca_file.display()
+    );
+    let cluster = Cluster::start_extra("info", &services);
+    let prod_only = "kind: role\nversion: v7\nmetadata:\n  name: prod-only\nspec:\n  allow:\n    app_labels: {env: prod}\n    db_labels: {env: prod}\n    windows_desktop_labels: {env: prod}\n";
+    cluster
+        .tctl_admin(
+            &[
+                "create",
+                &cluster.write("prod-only.yaml", prod_only).to_string_lossy(),
+            ],
+            None,
+        )
+        .ok();
+    for (name, role) in [("alice", "access"), ("bob", "prod-only")] {
+        cluster
+            .tctl_admin(
+                &[
+                    "users",
+                    "add",
+                    name,
+                    &format!("--roles={role}"),
+                    "--password-stdin",
+                ],
+                Some(PASSWORD),
+            )
+            .ok();
+    }
+    let alice = User::login(&cluster, "alice");
+    let bob = User::login(&cluster, "bob");
+
+    // Listings show what the labels allow.
+    let apps = alice.tsh(&["apps", "ls"]);
+    assert!(apps.contains("web") && apps.contains("env=dev"), "{apps}");
+    let dbs = alice.tsh(&["db", "ls", "-f", "json"]);
+    let dbs: serde_json::Value = serde_json::from_str(&dbs).unwrap();
+    assert_eq!(dbs[0]["name"], "pg");
+    assert_eq!(dbs[0]["protocol"], "postgres");
+    assert!(!bob.tsh(&["desktops", "ls"]).contains("win"));
+
+    // psql through `tsh proxy db`, unchanged; the server only admits TLS (the agent's).
+    let (_db, db_port, db_err) = alice.proxy("db", "pg").expect("tsh proxy db");
+    let out = psql(db_port, "select 40 + 2");
+    assert!(
+        out.status.success(),
+        "psql: {}\ntsh: {}\nsvc: {}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&db_err).unwrap_or_default(),
+        cluster.stderr()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42");
+    let out = psql(
+        db_port,
+        "select ssl from pg_stat_ssl where pid = pg_backend_pid()",
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "t", "{out:?}");
+
+    // curl through `tsh proxy app`.
+    let (_app, app_port, app_err) = alice.proxy("app", "web").expect("tsh proxy app");
+    let out = curl(app_port);
+    assert!(
+        out.status.success(),
+        "curl: {}\ntsh: {}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&app_err).unwrap_or_default()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from the app\n");
+
+    // Raw TCP to the desktop host through `tsh proxy desktop`.
+    let (_desk, desk_port, _) = alice.proxy("desktop", "win").expect("tsh proxy desktop");
+    let mut s = TcpStream::connect(("127.0.0.1", desk_port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"rdp bytes").unwrap();
+    let mut buf = [0u8; 9];
+    s.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"rdp bytes");
+
+    // bob's role allows only env=prod: refused for each kind, the message naming it.
+    let err = bob
+        .proxy("db", "pg")
+        .err()
+        .expect("bob must be refused the database");
+    assert!(err.contains("access denied to db \"pg\""), "{err}");
+    let (_app, app_port, app_err) = bob.proxy("app", "web").expect("tsh proxy app starts");
+    let out = curl(app_port);
+    assert!(!out.status.success(), "curl must fail for bob: {out:?}");
+    let (_desk, desk_port, desk_err) = bob.proxy("desktop", "win").expect("tsh proxy desktop starts");
+    let mut s = TcpStream::connect(("127.0.0.1", desk_port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = s.write_all(b"x");
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(
+        rest.is_empty(),
+        "bob's desktop connection carried bytes: {rest:?}"
+    );
+    drop(s);
+    // tsh reports the proxy's refusal per connection on its stderr.
+    let wait_for = |file: &Path, text: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = std::fs::read_to_string(file).unwrap_or_default();
+            if got.contains(text) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "expected {text:?} in tsh's stderr: {got}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for(&app_err, "access denied to app \"web\"");
+    wait_for(&desk_err, "access denied to windows_desktop \"win\"");
+
+    // An unknown resource is named too.
+    let (_x, x_port, x_err) = alice.proxy("app", "nope").expect("tsh proxy app starts");
+    let _ = curl(x_port);
+    wait_for(&x_err, "app \"nope\" not found");
+}
+
+/// nginx over TLS standing in for the Kubernetes API server: 401 unless the agent's bearer
+/// token arrives; otherwise echoes the impersonation headers and the path as JSON.
+fn fake_api_server(dir: &Path, cert: &Path, key: &Path, token: &str) -> (Proc, u16) {
+    let nginx = require("nginx", "nginx");
+    let port = free_port();
+    let root = dir.join("nginx");
+    std::fs::create_dir_all(root.join("tmp")).unwrap();
+    let conf = root.join("nginx.conf");
+    let r = root.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "user root;\nworker_processes 1;\ndaemon off;\npid {r}/nginx.pid;\nerror_log {r}/error.log;\nevents {{}}\n\
+http {{\n  access_log off;\n  client_body_temp_path {r}/tmp/body;\n  proxy_temp_path {r}/tmp/proxy;\n  fastcgi_temp_path {r}/tmp/fastcgi;\n  uwsgi_temp_path {r}/tmp/uwsgi;\n  scgi_temp_path {r}/tmp/scgi;\n\
+  server {{\n    listen 127.0.0.1:{port} ssl;\n    ssl_certificate {};\n    ssl_certificate_key {};\n    default_type application/json;\n\
+    location / {{\n      if ($http_authorization != \"Bearer {token}\") {{ return 401 '{{\"kind\":\"Status\",\"message\":\"bad token\"}}'; }}\n\
+      return 200 '{{\"user\":\"$http_impersonate_user\",\"group\":\"$http_impersonate_group\",\"path\":\"$request_uri\"}}';\n    }}\n  }}\n}}\n",
+            cert.display(),
+            key.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(nginx)
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let proc = Proc(child);
+    wait_listening(port, "nginx");
+    (proc, port)
+}
+
+/// `curl` to the proxy's Kubernetes route with the user's certificate (from the tsh profile),
+/// trying to smuggle its own credentials and impersonation: (HTTP status, body).
+fn kube_curl(cluster: &Cluster, user: &User, path: &str) -> (String, String) {
+    let profile: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(user.home.join("profile.json")).unwrap()).unwrap();
+    let cert = user.home.join("user-cert.pem");
+    let key = user.home.join("user-key.pem");
+    std::fs::write(&cert, profile["identity"]["tls_cert_pem"].as_str().unwrap()).unwrap();
+    std::fs::write(&key, profile["identity"]["tls_key_pem"].as_str().unwrap()).unwrap();
+    let port = cluster.web_addr.rsplit_once(':').unwrap().1;
+    let host = "kube-svc-proxy-alpn.e2e.test";
+    let out = Command::new(require("curl", "curl"))
+        .args(["-sS", "-k", "--max-time", "30", "-w", "\n%{http_code}"])
+        .arg("--resolve")
+        .arg(format!("{host}:{port}:127.0.0.1"))
+        .arg("--cert")
+        .arg(&cert)
+        .arg("--key")
+        .arg(&key)
+        .args([
+            "-H",
+            "Authorization: Bearer stolen",
+            "-H",
+            "Impersonate-User: system:admin",
+        ])
+        .arg(format!("https://{host}:{port}{path}"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (body, code) = text.rsplit_once('\n').unwrap();
+    (code.to_owned(), body.to_owned())
+}
+
+#[test]
+fn kubernetes_requests_reach_the_api_server_with_the_agents_token_and_the_users_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = test_ca();
+    let (ca_file, cert_file, key_file) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("api.pem"),
+        dir.path().join("api-key.pem"),
+    );
+    std::fs::write(&ca_file, ca).unwrap();
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    let token = "agent-service-account-token";
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let (_nginx, api_port) = fake_api_server(dir.path(), &cert_file, &key_file, token);
+
+    let services = format!(
+        "kubernetes_service:\n  enabled: true\n  api_url: https://127.0.0.1:{api_port}\n  ca_file: {}\n  token_file: {}\n  labels: {{env: dev}}\n",
+        ca_file.display(),
+        token_file.display()
+    );
+    let cluster = Cluster::start_extra("info", &services);
+    let prod_only = "kind: role\nversion: v7\nmetadata:\n  name: prod-only\nspec:\n  allow:\n    kubernetes_labels: {env: prod}\n";
+    cluster
+        .tctl_admin(
+            &[
+                "create",
+                &cluster.write("prod-only.yaml", prod_only).to_string_lossy(),
+            ],
+            None,
+        )
+        .ok();
+    for (name, role) in [("alice", "access"), ("bob", "prod-only")] {
+        cluster
+            .tctl_admin(
+                &[
+                    "users",
+                    "add",
+                    name,
+                    &format!("--roles={role}"),
+                    "--password-stdin",
+                ],
+                Some(PASSWORD),
+            )
+            .ok();
+    }
+    let alice = User::login(&cluster, "alice");
+    let bob = User::login(&cluster, "bob");
+
+    let (code, body) = kube_curl(&cluster, &alice, "/api/v1/namespaces?limit=1");
+    assert_eq!(code, "200", "{body}\nsvc: {}", cluster.stderr());
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["user"], "alice", "{body}");
+    assert_eq!(json["group"], "access", "{body}");
+    assert_eq!(json["path"], "/api/v1/namespaces?limit=1", "{body}");
+
+    let (code, body) = kube_curl(&cluster, &bob, "/api/v1/namespaces");
+    assert_eq!(code, "403", "{body}");
+    assert!(
+        body.contains("access denied to kube_cluster \\\"e2e.test\\\""),
+        "{body}"
+    );
+}
+
+#[test]
+fn kubectl_with_the_kubeconfig_from_tsh_kube_login() {
+    let kubectl = require("kubectl", "kubectl");
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = test_ca();
+    let (ca_file, cert_file, key_file) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("api.pem"),
+        dir.path().join("api-key.pem"),
+    );
+    std::fs::write(&ca_file, ca).unwrap();
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    let token = "kubectl-agent-token";
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, token).unwrap();
+    let (_nginx, api_port) = fake_api_server(dir.path(), &cert_file, &key_file, token);
+    let services = format!(
+        "kubernetes_service:\n  enabled: true\n  kube_cluster_name: lab\n  api_url: https://127.0.0.1:{api_port}\n  ca_file: {}\n  token_file: {}\n",
+        ca_file.display(),
+        token_file.display()
+    );
+    let cluster = Cluster::start_extra("info", &services);
+    cluster
+        .tctl_admin(
+            &["users", "add", "alice", "--roles=access", "--password-stdin"],
+            Some(PASSWORD),
+        )
+        .ok();
+    let alice = User::login(&cluster, "alice");
+    assert!(alice.tsh(&["kube", "ls"]).contains("lab"));
+    let export = alice.tsh(&["kube", "login", "lab"]);
+    let kubeconfig = export
+        .trim()
+        .strip_prefix("export KUBECONFIG=")
+        .expect("export line")
+        .to_owned();
+    let out = Command::new(kubectl)
+        .args([
+            "--kubeconfig",
+            &kubeconfig,
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl: {}\nsvc: {}",
+        String::from_utf8_lossy(&out.stderr),
+        cluster.stderr()
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["user"], "alice");
+    assert_eq!(json["path"], "/api/v1/namespaces/default");
+}

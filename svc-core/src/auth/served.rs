@@ -1,0 +1,360 @@
+//! Resources agents serve (applications, databases, Kubernetes clusters, Windows desktops):
+//! announced in heartbeats, found and authorized here for the proxy.
+//!
+//! Data flow: an agent's heartbeat carries the [`ServedResource`]s its services serve; they are
+//! stored under `/served/<host id>` with the inventory row's expiry, and only the kinds the
+//! agent's certificate has a role for are accepted. When a user connects to a resource, the
+//! proxy calls [`AuthService::resolve_resource`] with the user's certificate; RBAC by labels
+//! ([`RoleSet::labels_allowed`]) decides here, in the domain, and the answer is the
+//! [`ResourceRoute`] the proxy dials (through the agent's reverse tunnel, or its direct
+//! listener) or a denial naming the resource.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::UNIX_EPOCH;
+
+use rustls::pki_types::CertificateDer;
+use serde::{Deserialize, Serialize};
+
+use super::{AuthError, AuthService, Caller, HEARTBEAT_TTL};
+use crate::backend::{Item, Key, KeyRange};
+use crate::identity::{HostIdentity, SystemRole};
+use crate::rbac::{AccessDenied, LabelKind, RoleSet, Verb};
+
+/// What kind of resource an agent serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ServedKind {
+    /// An application (`app_service.apps[]`).
+    App,
+    /// A database (`db_service.databases[]`).
+    Db,
+    /// A Kubernetes cluster (`kubernetes_service`).
+    Kube,
+    /// A Windows desktop (`windows_desktop_service.hosts[]`).
+    WindowsDesktop,
+}
+
+impl ServedKind {
+    /// Every kind.
+    pub const ALL: [ServedKind; 4] = [
+        ServedKind::App,
+        ServedKind::Db,
+        ServedKind::Kube,
+        ServedKind::WindowsDesktop,
+    ];
+
+    /// The name used on the wire, in RBAC rules and in messages: `app`, `db`, `kube_cluster`,
+    /// `windows_desktop`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ServedKind::App => "app",
+            ServedKind::Db => "db",
+            ServedKind::Kube => "kube_cluster",
+            ServedKind::WindowsDesktop => "windows_desktop",
+        }
+    }
+
+    /// The role selector that applies.
+    pub const fn label_kind(self) -> LabelKind {
+        match self {
+            ServedKind::App => LabelKind::App,
+            ServedKind::Db => LabelKind::Db,
+            ServedKind::Kube => LabelKind::Kubernetes,
+            ServedKind::WindowsDesktop => LabelKind::WindowsDesktop,
+        }
+    }
+
+    /// The system role an agent's certificate needs to serve this kind.
+    pub const fn system_role(self) -> SystemRole {
+        match self {
+            ServedKind::App => SystemRole::App,
+            ServedKind::Db => SystemRole::Db,
+            ServedKind::Kube => SystemRole::Kube,
+            ServedKind::WindowsDesktop => SystemRole::WindowsDesktop,
+        }
+    }
+}
+
+impl fmt::Display for ServedKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ServedKind {
+    type Err = AuthError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        // `kube` is accepted too: it is the dial request's connection type.
+        if s == "kube" {
+            return Ok(ServedKind::Kube);
+        }
+        ServedKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                AuthError::Invalid(format!(
+                    "unknown resource kind {s:?}, expected one of: app, db, kube_cluster, windows_desktop"
+                ))
+            })
+    }
+}
+
+/// One resource an agent serves, as announced in its heartbeat.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServedResource {
+    /// The kind.
+    pub kind: Option<ServedKind>,
+    /// The name, unique per kind within the agent (the configuration checks it).
+    pub name: String,
+    /// Labels RBAC matches against.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Where the agent forwards to: the app's URI, the database's `host:port`, the Kubernetes
+    /// API URL, the desktop's `host:port`. Informational (listings); the agent decides from its
+    /// own configuration, never from this.
+    #[serde(default)]
+    pub target: String,
+    /// The wire protocol: `http`/`https`/`tcp` for apps, `postgres`/`mysql`/`mongodb`/`redis`
+    /// for databases, `https` for Kubernetes, `rdp` for desktops.
+    #[serde(default)]
+    pub protocol: String,
+    /// The application's public address, if configured.
+    #[serde(default)]
+    pub public_addr: String,
+    /// The agent's own listener for this kind (`host:port`) when it joined the Auth Service
+    /// directly; empty when it is reached through its reverse tunnel.
+    #[serde(default)]
+    pub direct_addr: String,
+}
+
+impl ServedResource {
+    /// A resource of `kind` named `name`, the other fields empty.
+    pub fn new(kind: ServedKind, name: impl Into<String>) -> Self {
+        Self {
+            kind: Some(kind),
+            name: name.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// Where the proxy sends a user's connection to a resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceRoute {
+    /// The agent's host ID (`<uuid>.<cluster>`): the dial request's `server_id`.
+    pub server_id: String,
+    /// The agent's node name.
+    pub hostname: String,
+    /// The resource as the agent announced it.
+    pub resource: ServedResource,
+}
+
+/// A refused or impossible route; the message names the resource and its kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouteError {
+    /// The user's roles do not grant this resource (by its labels).
+    #[error("access denied to {kind} \"{name}\": the roles of user {user} do not allow its labels")]
+    Denied {
+        /// The kind.
+        kind: ServedKind,
+        /// The resource name.
+        name: String,
+        /// The user.
+        user: String,
+    },
+    /// No live agent serves it.
+    #[error("{kind} \"{name}\" not found: no connected agent serves it")]
+    NotServed {
+        /// The kind.
+        kind: ServedKind,
+        /// The resource name.
+        name: String,
+    },
+}
+
+fn served_key(host_id: &str) -> Key {
+    Key::from_segments(["served", host_id])
+}
+
+#[derive(Serialize, Deserialize)]
+struct ServedEntry {
+    host_id: String,
+    hostname: String,
+    last_seen: u64,
+    resources: Vec<ServedResource>,
+}
+
+impl AuthService {
+    /// Stores what a heartbeat announced, with the inventory row's expiry. Refuses a resource
+    /// whose kind the host's certificate has no role for (an SSH node cannot claim to serve a
+    /// database).
+    pub(super) async fn store_served(
+        &self,
+        host: &HostIdentity,
+        hostname: &str,
+        resources: Vec<ServedResource>,
+    ) -> Result<(), AuthError> {
+        for r in &resources {
+            let Some(kind) = r.kind else {
+                return Err(AuthError::Invalid(format!(
+                    "served resource \"{}\": no kind",
+                    r.name
+                )));
+            };
+            if r.name.is_empty() {
+                return Err(AuthError::Invalid(format!("a served {kind} has no name")));
+            }
+            if !host.has_role(kind.system_role()) {
+                return Err(AccessDenied {
+                    verb: Verb::Update,
+                    resource: kind.as_str().to_owned(),
+                }
+                .into());
+            }
+        }
+        let now = self.now();
+        let key = served_key(&host.host_id);
+        if resources.is_empty() {
+            return match self.backend.delete(&key).await {
+                Ok(_) | Err(crate::backend::BackendError::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+        }
+        let entry = ServedEntry {
+            host_id: host.host_id.clone(),
+            hostname: hostname.to_owned(),
+            last_seen: now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            resources,
+        };
+        let value = serde_json::to_vec(&entry).map_err(|e| AuthError::Corrupt {
+            what: "served resources",
+            reason: e.to_string(),
+        })?;
+        self.backend
+            .put(Item::new(key, value).with_expiry(now + HEARTBEAT_TTL))
+            .await?;
+        Ok(())
+    }
+
+    async fn served_entries(&self) -> Result<Vec<ServedEntry>, AuthError> {
+        let now = self.now();
+        let mut out = Vec::new();
+        for item in self
+            .backend
+            .range(&KeyRange::prefix(Key::from("/served/")))
+            .await?
+        {
+            if item.is_expired(now) {
+                continue;
+            }
+            let entry: ServedEntry = serde_json::from_slice(&item.value).map_err(|e| AuthError::Corrupt {
+                what: "served resources",
+                reason: e.to_string(),
+            })?;
+            out.push(entry);
+        }
+        // The freshest agent first: it is the one a dial picks when several serve a name.
+        out.sort_by_key(|e| std::cmp::Reverse(e.last_seen));
+        Ok(out)
+    }
+
+    /// The user a resource request is for, with their roles: the caller itself when it is a
+    /// user; for a proxy (host with the `proxy` role) acting for a user, the user certificate
+    /// it received from the client (`user_cert`, verified here against the user CA).
+    async fn acting_user(
+        &self,
+        caller: &Caller,
+        user_cert: Option<&[CertificateDer<'_>]>,
+    ) -> Result<(String, RoleSet), AuthError> {
+        match (caller, user_cert) {
+            (Caller::User { identity, roles }, None) => Ok((identity.username.clone(), roles.clone())),
+            (caller, Some(chain)) if caller.is_host_with(SystemRole::Proxy) => {
+                let user = self.verifier.verify_user_x509(chain, self.now())?;
+                match self.caller(crate::identity::Identity::User(user)).await? {
+                    Caller::User { identity, roles } => Ok((identity.username, roles)),
+                    _ => Err(AuthError::Invalid("expected a user certificate".into())),
+                }
+            }
+            _ => Err(AccessDenied {
+                verb: Verb::Read,
+                resource: "resource route".into(),
+            }
+            .into()),
+        }
+    }
+
+    /// Finds the agent serving `kind`/`name` and checks that the user may reach it: the route
+    /// the proxy dials, or a [`RouteError`] naming the resource. The user is the caller itself
+    /// when it is a user (`user_cert` `None`); a proxy (host role `proxy`) acting for a user
+    /// passes the user certificate its client presented, verified here. Anyone else is refused.
+    pub async fn resolve_resource(
+        &self,
+        caller: &Caller,
+        user_cert: Option<&[CertificateDer<'_>]>,
+        kind: ServedKind,
+        name: &str,
+    ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
+        let (user, roles) = self.acting_user(caller, user_cert).await?;
+        let found = self.served_entries().await?.into_iter().find_map(|e| {
+            let resource = e
+                .resources
+                .into_iter()
+                .find(|r| r.kind == Some(kind) && r.name == name)?;
+            Some(ResourceRoute {
+                server_id: e.host_id,
+                hostname: e.hostname,
+                resource,
+            })
+        });
+        let Some(route) = found else {
+            return Ok(Err(RouteError::NotServed {
+                kind,
+                name: name.to_owned(),
+            }));
+        };
+        if !roles.labels_allowed(kind.label_kind(), &route.resource.labels) {
+            return Ok(Err(RouteError::Denied {
+                kind,
+                name: name.to_owned(),
+                user,
+            }));
+        }
+        Ok(Ok(route))
+    }
+
+    /// `tsh apps ls` and friends: the resources of `kind` the user may reach, sorted by name
+    /// (one entry per name, from the freshest agent). `caller` and `user_cert` as for
+    /// [`resolve_resource`](Self::resolve_resource).
+    pub async fn list_served(
+        &self,
+        caller: &Caller,
+        user_cert: Option<&[CertificateDer<'_>]>,
+        kind: ServedKind,
+    ) -> Result<Vec<ResourceRoute>, AuthError> {
+        let (_, roles) = self.acting_user(caller, user_cert).await?;
+        let mut out: BTreeMap<String, ResourceRoute> = BTreeMap::new();
+        for e in self.served_entries().await? {
+            for r in e.resources {
+                if r.kind != Some(kind)
+                    || out.contains_key(&r.name)
+                    || !roles.labels_allowed(kind.label_kind(), &r.labels)
+                {
+                    continue;
+                }
+                out.insert(
+                    r.name.clone(),
+                    ResourceRoute {
+                        server_id: e.host_id.clone(),
+                        hostname: e.hostname.clone(),
+                        resource: r,
+                    },
+                );
+            }
+        }
+        Ok(out.into_values().collect())
+    }
+}

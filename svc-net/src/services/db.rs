@@ -1,0 +1,204 @@
+//! The Database Service on the agent: a dial request names a database; the stream reaches it.
+//!
+//! Postgres with `tls` configured: the agent sends the SSLRequest to the server, expects `S`,
+//! and runs TLS verified with `tls.ca_cert_file` (else the public web roots) for
+//! `tls.server_name` (else the host of `uri`). The client's own connection to its local `tsh`
+//! proxy is plain (tsh answered its SSLRequest with `N`), so what arrives through the tunnel
+//! is the client's startup message, relayed inside this TLS session. Without `tls`, and for
+//! MySQL, MongoDB and Redis, the stream is plain TCP to `uri`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use svc_core::config::{Database, DbProtocol};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{ServiceError, connect, tls_to};
+use crate::listen::{BoxError, BoxIo};
+use crate::tunnel::{DialRequest, DialService, dial_service_fn};
+
+/// Postgres `SSLRequest`: length 8, code 80877103.
+pub(crate) const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+
+struct DbTarget {
+    name: String,
+    protocol: DbProtocol,
+    host: String,
+    port: u16,
+    /// TLS to the server (Postgres only): the client configuration and the name to verify.
+    tls: Option<(Arc<rustls::ClientConfig>, String)>,
+}
+
+fn tls_config(db: &Database, ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, ServiceError> {
+    let pem = ca_file
+        .map(|f| {
+            std::fs::read(f).map_err(|e| ServiceError::Config {
+                what: format!("database \"{}\": tls.ca_cert_file {}", db.name, f.display()),
+                reason: e.to_string(),
+            })
+        })
+        .transpose()?;
+    crate::tls::client_config(pem.as_deref()).map_err(|e| ServiceError::Config {
+        what: format!("database \"{}\": tls", db.name),
+        reason: e.to_string(),
+    })
+}
+
+/// Builds the service for `databases`; CA files are read now, so a bad path fails at start.
+pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
+    let mut targets = Vec::with_capacity(databases.len());
+    for db in databases {
+        let host = db
+            .uri
+            .host_str()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let tls = match (&db.tls, db.protocol) {
+            (Some(t), DbProtocol::Postgres) => Some((
+                tls_config(db, t.ca_cert_file.as_deref())?,
+                t.server_name.clone().unwrap_or_else(|| host.clone()),
+            )),
+            _ => None,
+        };
+        targets.push(DbTarget {
+            name: db.name.clone(),
+            protocol: db.protocol,
+            host,
+            port: db.uri.port(),
+            tls,
+        });
+    }
+    let targets = Arc::new(targets);
+    Ok(dial_service_fn(move |req: DialRequest| {
+        let targets = targets.clone();
+        async move {
+            let name = req.address;
+            let t = targets
+                .iter()
+                .find(|t| t.name == name)
+                .ok_or_else(|| ServiceError::NotServed {
+                    kind: "db",
+                    name: name.clone(),
+                })?;
+            let mut tcp = connect("db", &name, &t.host, t.port).await?;
+            let io: BoxIo = match &t.tls {
+                Some((config, server_name)) => {
+                    let handshake = |reason: String| ServiceError::Handshake {
+                        kind: "db",
+                        name: name.clone(),
+                        reason,
+                    };
+                    tcp.write_all(&SSL_REQUEST)
+                        .await
+                        .map_err(|e| handshake(format!("sending the SSLRequest: {e}")))?;
+                    let mut answer = [0u8; 1];
+                    tcp.read_exact(&mut answer)
+                        .await
+                        .map_err(|e| handshake(format!("reading the SSLRequest answer: {e}")))?;
+                    if answer[0] != b'S' {
+                        return Err(handshake(format!(
+                            "the server refused TLS (answered {:?} to the SSLRequest, expected 'S')",
+                            char::from(answer[0])
+                        ))
+                        .into());
+                    }
+                    Box::new(tls_to("db", &name, config.clone(), server_name, tcp).await?)
+                }
+                None => Box::new(tcp),
+            };
+            tracing::info!(db = %name, protocol = t.protocol.as_str(), client = %req.client_src_addr, "database connection");
+            Ok::<BoxIo, BoxError>(io)
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tunnel::ConnType;
+    use tower::ServiceExt;
+
+    /// A server that answers the SSLRequest with `answer`, then (on `S`) runs TLS with a
+    /// certificate for `localhost` and echoes one message.
+    async fn fake_postgres(answer: u8) -> (u16, Vec<u8>) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = rcgen::CertifiedIssuer::self_signed(params, ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        let config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![cert.der().clone()],
+                    rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+                )
+                .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 8];
+            tcp.read_exact(&mut req).await.unwrap();
+            assert_eq!(req, SSL_REQUEST);
+            tcp.write_all(&[answer]).await.unwrap();
+            if answer == b'S' {
+                let mut tls = tokio_rustls::TlsAcceptor::from(Arc::new(config))
+                    .accept(tcp)
+                    .await
+                    .unwrap();
+                let mut buf = [0u8; 7];
+                tls.read_exact(&mut buf).await.unwrap();
+                tls.write_all(&buf).await.unwrap();
+                tls.flush().await.unwrap();
+            }
+        });
+        (port, ca.pem().into_bytes())
+    }
+
+    async fn dial(port: u16, ca: &[u8]) -> Result<BoxIo, BoxError> {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, ca).unwrap();
+        let yaml = format!(
+            "version: v1\ndb_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres\n    uri: 127.0.0.1:{port}\n    tls:\n      ca_cert_file: {}\n      server_name: localhost\n",
+            ca_file.display()
+        );
+        let config = svc_core::config::Config::from_yaml_str_with_hostname(&yaml, "h").unwrap();
+        let svc = db_service(&config.db.databases).unwrap();
+        let req = |name: &str| DialRequest {
+            address: name.into(),
+            server_id: "h.test".into(),
+            conn_type: ConnType::Db,
+            client_src_addr: "127.0.0.1:1".into(),
+            client_dst_addr: "127.0.0.1:2".into(),
+        };
+        let unknown = svc.clone().oneshot(req("mysql-1")).await.err().unwrap();
+        assert_eq!(unknown.to_string(), "this agent serves no db named \"mysql-1\"");
+        svc.oneshot(req("pg")).await
+    }
+
+    #[tokio::test]
+    async fn postgres_gets_tls_to_the_server_verified_with_the_configured_ca() {
+        let (port, ca) = fake_postgres(b'S').await;
+        let mut io = dial(port, &ca).await.unwrap();
+        io.write_all(b"startup").await.unwrap();
+        let mut buf = [0u8; 7];
+        io.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"startup");
+    }
+
+    #[tokio::test]
+    async fn a_server_refusing_tls_is_an_error_naming_the_database() {
+        let (port, ca) = fake_postgres(b'N').await;
+        let err = dial(port, &ca).await.err().unwrap().to_string();
+        assert!(err.starts_with("db \"pg\": the server refused TLS"), "{err}");
+    }
+}
