@@ -549,12 +549,18 @@ pub async fn start_direct(
         node.direct_addr = announced(bound, config.ssh.public_addrs.first(), &name);
         resources.push(node);
         let (ssh, stop) = (ssh.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move { ssh.serve_listener(listener, stop).await }));
+        tasks.push(tokio::spawn(
+            async move { ssh.serve_listener(listener, stop).await },
+        ));
         listeners.push(("ssh_service", bound));
     }
     let service = crate::services::agent_dial_service(
         config,
-        if config.ssh.enabled { ssh.dial_service() } else { refuse_ssh() },
+        if config.ssh.enabled {
+            ssh.dial_service()
+        } else {
+            refuse_ssh()
+        },
     )?;
     let tls = svc_net::tunnel::agent_tls(&identity)?;
     let resource_listeners = [

@@ -292,9 +292,7 @@ fn install_ssh(
     );
     // Agents behind a reverse tunnel first; agents that joined the Auth Service directly on
     // the listeners they announced.
-    let dialer = tunnel
-        .dialer()
-        .with_direct(DirectDialer::new(identity, direct)?);
+    let dialer = tunnel.dialer().with_direct(DirectDialer::new(identity, direct)?);
     let ssh = ProxySsh::new(
         ProxySshConfig::new(key, cert, verifier, dialer.clone())
             .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),

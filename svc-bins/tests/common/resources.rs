@@ -24,7 +24,6 @@ pub fn require(tool: &str, package: &str) -> PathBuf {
     found.unwrap_or_else(|| panic!("{tool} is not installed: apt-get install {package}"))
 }
 
-
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -52,7 +51,6 @@ impl Drop for Proc {
     }
 }
 
-
 /// A test CA and a server certificate for `localhost`/127.0.0.1 (PEM: ca, cert, key).
 pub fn test_ca() -> (String, String, String) {
     let ca_key = rcgen::KeyPair::generate().unwrap();
@@ -67,7 +65,6 @@ pub fn test_ca() -> (String, String, String) {
     let cert = params.signed_by(&key, &ca).unwrap();
     (ca.pem(), cert.pem(), key.serialize_pem())
 }
-
 
 /// `socat` echoing every connection back: the desktop host.
 pub fn echo_server() -> (Proc, u16) {
@@ -164,7 +161,6 @@ impl User {
     }
 }
 
-
 /// nginx over TLS standing in for the Kubernetes API server: 401 unless the agent's bearer
 /// token arrives; otherwise echoes the impersonation headers and the path as JSON.
 pub fn fake_api_server(dir: &Path, cert: &Path, key: &Path, token: &str) -> (Proc, u16) {
@@ -236,4 +232,3 @@ pub fn kube_curl(cluster: &Cluster, user: &User, path: &str) -> (String, String)
     let (body, code) = text.rsplit_once('\n').unwrap();
     (code.to_owned(), body.to_owned())
 }
-

@@ -66,8 +66,12 @@ pub trait DirectLookup: Send + Sync + 'static {
 /// host certificate; require a client certificate from the cluster's host CA (checked to carry
 /// the `proxy` role after the handshake, in [`serve_direct`]).
 pub fn agent_tls(identity: &ClientIdentity) -> Result<Arc<rustls::ServerConfig>, TunnelError> {
-    let verifier = identity.verifier().map_err(|e| tls_error("the host identity", e))?;
-    let (chain, key) = identity.tls_parts().map_err(|e| tls_error("the host identity", e))?;
+    let verifier = identity
+        .verifier()
+        .map_err(|e| tls_error("the host identity", e))?;
+    let (chain, key) = identity
+        .tls_parts()
+        .map_err(|e| tls_error("the host identity", e))?;
     let clients = WebPkiClientVerifier::builder_with_provider(
         Arc::new(verifier.root_store(Some(IdentityKind::Host))),
         provider(),
@@ -156,7 +160,9 @@ pub struct DirectDialer {
 
 impl std::fmt::Debug for DirectDialer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DirectDialer").field("timeout", &self.timeout).finish()
+        f.debug_struct("DirectDialer")
+            .field("timeout", &self.timeout)
+            .finish()
     }
 }
 
@@ -164,8 +170,12 @@ impl DirectDialer {
     /// A dialer presenting `identity` (the proxy's host identity, role `proxy`) and finding
     /// listeners with `lookup`.
     pub fn new(identity: &ClientIdentity, lookup: Arc<dyn DirectLookup>) -> Result<Self, TunnelError> {
-        let verifier = identity.verifier().map_err(|e| tls_error("the host identity", e))?;
-        let (chain, key) = identity.tls_parts().map_err(|e| tls_error("the host identity", e))?;
+        let verifier = identity
+            .verifier()
+            .map_err(|e| tls_error("the host identity", e))?;
+        let (chain, key) = identity
+            .tls_parts()
+            .map_err(|e| tls_error("the host identity", e))?;
         let config = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| tls_error("the TLS configuration", e))?
@@ -210,8 +220,8 @@ impl DirectDialer {
             return Ok(Box::new(tcp));
         }
         // The name the agent's certificate must carry: the host ID the Auth Service named.
-        let name = ServerName::try_from(target.host_id.clone())
-            .map_err(|e| tls_error("the agent's host ID", e))?;
+        let name =
+            ServerName::try_from(target.host_id.clone()).map_err(|e| tls_error("the agent's host ID", e))?;
         let mut tls = self
             .tls
             .connect(name, tcp)
@@ -224,7 +234,9 @@ impl DirectDialer {
         let mut line = serde_json::to_vec(&req).map_err(|e| tls_error("dial request", e))?;
         line.push(b'\n');
         let io = |what| move |source| TunnelError::Io { what, source };
-        tls.write_all(&line).await.map_err(io("sending the dial request"))?;
+        tls.write_all(&line)
+            .await
+            .map_err(io("sending the dial request"))?;
         tls.flush().await.map_err(io("sending the dial request"))?;
         let answer = read_line(&mut tls, MAX_DIAL_REQUEST)
             .await
@@ -281,7 +293,12 @@ impl ServerCertVerifier for AgentVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -290,7 +307,12 @@ impl ServerCertVerifier for AgentVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
