@@ -4,15 +4,17 @@
 //! gRPC API → write the admin identity for `tctl` on this host → give the in-process proxy a
 //! host identity and mount `/webapi/login` (which calls the Auth API with it) and the version
 //! server (fetching `forward_url`s through the environment-aware dialer), the reverse-tunnel
-//! server and the SSH entry for clients (`svc-reversetunnel` / `svc-proxy-ssh` on the web port,
-//! plain SSH on 3023 and 3024) → bind the proxy → when `ssh_service.enabled`, run an SSH agent
-//! in the same process: a `node` host identity issued in-process, the SSH Service behind a
-//! reverse tunnel to the local proxy's web address (through `HTTPS_PROXY`/`NO_PROXY` like any
-//! agent), a heartbeat to the inventory every `HEARTBEAT_INTERVAL`, and — only when
-//! `/etc/svc-upgrade.d` exists — the maintenance-schedule export for `svc-upgrade`
-//! ([`crate::agent`], the runtime every agent shares). With `auth_service` and
-//! `proxy_service` disabled, the process is a standalone agent instead
-//! ([`crate::agent::start_standalone`]).
+//! server, the SSH entry for clients (`svc-reversetunnel` / `svc-proxy-ssh` on the web port,
+//! plain SSH on 3023 and 3024) and the entries for resource clients
+//! ([`crate::services::install_resource_routes`]: `svc-tcp` and the database ALPNs, Postgres by
+//! SSLRequest, the Kubernetes SNI route) → bind the proxy → when any agent service is enabled
+//! (`ssh_service` by default; apps, databases, Kubernetes, desktops), run an agent in the same
+//! process: a host identity with those roles issued in-process, the services behind a reverse
+//! tunnel to the local proxy's web address (through `HTTPS_PROXY`/`NO_PROXY` like any agent),
+//! heartbeats announcing what it serves, and — only when `/etc/svc-upgrade.d` exists — the
+//! maintenance-schedule export for `svc-upgrade` ([`crate::agent`], the runtime every agent
+//! shares). With `auth_service` and `proxy_service` disabled, the process is a standalone agent
+//! instead ([`crate::agent::start_standalone`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
