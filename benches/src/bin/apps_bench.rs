@@ -235,8 +235,13 @@ fn main() -> Result<()> {
     let config = Config::from_yaml_str_with_hostname(&yaml, "bench")?;
     let (db_port, web_port) = (free_port()?, free_port()?);
     let running = rt.block_on(async {
-        let running = svc_bins::cluster::start(&config, None).await?;
-        let admin = svc_net::auth::ClientIdentity::load(&running.admin_identity)?;
+        let running = svc_bins::cluster::start(&config, &svc_bins::cluster::StartOptions::default()).await?;
+        let admin = svc_net::auth::ClientIdentity::load(
+            running
+                .admin_identity
+                .as_deref()
+                .context("no admin identity: the Auth Service is not running")?,
+        )?;
         let mut auth = svc_net::auth::AuthClient::connect_with(&admin).await?;
         let password = svc_core::Secret::new("bench-password-1".into());
         auth.create_user("bench", &["access".to_owned()], &[], &password)
@@ -254,6 +259,9 @@ fn main() -> Result<()> {
             proxy,
             identity,
             insecure: true,
+            ca_pem: None,
+            tls_routing: Some(true),
+            ssh_proxy_addr: None,
         };
         for (kind, name, protocol, port) in [
             (ServedKind::Db, "pg", Some(DbProtocol::Postgres), db_port),
