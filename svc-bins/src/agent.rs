@@ -10,6 +10,10 @@
 //! Linux updater when that directory exists, and to the shared-state Secret when running in
 //! Kubernetes (`SVC_KUBE_NAMESPACE` and `SVC_KUBE_SHARED_STATE_SECRET`, set by the chart) →
 //! serve `/healthz`, `/readyz` and `/metrics` on `svc.diag_addr` when set.
+//!
+//! Without `svc.proxy_server` (joined at `svc.auth_server` directly, [`start_direct`]): no
+//! tunnel; the SSH, Kubernetes and Windows Desktop services open their own listeners, announced
+//! in the heartbeats, and the proxy dials them.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -466,7 +470,9 @@ pub fn version_endpoint(proxy: &Addr) -> String {
     format!("{proxy}{}default", svc_update::target::CHANNEL_PATH_PREFIX)
 }
 
-/// A standalone agent: `svc start` with `auth_service` and `proxy_service` disabled.
+/// A standalone agent: `svc start` with `auth_service` and `proxy_service` disabled; behind a
+/// reverse tunnel to `svc.proxy_server`, or on its own listeners when only `svc.auth_server`
+/// is set ([`start_direct`]).
 pub async fn start_standalone(config: &Config, insecure: bool) -> anyhow::Result<Node> {
     if crate::services::agent_roles(config).is_empty() {
         bail!(
