@@ -10,6 +10,10 @@
 //! Linux updater when that directory exists, and to the shared-state Secret when running in
 //! Kubernetes (`SVC_KUBE_NAMESPACE` and `SVC_KUBE_SHARED_STATE_SECRET`, set by the chart) →
 //! serve `/healthz`, `/readyz` and `/metrics` on `svc.diag_addr` when set.
+//!
+//! Without `svc.proxy_server` (joined at `svc.auth_server` directly, [`start_direct`]): no
+//! tunnel; the SSH, Kubernetes and Windows Desktop services open their own listeners, announced
+//! in the heartbeats, and the proxy dials them.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -30,6 +34,7 @@ use svc_net::dial::ProxyDialer;
 use svc_net::ssh::{SshServer, SshServerConfig};
 use svc_net::tunnel::{AgentConfig, DialService, RunningAgent, TunnelAgent};
 use svc_update::export::{AuthMaintenanceSource, ExportSettings, ScheduleExporter};
+use tokio_util::sync::CancellationToken;
 
 /// The agent's saved identity in the data directory.
 pub const HOST_IDENTITY_FILE: &str = "host-identity.json";
@@ -142,20 +147,27 @@ pub struct Node {
     pub name: String,
     /// The host ID (`<uuid>.<cluster>`).
     pub host_id: String,
-    /// The tunnel agent.
-    pub agent: RunningAgent,
+    /// The tunnel agent; `None` for an agent that joined the Auth Service directly.
+    pub agent: Option<RunningAgent>,
+    /// A directly joined agent's listeners: the config section (`ssh_service`,
+    /// `kubernetes_service`, `windows_desktop_service`) and the bound address.
+    pub listeners: Vec<(&'static str, SocketAddr)>,
     /// Where health and metrics are served, when enabled.
     pub diag_addr: Option<SocketAddr>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    stop: CancellationToken,
 }
 
 impl Node {
-    /// Stops the heartbeats, the exports and the tunnels.
+    /// Stops the heartbeats, the exports, the listeners and the tunnels.
     pub async fn shutdown(self) {
         for t in &self.tasks {
             t.abort();
         }
-        self.agent.shutdown().await;
+        self.stop.cancel();
+        if let Some(agent) = self.agent {
+            agent.shutdown().await;
+        }
     }
 }
 
@@ -252,7 +264,7 @@ pub async fn start_node(opts: NodeOptions, config: &Config) -> anyhow::Result<No
     let mut tasks = vec![heartbeat];
     let diag_addr = match &opts.diag_addr {
         Some(addr) => {
-            let (bound, task) = serve_diag(addr, agent.watch(), counters).await?;
+            let (bound, task) = serve_diag(addr, Some(agent.watch()), counters).await?;
             tasks.push(task);
             Some(bound)
         }
@@ -261,9 +273,11 @@ pub async fn start_node(opts: NodeOptions, config: &Config) -> anyhow::Result<No
     Ok(Node {
         name: opts.name,
         host_id: opts.identity.name,
-        agent,
+        agent: Some(agent),
+        listeners: Vec::new(),
         diag_addr,
         tasks,
+        stop: CancellationToken::new(),
     })
 }
 
@@ -359,11 +373,12 @@ async fn exports(opts: &ExportTargets, client: AuthClient) -> Vec<ScheduleExport
     out
 }
 
-/// Serves `/healthz` (the process runs), `/readyz` (a tunnel is up: 503 until then) and
+/// Serves `/healthz` (the process runs), `/readyz` (a tunnel is up, or for a directly joined
+/// agent without tunnels (`status` `None`) a heartbeat was accepted: 503 until then) and
 /// `/metrics` (Prometheus text) on `addr`.
 async fn serve_diag(
     addr: &Addr,
-    status: tokio::sync::watch::Receiver<svc_net::tunnel::AgentStatus>,
+    status: Option<tokio::sync::watch::Receiver<svc_net::tunnel::AgentStatus>>,
     counters: Arc<Counters>,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr.to_string())
@@ -380,7 +395,10 @@ async fn serve_diag(
             let counters = counters.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let answer = diag_answer(req.uri().path(), &status.borrow(), &counters);
+                    let answer = match &status {
+                        Some(status) => diag_answer(req.uri().path(), Some(&status.borrow()), &counters),
+                        None => diag_answer(req.uri().path(), None, &counters),
+                    };
                     async move { Ok::<_, Infallible>(answer) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -394,9 +412,10 @@ async fn serve_diag(
 
 fn diag_answer(
     path: &str,
-    status: &svc_net::tunnel::AgentStatus,
+    status: Option<&svc_net::tunnel::AgentStatus>,
     counters: &Counters,
 ) -> http::Response<Full<Bytes>> {
+    let (connected, established) = status.map_or((0, 0), |s| (s.connected.len(), s.established));
     let text = |code: u16, body: String| {
         let mut r = http::Response::new(Full::new(Bytes::from(body)));
         *r.status_mut() = http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::OK);
@@ -408,13 +427,16 @@ fn diag_answer(
     };
     match path {
         "/healthz" => text(200, "ok\n".into()),
-        "/readyz" if status.connected.is_empty() => text(
+        "/readyz" if status.is_none() && counters.heartbeats.load(Ordering::Relaxed) == 0 => text(
+            503,
+            "listening, but no heartbeat accepted by the Auth Service yet\n".into(),
+        ),
+        "/readyz" if status.is_some_and(|s| s.connected.is_empty()) => text(
             503,
             format!(
                 "no reverse tunnel to the proxy yet{}\n",
                 status
-                    .last_error
-                    .as_deref()
+                    .and_then(|s| s.last_error.as_deref())
                     .map(|e| format!(": {e}"))
                     .unwrap_or_default()
             ),
@@ -427,8 +449,8 @@ fn diag_answer(
                  # HELP svc_tunnels_established_total Reverse tunnels established since start.\n# TYPE svc_tunnels_established_total counter\nsvc_tunnels_established_total {}\n\
                  # HELP svc_heartbeats_total Heartbeats accepted by the Auth Service.\n# TYPE svc_heartbeats_total counter\nsvc_heartbeats_total {}\n\
                  # HELP svc_heartbeat_failures_total Heartbeats that failed.\n# TYPE svc_heartbeat_failures_total counter\nsvc_heartbeat_failures_total {}\n",
-                status.connected.len(),
-                status.established,
+                connected,
+                established,
                 counters.heartbeats.load(Ordering::Relaxed),
                 counters.heartbeat_failures.load(Ordering::Relaxed),
             ),
@@ -448,7 +470,9 @@ pub fn version_endpoint(proxy: &Addr) -> String {
     format!("{proxy}{}default", svc_update::target::CHANNEL_PATH_PREFIX)
 }
 
-/// A standalone agent: `svc start` with `auth_service` and `proxy_service` disabled.
+/// A standalone agent: `svc start` with `auth_service` and `proxy_service` disabled; behind a
+/// reverse tunnel to `svc.proxy_server`, or on its own listeners when only `svc.auth_server`
+/// is set ([`start_direct`]).
 pub async fn start_standalone(config: &Config, insecure: bool) -> anyhow::Result<Node> {
     if crate::services::agent_roles(config).is_empty() {
         bail!(
@@ -457,10 +481,11 @@ pub async fn start_standalone(config: &Config, insecure: bool) -> anyhow::Result
         );
     }
     let Some(proxy) = config.svc.proxy_server.clone() else {
-        bail!(
-            "svc.proxy_server is required: agents reach the cluster through the Proxy Service's \
-             reverse tunnel (joining only svc.auth_server opens no listeners in this release)"
-        );
+        // The configuration check already refused the services that need a tunnel (apps,
+        // databases) in this mode.
+        let dialer = ProxyDialer::from_env()?;
+        let identity = agent_identity(config, &dialer).await?;
+        return start_direct(config, identity, dialer).await;
     };
     let dialer = ProxyDialer::from_env()?;
     let identity = agent_identity(config, &dialer).await?;
@@ -479,4 +504,154 @@ pub async fn start_standalone(config: &Config, insecure: bool) -> anyhow::Result
         config,
     )
     .await
+}
+
+/// The address a directly joined agent announces for a listener: the section's first public
+/// address when configured, else the bound address (with the node name in place of an
+/// unspecified IP such as `0.0.0.0`, which nobody can dial).
+fn announced(bound: SocketAddr, public: Option<&Addr>, nodename: &str) -> String {
+    match public {
+        Some(public) => public.to_string(),
+        None if bound.ip().is_unspecified() => format!("{nodename}:{}", bound.port()),
+        None => bound.to_string(),
+    }
+}
+
+async fn bind(field: &str, addr: &Addr) -> anyhow::Result<(tokio::net::TcpListener, SocketAddr)> {
+    let listener = tokio::net::TcpListener::bind(addr.to_string())
+        .await
+        .with_context(|| format!("{field} {addr}"))?;
+    let bound = listener.local_addr()?;
+    Ok((listener, bound))
+}
+
+/// An agent that joined the Auth Service directly (`svc.auth_server`, no `svc.proxy_server`):
+/// no reverse tunnel; the SSH Service listens on `ssh_service.listen_addr` (the proxy connects
+/// in plain TCP: the client's SSH session is end to end), the Kubernetes and Windows Desktop
+/// services on their `listen_addr`s (mutual TLS with the proxy's host certificate, then the
+/// dial request a tunnel would carry). The heartbeats, straight to the Auth Service, announce
+/// each listener as the served resources' `direct_addr` (the SSH node as a `node` resource),
+/// which is how the proxy finds them. Returns once the listeners are bound and, within a
+/// bounded wait, the first heartbeat was accepted.
+pub async fn start_direct(
+    config: &Config,
+    identity: ClientIdentity,
+    dialer: ProxyDialer,
+) -> anyhow::Result<Node> {
+    let name = config.svc.nodename.clone();
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    let mut listeners = Vec::new();
+    let mut resources = crate::services::served_resources(config);
+    let key = identity.ssh_private_key()?;
+    let cert = identity.ssh_certificate()?;
+    let verifier = Arc::new(identity.verifier()?);
+    let ssh = SshServer::new(SshServerConfig::new(key, cert, verifier.clone()));
+    if config.ssh.enabled {
+        let (listener, bound) = bind("ssh_service.listen_addr", &config.ssh.listen_addr).await?;
+        let mut node = svc_core::auth::ServedResource::new(svc_core::auth::ServedKind::Node, name.clone());
+        node.labels = config.ssh.labels.clone();
+        node.protocol = "ssh".into();
+        node.direct_addr = announced(bound, config.ssh.public_addrs.first(), &name);
+        resources.push(node);
+        let (ssh, stop) = (ssh.clone(), stop.clone());
+        tasks.push(tokio::spawn(
+            async move { ssh.serve_listener(listener, stop).await },
+        ));
+        listeners.push(("ssh_service", bound));
+    }
+    let service = crate::services::agent_dial_service(
+        config,
+        if config.ssh.enabled {
+            ssh.dial_service()
+        } else {
+            refuse_ssh()
+        },
+    )?;
+    let tls = svc_net::tunnel::agent_tls(&identity)?;
+    let resource_listeners = [
+        (
+            config.kube.enabled,
+            "kubernetes_service",
+            &config.kube.listen_addr,
+            config.kube.public_addrs.first(),
+            svc_core::auth::ServedKind::Kube,
+        ),
+        (
+            config.windows_desktop.enabled,
+            "windows_desktop_service",
+            &config.windows_desktop.listen_addr,
+            None,
+            svc_core::auth::ServedKind::WindowsDesktop,
+        ),
+    ];
+    for (enabled, section, addr, public, kind) in resource_listeners {
+        if !enabled {
+            continue;
+        }
+        let (listener, bound) = bind(&format!("{section}.listen_addr"), addr).await?;
+        let direct_addr = announced(bound, public, &name);
+        for r in resources.iter_mut().filter(|r| r.kind == Some(kind)) {
+            r.direct_addr = direct_addr.clone();
+        }
+        tasks.push(tokio::spawn(svc_net::tunnel::serve_direct(
+            listener,
+            tls.clone(),
+            verifier.clone(),
+            service.clone(),
+            stop.clone(),
+        )));
+        listeners.push((section, bound));
+    }
+    for (section, bound) in &listeners {
+        tracing::info!(%section, addr = %bound, "listening for the proxy (joined the Auth Service directly)");
+    }
+
+    let beat = Heartbeat {
+        hostname: name.clone(),
+        version: svc_core::version::current().to_string(),
+        upgrader: std::env::var(UPGRADER_ENV).unwrap_or_default(),
+        upgrader_version: std::env::var(UPGRADER_VERSION_ENV).unwrap_or_default(),
+        resources,
+    };
+    let counters = Arc::new(Counters::default());
+    let first_beat = Arc::new(tokio::sync::Notify::new());
+    // The updater asks the cluster's proxy for versions; with none configured here, the
+    // endpoint names the Auth Service's address (written only while the file is empty, so an
+    // operator's own endpoint stays).
+    let endpoint = version_endpoint(&auth_target(config)?);
+    tasks.push(tokio::spawn(heartbeat_loop(
+        identity.clone(),
+        dialer,
+        beat,
+        counters.clone(),
+        first_beat.clone(),
+        ExportTargets {
+            upgrade_dir: upgrade_dir(),
+            endpoint,
+        },
+    )));
+    if tokio::time::timeout(FIRST_TUNNEL_WAIT, first_beat.notified())
+        .await
+        .is_err()
+    {
+        tracing::warn!(auth = %identity.auth_addr, "no heartbeat accepted yet; the agent keeps retrying");
+    }
+    let diag_addr = match &config.svc.diag_addr {
+        Some(addr) => {
+            let (bound, task) = serve_diag(addr, None, counters).await?;
+            tasks.push(task);
+            Some(bound)
+        }
+        None => None,
+    };
+    Ok(Node {
+        name,
+        host_id: identity.name,
+        agent: None,
+        listeners,
+        diag_addr,
+        tasks,
+        stop,
+    })
 }

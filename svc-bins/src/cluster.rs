@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use svc_core::auth::AuthService;
+use svc_core::auth::{AuthService, Caller, ServedKind};
 use svc_core::backend::{Backend, EmbeddedBackend};
 use svc_core::config::Config;
 use svc_core::identity::{HostCertRequest, SystemRole};
@@ -31,7 +31,7 @@ use svc_net::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
 use svc_net::route::alpn;
 use svc_net::ssh::{ProxySsh, ProxySshConfig};
 use svc_net::tls::{ServerIdentity, TlsSource};
-use svc_net::tunnel::{TunnelServer, TunnelServerConfig};
+use svc_net::tunnel::{ConnType, DirectDialer, DirectLookup, DirectTarget, TunnelServer, TunnelServerConfig};
 
 pub use crate::agent::Node;
 use tokio_util::sync::CancellationToken;
@@ -242,7 +242,11 @@ pub async fn start(config: &Config, opts: &StartOptions) -> anyhow::Result<Runni
             );
         }
         let builder = install_version_server(builder)?;
-        let builder = install_ssh(builder, &identity, client)?;
+        let lookup = AuthDirectLookup {
+            caller: auth.authenticate(&identity.tls_parts()?.0).await?,
+            auth: auth.clone(),
+        };
+        let builder = install_ssh(builder, &identity, client, Arc::new(lookup))?;
         Some(builder.bind().await?)
     } else {
         None
@@ -272,6 +276,7 @@ fn install_ssh(
     builder: ProxyBuilder,
     identity: &ClientIdentity,
     auth: AuthClient,
+    direct: Arc<dyn DirectLookup>,
 ) -> anyhow::Result<ProxyBuilder> {
     let settings = builder.settings();
     let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
@@ -287,16 +292,55 @@ fn install_ssh(
         )
         .with_tls(tls.server_config(&[alpn::REVERSE_TUNNEL])?),
     );
+    // Agents behind a reverse tunnel first; agents that joined the Auth Service directly on
+    // the listeners they announced.
+    let dialer = tunnel.dialer().with_direct(DirectDialer::new(identity, direct)?);
     let ssh = ProxySsh::new(
-        ProxySshConfig::new(key, cert, verifier, tunnel.dialer())
+        ProxySshConfig::new(key, cert, verifier, dialer.clone())
             .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),
     );
-    let builder = crate::services::install_resource_routes(builder, identity, auth, tunnel.dialer())?;
+    let builder = crate::services::install_resource_routes(builder, identity, auth, dialer)?;
     Ok(builder
         .tunnel(tunnel.plain_service())
         .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
         .ssh(ssh.plain_service())
         .route(alpn::PROXY_SSH, ssh.tls_service()))
+}
+
+/// The proxy's view of directly joined agents: the Auth Service in this process, asked as the
+/// proxy (host role `proxy`), names the listener an agent announced in its heartbeats.
+struct AuthDirectLookup {
+    auth: Arc<AuthService>,
+    caller: Caller,
+}
+
+impl DirectLookup for AuthDirectLookup {
+    fn lookup(
+        &self,
+        server: String,
+        conn_type: ConnType,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<DirectTarget>> + Send>> {
+        let (auth, caller) = (self.auth.clone(), self.caller.clone());
+        Box::pin(async move {
+            let kind = match conn_type {
+                ConnType::Node => ServedKind::Node,
+                ConnType::Kube => ServedKind::Kube,
+                ConnType::WindowsDesktop => ServedKind::WindowsDesktop,
+                // Apps and databases are served only through tunnels.
+                _ => return None,
+            };
+            match auth.direct_route(&caller, &server, kind).await {
+                Ok(route) => route.map(|r| DirectTarget {
+                    host_id: r.server_id,
+                    addr: r.resource.direct_addr,
+                }),
+                Err(e) => {
+                    tracing::warn!(%server, error = %e, "looking up a directly joined agent failed");
+                    None
+                }
+            }
+        })
+    }
 }
 
 /// Starts this process's SSH agent against the local proxy: a `node` host identity issued

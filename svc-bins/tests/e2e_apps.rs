@@ -9,25 +9,17 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Cluster, TSH};
-
-const PASSWORD: &str = "correct-horse-battery";
-
-/// Fails naming the Debian package when a tool is missing.
-fn require(tool: &str, package: &str) -> PathBuf {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(tool))
-            .find(|p| p.is_file())
-    });
-    found.unwrap_or_else(|| panic!("{tool} is not installed: apt-get install {package}"))
-}
+use common::Cluster;
+use common::resources::{
+    PASSWORD, Proc, User, echo_server, fake_api_server, free_port, kube_curl, require, test_ca,
+    wait_listening,
+};
 
 /// The PostgreSQL server binaries (initdb, pg_ctl), which Debian keeps out of PATH.
 fn pg_bin(tool: &str) -> PathBuf {
@@ -40,48 +32,6 @@ fn pg_bin(tool: &str) -> PathBuf {
         .map(|d| d.join(tool))
         .find(|p| p.is_file())
         .unwrap_or_else(|| panic!("{tool} is not installed: apt-get install postgresql"))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Waits until something accepts on `port` (readiness, bounded).
-fn wait_listening(port: u16, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "{what} never listened on {port}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A test CA and a server certificate for `localhost`/127.0.0.1 (PEM: ca, cert, key).
-fn test_ca() -> (String, String, String) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "e2e database CA");
-    let ca = rcgen::CertifiedIssuer::self_signed(params, ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
-    let cert = params.signed_by(&key, &ca).unwrap();
-    (ca.pem(), cert.pem(), key.serialize_pem())
 }
 
 /// A PostgreSQL server with TLS required, run as the `postgres` user; stopped on drop.
@@ -190,100 +140,6 @@ fn http_server(dir: &Path) -> (Proc, u16) {
     let proc = Proc(child);
     wait_listening(port, "python3 -m http.server");
     (proc, port)
-}
-
-/// `socat` echoing every connection back: the desktop host.
-fn echo_server() -> (Proc, u16) {
-    let port = free_port();
-    let child = Command::new(require("socat", "socat"))
-        .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"))
-        .arg("EXEC:cat")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let proc = Proc(child);
-    wait_listening(port, "socat");
-    (proc, port)
-}
-
-/// A `tsh` session of its own (`SVC_HOME`) for one user.
-struct User {
-    home: PathBuf,
-}
-
-impl User {
-    fn login(cluster: &Cluster, name: &str) -> User {
-        let home = cluster.path().join(format!("home-{name}"));
-        let out = Command::new(TSH)
-            .args([
-                "login",
-                &format!("--proxy={}", cluster.web_addr),
-                &format!("--user={name}"),
-                "--insecure",
-            ])
-            .env("SVC_HOME", &home)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .and_then(|mut c| {
-                c.stdin
-                    .take()
-                    .unwrap()
-                    .write_all(format!("{PASSWORD}\n").as_bytes())?;
-                c.wait_with_output()
-            })
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "tsh login {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        User { home }
-    }
-
-    /// `tsh ARGS`, which must succeed: its standard output.
-    fn tsh(&self, args: &[&str]) -> String {
-        let out = Command::new(TSH)
-            .args(args)
-            .env("SVC_HOME", &self.home)
-            .env_remove("RUST_LOG")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "tsh {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// `tsh proxy KIND NAME --port 0`: waits for the printed address. `Err` is tsh's stderr
-    /// when it exits instead.
-    fn proxy(&self, kind: &str, name: &str) -> Result<(Proc, u16, PathBuf), String> {
-        let stderr_file = self.home.join(format!("tsh-proxy-{kind}-{name}.stderr"));
-        let mut child = Command::new(TSH)
-            .args(["proxy", kind, name, "--port", "0"])
-            .env("SVC_HOME", &self.home)
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr_file).unwrap())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().and_then(Result::ok);
-        let Some(line) = first else {
-            let _ = child.wait();
-            return Err(std::fs::read_to_string(&stderr_file).unwrap_or_default());
-        };
-        let port = line
-            .rsplit_once(':')
-            .and_then(|(_, p)| p.trim().parse().ok())
-            .unwrap_or_else(|| panic!("unexpected tsh output: {line}"));
-        Ok((Proc(child), port, stderr_file))
-    }
 }
 
 fn psql(port: u16, sql: &str) -> std::process::Output {
@@ -457,78 +313,6 @@ windows_desktop_service:\n  enabled: true\n  hosts:\n  - name: win\n    addr: 12
     let (_x, x_port, x_err) = alice.proxy("app", "nope").expect("tsh proxy app starts");
     let _ = curl(x_port);
     wait_for(&x_err, "app \"nope\" not found");
-}
-
-/// nginx over TLS standing in for the Kubernetes API server: 401 unless the agent's bearer
-/// token arrives; otherwise echoes the impersonation headers and the path as JSON.
-fn fake_api_server(dir: &Path, cert: &Path, key: &Path, token: &str) -> (Proc, u16) {
-    let nginx = require("nginx", "nginx");
-    let port = free_port();
-    let root = dir.join("nginx");
-    std::fs::create_dir_all(root.join("tmp")).unwrap();
-    let conf = root.join("nginx.conf");
-    let r = root.display();
-    std::fs::write(
-        &conf,
-        format!(
-            "user root;\nworker_processes 1;\ndaemon off;\npid {r}/nginx.pid;\nerror_log {r}/error.log;\nevents {{}}\n\
-http {{\n  access_log off;\n  client_body_temp_path {r}/tmp/body;\n  proxy_temp_path {r}/tmp/proxy;\n  fastcgi_temp_path {r}/tmp/fastcgi;\n  uwsgi_temp_path {r}/tmp/uwsgi;\n  scgi_temp_path {r}/tmp/scgi;\n\
-  server {{\n    listen 127.0.0.1:{port} ssl;\n    ssl_certificate {};\n    ssl_certificate_key {};\n    default_type application/json;\n\
-    location / {{\n      if ($http_authorization != \"Bearer {token}\") {{ return 401 '{{\"kind\":\"Status\",\"message\":\"bad token\"}}'; }}\n\
-      return 200 '{{\"user\":\"$http_impersonate_user\",\"group\":\"$http_impersonate_group\",\"path\":\"$request_uri\"}}';\n    }}\n  }}\n}}\n",
-            cert.display(),
-            key.display()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(nginx)
-        .arg("-c")
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let proc = Proc(child);
-    wait_listening(port, "nginx");
-    (proc, port)
-}
-
-/// `curl` to the proxy's Kubernetes route with the user's certificate (from the tsh profile),
-/// trying to smuggle its own credentials and impersonation: (HTTP status, body).
-fn kube_curl(cluster: &Cluster, user: &User, path: &str) -> (String, String) {
-    let profile: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(user.home.join("profile.json")).unwrap()).unwrap();
-    let cert = user.home.join("user-cert.pem");
-    let key = user.home.join("user-key.pem");
-    std::fs::write(&cert, profile["identity"]["tls_cert_pem"].as_str().unwrap()).unwrap();
-    std::fs::write(&key, profile["identity"]["tls_key_pem"].as_str().unwrap()).unwrap();
-    let port = cluster.web_addr.rsplit_once(':').unwrap().1;
-    let host = "kube-svc-proxy-alpn.e2e.test";
-    let out = Command::new(require("curl", "curl"))
-        .args(["-sS", "-k", "--max-time", "30", "-w", "\n%{http_code}"])
-        .arg("--resolve")
-        .arg(format!("{host}:{port}:127.0.0.1"))
-        .arg("--cert")
-        .arg(&cert)
-        .arg("--key")
-        .arg(&key)
-        .args([
-            "-H",
-            "Authorization: Bearer stolen",
-            "-H",
-            "Impersonate-User: system:admin",
-        ])
-        .arg(format!("https://{host}:{port}{path}"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "curl: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (body, code) = text.rsplit_once('\n').unwrap();
-    (code.to_owned(), body.to_owned())
 }
 
 #[test]

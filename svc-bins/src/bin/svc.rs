@@ -135,9 +135,13 @@ async fn run(config: Config, opts: svc_bins::cluster::StartOptions) -> anyhow::R
     }
     if let Some(node) = &running.node {
         println!("  node: {} ({})", node.name, node.host_id);
-        let status = node.agent.status();
-        for proxy in &status.connected {
-            println!("  tunnel: {proxy}");
+        if let Some(agent) = &node.agent {
+            for proxy in &agent.status().connected {
+                println!("  tunnel: {proxy}");
+            }
+        }
+        for (section, addr) in &node.listeners {
+            println!("  {section}: {addr}");
         }
         if let Some(diag) = node.diag_addr {
             println!("  diag: http://{diag}");

@@ -1,6 +1,8 @@
 //! Runs the real `svc`, `tctl` and `tsh` binaries against a cluster in a temporary directory.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod resources;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

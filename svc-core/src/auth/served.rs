@@ -34,25 +34,30 @@ pub enum ServedKind {
     Kube,
     /// A Windows desktop (`windows_desktop_service.hosts[]`).
     WindowsDesktop,
+    /// An SSH node (`ssh_service`), announced only by a directly joined agent so the proxy can
+    /// find its listener (`direct_addr`); tunnelled nodes are found through their tunnels.
+    Node,
 }
 
 impl ServedKind {
     /// Every kind.
-    pub const ALL: [ServedKind; 4] = [
+    pub const ALL: [ServedKind; 5] = [
         ServedKind::App,
         ServedKind::Db,
         ServedKind::Kube,
         ServedKind::WindowsDesktop,
+        ServedKind::Node,
     ];
 
     /// The name used on the wire, in RBAC rules and in messages: `app`, `db`, `kube_cluster`,
-    /// `windows_desktop`.
+    /// `windows_desktop`, `node`.
     pub const fn as_str(self) -> &'static str {
         match self {
             ServedKind::App => "app",
             ServedKind::Db => "db",
             ServedKind::Kube => "kube_cluster",
             ServedKind::WindowsDesktop => "windows_desktop",
+            ServedKind::Node => "node",
         }
     }
 
@@ -63,6 +68,7 @@ impl ServedKind {
             ServedKind::Db => LabelKind::Db,
             ServedKind::Kube => LabelKind::Kubernetes,
             ServedKind::WindowsDesktop => LabelKind::WindowsDesktop,
+            ServedKind::Node => LabelKind::Node,
         }
     }
 
@@ -73,6 +79,7 @@ impl ServedKind {
             ServedKind::Db => SystemRole::Db,
             ServedKind::Kube => SystemRole::Kube,
             ServedKind::WindowsDesktop => SystemRole::WindowsDesktop,
+            ServedKind::Node => SystemRole::Node,
         }
     }
 }
@@ -96,7 +103,7 @@ impl std::str::FromStr for ServedKind {
             .find(|k| k.as_str() == s)
             .ok_or_else(|| {
                 AuthError::Invalid(format!(
-                    "unknown resource kind {s:?}, expected one of: app, db, kube_cluster, windows_desktop"
+                    "unknown resource kind {s:?}, expected one of: app, db, kube_cluster, windows_desktop, node"
                 ))
             })
     }
@@ -324,6 +331,48 @@ impl AuthService {
             }));
         }
         Ok(Ok(route))
+    }
+
+    /// The route to the listener a directly joined agent announced for `kind`: `server` is
+    /// its host ID, UUID or node name (what a dial request names); the route's
+    /// `resource.direct_addr` is the address and its `server_id` the host ID the agent's
+    /// certificate must carry. `None` when no live agent by that name announced one (a
+    /// tunnelled agent, or none at all). Only a proxy (host role `proxy`) asks: it dials the
+    /// address when its tunnel registry has no agent by that name.
+    pub async fn direct_route(
+        &self,
+        caller: &Caller,
+        server: &str,
+        kind: ServedKind,
+    ) -> Result<Option<ResourceRoute>, AuthError> {
+        if !caller.is_host_with(SystemRole::Proxy) {
+            return Err(AccessDenied {
+                verb: Verb::Read,
+                resource: "direct address".into(),
+            }
+            .into());
+        }
+        let named = |e: &ServedEntry| {
+            e.host_id == server
+                || e.hostname == server
+                || e.host_id.split_once('.').is_some_and(|(uuid, _)| uuid == server)
+        };
+        Ok(self
+            .served_entries()
+            .await?
+            .into_iter()
+            .filter(named)
+            .find_map(|e| {
+                let resource = e
+                    .resources
+                    .into_iter()
+                    .find(|r| r.kind == Some(kind) && !r.direct_addr.is_empty())?;
+                Some(ResourceRoute {
+                    server_id: e.host_id,
+                    hostname: e.hostname,
+                    resource,
+                })
+            }))
     }
 
     /// `tsh apps ls` and friends: the resources of `kind` the user may reach, sorted by name

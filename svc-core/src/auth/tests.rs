@@ -650,3 +650,71 @@ async fn resources_resolve_for_users_their_labels_allow() {
             .is_empty()
     );
 }
+
+#[tokio::test]
+async fn a_proxy_finds_the_listener_a_directly_joined_agent_announced() {
+    let f = fixture().await;
+    let agent = host_with(&f.auth, vec![SystemRole::Node, SystemRole::Kube]);
+    let Caller::Host(host) = &agent else {
+        panic!("a host caller")
+    };
+    let host_id = host.host_id.clone();
+    let mut node = ServedResource::new(ServedKind::Node, "edge-1");
+    node.direct_addr = "127.0.0.1:3022".into();
+    let mut kube = ServedResource::new(ServedKind::Kube, "k8s");
+    kube.direct_addr = "127.0.0.1:3026".into();
+    f.auth
+        .heartbeat(
+            &agent,
+            Heartbeat {
+                hostname: "edge-1".into(),
+                resources: vec![node, kube],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let proxy = proxy(&f.auth);
+    let uuid = host_id.split('.').next().unwrap().to_owned();
+    for server in ["edge-1", host_id.as_str(), uuid.as_str()] {
+        assert_eq!(
+            f.auth
+                .direct_route(&proxy, server, ServedKind::Node)
+                .await
+                .unwrap()
+                .map(|r| (r.server_id, r.resource.direct_addr)),
+            Some((host_id.clone(), "127.0.0.1:3022".to_owned())),
+            "{server}"
+        );
+    }
+    assert_eq!(
+        f.auth
+            .direct_route(&proxy, &host_id, ServedKind::Kube)
+            .await
+            .unwrap()
+            .map(|r| r.resource.direct_addr)
+            .as_deref(),
+        Some("127.0.0.1:3026")
+    );
+    assert_eq!(
+        f.auth
+            .direct_route(&proxy, "edge-1", ServedKind::WindowsDesktop)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        f.auth
+            .direct_route(&proxy, "other", ServedKind::Node)
+            .await
+            .unwrap(),
+        None
+    );
+    // Only proxies ask: an agent cannot learn another agent's listener.
+    assert!(
+        f.auth
+            .direct_route(&agent, "edge-1", ServedKind::Node)
+            .await
+            .is_err()
+    );
+}

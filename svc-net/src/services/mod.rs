@@ -308,6 +308,7 @@ pub fn conn_type(kind: ServedKind) -> ConnType {
         ServedKind::App => ConnType::App,
         ServedKind::Db => ConnType::Db,
         ServedKind::Kube => ConnType::Kube,
+        ServedKind::Node => ConnType::Node,
         _ => ConnType::WindowsDesktop,
     }
 }

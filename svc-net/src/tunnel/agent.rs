@@ -787,7 +787,16 @@ impl russh::client::Handler for AgentHandler {
 
 /// One transport channel: read the dial request, ask the service, answer, pipe.
 async fn serve_transport(channel: Channel<Msg>, service: DialService, draining: bool) {
-    let mut stream = channel.into_stream();
+    serve_dial_stream(channel.into_stream(), service, draining).await;
+}
+
+/// One dial stream (a tunnel's transport channel, or a connection on a directly joined
+/// agent's listener): read the dial request line, ask the service, answer `ok` or the error
+/// on one line, then pipe bytes.
+pub(crate) async fn serve_dial_stream<S>(mut stream: S, service: DialService, draining: bool)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let req = match read_line(&mut stream, MAX_DIAL_REQUEST).await {
         Ok(Some(line)) => {
             serde_json::from_str::<DialRequest>(&line).map_err(|e| format!("malformed dial request: {e}"))

@@ -33,6 +33,7 @@
 
 mod agent;
 mod backoff;
+mod direct;
 mod registry;
 mod server;
 
@@ -42,6 +43,7 @@ use serde::{Deserialize, Serialize};
 
 pub use agent::{AgentConfig, AgentStatus, DialService, RunningAgent, TunnelAgent, tunnel_addr_from_ping};
 pub use backoff::Backoff;
+pub use direct::{DIRECT_DIAL_TIMEOUT, DirectDialer, DirectLookup, DirectTarget, agent_tls, serve_direct};
 pub use registry::{AgentInfo, AgentRegistry};
 pub(crate) use server::ssh_server_config;
 pub use server::{TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream};

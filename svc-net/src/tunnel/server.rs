@@ -31,12 +31,12 @@ use tokio_util::sync::CancellationToken;
 use tower::Service;
 
 use super::{
-    DIAL_OK, DISCOVERY_CHANNEL, DialRequest, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST,
+    DIAL_OK, DISCOVERY_CHANNEL, DialRequest, DirectDialer, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST,
     RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST, read_line,
     registry::{AgentInfo, AgentRegistry, ConnState, LiveGuard},
 };
 use crate::{
-    listen::{BoxError, ConnFuture, Connection, Io},
+    listen::{BoxError, BoxIo, ConnFuture, Connection, Io},
     route::{ConnService, conn_service},
 };
 
@@ -170,6 +170,7 @@ impl TunnelServer {
         TunnelDialer {
             registry: self.inner.registry.clone(),
             timeout: self.inner.tunables.handshake_timeout,
+            direct: None,
         }
     }
 
@@ -520,6 +521,7 @@ impl Service<Connection> for TlsService {
 pub struct TunnelDialer {
     registry: AgentRegistry,
     timeout: Duration,
+    direct: Option<DirectDialer>,
 }
 
 impl TunnelDialer {
@@ -528,13 +530,28 @@ impl TunnelDialer {
         &self.registry
     }
 
+    /// Also dials agents that joined the Auth Service directly: when no tunnel serves a
+    /// request's server, `direct` dials the listener the agent announced.
+    pub fn with_direct(mut self, direct: DirectDialer) -> Self {
+        self.direct = Some(direct);
+        self
+    }
+
     /// Dials `req.address` through the tunnel of `req.server_id` (a host ID, UUID or node
-    /// name; the request sent down the tunnel always names the host ID).
+    /// name; the request sent down the tunnel always names the host ID); without a tunnel,
+    /// on the agent's own listener when it joined directly ([`with_direct`](Self::with_direct)).
     pub async fn dial(&self, mut req: DialRequest) -> Result<TunnelStream, TunnelError> {
-        let host_id = self
-            .registry
-            .resolve(&req.server_id)
-            .ok_or_else(|| TunnelError::NoAgent(req.server_id.clone()))?;
+        let Some(host_id) = self.registry.resolve(&req.server_id) else {
+            let server = req.server_id.clone();
+            if let Some(direct) = &self.direct
+                && let Some(io) = direct.dial(req).await?
+            {
+                return Ok(TunnelStream {
+                    inner: StreamInner::Direct(io),
+                });
+            }
+            return Err(TunnelError::NoAgent(server));
+        };
         req.server_id = host_id.clone();
         let (handle, state) = self
             .registry
@@ -588,8 +605,10 @@ impl TunnelDialer {
                 after: self.timeout,
             })??;
         Ok(TunnelStream {
-            inner: stream,
-            _live: guard,
+            inner: StreamInner::Channel {
+                stream: Box::new(stream),
+                _live: guard,
+            },
         })
     }
 }
@@ -616,11 +635,28 @@ impl Service<DialRequest> for TunnelDialer {
     }
 }
 
-/// A client connection carried by a tunnel's transport channel. While it lives, the tunnel
-/// counts it as a live session (kept open even if the agent's heartbeats stop).
+/// A client connection carried by a tunnel's transport channel (while it lives, the tunnel
+/// counts it as a live session, kept open even if the agent's heartbeats stop), or by a
+/// directly joined agent's listener.
 pub struct TunnelStream {
-    inner: russh::ChannelStream<Msg>,
-    _live: LiveGuard,
+    inner: StreamInner,
+}
+
+enum StreamInner {
+    Channel {
+        stream: Box<russh::ChannelStream<Msg>>,
+        _live: LiveGuard,
+    },
+    Direct(BoxIo),
+}
+
+impl StreamInner {
+    fn io(&mut self) -> Pin<&mut dyn Io> {
+        match self {
+            StreamInner::Channel { stream, .. } => Pin::new(&mut **stream),
+            StreamInner::Direct(io) => Pin::new(&mut **io),
+        }
+    }
 }
 
 impl std::fmt::Debug for TunnelStream {
@@ -635,7 +671,7 @@ impl AsyncRead for TunnelStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        self.inner.io().poll_read(cx, buf)
     }
 }
 
@@ -645,15 +681,15 @@ impl AsyncWrite for TunnelStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        self.inner.io().poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        self.inner.io().poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        self.inner.io().poll_shutdown(cx)
     }
 }
 

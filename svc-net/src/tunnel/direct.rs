@@ -1,0 +1,323 @@
+//! Direct join: an agent that joined the Auth Service directly (no `svc.proxy_server`) is
+//! reached on its own listeners instead of a reverse tunnel.
+//!
+//! Data flow: the agent binds its listeners and announces their addresses in its heartbeats
+//! (`ServedResource::direct_addr`). When the proxy's [`TunnelDialer`](super::TunnelDialer) has
+//! no tunnel for a dial request's server, it asks a [`DirectLookup`] (the Auth Service) for the
+//! agent's announced listener and dials it with the [`DirectDialer`]:
+//! - SSH (`ConnType::Node`, port 3022): plain TCP. The client's SSH session to the node is end
+//!   to end; the node checks the user's certificate, exactly as through a tunnel.
+//! - Kubernetes (3026) and Windows Desktop (3028): mutual TLS. The agent presents its host
+//!   certificate (the proxy checks it is the host ID the Auth Service named) and requires the
+//!   proxy's host certificate (role `proxy`); then the same dial request line a tunnel carries
+//!   is answered `ok` or with the error, and bytes follow ([`serve_direct`]).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures_util::future::BoxFuture;
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use svc_core::identity::{IdentityKind, SystemRole, Verifier};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tokio_util::sync::CancellationToken;
+
+use super::agent::serve_dial_stream;
+use super::{ConnType, DIAL_OK, DialRequest, DialService, MAX_DIAL_REQUEST, TunnelError, read_line};
+use crate::auth::ClientIdentity;
+use crate::listen::BoxIo;
+
+/// How long a direct dial (TCP, TLS and the dial request's answer) may take.
+pub const DIRECT_DIAL_TIMEOUT: Duration = Duration::from_secs(15);
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn tls_error(what: &'static str, e: impl std::fmt::Display) -> TunnelError {
+    TunnelError::Malformed {
+        what,
+        reason: e.to_string(),
+    }
+}
+
+/// Where a directly joined agent listens: the host ID its certificate must carry and the
+/// `host:port` it announced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirectTarget {
+    /// The agent's host ID (`<uuid>.<cluster>`).
+    pub host_id: String,
+    /// The announced listener (`host:port`).
+    pub addr: String,
+}
+
+/// Finds the listener a directly joined agent announced (the proxy asks the Auth Service).
+pub trait DirectLookup: Send + Sync + 'static {
+    /// The listener of `server` (host ID, UUID or node name) for `conn_type`, or `None` when no
+    /// live agent by that name announced one.
+    fn lookup(&self, server: String, conn_type: ConnType) -> BoxFuture<'static, Option<DirectTarget>>;
+}
+
+/// The agent's TLS configuration for its Kubernetes and Windows Desktop listeners: present the
+/// host certificate; require a client certificate from the cluster's host CA (checked to carry
+/// the `proxy` role after the handshake, in [`serve_direct`]).
+pub fn agent_tls(identity: &ClientIdentity) -> Result<Arc<rustls::ServerConfig>, TunnelError> {
+    let verifier = identity
+        .verifier()
+        .map_err(|e| tls_error("the host identity", e))?;
+    let (chain, key) = identity
+        .tls_parts()
+        .map_err(|e| tls_error("the host identity", e))?;
+    let clients = WebPkiClientVerifier::builder_with_provider(
+        Arc::new(verifier.root_store(Some(IdentityKind::Host))),
+        provider(),
+    )
+    .build()
+    .map_err(|e| tls_error("the client verifier", e))?;
+    let config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_error("the TLS configuration", e))?
+        .with_client_cert_verifier(clients)
+        .with_single_cert(chain, key)
+        .map_err(|e| tls_error("the TLS configuration", e))?;
+    Ok(Arc::new(config))
+}
+
+/// Serves a directly joined agent's Kubernetes or Windows Desktop listener until `shutdown`:
+/// mutual TLS (`tls` from [`agent_tls`]), the peer must be a proxy of this cluster, then one
+/// dial request answered by `service`, as on a tunnel's transport channel.
+pub async fn serve_direct(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    verifier: Arc<Verifier>,
+    service: DialService,
+    shutdown: CancellationToken,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a direct connection failed");
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        let acceptor = acceptor.clone();
+        let verifier = verifier.clone();
+        let service = service.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve_one(tcp, acceptor, &verifier, service).await {
+                tracing::info!(%peer, error = %e, "refused a direct connection");
+            }
+        });
+    }
+}
+
+async fn serve_one(
+    tcp: TcpStream,
+    acceptor: TlsAcceptor,
+    verifier: &Verifier,
+    service: DialService,
+) -> Result<(), String> {
+    let _ = tcp.set_nodelay(true);
+    let mut tls = tokio::time::timeout(DIRECT_DIAL_TIMEOUT, acceptor.accept(tcp))
+        .await
+        .map_err(|_| "the TLS handshake timed out".to_owned())?
+        .map_err(|e| format!("TLS handshake: {e}"))?;
+    let chain: Vec<CertificateDer<'static>> = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .map(<[_]>::to_vec)
+        .unwrap_or_default();
+    // The handshake checked the chain ends at the host CA; only a proxy may dial.
+    if let Err(e) = verifier.verify_host_x509(&chain, SystemTime::now(), Some(SystemRole::Proxy)) {
+        let _ = tls
+            .write_all(format!("expected a proxy's host certificate: {e}\n").as_bytes())
+            .await;
+        let _ = tls.shutdown().await;
+        return Err(format!("expected a proxy's host certificate: {e}"));
+    }
+    serve_dial_stream(tls, service, false).await;
+    Ok(())
+}
+
+/// The proxy's side: dials a directly joined agent's listener (plain TCP for SSH, mutual TLS
+/// with the proxy's host certificate for the others). Cheap to clone.
+#[derive(Clone)]
+pub struct DirectDialer {
+    lookup: Arc<dyn DirectLookup>,
+    tls: TlsConnector,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for DirectDialer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectDialer")
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl DirectDialer {
+    /// A dialer presenting `identity` (the proxy's host identity, role `proxy`) and finding
+    /// listeners with `lookup`.
+    pub fn new(identity: &ClientIdentity, lookup: Arc<dyn DirectLookup>) -> Result<Self, TunnelError> {
+        let verifier = identity
+            .verifier()
+            .map_err(|e| tls_error("the host identity", e))?;
+        let (chain, key) = identity
+            .tls_parts()
+            .map_err(|e| tls_error("the host identity", e))?;
+        let config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| tls_error("the TLS configuration", e))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AgentVerifier {
+                verifier,
+                provider: provider(),
+            }))
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| tls_error("the TLS configuration", e))?;
+        Ok(Self {
+            lookup,
+            tls: TlsConnector::from(Arc::new(config)),
+            timeout: DIRECT_DIAL_TIMEOUT,
+        })
+    }
+
+    /// Dials `req` on the listener its server announced; `Ok(None)` when it announced none.
+    pub async fn dial(&self, req: DialRequest) -> Result<Option<BoxIo>, TunnelError> {
+        let Some(target) = self.lookup.lookup(req.server_id.clone(), req.conn_type).await else {
+            return Ok(None);
+        };
+        let dial = self.dial_target(req, target);
+        tokio::time::timeout(self.timeout, dial)
+            .await
+            .map_err(|_| TunnelError::Timeout {
+                what: "dialing the agent's listener",
+                after: self.timeout,
+            })?
+            .map(Some)
+    }
+
+    async fn dial_target(&self, mut req: DialRequest, target: DirectTarget) -> Result<BoxIo, TunnelError> {
+        let tcp = TcpStream::connect(&target.addr)
+            .await
+            .map_err(|source| TunnelError::Io {
+                what: "connecting to the agent's listener",
+                source,
+            })?;
+        let _ = tcp.set_nodelay(true);
+        if req.conn_type == ConnType::Node {
+            return Ok(Box::new(tcp));
+        }
+        // The name the agent's certificate must carry: the host ID the Auth Service named.
+        let name =
+            ServerName::try_from(target.host_id.clone()).map_err(|e| tls_error("the agent's host ID", e))?;
+        let mut tls = self
+            .tls
+            .connect(name, tcp)
+            .await
+            .map_err(|source| TunnelError::Io {
+                what: "the TLS handshake with the agent's listener",
+                source,
+            })?;
+        req.server_id = target.host_id.clone();
+        let mut line = serde_json::to_vec(&req).map_err(|e| tls_error("dial request", e))?;
+        line.push(b'\n');
+        let io = |what| move |source| TunnelError::Io { what, source };
+        tls.write_all(&line)
+            .await
+            .map_err(io("sending the dial request"))?;
+        tls.flush().await.map_err(io("sending the dial request"))?;
+        let answer = read_line(&mut tls, MAX_DIAL_REQUEST)
+            .await
+            .map_err(io("reading the agent's answer"))?
+            .unwrap_or_else(|| "the agent closed the connection".into());
+        if answer == DIAL_OK {
+            Ok(Box::new(tls))
+        } else {
+            Err(TunnelError::DialRefused {
+                server: target.host_id,
+                address: req.address,
+                reason: answer,
+            })
+        }
+    }
+}
+
+/// Checks a directly joined agent's certificate: a host certificate of this cluster whose
+/// host ID is the one the Auth Service named (the TLS server name). Addresses are not checked:
+/// the agent is identified by its certificate, whatever address it announced.
+#[derive(Debug)]
+struct AgentVerifier {
+    verifier: Verifier,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ServerCertVerifier for AgentVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(now.as_secs());
+        let host = self
+            .verifier
+            .verify_host_x509(&[end_entity.clone().into_owned()], now, None)
+            .map_err(|e| rustls::Error::General(format!("the agent's certificate: {e}")))?;
+        let expected = server_name.to_str();
+        if host.host_id != expected.as_ref() {
+            return Err(rustls::Error::General(format!(
+                "the agent's certificate is for host {}, expected {expected}",
+                host.host_id
+            )));
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
