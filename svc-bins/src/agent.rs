@@ -549,11 +549,13 @@ pub async fn start_direct(
     let ssh = SshServer::new(SshServerConfig::new(key, cert, verifier.clone()));
     if config.ssh.enabled {
         let (listener, bound) = bind("ssh_service.listen_addr", &config.ssh.listen_addr).await?;
-        let mut node = svc_core::auth::ServedResource::new(svc_core::auth::ServedKind::Node, name.clone());
-        node.labels = config.ssh.labels.clone();
-        node.protocol = "ssh".into();
-        node.direct_addr = announced(bound, config.ssh.public_addrs.first(), &name);
-        resources.push(node);
+        let addr = announced(bound, config.ssh.public_addrs.first(), &name);
+        for node in resources
+            .iter_mut()
+            .filter(|r| r.kind == Some(svc_core::auth::ServedKind::Node))
+        {
+            node.direct_addr = addr.clone();
+        }
         let (ssh, stop) = (ssh.clone(), stop.clone());
         tasks.push(tokio::spawn(
             async move { ssh.serve_listener(listener, stop).await },

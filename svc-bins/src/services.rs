@@ -34,10 +34,18 @@ pub fn agent_roles(config: &Config) -> Vec<SystemRole> {
     .collect()
 }
 
-/// What the agent's heartbeat announces: every app, database, Kubernetes cluster and desktop of
-/// the enabled services, with their labels.
+/// What the agent's heartbeat announces: its SSH Service, and every app, database, Kubernetes
+/// cluster and desktop of the enabled services, with their labels.
 pub fn served_resources(config: &Config) -> Vec<ServedResource> {
     let mut out = Vec::new();
+    if config.ssh.enabled {
+        // The SSH Service itself, for `tsh ls` (filtered by `node_labels`); a directly joined
+        // agent adds its listener as `direct_addr`.
+        let mut r = ServedResource::new(ServedKind::Node, config.svc.nodename.clone());
+        r.labels = config.ssh.labels.clone();
+        r.protocol = "ssh".into();
+        out.push(r);
+    }
     if config.app.enabled {
         for app in &config.app.apps {
             let mut r = ServedResource::new(ServedKind::App, app.name.clone());
@@ -149,10 +157,14 @@ mod tests {
             [SystemRole::Node, SystemRole::App, SystemRole::Db]
         );
         let served = served_resources(&config);
-        assert_eq!(served.len(), 2);
-        assert_eq!(served[0].protocol, "https");
-        assert_eq!(served[0].labels["env"], "dev");
-        assert_eq!(served[1].target, "db.example.com:5432");
-        assert_eq!(served[1].protocol, "postgres");
+        assert_eq!(served.len(), 3);
+        assert_eq!(
+            (served[0].kind, served[0].name.as_str()),
+            (Some(ServedKind::Node), "h")
+        );
+        assert_eq!(served[1].protocol, "https");
+        assert_eq!(served[1].labels["env"], "dev");
+        assert_eq!(served[2].target, "db.example.com:5432");
+        assert_eq!(served[2].protocol, "postgres");
     }
 }

@@ -220,3 +220,34 @@ fn tsh_login_with_cacert_keeps_the_trust_and_ssh_goes_inside_tls() {
         "{log}"
     );
 }
+
+#[test]
+fn tsh_ls_lists_the_nodes_the_roles_allow() {
+    let cluster = signed_in_cluster();
+    let out = cluster.tsh(&["ls", "--format", "json"], None).ok();
+    let nodes: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+    let names: Vec<&str> = nodes
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    assert_eq!(names, [nodename().as_str()], "{}", out.stdout);
+    let text = cluster.tsh(&["ls"], None).ok();
+    assert!(text.stdout.contains(&nodename()), "{}", text.stdout);
+
+    // A role that allows only nodes labelled env=prod sees none (the node has no labels).
+    let role = "kind: role\nversion: v7\nmetadata:\n  name: prod-nodes\nspec:\n  allow:\n    logins: [root]\n    node_labels: {env: prod}\n";
+    cluster
+        .tctl_admin(&["create", &cluster.write("prod-nodes.yaml", role).to_string_lossy()], None)
+        .ok();
+    cluster
+        .tctl_admin(
+            &["users", "add", "carol", "--roles=prod-nodes", "--password-stdin"],
+            Some(PASSWORD),
+        )
+        .ok();
+    cluster.login("carol", PASSWORD).ok();
+    let out = cluster.tsh(&["ls", "--format", "json"], None).ok();
+    assert_eq!(out.stdout.trim(), "[]", "{}", out.stdout);
+}

@@ -68,6 +68,11 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
+    /// List the SSH nodes your roles allow (by their labels).
+    Ls {
+        #[arg(short = 'f', long, value_enum, default_value = "text")]
+        format: Format,
+    },
     /// Proxies for other clients.
     #[command(subcommand)]
     Proxy(ProxyCommand),
@@ -259,6 +264,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             local_proxy(ServedKind::WindowsDesktop, name, port)
         }
         Command::Proxy(ProxyCommand::Db { name, port }) => local_proxy(ServedKind::Db, name, port),
+        Command::Ls { format } => list(ServedKind::Node, format),
         Command::Apps(ListCommand::Ls { format }) => list(ServedKind::App, format),
         Command::Db(ListCommand::Ls { format }) => list(ServedKind::Db, format),
         Command::Kube(KubeCommand::Ls { format }) => list(ServedKind::Kube, format),
