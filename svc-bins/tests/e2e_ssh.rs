@@ -239,7 +239,13 @@ fn tsh_ls_lists_the_nodes_the_roles_allow() {
     // A role that allows only nodes labelled env=prod sees none (the node has no labels).
     let role = "kind: role\nversion: v7\nmetadata:\n  name: prod-nodes\nspec:\n  allow:\n    logins: [root]\n    node_labels: {env: prod}\n";
     cluster
-        .tctl_admin(&["create", &cluster.write("prod-nodes.yaml", role).to_string_lossy()], None)
+        .tctl_admin(
+            &[
+                "create",
+                &cluster.write("prod-nodes.yaml", role).to_string_lossy(),
+            ],
+            None,
+        )
         .ok();
     cluster
         .tctl_admin(
