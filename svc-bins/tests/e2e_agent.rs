@@ -17,80 +17,14 @@ mod netns;
 #[path = "../../svc-update/tests/support/mod.rs"]
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
+use common::agent::{Agent, curl};
 use common::{Cluster, SVC};
 use netns::{Net, Tinyproxy};
 
 const PASSWORD: &str = "correct-horse-battery";
-
-/// A `svc start` agent process; killed on drop.
-struct Agent {
-    child: Child,
-    stderr: PathBuf,
-    host_id: String,
-    /// The diagnostics address, when `svc.diag_addr` is set.
-    diag: Option<String>,
-}
-
-impl Agent {
-    /// Starts `command` (an `svc start` invocation) and waits for its banner.
-    fn start(mut command: Command, stderr: PathBuf) -> Agent {
-        let err = std::fs::File::create(&stderr).expect("stderr file");
-        let mut child = command
-            .env_remove("RUST_LOG")
-            .env_remove("NO_PROXY")
-            .env_remove("no_proxy")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(err)
-            .spawn()
-            .expect("spawn svc agent");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let mut host_id = String::new();
-        let mut diag = None;
-        for line in lines.by_ref() {
-            let line = line.expect("agent stdout");
-            if let Some(node) = line.trim().strip_prefix("node: ") {
-                host_id = node
-                    .rsplit_once('(')
-                    .map(|(_, id)| id.trim_end_matches(')').to_owned())
-                    .unwrap_or_default();
-            }
-            if let Some(addr) = line.trim().strip_prefix("diag: http://") {
-                diag = Some(addr.to_owned());
-            }
-            if line.trim() == "svc: ready" {
-                break;
-            }
-        }
-        assert!(
-            !host_id.is_empty(),
-            "the agent did not start:\n{}",
-            std::fs::read_to_string(&stderr).unwrap_or_default()
-        );
-        std::thread::spawn(move || for _ in lines {});
-        Agent {
-            child,
-            stderr,
-            host_id,
-            diag,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A join token and the CA pin from `tctl tokens add --format json`.
 fn token(cluster: &Cluster, kind: &str) -> (String, String) {
@@ -127,17 +61,6 @@ fn agent_yaml(
         svc.push_str(&format!("  auth_token: {token}\n  ca_pin: {pin}\n"));
     }
     svc + "auth_service:\n  enabled: false\nproxy_service:\n  enabled: false\nssh_service:\n  enabled: true\n"
-}
-
-/// `curl URL`: the status code and the body.
-fn curl(url: &str) -> (String, String) {
-    let out = Command::new("curl")
-        .args(["-sS", "-w", "\n%{http_code}", url])
-        .output()
-        .expect("curl is missing: apt-get install curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (status.to_owned(), body.to_owned())
 }
 
 fn signed_in(cluster: &Cluster) {

@@ -9,97 +9,25 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::agent::{Agent, curl};
 use common::resources::{PASSWORD, User, echo_server, fake_api_server, require, test_ca};
 use common::{Cluster, SVC};
 
-/// A directly joined `svc start` agent process; killed on drop.
-struct Agent {
-    child: Child,
-    stderr: PathBuf,
-    host_id: String,
-    /// The banner's listener lines: config section → bound address.
-    listeners: BTreeMap<String, String>,
-    diag: Option<String>,
-}
-
-impl Agent {
-    fn start(config: &std::path::Path, stderr: PathBuf) -> Agent {
-        let err = std::fs::File::create(&stderr).expect("stderr file");
-        let mut child = Command::new(SVC)
-            .args(["start", "--config"])
-            .arg(config)
-            .env_remove("RUST_LOG")
-            .env_remove("HTTPS_PROXY")
-            .env_remove("HTTP_PROXY")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(err)
-            .spawn()
-            .expect("spawn svc agent");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let (mut host_id, mut listeners, mut diag) = (String::new(), BTreeMap::new(), None);
-        for line in lines.by_ref() {
-            let line = line.expect("agent stdout");
-            let line = line.trim();
-            if let Some(node) = line.strip_prefix("node: ") {
-                host_id = node
-                    .rsplit_once('(')
-                    .map(|(_, id)| id.trim_end_matches(')').to_owned())
-                    .unwrap_or_default();
-            }
-            if let Some(addr) = line.strip_prefix("diag: http://") {
-                diag = Some(addr.to_owned());
-            }
-            if let Some((section, addr)) = line.split_once(": ")
-                && section.ends_with("_service")
-            {
-                listeners.insert(section.to_owned(), addr.to_owned());
-            }
-            if line == "svc: ready" {
-                break;
-            }
-        }
-        assert!(
-            !host_id.is_empty(),
-            "the agent did not start:\n{}",
-            std::fs::read_to_string(&stderr).unwrap_or_default()
-        );
-        std::thread::spawn(move || for _ in lines {});
-        Agent {
-            child,
-            stderr,
-            host_id,
-            listeners,
-            diag,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `curl URL`: the HTTP status.
-fn curl_status(url: &str) -> String {
-    let out = Command::new(require("curl", "curl"))
-        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", url])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// Starts `svc start --config CONFIG` as a directly joined agent (no HTTP proxy).
+fn start_agent(config: &Path, stderr: PathBuf) -> Agent {
+    let mut command = Command::new(SVC);
+    command
+        .args(["start", "--config"])
+        .arg(config)
+        .env_remove("HTTPS_PROXY")
+        .env_remove("HTTP_PROXY");
+    Agent::start(command, stderr)
 }
 
 #[test]
@@ -163,7 +91,7 @@ windows_desktop_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n  hosts:\
             tok = token_file.display(),
         ),
     );
-    let agent = Agent::start(&config, cluster.path().join("direct.stderr"));
+    let agent = start_agent(&config, cluster.path().join("direct.stderr"));
     for section in ["ssh_service", "kubernetes_service", "windows_desktop_service"] {
         assert!(
             agent.listeners.contains_key(section),
@@ -174,7 +102,7 @@ windows_desktop_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n  hosts:\
     }
     // Ready: listeners bound and a heartbeat accepted; no tunnel at all.
     let diag = agent.diag.clone().expect("the diag address in the banner");
-    assert_eq!(curl_status(&format!("http://{diag}/readyz")), "200");
+    assert_eq!(curl(&format!("http://{diag}/readyz")).0, "200");
 
     // `tsh ssh` by node name and by host ID: the proxy dials the node's 3022 listener.
     cluster.login("alice", PASSWORD).ok();
@@ -262,7 +190,7 @@ windows_desktop_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n  hosts:\
             pin = join["ca_pin"].as_str().unwrap(),
         ),
     );
-    let agent = Agent::start(&config, cluster.path().join("direct.stderr"));
+    let agent = start_agent(&config, cluster.path().join("direct.stderr"));
     let addr = agent.listeners["windows_desktop_service"].clone();
     // Plain TCP with a dial request: not TLS, so nothing is forwarded.
     let mut s = TcpStream::connect(&addr).unwrap();

@@ -1,6 +1,7 @@
 //! Runs the real `svc`, `tctl` and `tsh` binaries against a cluster in a temporary directory.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod agent;
 pub mod resources;
 
 use std::io::{BufRead, BufReader, Write};

@@ -1,0 +1,94 @@
+//! A standalone `svc start` agent process, as `e2e_agent.rs` and `e2e_direct.rs` run it.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+/// A `svc start` agent process; killed on drop.
+pub struct Agent {
+    child: Child,
+    stderr: PathBuf,
+    /// The host ID from the banner's `node:` line.
+    pub host_id: String,
+    /// The banner's listener lines (directly joined agents): config section → bound address.
+    pub listeners: BTreeMap<String, String>,
+    /// The diagnostics address, when `svc.diag_addr` is set.
+    pub diag: Option<String>,
+}
+
+impl Agent {
+    /// Starts `command` (an `svc start` invocation) and waits for its banner (`svc: ready`).
+    pub fn start(mut command: Command, stderr: PathBuf) -> Agent {
+        let err = std::fs::File::create(&stderr).expect("stderr file");
+        let mut child = command
+            .env_remove("RUST_LOG")
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .expect("spawn svc agent");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let (mut host_id, mut listeners, mut diag) = (String::new(), BTreeMap::new(), None);
+        for line in lines.by_ref() {
+            let line = line.expect("agent stdout");
+            let line = line.trim();
+            if let Some(node) = line.strip_prefix("node: ") {
+                host_id = node
+                    .rsplit_once('(')
+                    .map(|(_, id)| id.trim_end_matches(')').to_owned())
+                    .unwrap_or_default();
+            }
+            if let Some(addr) = line.strip_prefix("diag: http://") {
+                diag = Some(addr.to_owned());
+            }
+            if let Some((section, addr)) = line.split_once(": ")
+                && section.ends_with("_service")
+            {
+                listeners.insert(section.to_owned(), addr.to_owned());
+            }
+            if line == "svc: ready" {
+                break;
+            }
+        }
+        assert!(
+            !host_id.is_empty(),
+            "the agent did not start:\n{}",
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        );
+        // Keep draining stdout so the agent never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Agent {
+            child,
+            stderr,
+            host_id,
+            listeners,
+            diag,
+        }
+    }
+
+    /// What the agent logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `curl URL`: the HTTP status code and the body.
+pub fn curl(url: &str) -> (String, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("curl is missing: apt-get install curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (status.to_owned(), body.to_owned())
+}
