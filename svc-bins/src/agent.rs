@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The agent's saved identity in the data directory.
 pub const HOST_IDENTITY_FILE: &str = "host-identity.json";
-/// The system roles the saved identity was issued for, one per line.
+/// The system roles the saved identity was issued for, comma-separated on one line.
 pub const HOST_ROLES_FILE: &str = "host-identity.roles";
 /// Set by the chart: the namespace of the agent's shared-state Secret.
 pub const KUBE_NAMESPACE_ENV: &str = "SVC_KUBE_NAMESPACE";
