@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::Cluster;
 use common::resources::{
-    PASSWORD, Proc, User, echo_server, fake_api_server, free_port, kube_curl, require, test_ca,
-    wait_listening,
+    KubeApi, PASSWORD, Proc, User, echo_server, free_port, kube_curl, require, test_ca, wait_listening,
 };
 
 /// The PostgreSQL server binaries (initdb, pg_ctl), which Debian keeps out of PATH.
@@ -318,19 +317,9 @@ windows_desktop_service:\n  enabled: true\n  hosts:\n  - name: win\n    addr: 12
 #[test]
 fn kubernetes_requests_reach_the_api_server_with_the_agents_token_and_the_users_identity() {
     let dir = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = test_ca();
-    let (ca_file, cert_file, key_file) = (
-        dir.path().join("ca.pem"),
-        dir.path().join("api.pem"),
-        dir.path().join("api-key.pem"),
-    );
-    std::fs::write(&ca_file, ca).unwrap();
-    std::fs::write(&cert_file, cert).unwrap();
-    std::fs::write(&key_file, key).unwrap();
     let token = "agent-service-account-token";
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, format!("{token}\n")).unwrap();
-    let (_nginx, api_port) = fake_api_server(dir.path(), &cert_file, &key_file, token);
+    let api = KubeApi::start(dir.path(), token);
+    let (api_port, ca_file, token_file) = (api.port, &api.ca_file, &api.token_file);
 
     let services = format!(
         "kubernetes_service:\n  enabled: true\n  api_url: https://127.0.0.1:{api_port}\n  ca_file: {}\n  token_file: {}\n  labels: {{env: dev}}\n",
@@ -384,19 +373,9 @@ fn kubernetes_requests_reach_the_api_server_with_the_agents_token_and_the_users_
 fn kubectl_with_the_kubeconfig_from_tsh_kube_login() {
     let kubectl = require("kubectl", "kubectl");
     let dir = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = test_ca();
-    let (ca_file, cert_file, key_file) = (
-        dir.path().join("ca.pem"),
-        dir.path().join("api.pem"),
-        dir.path().join("api-key.pem"),
-    );
-    std::fs::write(&ca_file, ca).unwrap();
-    std::fs::write(&cert_file, cert).unwrap();
-    std::fs::write(&key_file, key).unwrap();
     let token = "kubectl-agent-token";
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, token).unwrap();
-    let (_nginx, api_port) = fake_api_server(dir.path(), &cert_file, &key_file, token);
+    let api = KubeApi::start(dir.path(), token);
+    let (api_port, ca_file, token_file) = (api.port, &api.ca_file, &api.token_file);
     let services = format!(
         "kubernetes_service:\n  enabled: true\n  kube_cluster_name: lab\n  api_url: https://127.0.0.1:{api_port}\n  ca_file: {}\n  token_file: {}\n",
         ca_file.display(),

@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::agent::{Agent, curl};
-use common::resources::{PASSWORD, User, echo_server, fake_api_server, require, test_ca};
+use common::resources::{KubeApi, PASSWORD, User, echo_server, require};
 use common::{Cluster, SVC};
 
 /// Starts `svc start --config CONFIG` as a directly joined agent (no HTTP proxy).
@@ -33,19 +33,9 @@ fn start_agent(config: &Path, stderr: PathBuf) -> Agent {
 #[test]
 fn a_directly_joined_agent_serves_ssh_kubernetes_and_desktops_on_its_own_listeners() {
     let dir = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = test_ca();
-    let (ca_file, cert_file, key_file) = (
-        dir.path().join("ca.pem"),
-        dir.path().join("api.pem"),
-        dir.path().join("api-key.pem"),
-    );
-    std::fs::write(&ca_file, ca).unwrap();
-    std::fs::write(&cert_file, cert).unwrap();
-    std::fs::write(&key_file, key).unwrap();
     let api_token = "direct-agent-token";
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, api_token).unwrap();
-    let (_nginx, api_port) = fake_api_server(dir.path(), &cert_file, &key_file, api_token);
+    let api = KubeApi::start(dir.path(), api_token);
+    let (api_port, ca_file, token_file) = (api.port, &api.ca_file, &api.token_file);
     let (_echo, echo_port) = echo_server();
 
     let cluster = Cluster::start("info");

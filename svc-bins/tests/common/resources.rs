@@ -161,6 +161,40 @@ impl User {
     }
 }
 
+/// A stand-in Kubernetes API server ([`fake_api_server`] with a fresh test CA) and the files a
+/// `kubernetes_service` needs to reach it: its CA bundle and the agent's token file (written
+/// with a trailing newline, as Kubernetes mounts it).
+pub struct KubeApi {
+    _nginx: Proc,
+    /// The HTTPS port on 127.0.0.1.
+    pub port: u16,
+    /// The CA that signed the server's certificate (`kubernetes_service.ca_file`).
+    pub ca_file: PathBuf,
+    /// The agent's bearer token (`kubernetes_service.token_file`).
+    pub token_file: PathBuf,
+}
+
+impl KubeApi {
+    /// Starts it in `dir`, accepting only `token`.
+    pub fn start(dir: &Path, token: &str) -> KubeApi {
+        let (ca, cert, key) = test_ca();
+        let (ca_file, cert_file, key_file) =
+            (dir.join("ca.pem"), dir.join("api.pem"), dir.join("api-key.pem"));
+        std::fs::write(&ca_file, ca).unwrap();
+        std::fs::write(&cert_file, cert).unwrap();
+        std::fs::write(&key_file, key).unwrap();
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, format!("{token}\n")).unwrap();
+        let (nginx, port) = fake_api_server(dir, &cert_file, &key_file, token);
+        KubeApi {
+            _nginx: nginx,
+            port,
+            ca_file,
+            token_file,
+        }
+    }
+}
+
 /// nginx over TLS standing in for the Kubernetes API server: 401 unless the agent's bearer
 /// token arrives; otherwise echoes the impersonation headers and the path as JSON.
 pub fn fake_api_server(dir: &Path, cert: &Path, key: &Path, token: &str) -> (Proc, u16) {
