@@ -416,3 +416,72 @@ fn kubectl_with_the_kubeconfig_from_tsh_kube_login() {
     assert_eq!(json["user"], "alice");
     assert_eq!(json["path"], "/api/v1/namespaces/default");
 }
+
+/// Separate ports (TLS routing off): `ping`'s database members name listeners that really
+/// answer (Postgres takes an SSLRequest, MySQL and MongoDB accept TLS), and the local proxies
+/// still work through the web port.
+#[test]
+fn separate_ports_are_what_ping_says_and_local_proxies_still_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = dir.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("hello.txt"), "hello from the app\n").unwrap();
+    let (_http, http_port) = http_server(&site);
+    let services = format!(
+        "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\n  proxy_listener_mode: separate\n\
+proxy_service:\n  web_listen_addr: 127.0.0.1:0\n  listen_addr: 127.0.0.1:0\n  tunnel_listen_addr: 127.0.0.1:0\n  postgres_listen_addr: 127.0.0.1:0\n  mysql_listen_addr: 127.0.0.1:0\n  mongo_listen_addr: 127.0.0.1:0\n\
+app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1:{http_port}\n"
+    );
+    let cluster = Cluster::start_with(tempfile::tempdir().unwrap(), "info", &services);
+    let out = Command::new(require("curl", "curl"))
+        .args(["-sSk", "--max-time", "30"])
+        .arg(format!("https://{}/webapi/ping", cluster.web_addr))
+        .output()
+        .unwrap();
+    let ping: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ping json");
+    let p = &ping["proxy"];
+    assert_eq!(p["tls_routing_enabled"], false, "{ping}");
+    let addr = |field: &str| -> String {
+        let a = p["db"][field].as_str().unwrap_or_default().to_owned();
+        assert!(
+            a.starts_with("127.0.0.1:") && !a.ends_with(":0"),
+            "{field}: {ping}"
+        );
+        a
+    };
+    // Postgres: the SSLRequest is answered `S` (TLS follows).
+    let mut pg = TcpStream::connect(addr("postgres_public_addr")).unwrap();
+    pg.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    pg.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]).unwrap();
+    let mut answer = [0u8; 1];
+    pg.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer, b"S");
+    // MySQL and MongoDB: TLS listeners (a handshake gets a server certificate back).
+    for field in ["mysql_listen_addr", "mongo_listen_addr"] {
+        let out = Command::new(require("openssl", "openssl"))
+            .args(["s_client", "-connect", &addr(field)])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("BEGIN CERTIFICATE"), "{field}: {text}");
+    }
+
+    cluster
+        .tctl_admin(
+            &["users", "add", "alice", "--roles=access", "--password-stdin"],
+            Some(PASSWORD),
+        )
+        .ok();
+    let alice = User::login(&cluster, "alice");
+    let (_app, app_port, app_err) = alice.proxy("app", "web").expect("tsh proxy app");
+    let out = curl(app_port);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello from the app\n",
+        "curl: {}\ntsh: {}\nsvc: {}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&app_err).unwrap_or_default(),
+        cluster.stderr()
+    );
+}

@@ -12,7 +12,8 @@
 //!   `h2` routes are the web API and whose other routes are whatever was registered. Unknown
 //!   ALPN → closed with a log line.
 //! - `separate`: web (3080), SSH (3023) and tunnel (3024) listeners, plus the database listeners
-//!   that are configured. A listener whose handler has not been registered accepts and closes
+//!   that are configured. The web port still routes TLS by ALPN (web API and the registered
+//!   routes, so `tsh proxy app|db` works the same), but detects no SSH or Postgres. A listener whose handler has not been registered accepts and closes
 //!   each connection with a log line naming the missing handler (docs/ports.md says so).
 
 use std::{
@@ -340,12 +341,11 @@ impl ProxyBuilder {
             .routes
             .route(alpn::HTTP1, web_handler.clone())
             .route(alpn::H2, web_handler.clone());
+        // The web port routes TLS by ALPN in both modes: in separate mode the dedicated ports
+        // carry SSH, tunnels and native database clients, and the web port still serves the
+        // local proxies (`svc-tcp`, the database ALPNs), which `tsh` reaches there either way.
         let mut mux = Multiplexer::builder()
-            .tls(if separate {
-                web_handler
-            } else {
-                conn_service(routes.build())
-            })
+            .tls(conn_service(routes.build()))
             .trusted_proxies(settings.trusted_proxy_networks.clone());
         if let Some(ssh) = self.ssh.filter(|_| !separate) {
             mux = mux.ssh(ssh);
