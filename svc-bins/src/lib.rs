@@ -1,15 +1,12 @@
-//! Glue shared by the `svc`, `tctl` and `tsh` binaries: starting a cluster from `svc.yaml`
-//! ([`cluster`]), and finding the identity a client acts with ([`profile`]). Everything with
-//! behaviour lives in the libraries; this crate wires them together.
+//! Glue shared by the `svc`, `tctl` and `tsh` binaries: finding the identity a client acts
+//! with ([`profile`]), printing ([`output`]), and `tsh`'s client side. The processes `svc start`
+//! runs are library types (`svc_net::node`); this crate parses arguments and prints.
 #![deny(missing_docs)]
 
-pub mod agent;
-pub mod cluster;
 pub mod kubeconfig;
 pub mod local_proxy;
 pub mod output;
 pub mod profile;
-pub mod services;
 pub mod ssh;
 
 /// Sends `tracing` output to stderr, filtered by `RUST_LOG` (default `default_level`).

@@ -2,7 +2,7 @@
 //!
 //! A channel either serves a static version (optionally flagged critical) or forwards to an
 //! upstream version server. This module holds the validated definition; serving it is
-//! `svc_update::channel`'s job.
+//! `svc_net::web::version`'s job.
 
 use serde::Deserialize;
 

@@ -4,7 +4,7 @@
 //! First network step of every updater run (`svc-upgrade` on Linux, the Kubernetes controller):
 //! `GET <base>/version` and `GET <base>/critical` on the cluster's own Proxy Service, where
 //! `<base>` is `https://<proxy>/v1/webapi/automaticupgrades/channel/<channel>`. The requests go
-//! through [`channel::Fetcher`](crate::channel::Fetcher) — the same HTTP(S) client the proxy
+//! through [`channel::Fetcher`](svc_net::web::version::Fetcher) — the same HTTP(S) client the proxy
 //! uses for `forward_url` channels — over any connector; the default, [`ProxyDialer`], honours
 //! `HTTPS_PROXY` / `NO_PROXY`, so an agent behind a corporate proxy reaches its cluster the same
 //! way its tunnel does.
@@ -33,15 +33,17 @@ use svc_core::{SystemClock, Version};
 use svc_net::dial::ProxyDialer;
 use tower::Service;
 
-use crate::channel::forward::{FETCH_TIMEOUT, FetchError, Fetcher, parse_critical_body, parse_version_body};
+use svc_net::web::version::forward::{
+    FETCH_TIMEOUT, FetchError, Fetcher, parse_critical_body, parse_version_body,
+};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How long one request to the version server may take.
 pub const TIMEOUT: std::time::Duration = FETCH_TIMEOUT;
 
-/// The path of a channel on a Proxy Service, without the trailing `/version` or `/critical`.
-pub const CHANNEL_PATH_PREFIX: &str = "/v1/webapi/automaticupgrades/channel/";
+/// The version server's channel path (served by the proxy, asked here).
+pub use svc_net::web::version::http::CHANNEL_PATH_PREFIX;
 
 /// What the version server advertises for the agent's channel.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! The Linux updater's run ([`svc_update::linux::Runner`]) against a real version server over
-//! TLS (`svc_update::channel` on a `svc_net::proxy` on 127.0.0.1:0), with the recording `nop`
+//! TLS (`svc_net::web::version` on a `svc_net::proxy` on 127.0.0.1:0), with the recording `nop`
 //! installer and a stand-in `systemctl` — no root needed. The real package managers and the real
 //! `svc-upgrade` binary are in `linux_packages.rs`.
 
@@ -20,9 +20,9 @@ use svc_net::{
     dial::TcpConnector,
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
     tls::TlsSource,
+    web::version::{Fetcher, VersionResolver, http::VersionHandler},
 };
 use svc_update::{
-    channel::{Fetcher, VersionResolver, http::VersionHandler},
     linux::{
         Decision, Mode, RunError, Runner, UpgradeConfig, UpgradeState,
         decision::Refusal,

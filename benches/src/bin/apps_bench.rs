@@ -235,12 +235,13 @@ fn main() -> Result<()> {
     let config = Config::from_yaml_str_with_hostname(&yaml, "bench")?;
     let (db_port, web_port) = (free_port()?, free_port()?);
     let running = rt.block_on(async {
-        let running = svc_bins::cluster::start(&config, &svc_bins::cluster::StartOptions::default()).await?;
+        let running = svc_net::node::Cluster::from_config(&config).start().await?;
         let admin = svc_net::auth::ClientIdentity::load(
-            running
-                .admin_identity
-                .as_deref()
-                .context("the Auth Service is not running")?,
+            &running
+                .auth
+                .as_ref()
+                .context("the Auth Service is not running")?
+                .admin_identity,
         )?;
         let mut auth = svc_net::auth::AuthClient::connect_with(&admin).await?;
         let password = svc_core::Secret::new("bench-password-1".into());

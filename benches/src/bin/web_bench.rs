@@ -208,7 +208,7 @@ fn main() -> Result<()> {
         data_dir: dir.path().join("svc"),
     };
     let proxy = rt.block_on(async {
-        let builder = svc_update::channel::http::install_direct(ProxyBuilder::new(settings))?;
+        let builder = svc_net::web::version::http::install_direct(ProxyBuilder::new(settings))?;
         anyhow::Ok(builder.bind().await?)
     })?;
     let svc_addr = proxy.addrs().web;

@@ -1,14 +1,17 @@
 //! `svc`: runs the cluster's services (Auth and Proxy) from `svc.yaml` or the defaults.
 //!
 //! Glue only: parse the CLI, load the configuration, start the services
-//! ([`svc_bins::cluster::start`]), run until SIGTERM or SIGINT, drain.
+//! ([`svc_net::node::Cluster`]), run until SIGTERM or SIGINT, drain.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use svc_core::Addr;
 use svc_core::config::Config;
+use svc_net::node::{Cluster, RunningCluster};
+use svc_update::kube::schedule::SecretSink;
 
 /// The configuration file read when `--config` is not given, if it exists.
 const DEFAULT_CONFIG: &str = "/etc/svc.yaml";
@@ -100,19 +103,43 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
                         .with_context(|| format!("SVC_TUNNEL_PUBLIC_ADDR={v}"))
                 })
                 .transpose()?;
-            let mut opts = svc_bins::cluster::StartOptions::default();
-            opts.tunnel_override = tunnel_override;
-            opts.insecure = insecure;
-            tokio::runtime::Runtime::new()?.block_on(run(config, opts))?;
+            let cluster = Cluster::from_config(&config)
+                .tunnel_public_addr_override(tunnel_override)
+                .insecure(insecure);
+            tokio::runtime::Runtime::new()?.block_on(run(config, cluster))?;
         }
     }
     Ok(())
 }
 
-async fn run(config: Config, opts: svc_bins::cluster::StartOptions) -> anyhow::Result<()> {
-    let running = svc_bins::cluster::start(&config, &opts).await?;
+async fn run(config: Config, mut cluster: Cluster) -> anyhow::Result<()> {
+    // In Kubernetes (the chart sets the variables), the agent's schedule also goes to its
+    // shared-state Secret for the updater controller.
+    match SecretSink::from_env(|k| std::env::var(k).ok()).await {
+        Ok(Some(sink)) => cluster = cluster.schedule_sink(Arc::new(sink)),
+        Ok(None) => {}
+        Err(e) => tracing::error!(
+            error = %e,
+            "the shared-state secret is configured but there is no Kubernetes API client configuration; \
+             the maintenance schedule is not exported there"
+        ),
+    }
+    let running = cluster.start().await?;
+    banner(&config, &running);
+    println!("svc: ready");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        r = tokio::signal::ctrl_c() => r?,
+    }
+    println!("svc: shutting down, draining connections");
+    running.shutdown().await;
+    Ok(())
+}
+
+fn banner(config: &Config, running: &RunningCluster) {
     let data_dir = config.svc.data_dir.display();
-    match &running.auth_addr {
+    match &running.auth {
         Some(_) => println!(
             "svc {}: cluster {:?} is running",
             svc_core::version::current(),
@@ -124,14 +151,10 @@ async fn run(config: Config, opts: svc_bins::cluster::StartOptions) -> anyhow::R
             running.cluster
         ),
     }
-    if let Some(auth) = &running.auth_addr {
-        println!("  auth: {auth}");
-    }
-    if let Some(pin) = &running.ca_pin {
-        println!("  CA pin: {pin}");
-    }
-    if let Some(admin) = &running.admin_identity {
-        println!("  admin identity: {}", admin.display());
+    if let Some(auth) = &running.auth {
+        println!("  auth: {}", auth.addr);
+        println!("  CA pin: {}", auth.ca_pin());
+        println!("  admin identity: {}", auth.admin_identity.display());
     }
     if let Some(node) = &running.node {
         println!("  node: {} ({})", node.name, node.host_id);
@@ -155,23 +178,14 @@ async fn run(config: Config, opts: svc_bins::cluster::StartOptions) -> anyhow::R
         println!();
         println!("Create the first user (prints a password), then sign in with it:");
         println!("  tctl --data-dir {data_dir} users add admin --roles=editor,access --logins=root");
-        let insecure = if proxy.ca_file().is_some() {
-            " --insecure"
-        } else {
-            ""
-        };
-        println!("  tsh login --proxy={} --user=admin{insecure}", proxy.addrs().web);
+        // A generated self-signed certificate: trust exactly it, never `--insecure`.
+        let trust = proxy
+            .ca_file()
+            .map(|ca| format!(" --cacert={}", ca.display()))
+            .unwrap_or_default();
+        println!("  tsh login --proxy={} --user=admin{trust}", proxy.addrs().web);
         if let Some(node) = &running.node {
             println!("  tsh ssh root@{}", node.name);
         }
     }
-    println!("svc: ready");
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        r = tokio::signal::ctrl_c() => r?,
-    }
-    println!("svc: shutting down, draining connections");
-    running.shutdown().await;
-    Ok(())
 }

@@ -9,6 +9,7 @@
 
 pub mod login;
 pub mod ping;
+pub mod version;
 
 use std::{
     convert::Infallible,

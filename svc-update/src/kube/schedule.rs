@@ -142,7 +142,7 @@ pub async fn read_schedule(
     })
 }
 
-/// The Kubernetes sink of the agent's [`ScheduleExporter`](crate::export::ScheduleExporter):
+/// The Kubernetes sink of the agent's [`ScheduleExporter`](svc_net::node::agent::export::ScheduleExporter):
 /// its shared-state Secret. Spawn it with
 /// `ScheduleExporter::spawn_to(source, clock, Arc::new(SecretSink::new(..)), settings)`, so the
 /// agent in Kubernetes gets the same cadence, jitter and reset-on-lost-contact as on Linux.
@@ -162,7 +162,25 @@ impl std::fmt::Debug for SecretSink {
     }
 }
 
+/// Set by the chart: the namespace of the agent's shared-state Secret.
+pub const NAMESPACE_ENV: &str = "SVC_KUBE_NAMESPACE";
+/// Set by the chart: the name of the agent's shared-state Secret.
+pub const SECRET_ENV: &str = "SVC_KUBE_SHARED_STATE_SECRET";
+
 impl SecretSink {
+    /// The sink the chart asks for through [`NAMESPACE_ENV`] and [`SECRET_ENV`] (`env` looks a
+    /// variable up): `Ok(None)` when they are not both set (not running in Kubernetes), an
+    /// error when they are but no Kubernetes API client configuration exists.
+    pub async fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, kube::Error> {
+        let namespace = env(NAMESPACE_ENV).unwrap_or_default();
+        let secret = env(SECRET_ENV).unwrap_or_default();
+        if namespace.is_empty() || secret.is_empty() {
+            return Ok(None);
+        }
+        let client = Client::try_default().await?;
+        Ok(Some(SecretSink::new(client, namespace, secret)))
+    }
+
     /// Exports to Secret `namespace/secret_name` (usually
     /// [`default_shared_state_secret`](super::default_shared_state_secret) of the agent).
     pub fn new(client: Client, namespace: impl Into<String>, secret_name: impl Into<String>) -> Self {
@@ -175,7 +193,7 @@ impl SecretSink {
 }
 
 #[async_trait::async_trait]
-impl crate::export::ScheduleSink for SecretSink {
+impl svc_net::node::agent::export::ScheduleSink for SecretSink {
     async fn export(&self, windows: &[Window]) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Ok(write_windows(self.client.clone(), &self.namespace, &self.secret_name, windows).await?)
     }

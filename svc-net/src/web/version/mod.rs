@@ -201,7 +201,7 @@ mod tests {
     use super::*;
 
     fn resolver(channels: &[(&str, ChannelSpec)]) -> VersionResolver {
-        let tls = svc_net::tls::client_config(None).unwrap();
+        let tls = crate::tls::client_config(None).unwrap();
         VersionResolver::new(
             channels
                 .iter()

@@ -1,23 +1,15 @@
-//! Wiring of the Application, Database, Kubernetes and Windows Desktop services for `svc
-//! start`: which roles an agent's certificate needs, what its heartbeat announces, the one
-//! dial service its tunnel serves (SSH plus the resource services, dispatched by connection
-//! type), and the proxy's routes for resource clients. All behaviour is in
-//! `svc_net::services`; this file maps the configuration onto it.
+//! What an agent runs, from its configuration: which roles its certificate needs, what its
+//! heartbeat announces, and the one dial service its tunnel (or direct listener) serves — SSH
+//! plus the Application, Database, Kubernetes and Windows Desktop services, dispatched by
+//! connection type. The services themselves are in [`crate::services`] and [`crate::ssh`].
 
-use std::sync::Arc;
-
-use anyhow::Context;
 use svc_core::auth::{ServedKind, ServedResource};
 use svc_core::config::Config;
 use svc_core::identity::SystemRole;
-use svc_net::auth::{AuthClient, ClientIdentity};
-use svc_net::proxy::ProxyBuilder;
-use svc_net::services::proxy::{ALPNS, ResourceProxy, ResourceProxyConfig};
-use svc_net::services::{
-    AgentServices, KubeProxy, app_service, db_service, desktop_service, kube_service, router,
-};
-use svc_net::tls::ServerIdentity;
-use svc_net::tunnel::{DialService, TunnelDialer};
+
+use crate::node::NodeError;
+use crate::services::{AgentServices, app_service, db_service, desktop_service, kube_service, router};
+use crate::tunnel::DialService;
 
 /// The system roles an agent running `config`'s services needs in its certificate: `node`
 /// when the SSH Service runs, and one per enabled resource service.
@@ -90,58 +82,25 @@ pub fn served_resources(config: &Config) -> Vec<ServedResource> {
 
 /// The agent's one dial service: `ssh` for node connections (when the SSH Service runs) and
 /// the enabled resource services.
-pub fn agent_dial_service(config: &Config, ssh: DialService) -> anyhow::Result<DialService> {
+pub fn agent_dial_service(config: &Config, ssh: DialService) -> Result<DialService, NodeError> {
     let mut services = AgentServices::default();
     if config.ssh.enabled {
         services.node = Some(ssh);
     }
     if config.app.enabled {
-        services.app = Some(app_service(&config.app.apps).context("app_service")?);
+        services.app = Some(app_service(&config.app.apps).map_err(|e| NodeError::setup("app_service", e))?);
     }
     if config.db.enabled {
-        services.db = Some(db_service(&config.db.databases).context("db_service")?);
+        services.db = Some(db_service(&config.db.databases).map_err(|e| NodeError::setup("db_service", e))?);
     }
     if config.kube.enabled {
-        services.kube = Some(kube_service(&config.kube).context("kubernetes_service")?);
+        services.kube =
+            Some(kube_service(&config.kube).map_err(|e| NodeError::setup("kubernetes_service", e))?);
     }
     if config.windows_desktop.enabled {
         services.windows_desktop = Some(desktop_service(&config.windows_desktop.hosts));
     }
     Ok(router(services))
-}
-
-/// Registers the proxy's entries for resource clients: Kubernetes (SNI `kube-svc-proxy-alpn.`
-/// on the web port, `kube_listen_addr` in separate mode), ALPN `svc-tcp` and the database
-/// ALPNs on the web port, and Postgres clients detected by their SSLRequest (the multiplexed web port,
-/// or `postgres_listen_addr` in separate mode), and the MySQL and MongoDB listeners of separate
-/// mode (TLS with the user's certificate, as on the web port). `identity` is the proxy's host identity (its
-/// user CA verifies clients); `auth` asks the Auth Service for routes as the proxy.
-pub fn install_resource_routes(
-    builder: ProxyBuilder,
-    identity: &ClientIdentity,
-    auth: AuthClient,
-    dialer: TunnelDialer,
-) -> anyhow::Result<ProxyBuilder> {
-    let settings = builder.settings();
-    let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
-    let verifier = Arc::new(identity.verifier()?);
-    let kube = KubeProxy::new(&tls, verifier.clone(), auth.clone(), dialer.clone())?;
-    let config = ResourceProxyConfig::new(
-        ResourceProxyConfig::tls_for(&tls, &verifier)?,
-        verifier,
-        auth,
-        dialer,
-    );
-    let proxy = ResourceProxy::new(config);
-    let mut builder = builder
-        .postgres(proxy.postgres_service())
-        .mysql(proxy.service())
-        .mongo(proxy.service())
-        .kube(kube.service());
-    for alpn in ALPNS {
-        builder = builder.route(alpn, proxy.service());
-    }
-    Ok(builder)
 }
 
 #[cfg(test)]

@@ -15,20 +15,21 @@ use std::{
     time::Duration,
 };
 
-use ::http::{HeaderValue, Method, Request, Response, StatusCode, Uri, header};
-use svc_net::{
+use crate::{
     proxy::ProxyBuilder,
     web::{ResponseBody, full, json_error, web_service},
 };
+use ::http::{HeaderValue, Method, Request, Response, StatusCode, Uri, header};
 use tower::Service;
 
 use super::{BoxError, ResolveError, VersionResolver};
 
-/// The path prefixes served.
-pub const PREFIXES: [&str; 2] = [
-    "/v1/webapi/automaticupgrades/channel/",
-    "/webapi/automaticupgrades/channel/",
-];
+/// The path under which a channel's answers live (`<prefix><channel>/version`): what updaters
+/// ask.
+pub const CHANNEL_PATH_PREFIX: &str = "/v1/webapi/automaticupgrades/channel/";
+
+/// The path prefixes served: [`CHANNEL_PATH_PREFIX`] and the same without `/v1`.
+pub const PREFIXES: [&str; 2] = [CHANNEL_PATH_PREFIX, "/webapi/automaticupgrades/channel/"];
 
 /// The per-request timeout.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -140,8 +141,8 @@ where
 /// Mounts a version server for `builder.settings().channels` that reaches `forward_url`
 /// upstreams directly, trusting the public web roots, for a proxy at `builder.version()`. Use [`VersionHandler::install`] to choose the connector
 /// (for example the environment-aware proxy dialer) or the trusted roots.
-pub fn install_direct(builder: ProxyBuilder) -> Result<ProxyBuilder, svc_net::tls::TlsError> {
-    let tls = svc_net::tls::client_config(None)?;
+pub fn install_direct(builder: ProxyBuilder) -> Result<ProxyBuilder, crate::tls::TlsError> {
+    let tls = crate::tls::client_config(None)?;
     let resolver = VersionResolver::new(
         builder.settings().channels.clone(),
         builder.version().clone(),

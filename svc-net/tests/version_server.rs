@@ -16,11 +16,11 @@ use bytes::Bytes;
 use http_body_util::Full;
 use svc_core::{Clock, ManualClock};
 use svc_core::{Version, channel::ChannelSpec};
+use svc_net::web::version::{Fetcher, VersionResolver, http::VersionHandler};
 use svc_net::{
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
     tls::TlsSource,
 };
-use svc_update::channel::{Fetcher, VersionResolver, http::VersionHandler};
 use tokio::net::TcpListener;
 
 /// A real HTTP/1.1 upstream version server that counts requests per path.

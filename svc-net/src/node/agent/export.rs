@@ -1,12 +1,12 @@
 //! Schedule export: the agent tells its updater when it may be updated.
 //!
 //! One loop ([`ScheduleExporter`]) serves both updaters through a [`ScheduleSink`]: the Linux
-//! files below ([`FileSink`], the default) or, with the `kube` feature, the agent's shared-state
-//! Secret (`crate::kube::schedule::SecretSink`).
+//! files below ([`FileSink`], the default) or the agent's shared-state Secret in Kubernetes
+//! (`svc_update::kube::schedule::SecretSink`, given to the agent node as an extra sink).
 //!
 //! Sits on the agent, between the cluster (the `cluster_maintenance_config` resource, reached
 //! through a [`MaintenanceSource`]) and `svc-upgrade`, which reads the files written here
-//! (`/etc/svc-upgrade.d/`, see [`crate::linux::config`]):
+//! (`/etc/svc-upgrade.d/`, read by `svc_update::linux::config`):
 //! - `schedule`: the next [`EXPORTED_WINDOWS`] windows in the REFERENCE format
 //!   ([`render_schedule_file`]), rewritten about every [`EXPORT_INTERVAL`] (jittered by ±10 % so a
 //!   fleet does not ask the cluster in step). After losing contact with the cluster for
@@ -40,6 +40,22 @@ use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The Linux updater's configuration directory, where the schedule and endpoint files go.
+pub const DEFAULT_UPGRADE_DIR: &str = "/etc/svc-upgrade.d";
+
+/// Names another updater configuration directory than [`DEFAULT_UPGRADE_DIR`] (self-hosting,
+/// tests).
+pub const UPGRADE_DIR_ENV: &str = "SVC_UPGRADE_CONFIG";
+
+/// The updater configuration directory: `SVC_UPGRADE_CONFIG` when set and not empty, else
+/// [`DEFAULT_UPGRADE_DIR`]. `env` looks a variable up (`|k| std::env::var(k).ok()`).
+pub fn upgrade_dir_from_env(env: impl Fn(&str) -> Option<String>) -> PathBuf {
+    match env(UPGRADE_DIR_ENV) {
+        Some(dir) if !dir.trim().is_empty() => PathBuf::from(dir.trim()),
+        _ => PathBuf::from(DEFAULT_UPGRADE_DIR),
+    }
+}
+
 /// How often the schedule is exported (before jitter).
 pub const EXPORT_INTERVAL: Duration = Duration::from_secs(40 * 60);
 /// How often the source is asked again after a failure.
@@ -64,12 +80,12 @@ pub trait MaintenanceSource: Send + Sync + 'static {
 /// the Auth API with the agent's own host identity (agents may read it, and nothing more).
 #[derive(Debug, Clone)]
 pub struct AuthMaintenanceSource {
-    client: svc_net::auth::AuthClient,
+    client: crate::auth::AuthClient,
 }
 
 impl AuthMaintenanceSource {
     /// Reads through `client`, connected with the agent's identity.
-    pub fn new(client: svc_net::auth::AuthClient) -> Self {
+    pub fn new(client: crate::auth::AuthClient) -> Self {
         AuthMaintenanceSource { client }
     }
 }
@@ -253,7 +269,7 @@ pub struct ExportSettings {
 impl Default for ExportSettings {
     fn default() -> Self {
         ExportSettings {
-            dir: PathBuf::from(crate::linux::config::DEFAULT_DIR),
+            dir: PathBuf::from(DEFAULT_UPGRADE_DIR),
             endpoint: None,
             interval: EXPORT_INTERVAL,
             retry: RETRY_INTERVAL,

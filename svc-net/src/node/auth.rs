@@ -1,0 +1,203 @@
+//! The Auth Service node: the backend, the certificate authorities and the gRPC API on 3025.
+//!
+//! Order at [`AuthServer::start`]: create the data directory → open the embedded backend (or
+//! use the one given) → open the Auth Service (the CAs are created on first start) → bind and
+//! serve its API over mutual TLS → write the admin identity `tctl` uses on this host.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use svc_core::auth::AuthService;
+use svc_core::backend::{Backend, EmbeddedBackend};
+use svc_core::config::Config;
+use svc_core::identity::{HostCertRequest, SystemRole};
+use svc_core::{Addr, SystemClock};
+use tokio_util::sync::CancellationToken;
+
+use super::NodeError;
+use crate::auth::{ClientIdentity, KeyMaterial};
+
+/// The admin identity file in the data directory: `tctl` on the Auth host uses it.
+pub const ADMIN_IDENTITY_FILE: &str = "admin-identity.json";
+/// The embedded backend's file in the data directory.
+pub const BACKEND_FILE: &str = "backend.redb";
+
+/// The admin identity path for a data directory.
+pub fn admin_identity_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(ADMIN_IDENTITY_FILE)
+}
+
+/// An Auth Service, configured and not yet started.
+pub struct AuthServer {
+    cluster_name: String,
+    node_name: String,
+    data_dir: PathBuf,
+    listen_addr: Addr,
+    public_addrs: Vec<Addr>,
+    backend: Option<Arc<dyn Backend>>,
+}
+
+impl std::fmt::Debug for AuthServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthServer")
+            .field("cluster_name", &self.cluster_name)
+            .field("data_dir", &self.data_dir)
+            .field("listen_addr", &self.listen_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AuthServer {
+    /// The Auth Service `config` describes (`auth_service`, `svc.data_dir`, `svc.nodename`).
+    pub fn from_config(config: &Config) -> Self {
+        AuthServer {
+            cluster_name: config.cluster_name().to_owned(),
+            node_name: config.svc.nodename.clone(),
+            data_dir: config.svc.data_dir.clone(),
+            listen_addr: config.auth.listen_addr.clone(),
+            public_addrs: config.auth.public_addrs.clone(),
+            backend: None,
+        }
+    }
+
+    /// Stores the cluster's state in `backend` instead of the embedded database of the data
+    /// directory.
+    pub fn backend(mut self, backend: Arc<dyn Backend>) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+
+    /// Listens on `addr` instead of `auth_service.listen_addr`.
+    pub fn listen_addr(mut self, addr: Addr) -> Self {
+        self.listen_addr = addr;
+        self
+    }
+
+    /// Starts the Auth Service; returns once its API listens.
+    pub async fn start(self) -> Result<RunningAuth, NodeError> {
+        let data_dir = &self.data_dir;
+        super::agent::create_data_dir(data_dir)?;
+        let backend: Arc<dyn Backend> = match self.backend.clone() {
+            Some(b) => b,
+            None => Arc::new(
+                EmbeddedBackend::open(data_dir.join(BACKEND_FILE)).map_err(|source| NodeError::Backend {
+                    path: data_dir.clone(),
+                    source,
+                })?,
+            ),
+        };
+        let auth = Arc::new(AuthService::open(backend, &self.cluster_name, Arc::new(SystemClock)).await?);
+        let (listener, addr) = super::agent::bind("auth_service.listen_addr", &self.listen_addr).await?;
+        let mut names: Vec<String> = self.public_addrs.iter().map(|a| a.host_str()).collect();
+        names.push(self.listen_addr.host_str());
+        let server_identity = crate::auth::server_identity(&auth, &self.node_name, &names)?;
+        let shutdown = CancellationToken::new();
+        let (serve_auth, serve_shutdown) = (auth.clone(), shutdown.clone());
+        let task = tokio::spawn(async move {
+            if let Err(e) = crate::auth::serve(listener, serve_auth, server_identity, serve_shutdown).await {
+                tracing::error!(error = %e, "auth API stopped");
+            }
+        });
+        let running = RunningAuth {
+            service: auth,
+            addr,
+            admin_identity: admin_identity_path(data_dir),
+            node_name: self.node_name.clone(),
+            public_addrs: self.public_addrs.clone(),
+            shutdown,
+            task,
+        };
+        let admin = running.host_identity(&self.node_name, vec![SystemRole::Auth])?;
+        admin.save(&running.admin_identity)?;
+        Ok(running)
+    }
+}
+
+/// A running Auth Service.
+pub struct RunningAuth {
+    /// The Auth Service (domain calls in this process).
+    pub service: Arc<AuthService>,
+    /// Where its API listens.
+    pub addr: SocketAddr,
+    /// The admin identity file written for `tctl`.
+    pub admin_identity: PathBuf,
+    node_name: String,
+    public_addrs: Vec<Addr>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for RunningAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningAuth")
+            .field("cluster", &self.service.cluster())
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunningAuth {
+    /// The cluster name.
+    pub fn cluster(&self) -> &str {
+        self.service.cluster()
+    }
+
+    /// The host CA pin agents join with (`sha256:…`).
+    pub fn ca_pin(&self) -> String {
+        self.service.ca_pin()
+    }
+
+    /// Where processes on this host reach the API (loopback when it listens on all addresses).
+    pub fn dialable_addr(&self) -> SocketAddr {
+        dialable(self.addr)
+    }
+
+    /// The address signed-in clients are told for the Auth API when TLS routing is off: the
+    /// first public address, else the local one.
+    pub fn public_addr(&self) -> String {
+        self.public_addrs
+            .first()
+            .map(ToString::to_string)
+            .unwrap_or_else(|| self.dialable_addr().to_string())
+    }
+
+    /// The node name this Auth Service runs under (`svc.nodename`).
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Issues a host identity with `roles` in-process (fresh keys, a new host ID), pointing at
+    /// this API: what the in-process proxy and agent run with.
+    pub fn host_identity(&self, node: &str, roles: Vec<SystemRole>) -> Result<ClientIdentity, NodeError> {
+        let keys = KeyMaterial::generate()?;
+        let req = HostCertRequest {
+            host_uuid: uuid::Uuid::new_v4(),
+            node_name: node.to_owned(),
+            roles,
+            additional_names: Vec::new(),
+            ttl: svc_core::auth::HOST_CERT_TTL,
+        };
+        let certs = self
+            .service
+            .issue_host_certs(&req, &keys.tls_public_key(), keys.ssh_public_key())?;
+        let mut identity = keys.into_identity(&certs, self.service.cluster())?;
+        identity.auth_addr = self.dialable_addr().to_string();
+        Ok(identity)
+    }
+
+    /// Stops the API.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Where clients on this host reach a listener bound to `bound`.
+pub(crate) fn dialable(bound: SocketAddr) -> SocketAddr {
+    if bound.ip().is_unspecified() {
+        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), bound.port())
+    } else {
+        bound
+    }
+}

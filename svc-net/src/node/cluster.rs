@@ -1,0 +1,247 @@
+//! One `svc` process from one configuration: the Auth Service, the Proxy Service and the
+//! local agent of an all-in-one cluster, or a standalone agent joining a cluster run elsewhere.
+//!
+//! Order at [`Cluster::start`]: the Auth Service ([`AuthServer`]) → the Proxy Service
+//! ([`ProxyServer`]) → when any agent service is enabled (`ssh_service` by default; apps,
+//! databases, Kubernetes, desktops), an agent in the same process ([`AgentNode`]) with a host
+//! identity issued in-process, behind a reverse tunnel to the local proxy's web address
+//! (through `HTTPS_PROXY`/`NO_PROXY` like any agent). With `auth_service` and `proxy_service`
+//! disabled, the process is a standalone agent instead.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), svc_net::node::NodeError> {
+//! let config = svc_core::config::Config::all_in_one_default();
+//! let running = svc_net::node::Cluster::from_config(&config).start().await?;
+//! if let Some(proxy) = &running.proxy {
+//!     println!("web: https://{}", proxy.addrs().web);
+//! }
+//! running.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+use svc_core::Addr;
+use svc_core::config::Config;
+
+use super::NodeError;
+use super::agent::{AgentNode, RunningNode, ScheduleSink, agent_roles};
+use super::auth::{AuthServer, RunningAuth, dialable};
+use super::proxy::ProxyServer;
+use crate::proxy::RunningProxy;
+
+/// One process's services, configured and not yet started.
+pub struct Cluster {
+    config: Config,
+    tunnel_override: Option<Addr>,
+    insecure: bool,
+    sinks: Vec<Arc<dyn ScheduleSink>>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("cluster_name", &self.config.cluster_name())
+            .field("tunnel_override", &self.tunnel_override)
+            .field("insecure", &self.insecure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// What `config` enables.
+    pub fn from_config(config: &Config) -> Self {
+        Cluster {
+            config: config.clone(),
+            tunnel_override: None,
+            insecure: false,
+            sinks: Vec::new(),
+        }
+    }
+
+    /// The tunnel address the ping advertises instead of the configured one
+    /// (`SVC_TUNNEL_PUBLIC_ADDR`).
+    pub fn tunnel_public_addr_override(mut self, addr: Option<Addr>) -> Self {
+        self.tunnel_override = addr;
+        self
+    }
+
+    /// A standalone agent accepts any TLS certificate from the proxy (`svc start --insecure`).
+    pub fn insecure(mut self, insecure: bool) -> Self {
+        self.insecure = insecure;
+        self
+    }
+
+    /// The agent also exports its maintenance schedule to `sink` (the Kubernetes shared-state
+    /// Secret).
+    pub fn schedule_sink(mut self, sink: Arc<dyn ScheduleSink>) -> Self {
+        self.sinks.push(sink);
+        self
+    }
+
+    fn agent(&self) -> AgentNode {
+        let mut node = AgentNode::from_config(&self.config).insecure(self.insecure);
+        for sink in &self.sinks {
+            node = node.schedule_sink(sink.clone());
+        }
+        node
+    }
+
+    /// Starts what the configuration enables; returns once it listens (and the local agent's
+    /// first tunnel is up, within a bounded wait).
+    pub async fn start(self) -> Result<RunningCluster, NodeError> {
+        let config = &self.config;
+        if !config.auth.enabled {
+            if config.proxy.enabled {
+                return Err(NodeError::Config(
+                    "proxy_service.enabled is true but auth_service.enabled is false: in this release the \
+                     Proxy Service runs in the Auth Service's process; disable proxy_service to run an agent"
+                        .into(),
+                ));
+            }
+            let node = self.agent().start().await?;
+            let cluster = node
+                .host_id
+                .split_once('.')
+                .map(|(_, c)| c.to_owned())
+                .unwrap_or_default();
+            return Ok(RunningCluster {
+                cluster,
+                auth: None,
+                proxy: None,
+                node: Some(node),
+            });
+        }
+        let auth = AuthServer::from_config(config).start().await?;
+        let proxy = if config.proxy.enabled {
+            Some(
+                ProxyServer::from_config(config)
+                    .tunnel_public_addr_override(self.tunnel_override.clone())
+                    .start(&auth)
+                    .await?,
+            )
+        } else {
+            None
+        };
+        let node = match &proxy {
+            Some(proxy) if !agent_roles(config).is_empty() => {
+                let name = config.svc.nodename.clone();
+                let identity = auth.host_identity(&name, agent_roles(config))?;
+                let ca_pem = match proxy.ca_file() {
+                    Some(ca) => Some(std::fs::read(ca).map_err(|e| NodeError::file("reading", ca, e))?),
+                    None => None,
+                };
+                let node = self
+                    .agent()
+                    .identity(identity)
+                    .proxy(Addr::from(dialable(proxy.addrs().web)), ca_pem)
+                    // The updater asks this cluster's own proxy, never a global server
+                    // (REFERENCE.md, "Schedule export").
+                    .version_endpoint(super::agent::version_endpoint(config.proxy.web_public_addr()));
+                Some(node.start().await?)
+            }
+            _ => None,
+        };
+        Ok(RunningCluster {
+            cluster: auth.cluster().to_owned(),
+            auth: Some(auth),
+            proxy,
+            node,
+        })
+    }
+}
+
+/// A running `svc` process: the cluster's services, an agent, or both.
+pub struct RunningCluster {
+    /// The cluster name.
+    pub cluster: String,
+    /// The Auth Service, when it runs here.
+    pub auth: Option<RunningAuth>,
+    /// The Proxy Service, when it runs here.
+    pub proxy: Option<RunningProxy>,
+    /// The agent: the local agent of an all-in-one process, or a standalone agent.
+    pub node: Option<RunningNode>,
+}
+
+impl std::fmt::Debug for RunningCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningCluster")
+            .field("cluster", &self.cluster)
+            .field("auth", &self.auth)
+            .field("proxy", &self.proxy.as_ref().map(|p| p.addrs().web))
+            .field("node", &self.node)
+            .finish()
+    }
+}
+
+impl RunningCluster {
+    /// Stops the agent, then the proxy (draining), then the Auth API.
+    pub async fn shutdown(self) {
+        if let Some(node) = self.node {
+            node.shutdown().await;
+        }
+        if let Some(proxy) = self.proxy {
+            proxy.shutdown().await;
+        }
+        if let Some(auth) = self.auth {
+            auth.shutdown().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::proxy::proxy_settings;
+    use crate::tls::TlsSource;
+    use std::path::PathBuf;
+
+    #[test]
+    fn the_configuration_maps_onto_the_proxy_settings() {
+        let yaml = "version: v1\nsvc:\n  data_dir: /srv/svc\nauth_service:\n  cluster_name: example.com\n  proxy_listener_mode: separate\nproxy_service:\n  public_addr: proxy.example.com:443\n  web_listen_addr: 0.0.0.0:3080\n  tunnel_listen_addr: 0.0.0.0:3024\n  tunnel_public_addr: tunnel.example.com:3024\n  listen_addr: 0.0.0.0:3023\n  ssh_public_addr: ssh.example.com:3023\n  kube_listen_addr: 0.0.0.0:3026\n  postgres_listen_addr: 0.0.0.0:5432\n  mysql_listen_addr: 0.0.0.0:3036\n  automatic_upgrades_channels:\n    stable/cloud:\n      static_version: v17.0.1\n";
+        let config = Config::from_yaml_str_with_hostname(yaml, "h").unwrap();
+        let s = proxy_settings(
+            &config,
+            Some(Addr::parse_with_default_port("override:443", 3024).unwrap()),
+        );
+        assert_eq!(s.cluster_name, "example.com");
+        assert!(!s.listener_mode.tls_routing());
+        assert_eq!(s.web_listen_addr.to_string(), "0.0.0.0:3080");
+        assert_eq!(
+            s.web_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            Some("proxy.example.com:443")
+        );
+        assert_eq!(
+            s.ssh_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            Some("ssh.example.com:3023")
+        );
+        assert_eq!(
+            s.tunnel_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            Some("tunnel.example.com:3024")
+        );
+        assert_eq!(
+            s.tunnel_public_addr_override
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
+            Some("override:443")
+        );
+        assert!(s.kube_enabled);
+        assert!(s.postgres_listen_addr.is_some() && s.mysql_listen_addr.is_some());
+        assert!(s.channels.contains_key("stable/cloud"));
+        assert!(s.automatic_upgrades);
+        assert_eq!(
+            s.tls,
+            TlsSource::Generated {
+                data_dir: PathBuf::from("/srv/svc")
+            }
+        );
+    }
+
+    #[test]
+    fn svc_configure_prints_the_all_in_one_default() {
+        let text = svc_core::config::render_default_commented();
+        let parsed = Config::from_yaml_str_with_hostname(&text, "h").unwrap();
+        assert_eq!(parsed, Config::all_in_one_default_with_hostname("h"));
+    }
+}

@@ -1,0 +1,119 @@
+//! Why a node could not start.
+
+use std::{io, path::PathBuf};
+
+use crate::{
+    auth::{ClientError, IdentityFileError, ServeError},
+    listen::BoxError,
+    tls::TlsError,
+};
+
+/// Why an [`AuthServer`](super::AuthServer), [`ProxyServer`](super::ProxyServer),
+/// [`AgentNode`](super::AgentNode) or [`Cluster`](super::Cluster) could not start. Each variant
+/// names the configuration field, file or peer involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The configuration asks for something this node cannot run.
+    #[error("{0}")]
+    Config(String),
+    /// A listener could not be bound.
+    #[error("{field} {addr}: {source}")]
+    Bind {
+        /// The configuration field naming the address (`proxy_service.web_listen_addr`).
+        field: String,
+        /// The address.
+        addr: String,
+        /// The bind error.
+        #[source]
+        source: io::Error,
+    },
+    /// A file or directory could not be read or written.
+    #[error("{what} {}: {source}", path.display())]
+    File {
+        /// What the file is for (`creating the data directory`).
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The backend (the cluster's storage) could not be opened.
+    #[error("opening the backend in {}: {source}", path.display())]
+    Backend {
+        /// The data directory.
+        path: PathBuf,
+        /// The backend's error.
+        #[source]
+        source: svc_core::backend::BackendError,
+    },
+    /// The Auth Service refused or failed (opening the CAs, issuing certificates).
+    #[error("the Auth Service: {0}")]
+    Auth(#[from] svc_core::auth::AuthError),
+    /// A host identity (keys and certificates) could not be made, read or saved.
+    #[error("host identity: {0}")]
+    Identity(#[from] IdentityFileError),
+    /// The Auth API could not be reached.
+    #[error("the Auth API at {addr}: {source}")]
+    AuthApi {
+        /// The address dialed.
+        addr: String,
+        /// The client's error.
+        #[source]
+        source: ClientError,
+    },
+    /// Joining the cluster failed.
+    #[error("joining the cluster at {target}: {source}")]
+    Join {
+        /// The address joined through.
+        target: String,
+        /// The client's error.
+        #[source]
+        source: ClientError,
+    },
+    /// The Auth API server could not be set up.
+    #[error("the Auth API: {0}")]
+    AuthServe(#[from] ServeError),
+    /// TLS material could not be loaded or generated.
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
+    /// A component of the node could not be set up (`app_service`, the tunnel agent, the
+    /// proxy's listeners).
+    #[error("{what}: {source}")]
+    Setup {
+        /// The component.
+        what: String,
+        /// Its error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl NodeError {
+    /// A [`NodeError::Setup`] for `what`.
+    pub(crate) fn setup(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        NodeError::Setup {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// A [`NodeError::Bind`].
+    pub(crate) fn bind(field: impl Into<String>, addr: impl ToString, source: io::Error) -> Self {
+        NodeError::Bind {
+            field: field.into(),
+            addr: addr.to_string(),
+            source,
+        }
+    }
+
+    /// A [`NodeError::File`].
+    pub(crate) fn file(what: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        NodeError::File {
+            what,
+            path: path.into(),
+            source,
+        }
+    }
+}
