@@ -18,9 +18,11 @@ use svc_net::node::AgentNode;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let path = std::env::args().nth(1).context("usage: agent_node <agent.yaml> [--insecure]")?;
+    let path = std::env::args()
+        .nth(1)
+        .context("usage: agent_node <agent.yaml> [--insecure]")?;
     let insecure = std::env::args().any(|a| a == "--insecure");
-    let config = Config::load(path.as_ref())?;
+    let config = Config::load(std::path::Path::new(&path))?;
     let node = AgentNode::from_config(&config).insecure(insecure).start().await?;
     println!("serving as {} ({})", node.name, node.host_id);
 
