@@ -146,6 +146,35 @@ impl Default for ProxySettings {
 }
 
 impl ProxySettings {
+    /// What the ping says about this proxy.
+    pub fn ping_settings(&self) -> web::ping::PingSettings {
+        web::ping::PingSettings {
+            cluster_name: self.cluster_name.clone(),
+            listener_mode: self.listener_mode,
+            web_listen_addr: self.web_listen_addr.clone(),
+            web_public_addr: self.web_public_addr.clone(),
+            ssh_listen_addr: self.ssh_listen_addr.clone(),
+            ssh_public_addr: self.ssh_public_addr.clone(),
+            tunnel_listen_addr: self.tunnel_listen_addr.clone(),
+            tunnel_public_addr: self.tunnel_public_addr.clone(),
+            tunnel_public_addr_override: self.tunnel_public_addr_override.clone(),
+            kube_enabled: self.kube_enabled,
+            kube_listen_addr: self.kube_listen_addr.clone(),
+            kube_public_addr: self.kube_public_addr.clone(),
+            postgres_listen_addr: self.postgres_listen_addr.clone(),
+            postgres_public_addr: self.postgres_public_addr.clone(),
+            mysql_listen_addr: self.mysql_listen_addr.clone(),
+            mysql_public_addr: self.mysql_public_addr.clone(),
+            mongo_listen_addr: self.mongo_listen_addr.clone(),
+            mongo_public_addr: self.mongo_public_addr.clone(),
+            automatic_upgrades: self.automatic_upgrades,
+            dial_timeout: self.dial_timeout,
+            auth_type: self.auth_type.clone(),
+            second_factor: self.second_factor.clone(),
+            local_auth_connector: self.local_auth_connector.clone(),
+        }
+    }
+
     /// Host names and addresses the generated certificate must name (an embedder loading the
     /// same [`ServerIdentity`] before [`ProxyBuilder::bind`] passes these).
     pub fn certificate_names(&self) -> Vec<String> {
@@ -250,7 +279,41 @@ impl ProxyBuilder {
         self
     }
 
-    /// Mounts an HTTP service on the web API under a path prefix.
+    /// Mounts the version server `handler` on the web API under both of its prefixes
+    /// (`/v1/webapi/automaticupgrades/channel/` and the same without `/v1`).
+    pub fn version_server<C>(self, handler: web::version::http::VersionHandler<C>) -> Self
+    where
+        web::version::http::VersionHandler<C>: Service<
+                http::Request<web::Body>,
+                Response = http::Response<web::ResponseBody>,
+                Error = std::convert::Infallible,
+            > + Clone
+            + Send
+            + Sync
+            + 'static,
+        <web::version::http::VersionHandler<C> as Service<http::Request<web::Body>>>::Future: Send + 'static,
+    {
+        web::version::http::PREFIXES.iter().fold(self, |b, prefix| {
+            b.web_mount(prefix, web::web_service(handler.clone()))
+        })
+    }
+
+    /// Mounts a version server for [`ProxySettings::channels`] that reaches `forward_url`
+    /// upstreams directly, trusting the public web roots, for a proxy at [`Self::version`].
+    /// Use [`Self::version_server`] to choose the connector (for example the
+    /// environment-aware proxy dialer) or the trusted roots.
+    pub fn direct_version_server(self) -> Result<Self, TlsError> {
+        use web::version::{Fetcher, VersionResolver, http::VersionHandler};
+        let tls = crate::tls::client_config(None)?;
+        let resolver = VersionResolver::new(
+            self.settings.channels.clone(),
+            self.version.clone(),
+            Fetcher::direct(tls),
+        );
+        Ok(self.version_server(VersionHandler::new(resolver)))
+    }
+
+    /// Serves every path starting with `prefix` with `svc` on the web API.
     pub fn web_mount(mut self, prefix: &str, svc: WebService) -> Self {
         self.web_mounts.push((prefix.to_owned(), svc));
         self
@@ -330,9 +393,13 @@ impl ProxyBuilder {
             }
         }
 
-        let ping = web::ping::ping(&settings, &self.version);
-        let find = web::ping::find(&settings, &self.version);
-        let mut api = WebApi::new(&ping, &find);
+        let ping = web::web_service(web::ping::PingService::new(
+            &settings.ping_settings(),
+            &self.version,
+        ));
+        let mut api = WebApi::new()
+            .mount(web::ping::PING_PATH, ping.clone())
+            .mount(web::ping::FIND_PATH, ping);
         for (prefix, svc) in self.web_mounts {
             api = api.mount(prefix, svc);
         }

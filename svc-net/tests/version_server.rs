@@ -102,8 +102,8 @@ async fn start_proxy(
         Fetcher::new(http, tls, clock),
     );
     let builder = ProxyBuilder::new(settings).with_version(own);
-    let proxy = VersionHandler::new(resolver.clone())
-        .install(builder)
+    let proxy = builder
+        .version_server(VersionHandler::new(resolver.clone()))
         .bind()
         .await?;
     Ok((proxy, resolver))

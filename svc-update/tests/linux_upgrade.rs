@@ -54,7 +54,10 @@ async fn version_server(data_dir: &Path, version: &str, critical: bool) -> Resul
         Fetcher::direct(svc_net::tls::client_config(None)?),
     );
     let builder = ProxyBuilder::new(settings).with_version(v("18.0.0"));
-    Ok(VersionHandler::new(resolver).install(builder).bind().await?)
+    Ok(builder
+        .version_server(VersionHandler::new(resolver))
+        .bind()
+        .await?)
 }
 
 fn client(proxy: &RunningProxy) -> Result<VersionClient<TcpConnector>> {

@@ -208,7 +208,7 @@ fn main() -> Result<()> {
         data_dir: dir.path().join("svc"),
     };
     let proxy = rt.block_on(async {
-        let builder = svc_net::web::version::http::install_direct(ProxyBuilder::new(settings))?;
+        let builder = ProxyBuilder::new(settings).direct_version_server()?;
         anyhow::Ok(builder.bind().await?)
     })?;
     let svc_addr = proxy.addrs().web;

@@ -151,7 +151,7 @@ fn install_version_server(builder: ProxyBuilder) -> Result<ProxyBuilder, NodeErr
         builder.version().clone(),
         fetcher,
     );
-    Ok(VersionHandler::new(resolver).install(builder))
+    Ok(builder.version_server(VersionHandler::new(resolver)))
 }
 
 /// Registers the reverse-tunnel server and the proxy's SSH entry, both presenting the proxy's

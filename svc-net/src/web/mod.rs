@@ -2,10 +2,9 @@
 //!
 //! Sits behind the router's `http/1.1` and `h2` routes (or directly behind the web listener):
 //! [`WebHandler`] terminates TLS (advertising `http/1.1` before `h2`), then serves [`WebApi`]:
-//! `GET /webapi/ping` and `GET /webapi/find` from bytes computed once, services mounted under
-//! path prefixes by the caller (the version server under `/v1/webapi/automaticupgrades/` comes
-//! from `svc-update` this way, keeping the dependency direction), and JSON errors
-//! `{"error":{"message":…}}` for everything else.
+//! services mounted under path prefixes — the ping ([`ping::PingService`]), sign-in
+//! ([`login`]), the version server ([`version`]) — and JSON errors `{"error":{"message":…}}`
+//! for everything else.
 
 pub mod login;
 pub mod ping;
@@ -20,7 +19,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio_rustls::TlsAcceptor;
@@ -65,44 +64,22 @@ pub fn json_error(status: StatusCode, message: &str) -> Response<ResponseBody> {
     resp
 }
 
-fn json_ok(body: &Bytes) -> Response<ResponseBody> {
-    let mut resp = Response::new(full(body.clone()));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    resp
-}
-
 /// The routes of the web API.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct WebApi {
-    ping: Bytes,
-    find: Bytes,
     mounts: Vec<(String, WebService)>,
 }
 
 impl WebApi {
-    /// A web API serving these pre-serialized ping and find documents.
-    pub fn new(ping: &ping::Ping, find: &ping::Find) -> Self {
-        // Serializing plain structs of strings and numbers cannot fail.
-        let ser = |v: serde_json::Result<Vec<u8>>| Bytes::from(v.unwrap_or_default());
-        Self {
-            ping: ser(serde_json::to_vec(ping)),
-            find: ser(serde_json::to_vec(find)),
-            mounts: Vec::new(),
-        }
+    /// A web API with nothing mounted (every path answers 404).
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// Serves every path starting with `prefix` with `svc` (checked in mounting order).
     pub fn mount(mut self, prefix: impl Into<String>, svc: WebService) -> Self {
         self.mounts.push((prefix.into(), svc));
         self
-    }
-
-    /// The ping body served (for tests and embedding).
-    pub fn ping_body(&self) -> &Bytes {
-        &self.ping
     }
 }
 
@@ -140,22 +117,6 @@ impl WebApiService {
     fn route(&self, req: Request<Body>) -> WebFuture {
         let api = &self.0;
         let path = req.uri().path();
-        let builtin = match path {
-            "/webapi/ping" => Some(&api.ping),
-            "/webapi/find" => Some(&api.find),
-            _ => None,
-        };
-        if let Some(body) = builtin {
-            let resp = if req.method() == Method::GET || req.method() == Method::HEAD {
-                json_ok(body)
-            } else {
-                json_error(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    &format!("method {} not allowed on {path}; use GET", req.method()),
-                )
-            };
-            return WebFuture::Ready(ready(Ok(resp)));
-        }
         if let Some((_, svc)) = api
             .mounts
             .iter()

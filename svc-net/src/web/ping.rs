@@ -1,16 +1,177 @@
-//! The `/webapi/ping` and `/webapi/find` documents, computed once from the proxy's settings.
+//! The `/webapi/ping` and `/webapi/find` documents and [`PingService`], which serves them.
 //!
-//! Pure: the addresses are derived here (public address first, listen address otherwise; the
-//! tunnel address rule of REFERENCE.md, "Ping") and the JSON is serialized once at start-up, so
-//! the thousands of clients and agents that poll it are served from memory.
+//! Pure: the addresses are derived here from [`PingSettings`] (public address first, listen
+//! address otherwise; the tunnel address rule of REFERENCE.md, "Ping") and the JSON is
+//! serialized once when the service is built, so the thousands of clients and agents that poll
+//! it are served from memory. [`PingService`] is a plain `tower::Service` over HTTP requests: the
+//! proxy mounts it on its web API, and an integrator can mount it in a server of its own.
 
+use std::{
+    convert::Infallible,
+    future::{Ready, ready},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
 use serde::Serialize;
-use svc_core::{Addr, Version};
+use svc_core::{Addr, Version, config::ListenerMode};
 
-use crate::proxy::ProxySettings;
+use super::{ResponseBody, full, json_error};
 
 /// Where the proxy answers the ping document.
 pub const PING_PATH: &str = "/webapi/ping";
+
+/// Where the proxy answers the find document (the ping without `auth`).
+pub const FIND_PATH: &str = "/webapi/find";
+
+/// What the ping says: the proxy's addresses per listener mode, the cluster, the sign-in
+/// settings. [`Default`] is a loopback-only proxy in multiplex mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PingSettings {
+    /// The cluster name.
+    pub cluster_name: String,
+    /// TLS routing (one port) or separate ports.
+    pub listener_mode: ListenerMode,
+    /// Where HTTPS (and, in multiplex mode, everything) is served.
+    pub web_listen_addr: Addr,
+    /// The public web address.
+    pub web_public_addr: Option<Addr>,
+    /// SSH listener (separate mode).
+    pub ssh_listen_addr: Addr,
+    /// Where SSH clients connect, if not the listen address.
+    pub ssh_public_addr: Option<Addr>,
+    /// Reverse tunnel listener (separate mode).
+    pub tunnel_listen_addr: Addr,
+    /// Where agents dial their tunnel (separate mode), if not derived.
+    pub tunnel_public_addr: Option<Addr>,
+    /// Wins over every other tunnel address (`SVC_TUNNEL_PUBLIC_ADDR`).
+    pub tunnel_public_addr_override: Option<Addr>,
+    /// Whether Kubernetes access is served.
+    pub kube_enabled: bool,
+    /// Kubernetes listener (separate mode).
+    pub kube_listen_addr: Option<Addr>,
+    /// Where Kubernetes clients connect.
+    pub kube_public_addr: Option<Addr>,
+    /// Postgres listener (separate mode; otherwise multiplexed on the web port).
+    pub postgres_listen_addr: Option<Addr>,
+    /// Where Postgres clients connect.
+    pub postgres_public_addr: Option<Addr>,
+    /// MySQL listener (separate mode).
+    pub mysql_listen_addr: Option<Addr>,
+    /// Where MySQL clients connect.
+    pub mysql_public_addr: Option<Addr>,
+    /// MongoDB listener (separate mode).
+    pub mongo_listen_addr: Option<Addr>,
+    /// Where MongoDB clients connect.
+    pub mongo_public_addr: Option<Addr>,
+    /// Whether the cluster runs automatic agent updates.
+    pub automatic_upgrades: bool,
+    /// How long the proxy waits when dialing resources.
+    pub dial_timeout: Duration,
+    /// The authentication type (`auth.type`).
+    pub auth_type: String,
+    /// The second factor (`auth.second_factor`).
+    pub second_factor: String,
+    /// The local connector's name (`auth.local.name`).
+    pub local_auth_connector: String,
+}
+
+fn loopback(port: u16) -> Addr {
+    Addr::new(svc_core::Host::V4(std::net::Ipv4Addr::LOCALHOST), port)
+}
+
+impl Default for PingSettings {
+    fn default() -> Self {
+        PingSettings {
+            cluster_name: "svc.local".into(),
+            listener_mode: ListenerMode::default(),
+            web_listen_addr: loopback(3080),
+            web_public_addr: None,
+            ssh_listen_addr: loopback(3023),
+            ssh_public_addr: None,
+            tunnel_listen_addr: loopback(3024),
+            tunnel_public_addr: None,
+            tunnel_public_addr_override: None,
+            kube_enabled: false,
+            kube_listen_addr: None,
+            kube_public_addr: None,
+            postgres_listen_addr: None,
+            postgres_public_addr: None,
+            mysql_listen_addr: None,
+            mysql_public_addr: None,
+            mongo_listen_addr: None,
+            mongo_public_addr: None,
+            automatic_upgrades: false,
+            dial_timeout: Duration::from_secs(30),
+            auth_type: "local".into(),
+            second_factor: "otp".into(),
+            local_auth_connector: String::new(),
+        }
+    }
+}
+
+/// `GET /webapi/ping` and `GET /webapi/find` as a `tower::Service<http::Request<B>>`, answered
+/// from bytes serialized once. Other methods get 405, other paths 404 (JSON errors).
+#[derive(Debug, Clone)]
+pub struct PingService {
+    ping: Bytes,
+    find: Bytes,
+}
+
+impl PingService {
+    /// Serves the documents for `settings` and the proxy's `version`.
+    pub fn new(settings: &PingSettings, version: &Version) -> Self {
+        // Serializing plain structs of strings and numbers cannot fail.
+        let ser = |v: serde_json::Result<Vec<u8>>| Bytes::from(v.unwrap_or_default());
+        PingService {
+            ping: ser(serde_json::to_vec(&ping(settings, version))),
+            find: ser(serde_json::to_vec(&find(settings, version))),
+        }
+    }
+
+    /// The ping document served.
+    pub fn ping_body(&self) -> &Bytes {
+        &self.ping
+    }
+
+    /// The answer for `method` and `path`.
+    pub fn answer(&self, method: &Method, path: &str) -> Response<ResponseBody> {
+        let body = match path {
+            PING_PATH => &self.ping,
+            FIND_PATH => &self.find,
+            _ => return json_error(StatusCode::NOT_FOUND, &format!("not found: {path}")),
+        };
+        if method != Method::GET && method != Method::HEAD {
+            return json_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &format!("method {method} not allowed on {path}; use GET"),
+            );
+        }
+        let mut resp = Response::new(full(body.clone()));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+}
+
+impl<B> tower::Service<Request<B>> for PingService {
+    type Response = Response<ResponseBody>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<ResponseBody>, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        ready(Ok(self.answer(req.method(), req.uri().path())))
+    }
+}
 
 /// The tunnel port agents dial without TLS routing.
 pub const TUNNEL_PORT: u16 = 3024;
@@ -140,7 +301,7 @@ pub struct DbPing {
 /// `SVC_TUNNEL_PUBLIC_ADDR` environment variable, read by the caller) wins; with TLS routing the
 /// public web address; otherwise the tunnel public address, else the SSH public address with
 /// port 3024, else the tunnel listen address.
-pub fn tunnel_public_addr(settings: &ProxySettings, override_addr: Option<&Addr>) -> Addr {
+pub fn tunnel_public_addr(settings: &PingSettings, override_addr: Option<&Addr>) -> Addr {
     if let Some(addr) = override_addr {
         return addr.clone();
     }
@@ -163,7 +324,7 @@ pub fn tunnel_public_addr(settings: &ProxySettings, override_addr: Option<&Addr>
 }
 
 /// Derives the `proxy` member from the settings (listen addresses as bound).
-pub fn proxy_ping(settings: &ProxySettings) -> ProxyPing {
+pub fn proxy_ping(settings: &PingSettings) -> ProxyPing {
     let s = settings;
     let web_listen = s.web_listen_addr.to_string();
     let web_public = s
@@ -244,7 +405,7 @@ pub fn proxy_ping(settings: &ProxySettings) -> ProxyPing {
 }
 
 /// The whole ping document.
-pub fn ping(settings: &ProxySettings, version: &Version) -> Ping {
+pub fn ping(settings: &PingSettings, version: &Version) -> Ping {
     let min_client = svc_core::version::min_client_version();
     Ping {
         auth: AuthSettings {
@@ -263,7 +424,7 @@ pub fn ping(settings: &ProxySettings, version: &Version) -> Ping {
 }
 
 /// The find document: the ping without `auth`.
-pub fn find(settings: &ProxySettings, version: &Version) -> Find {
+pub fn find(settings: &PingSettings, version: &Version) -> Find {
     let p = ping(settings, version);
     Find {
         proxy: p.proxy,
@@ -277,7 +438,6 @@ pub fn find(settings: &ProxySettings, version: &Version) -> Find {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use svc_core::config::ListenerMode;
 
     fn addr(s: &str) -> Addr {
         s.parse().unwrap()
@@ -285,7 +445,7 @@ mod tests {
 
     #[test]
     fn tunnel_address_rule() {
-        let mut s = ProxySettings::default();
+        let mut s = PingSettings::default();
         assert_eq!(tunnel_public_addr(&s, None), s.web_listen_addr);
         s.web_public_addr = Some(addr("proxy.example.com:443"));
         assert_eq!(tunnel_public_addr(&s, None), addr("proxy.example.com:443"));
@@ -308,7 +468,7 @@ mod tests {
 
     #[test]
     fn ping_members_in_both_modes() {
-        let mut s = ProxySettings {
+        let mut s = PingSettings {
             web_public_addr: Some(addr("proxy.example.com:443")),
             ..Default::default()
         };
@@ -337,5 +497,24 @@ mod tests {
         let f = serde_json::to_value(find(&s, &Version::new(17, 1, 0))).unwrap();
         assert!(f.get("auth").is_none());
         assert_eq!(f["proxy"], v["proxy"]);
+    }
+
+    #[test]
+    fn the_service_answers_get_and_head_refuses_other_methods_and_paths() {
+        let svc = PingService::new(&PingSettings::default(), &Version::new(17, 1, 0));
+        let ok = svc.answer(&Method::GET, PING_PATH);
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert_eq!(ok.headers()[header::CONTENT_TYPE], "application/json");
+        let v: serde_json::Value = serde_json::from_slice(svc.ping_body()).unwrap();
+        assert_eq!(v["cluster_name"], "svc.local");
+        assert_eq!(svc.answer(&Method::HEAD, FIND_PATH).status(), StatusCode::OK);
+        assert_eq!(
+            svc.answer(&Method::POST, PING_PATH).status(),
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert_eq!(
+            svc.answer(&Method::GET, "/webapi/pingx").status(),
+            StatusCode::NOT_FOUND
+        );
     }
 }

@@ -75,7 +75,10 @@ impl Channel {
         let builder = ProxyBuilder::new(settings)
             .with_version(own)
             .web_mount("/garbage/", web_service(garbage));
-        let proxy = VersionHandler::new(resolver).install(builder).bind().await?;
+        let proxy = builder
+            .version_server(VersionHandler::new(resolver))
+            .bind()
+            .await?;
         Ok(Channel { proxy })
     }
 

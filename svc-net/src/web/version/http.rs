@@ -15,10 +15,7 @@ use std::{
     time::Duration,
 };
 
-use crate::{
-    proxy::ProxyBuilder,
-    web::{ResponseBody, full, json_error, web_service},
-};
+use crate::web::{ResponseBody, full, json_error};
 use ::http::{HeaderValue, Method, Request, Response, StatusCode, Uri, header};
 use tower::Service;
 
@@ -90,13 +87,6 @@ where
         Self { resolver }
     }
 
-    /// Mounts the handler on a proxy's web API under both prefixes.
-    pub fn install(self, builder: ProxyBuilder) -> ProxyBuilder {
-        PREFIXES.iter().fold(builder, |b, prefix| {
-            b.web_mount(prefix, web_service(self.clone()))
-        })
-    }
-
     async fn answer(&self, method: Method, path: String) -> Response<ResponseBody> {
         if method != Method::GET && method != Method::HEAD {
             return json_error(
@@ -136,19 +126,6 @@ where
             ),
         }
     }
-}
-
-/// Mounts a version server for `builder.settings().channels` that reaches `forward_url`
-/// upstreams directly, trusting the public web roots, for a proxy at `builder.version()`. Use [`VersionHandler::install`] to choose the connector
-/// (for example the environment-aware proxy dialer) or the trusted roots.
-pub fn install_direct(builder: ProxyBuilder) -> Result<ProxyBuilder, crate::tls::TlsError> {
-    let tls = crate::tls::client_config(None)?;
-    let resolver = VersionResolver::new(
-        builder.settings().channels.clone(),
-        builder.version().clone(),
-        super::Fetcher::direct(tls),
-    );
-    Ok(VersionHandler::new(resolver).install(builder))
 }
 
 impl<C, B> Service<Request<B>> for VersionHandler<C>
