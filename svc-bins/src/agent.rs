@@ -76,6 +76,7 @@ pub async fn agent_identity(config: &Config, dialer: &ProxyDialer) -> anyhow::Re
     let path = data_dir.join(HOST_IDENTITY_FILE);
     let roles_path = data_dir.join(HOST_ROLES_FILE);
     let target = auth_target(config)?;
+    svc_core::fs::secure_data_dir(data_dir)?;
     if path.exists() {
         let saved = ClientIdentity::load(&path)?;
         let saved_roles = std::fs::read_to_string(&roles_path).unwrap_or_default();
@@ -110,8 +111,6 @@ pub async fn agent_identity(config: &Config, dialer: &ProxyDialer) -> anyhow::Re
     let identity = svc_net::auth::join_via(&target.to_string(), params, Some(dialer))
         .await
         .with_context(|| format!("joining the cluster at {target}"))?;
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
     identity.save(&path)?;
     std::fs::write(&roles_path, format!("{}\n", roles_line(&roles)))
         .with_context(|| format!("writing {}", roles_path.display()))?;

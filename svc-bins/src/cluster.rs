@@ -187,8 +187,7 @@ pub async fn start(config: &Config, opts: &StartOptions) -> anyhow::Result<Runni
     }
     let tunnel_override = opts.tunnel_override.clone();
     let data_dir = &config.svc.data_dir;
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
+    svc_core::fs::secure_data_dir(data_dir)?;
     let backend: Arc<dyn Backend> = Arc::new(
         EmbeddedBackend::open(data_dir.join(BACKEND_FILE))
             .with_context(|| format!("opening the backend in {}", data_dir.display()))?,
