@@ -192,7 +192,11 @@ pub async fn start(config: &Config, opts: &StartOptions) -> anyhow::Result<Runni
         EmbeddedBackend::open(data_dir.join(BACKEND_FILE))
             .with_context(|| format!("opening the backend in {}", data_dir.display()))?,
     );
-    let auth = Arc::new(AuthService::open(backend, config.cluster_name(), Arc::new(SystemClock)).await?);
+    let auth = Arc::new(
+        AuthService::open(backend, config.cluster_name(), Arc::new(SystemClock))
+            .await?
+            .with_login_limits(config.auth.authentication.limits()),
+    );
 
     let listen = config.auth.listen_addr.to_string();
     let listener = tokio::net::TcpListener::bind(&listen)
