@@ -112,8 +112,7 @@ pub async fn agent_identity(config: &Config, dialer: &ProxyDialer) -> anyhow::Re
         .await
         .with_context(|| format!("joining the cluster at {target}"))?;
     identity.save(&path)?;
-    std::fs::write(&roles_path, format!("{}\n", roles_line(&roles)))
-        .with_context(|| format!("writing {}", roles_path.display()))?;
+    svc_core::fs::write_private_file(&roles_path, format!("{}\n", roles_line(&roles)).as_bytes())?;
     tracing::info!(host_id = %identity.name, cluster = %identity.cluster, "joined the cluster");
     Ok(identity)
 }

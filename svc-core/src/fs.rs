@@ -222,7 +222,8 @@ pub fn secure_data_dir(dir: &Path) -> Result<Vec<Repaired>, PrivateFsError> {
     Ok(repaired)
 }
 
-#[cfg(all(test, unix))]
+#[cfg(test)]
+#[cfg(unix)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 

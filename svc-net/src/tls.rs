@@ -207,20 +207,13 @@ fn generate(dir: &Path, names: &[String]) -> Result<(), TlsError> {
     params.distinguished_name.push(DnType::CommonName, "svc proxy");
     let cert = params.signed_by(&key, &ca)?;
 
-    // The certificates are public; the key goes through `write_private_file` (0600).
-    let write = |name: &str, body: String| -> Result<(), TlsError> {
-        let path = dir.join(name);
-        let tmp = dir.join(format!(".{name}.tmp"));
-        use std::io::Write;
-        let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(body.as_bytes()).map_err(io_err(&tmp))?;
-        f.sync_all().map_err(io_err(&tmp))?;
-        fs::rename(&tmp, &path).map_err(io_err(&path))
-    };
+    // Every file in the data directory is 0600 (the certificates too: a start that found a
+    // 0644 file there would take it for an old install and repair it).
+    let write = |name: &str, body: String| svc_core::fs::write_private_file(&dir.join(name), body.as_bytes());
     write(CA_FILE, ca.pem())?;
     // The key last: its presence marks a complete set.
     write(CERT_FILE, format!("{}{}", cert.pem(), ca.pem()))?;
-    svc_core::fs::write_private_file(&dir.join(KEY_FILE), key.serialize_pem().as_bytes())?;
+    write(KEY_FILE, key.serialize_pem())?;
     Ok(())
 }
 

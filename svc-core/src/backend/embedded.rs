@@ -9,6 +9,10 @@
 //!
 //! Layout: table `items` maps the key bytes to an encoded [`Item`] (see [`encode_value`]); table
 //! `meta` holds the revision counter, so revisions keep growing across restarts.
+//!
+//! The file holds the CA private keys and the password hashes, so it is created mode `0600` (an
+//! existing file readable by others is tightened, with a warning), and [`EmbeddedBackend::open_in_dir`]
+//! creates the data directory `0700` ([`crate::fs`]).
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
