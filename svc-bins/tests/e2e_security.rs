@@ -4,8 +4,8 @@
 //! - files: the data directory written by `svc start` (0700, the database holding the CA keys
 //!   and password hashes and every key file 0600) and the `tsh` profile cannot be read by another
 //!   local user (`runuser -u svc-insider -- cat FILE` is refused); an existing install with
-//!   world-readable files is repaired at start, with a log line per file; profile files are
-//!   forced back to 0600 when `tsh login` rewrites them;
+//!   world-readable files is repaired at start, with a log line per file; profile and
+//!   kubeconfig files are forced back to 0600 when `tsh` rewrites them;
 //! - sign-in abuse: five wrong passwords lock the user (the right one is then refused with the
 //!   lock message); the configured limits (`auth_service.authentication`) lock a guessing source
 //!   address and end after `lockout_duration`; 20 concurrent bogus sign-ins do not delay an
@@ -218,6 +218,22 @@ fn another_local_user_cannot_read_the_data_directory_or_key_files() {
         assert_eq!(mode(&home.join(file)), 0o600, "{file} after a new login");
     }
     assert_insider_cannot_read(&home.join("keys/key"));
+
+    // Kubeconfig files carry the user's private key: the default one is 0600 in a 0700
+    // directory, and one written over an existing 0644 file (--out) is forced to 0600.
+    cluster.tsh(&["kube", "login", "prod"], None).ok();
+    assert_eq!(mode(&home.join("kube")), 0o700);
+    assert_eq!(mode(&home.join("kube/prod.kubeconfig")), 0o600);
+    let out = cluster.path().join("existing.kubeconfig");
+    std::fs::write(&out, "old\n").expect("existing kubeconfig");
+    chmod(&out, 0o644);
+    cluster
+        .tsh(&["kube", "login", "prod", "--out", &out.to_string_lossy()], None)
+        .ok();
+    assert_eq!(mode(&out), 0o600);
+    let text = std::fs::read_to_string(&out).expect("kubeconfig");
+    assert!(text.contains("client-key-data"), "{text}");
+    assert_insider_cannot_read(&out);
 }
 
 #[test]
