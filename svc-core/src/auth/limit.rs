@@ -17,8 +17,8 @@
 //! State lives in memory, per Auth Service process: a restart forgets failures and locks. That
 //! is the trade-off chosen over storing every failed attempt in the backend (a write per bogus
 //! login is itself an amplification an attacker could use); `docs/security.md` says so. Memory is
-//! bounded: at most [`MAX_TRACKED`] subjects per kind are tracked; when full, idle entries are
-//! dropped first, and a new subject beyond that is not tracked (logged).
+//! bounded: at most [`MAX_TRACKED`] subjects are tracked; when full, idle entries are dropped
+//! first (at most once a second), and a new subject beyond that is not tracked (logged once).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -27,8 +27,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::clock::Clock;
 
-/// Subjects tracked per kind (users, source addresses) at most.
-pub const MAX_TRACKED: usize = 65_536;
+/// Subjects (users and source addresses together) tracked at most.
+pub const MAX_TRACKED: usize = 131_072;
 
 /// The limits (from `auth_service.authentication`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,6 +166,8 @@ struct State {
     entries: HashMap<Subject, Entry>,
     /// Whether the "not tracked" warning was logged since the table was last not full.
     warned_full: bool,
+    /// When idle entries were last dropped from a full table.
+    pruned: Option<SystemTime>,
 }
 
 /// The limiter: shared by every sign-in (and join) of one Auth Service.
@@ -266,20 +268,21 @@ impl LoginLimiter {
 
     /// Whether a new subject fits; drops idle entries first when the table is full.
     fn make_room(&self, state: &mut State, now: SystemTime) -> bool {
-        let per_kind = |entries: &HashMap<Subject, Entry>| {
-            let users = entries.keys().filter(|s| matches!(s, Subject::User(_))).count();
-            users.max(entries.len() - users)
-        };
-        if per_kind(&state.entries) < MAX_TRACKED {
+        if state.entries.len() < MAX_TRACKED {
             state.warned_full = false;
             return true;
         }
-        let lockout = self.limits.lockout;
-        state.entries.retain(|_, e| {
-            e.refresh(now, lockout);
-            !e.idle()
-        });
-        if per_kind(&state.entries) < MAX_TRACKED {
+        // Pruning walks the whole table under the lock: at most once a second, so a flood of
+        // new subjects cannot turn every attempt into a full scan.
+        if state.pruned.is_none_or(|t| now >= t + Duration::from_secs(1)) {
+            state.pruned = Some(now);
+            let lockout = self.limits.lockout;
+            state.entries.retain(|_, e| {
+                e.refresh(now, lockout);
+                !e.idle()
+            });
+        }
+        if state.entries.len() < MAX_TRACKED {
             state.warned_full = false;
             return true;
         }
@@ -439,16 +442,15 @@ mod tests {
         l.begin(ALICE, None).unwrap().succeeded();
         fail(&l, ALICE, None);
         fail(&l, ALICE, None);
-        assert!(
-            l.begin(ALICE, None).is_ok(),
-            "two failures after the success do not lock"
-        );
-        // Failures older than the lockout duration are forgotten.
-        let (clock2, l2) = (clock, l);
-        clock2.advance(Duration::from_secs(31 * 60));
-        fail(&l2, ALICE, None);
-        fail(&l2, ALICE, None);
-        assert!(l2.locked_until(&Subject::User("alice".into())).is_none());
+        l.begin(ALICE, None)
+            .expect("two failures after the success do not lock")
+            .cancelled();
+        // Failures older than the lockout duration are forgotten: two old plus two new do not
+        // reach three.
+        clock.advance(Duration::from_secs(31 * 60));
+        fail(&l, ALICE, None);
+        fail(&l, ALICE, None);
+        assert!(l.locked_until(&Subject::User("alice".into())).is_none());
     }
 
     #[test]
@@ -519,5 +521,26 @@ mod tests {
                 .entries
                 .contains_key(&Subject::User("bob".into()))
         );
+    }
+
+    #[test]
+    fn memory_is_bounded_and_expired_entries_make_room_again() {
+        let (clock, l) = limiter(1, 1_000_000);
+        for i in 0..MAX_TRACKED {
+            fail(&l, Some(&format!("u{i}")), None);
+        }
+        assert_eq!(l.state.lock().unwrap().entries.len(), MAX_TRACKED);
+        // Full of locked users: a newcomer is not tracked, so its failure locks nothing.
+        fail(&l, Some("newcomer"), None);
+        assert!(l.begin(Some("newcomer"), None).is_ok());
+        assert_eq!(l.state.lock().unwrap().entries.len(), MAX_TRACKED);
+        // Once the locks have expired, the table makes room and the newcomer is tracked.
+        clock.advance(Duration::from_secs(30 * 60 + 1));
+        fail(&l, Some("newcomer"), None);
+        assert!(matches!(
+            l.begin(Some("newcomer"), None),
+            Err(Refusal::Locked { .. })
+        ));
+        assert_eq!(l.state.lock().unwrap().entries.len(), 1);
     }
 }
