@@ -82,26 +82,11 @@ impl Profile {
         }
     }
 
-    /// Writes the profile (mode 0600).
+    /// Writes the profile (mode 0600, also when it existed with looser permissions).
     pub fn save(&self) -> anyhow::Result<PathBuf> {
-        use std::io::Write;
         let path = profile_path()?;
         let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let tmp = path.with_extension("tmp");
-        let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600);
-        }
-        let mut f = opts
-            .open(&tmp)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        f.write_all(&serde_json::to_vec_pretty(self)?)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+        write_private(&path, &serde_json::to_vec_pretty(self)?)?;
         self.save_openssh_files(dir)?;
         Ok(path)
     }
@@ -161,23 +146,10 @@ impl Profile {
     }
 }
 
-/// Writes `bytes` to `path` (mode 0600), creating its directory.
+/// Writes `bytes` to `path` with mode 0600 — an existing file is replaced, so a profile, key or
+/// kubeconfig left readable by others becomes private — creating a missing directory 0700.
 pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut f = opts
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    f.write_all(bytes)
-        .with_context(|| format!("writing {}", path.display()))
+    Ok(svc_core::fs::write_private_file(path, bytes)?)
 }
 
 /// Which identity `tctl` acts with: on the Auth host (`--data-dir` or `--config` given) the

@@ -14,6 +14,7 @@
 //! | [`secret`] | [`Secret`], a wrapper that never prints what it holds |
 //! | [`channel`] | version channel definitions (`automatic_upgrades_channels`) |
 //! | [`config`] | the configuration file model (`svc.yaml`) |
+//! | [`fs`] | private files and directories (`0600`/`0700`) for keys, the database and identities |
 //! | [`clock`] | [`Clock`]: time as an input ([`SystemClock`], [`ManualClock`] for tests) |
 //! | [`resource`] | dynamic resources (`role`, `cluster_maintenance_config`, `user`, connectors, `token`): strict parsing, serialization |
 //! | [`rbac`] | [`RoleSet`]: verbs on resources, logins, label selectors, preset roles |
@@ -30,6 +31,7 @@ pub mod backend;
 pub mod channel;
 pub mod clock;
 pub mod config;
+pub mod fs;
 pub mod identity;
 pub mod maintenance;
 pub mod proxy_env;

@@ -129,6 +129,12 @@ fn minimal_is_the_all_in_one_default() {
     assert_eq!(c.svc.data_dir, Path::new("/var/lib/svc"));
     assert_eq!(c.auth.keep_alive_interval, Duration::from_secs(300));
     assert_eq!(c.auth.keep_alive_count_max, 3);
+    assert_eq!(c.auth.authentication.max_login_attempts, 5);
+    assert_eq!(c.auth.authentication.max_source_attempts, 20);
+    assert_eq!(
+        c.auth.authentication.lockout_duration,
+        Duration::from_secs(30 * 60)
+    );
     assert!(c.proxy.channels().is_empty());
     assert!(c.proxy.trusted_proxy_networks().is_empty());
     assert_eq!(c.proxy.public_addr, None);
@@ -233,6 +239,15 @@ fn full_file_sets_every_section() {
     assert_eq!(c.svc.log.severity, LogSeverity::Debug);
     assert_eq!(c.svc.diag_addr, Some(addr("127.0.0.1:3000")));
     assert_eq!(c.auth.keep_alive_interval, Duration::from_secs(90));
+    let limits = c.auth.authentication.limits();
+    assert_eq!(
+        (
+            limits.max_user_failures,
+            limits.max_source_failures,
+            limits.lockout
+        ),
+        (3, 50, Duration::from_secs(3600))
+    );
     assert_eq!(c.proxy.proxy_protocol, ProxyProtocol::On);
     assert_eq!(
         c.proxy.trusted_proxy_networks(),

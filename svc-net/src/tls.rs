@@ -61,6 +61,9 @@ pub enum TlsError {
     /// rustls refused the certificate and key.
     #[error("building the TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
+    /// The generated key or its directory could not be made private (0600/0700).
+    #[error(transparent)]
+    Private(#[from] svc_core::fs::PrivateFsError),
 }
 
 /// The server certificate chain and key the proxy presents.
@@ -108,6 +111,10 @@ impl ServerIdentity {
                     data_dir.join(KEY_FILE),
                 );
                 if cert.exists() && key.exists() {
+                    // An install from before keys were written 0600 (or a key copied in).
+                    if let Some(repair) = svc_core::fs::repair_private_file(&key)? {
+                        svc_core::fs::log_repair(&repair);
+                    }
                     tracing::info!(cert = %cert.display(), ca = %ca.display(), "reusing the generated self-signed proxy certificate");
                 } else {
                     generate(data_dir, names)?;
@@ -176,7 +183,9 @@ impl ServerIdentity {
 }
 
 fn generate(dir: &Path, names: &[String]) -> Result<(), TlsError> {
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    if let Some(repair) = svc_core::fs::ensure_private_dir(dir)? {
+        svc_core::fs::log_repair(&repair);
+    }
     let ca_key = KeyPair::generate()?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params
@@ -198,28 +207,13 @@ fn generate(dir: &Path, names: &[String]) -> Result<(), TlsError> {
     params.distinguished_name.push(DnType::CommonName, "svc proxy");
     let cert = params.signed_by(&key, &ca)?;
 
-    let write = |name: &str, body: String, private: bool| -> Result<(), TlsError> {
-        let path = dir.join(name);
-        let tmp = dir.join(format!(".{name}.tmp"));
-        let mut opts = fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        if private {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600);
-        }
-        #[cfg(not(unix))]
-        let _ = private;
-        use std::io::Write;
-        let mut f = opts.open(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(body.as_bytes()).map_err(io_err(&tmp))?;
-        f.sync_all().map_err(io_err(&tmp))?;
-        fs::rename(&tmp, &path).map_err(io_err(&path))
-    };
-    write(CA_FILE, ca.pem(), false)?;
+    // Every file in the data directory is 0600 (the certificates too: a start that found a
+    // 0644 file there would take it for an old install and repair it).
+    let write = |name: &str, body: String| svc_core::fs::write_private_file(&dir.join(name), body.as_bytes());
+    write(CA_FILE, ca.pem())?;
     // The key last: its presence marks a complete set.
-    write(CERT_FILE, format!("{}{}", cert.pem(), ca.pem()), false)?;
-    write(KEY_FILE, key.serialize_pem(), true)?;
+    write(CERT_FILE, format!("{}{}", cert.pem(), ca.pem()))?;
+    write(KEY_FILE, key.serialize_pem())?;
     Ok(())
 }
 
@@ -267,6 +261,11 @@ mod tests {
                 .permissions()
                 .mode();
             assert_eq!(mode & 0o777, 0o600);
+            // A key left world-readable by an older install is tightened on the next start.
+            let key = dir.path().join(KEY_FILE);
+            fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).unwrap();
+            ServerIdentity::load(&source, &[]).unwrap();
+            assert_eq!(fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
         }
     }
 

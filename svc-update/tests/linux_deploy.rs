@@ -128,6 +128,7 @@ fn units_carry_the_specified_settings() -> Result<()> {
     assert_eq!(one("svc.service", "Restart")?, "always");
     assert_eq!(one("svc.service", "RestartSec")?, "5");
     assert_eq!(one("svc.service", "LimitNOFILE")?, "524288");
+    assert_eq!(one("svc.service", "UMask")?, "0077");
     assert_eq!(one("svc.service", "EnvironmentFile")?, "-/etc/default/svc");
     assert_eq!(
         one("svc.service", "ExecStart")?,

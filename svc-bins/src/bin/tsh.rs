@@ -277,9 +277,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     .join("kube")
                     .join(format!("{name}.kubeconfig")),
             };
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            }
+            // Creates a missing directory 0700; the file is 0600 even if it existed.
             svc_bins::profile::write_private(&path, text.as_bytes())?;
             println!("export KUBECONFIG={}", path.display());
             Ok(())

@@ -21,10 +21,12 @@
 //! writes for `tctl` on its own host) may do everything; other hosts may only heartbeat (and a
 //! proxy may sign users in); users get exactly what their roles allow.
 
+pub mod limit;
 mod password;
 mod served;
 mod store;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -42,6 +44,8 @@ use crate::rbac::{AccessDenied, RoleSet, Verb, preset_roles};
 use crate::resource::{JoinRole, Kind, Resource, ResourceError, Token, User};
 use crate::{Secret, Version};
 
+pub use limit::{LoginLimiter, LoginLimits, Refusal, Subject};
+use password::PasswordPool;
 pub use password::{hash_password, verify_password};
 pub use served::{ResourceRoute, RouteError, ServedKind, ServedResource};
 
@@ -93,6 +97,18 @@ pub enum AuthError {
     /// A join token was refused; nothing was issued.
     #[error("join refused: {0}")]
     JoinRefused(&'static str),
+    /// Too many failed sign-ins or joins: the user or the source address is locked (or has too
+    /// many attempts in progress). Nothing was checked.
+    #[error("{what} refused: {refusal}")]
+    Limited {
+        /// `sign-in` or `join`.
+        what: &'static str,
+        /// Who is limited, and until when.
+        refusal: Refusal,
+    },
+    /// The Auth Service has too much work queued (password checks); try again later.
+    #[error("the Auth Service is busy: {0}")]
+    Busy(String),
     /// The caller's certificate is not acceptable for this call.
     #[error("certificate refused: {0}")]
     Unauthenticated(#[from] VerifyError),
@@ -229,6 +245,9 @@ pub struct JoinRequest {
     pub tls_public_key: Vec<u8>,
     /// The agent's SSH public key.
     pub ssh_public_key: PublicKey,
+    /// The address the request came from (the TCP peer of the Auth API), for the per-address
+    /// limit on failed joins; `None` when unknown.
+    pub source: Option<IpAddr>,
 }
 
 /// What a signing-in user sends (through the proxy).
@@ -244,6 +263,9 @@ pub struct LoginRequest {
     pub ssh_public_key: PublicKey,
     /// Requested lifetime, capped at [`USER_CERT_TTL`].
     pub ttl: Option<Duration>,
+    /// The user's address, for the per-address limit on failed sign-ins: what the proxy saw
+    /// (trusted from proxies only, see `svc_net::auth`); `None` when unknown.
+    pub source: Option<IpAddr>,
 }
 
 /// One agent's last heartbeat: a row of `tctl inventory ls`.
@@ -289,6 +311,8 @@ pub struct AuthService {
     user_ca: CertAuthority,
     verifier: Verifier,
     version: Version,
+    limiter: Arc<LoginLimiter>,
+    passwords: PasswordPool,
 }
 
 impl std::fmt::Debug for AuthService {
@@ -312,6 +336,8 @@ impl AuthService {
         let user_ca = load_or_create_ca(backend.as_ref(), IdentityKind::User, cluster, clock.now()).await?;
         let verifier = Verifier::new(cluster, [host_ca.trusted(), user_ca.trusted()])?;
         let auth = Self {
+            limiter: Arc::new(LoginLimiter::new(LoginLimits::default(), clock.clone())),
+            passwords: PasswordPool::for_this_machine(),
             backend,
             clock,
             host_ca,
@@ -327,6 +353,24 @@ impl AuthService {
             }
         }
         Ok(auth)
+    }
+
+    /// Replaces the sign-in and join limits (`auth_service.authentication`); failures counted
+    /// so far are forgotten.
+    pub fn with_login_limits(mut self, limits: LoginLimits) -> Self {
+        self.limiter = Arc::new(LoginLimiter::new(limits, self.clock.clone()));
+        self
+    }
+
+    /// The sign-in and join limiter (to inspect locks).
+    pub fn limiter(&self) -> &LoginLimiter {
+        &self.limiter
+    }
+
+    /// Password checks running now and callers waiting for one: argon2 runs on a bounded
+    /// blocking pool, never on the async workers.
+    pub fn password_load(&self) -> (usize, usize) {
+        self.passwords.load()
     }
 
     fn store(&self) -> store::Store<'_> {
@@ -531,7 +575,7 @@ impl AuthService {
         caller.check(Verb::Create, Kind::User.as_str())?;
         check_password_strength(password)?;
         let name = user.metadata.name.clone();
-        let hash = hash_password(password)?;
+        let hash = self.passwords.hash(password).await?;
         self.store().create(&Resource::User(user)).await?;
         // The user exists from here on; the password follows (a crash in between leaves a user
         // who cannot sign in until `tctl users add` is repeated after `tctl users rm`).
@@ -591,7 +635,28 @@ impl AuthService {
     /// Join: an agent presents a token (once, before it expires) and gets a host ID and host
     /// certificates for the roles it asks for, each of which the token must allow. On any
     /// refusal nothing is issued and the token is left as it was.
+    ///
+    /// Failed joins count against the source address ([`LoginLimits::max_source_failures`]); a
+    /// locked address is refused before the token is looked at.
     pub async fn join(&self, req: &JoinRequest) -> Result<IssuedCerts, AuthError> {
+        let attempt = self
+            .limiter
+            .begin(None, req.source)
+            .map_err(|refusal| AuthError::Limited {
+                what: "join",
+                refusal,
+            })?;
+        let result = self.join_unlimited(req).await;
+        match &result {
+            Ok(_) => attempt.succeeded(),
+            Err(AuthError::JoinRefused(_)) => attempt.failed(),
+            // Storage or signing trouble says nothing about the caller.
+            Err(_) => attempt.cancelled(),
+        }
+        result
+    }
+
+    async fn join_unlimited(&self, req: &JoinRequest) -> Result<IssuedCerts, AuthError> {
         const INVALID: &str = "the join token is invalid";
         let name = req.token.expose();
         if name.is_empty() || name.contains('/') {
@@ -648,6 +713,10 @@ impl AuthService {
 
     /// Sign-in with a password, called by a proxy (host with the `proxy` role) on behalf of a
     /// user. Returns short-lived user certificates carrying the user's current roles.
+    ///
+    /// Failed sign-ins count against the user and the source address ([`LoginLimits`]); a locked
+    /// user or address is refused before the password is checked, the right password too. The
+    /// password is checked on the bounded blocking pool ([`password_load`](Self::password_load)).
     pub async fn login(&self, caller: &Caller, req: &LoginRequest) -> Result<IssuedCerts, AuthError> {
         if !caller.is_host_with(SystemRole::Proxy) {
             return Err(AccessDenied {
@@ -656,20 +725,54 @@ impl AuthService {
             }
             .into());
         }
+        let attempt = self
+            .limiter
+            .begin(Some(&req.username), req.source)
+            .map_err(|refusal| AuthError::Limited {
+                what: "sign-in",
+                refusal,
+            })?;
+        let user = match self.check_password(req).await {
+            Ok(user) => {
+                attempt.succeeded();
+                user
+            }
+            Err(e @ AuthError::BadCredentials) => {
+                attempt.failed();
+                return Err(e);
+            }
+            Err(e) => {
+                attempt.cancelled();
+                return Err(e);
+            }
+        };
+        self.issue_user_certs(user, req).await
+    }
+
+    /// The user if `req.password` is theirs; [`AuthError::BadCredentials`] for an unknown user
+    /// or a wrong password, after the same argon2 effort either way.
+    async fn check_password(&self, req: &LoginRequest) -> Result<User, AuthError> {
         let hash = self.backend.get(&password_key(&req.username)).await?;
         let user = self.store().get(Kind::User, &req.username).await?;
         let (Some(hash), Some(Resource::User(user))) = (hash, user) else {
             // Spend the same effort as a real check, so timing does not reveal who exists.
-            let _ = verify_password(&req.password, password::DUMMY_HASH);
+            let _ = self
+                .passwords
+                .verify(&req.password, password::DUMMY_HASH.to_owned())
+                .await?;
             return Err(AuthError::BadCredentials);
         };
         let stored = String::from_utf8(hash.value).map_err(|e| AuthError::Corrupt {
             what: "password hash",
             reason: e.to_string(),
         })?;
-        if !verify_password(&req.password, &stored) {
+        if !self.passwords.verify(&req.password, stored).await? {
             return Err(AuthError::BadCredentials);
         }
+        Ok(user)
+    }
+
+    async fn issue_user_certs(&self, user: User, req: &LoginRequest) -> Result<IssuedCerts, AuthError> {
         let mut roles = Vec::new();
         for name in &user.spec.roles {
             if let Some(Resource::Role(role)) = self.store().get(Kind::Role, name).await? {

@@ -70,6 +70,7 @@ async fn login(f: &Fixture, user: &str, password: &str) -> Result<Caller, AuthEr
         tls_public_key: tls,
         ssh_public_key: ssh,
         ttl: None,
+        source: None,
     };
     let certs = f.auth.login(&proxy(&f.auth), &req).await?;
     f.auth.authenticate(&[certs.tls_cert]).await
@@ -179,6 +180,7 @@ async fn tokens_admit_once_before_expiry_and_only_their_roles() {
         additional_names: vec![],
         tls_public_key: tls,
         ssh_public_key: ssh,
+        source: None,
     };
     let refused = |r: Result<IssuedCerts, AuthError>| match r {
         Err(AuthError::JoinRefused(m)) => m,
@@ -236,6 +238,7 @@ async fn heartbeats_fill_the_inventory_until_they_stop() {
             additional_names: vec![],
             tls_public_key: tls,
             ssh_public_key: ssh,
+            source: None,
         })
         .await
         .unwrap();
@@ -310,6 +313,7 @@ async fn two_agents_racing_with_one_token_get_one_identity() {
             additional_names: vec![],
             tls_public_key: tls,
             ssh_public_key: ssh,
+            source: None,
         }
     };
     let (a, b) = (request(), request());
@@ -510,6 +514,7 @@ async fn user_cert(f: &Fixture, user: &str, password: &str) -> CertificateDer<'s
         tls_public_key: tls,
         ssh_public_key: ssh,
         ttl: None,
+        source: None,
     };
     f.auth.login(&proxy(&f.auth), &req).await.unwrap().tls_cert
 }
@@ -717,4 +722,195 @@ async fn a_proxy_finds_the_listener_a_directly_joined_agent_announced() {
             .await
             .is_err()
     );
+}
+
+async fn login_from(f: &Fixture, user: &str, password: &str, source: &str) -> Result<Caller, AuthError> {
+    let (tls, ssh) = keys();
+    let req = LoginRequest {
+        username: user.into(),
+        password: Secret::new(password.into()),
+        tls_public_key: tls,
+        ssh_public_key: ssh,
+        ttl: None,
+        source: Some(source.parse().unwrap()),
+    };
+    let certs = f.auth.login(&proxy(&f.auth), &req).await?;
+    f.auth.authenticate(&[certs.tls_cert]).await
+}
+
+#[tokio::test]
+async fn five_wrong_passwords_lock_the_user_and_then_the_right_one_is_refused_too() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    f.auth
+        .create_user(
+            &admin,
+            User::new("alice", ["access"]),
+            &Secret::new("password123".into()),
+        )
+        .await
+        .unwrap();
+    // The guesses come from five different addresses: the lock is on the user.
+    for i in 1..=5 {
+        let e = login_from(&f, "alice", "guess-guess", &format!("198.51.100.{i}"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.to_string(), "invalid username or password", "attempt {i}");
+    }
+    let e = login_from(&f, "alice", "password123", "192.0.2.1")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "sign-in refused: user \"alice\" is locked after 5 failed attempts; try again after 2027-01-15T08:30:00Z"
+    );
+    assert!(matches!(e, AuthError::Limited { .. }));
+    f.clock.advance(Duration::from_secs(30 * 60));
+    login_from(&f, "alice", "password123", "192.0.2.1")
+        .await
+        .expect("the lock ended after 30 minutes");
+}
+
+#[tokio::test]
+async fn configured_limits_lock_a_guessing_address_for_sign_ins_and_joins() {
+    let f = fixture().await;
+    let f = Fixture {
+        auth: f
+            .auth
+            .with_login_limits(LoginLimits::new(100, 3, Duration::from_secs(60))),
+        clock: f.clock,
+    };
+    let admin = admin(&f.auth);
+    f.auth
+        .create_user(
+            &admin,
+            User::new("bob", ["access"]),
+            &Secret::new("password123".into()),
+        )
+        .await
+        .unwrap();
+    // Three failed joins with made-up tokens from one address.
+    let token = f
+        .auth
+        .create_token(&admin, vec![JoinRole::Node], None)
+        .await
+        .unwrap();
+    let (tls, ssh) = keys();
+    let mut req = JoinRequest {
+        token: Secret::new("guessed-token".into()),
+        node_name: "n".into(),
+        roles: vec![SystemRole::Node],
+        additional_names: vec![],
+        tls_public_key: tls,
+        ssh_public_key: ssh,
+        source: Some("203.0.113.5".parse().unwrap()),
+    };
+    for _ in 0..3 {
+        assert!(matches!(f.auth.join(&req).await, Err(AuthError::JoinRefused(_))));
+    }
+    // Now even the real token is refused from there, and not spent.
+    req.token = token.value().clone();
+    let e = f.auth.join(&req).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("join refused: source address 203.0.113.5 is locked after 3 failed attempts"),
+        "{e}"
+    );
+    // The address is locked for sign-ins too, the right password included.
+    let e = login_from(&f, "bob", "password123", "203.0.113.5")
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("sign-in refused: source address 203.0.113.5 is locked"),
+        "{e}"
+    );
+    // Elsewhere both work.
+    req.source = Some("203.0.113.6".parse().unwrap());
+    f.auth.join(&req).await.expect("the token was left unspent");
+    login_from(&f, "bob", "password123", "203.0.113.6").await.unwrap();
+    // After the configured lockout (60 s), the address may try again.
+    f.clock.advance(Duration::from_secs(60));
+    login_from(&f, "bob", "password123", "203.0.113.5").await.unwrap();
+}
+
+/// One runtime thread: if argon2 ran on it, nothing else could run until every check was done.
+#[tokio::test(flavor = "current_thread")]
+async fn a_storm_of_bogus_logins_does_not_hold_up_heartbeats() {
+    let mut f = fixture().await;
+    // One argon2 worker, so the storm queues.
+    f.auth.passwords = PasswordPool::new(1, 64);
+    let admin = admin(&f.auth);
+    let token = f
+        .auth
+        .create_token(&admin, vec![JoinRole::Node], None)
+        .await
+        .unwrap();
+    let (tls, ssh) = keys();
+    let certs = f
+        .auth
+        .join(&JoinRequest {
+            token: token.value().clone(),
+            node_name: "node-1".into(),
+            roles: vec![SystemRole::Node],
+            additional_names: vec![],
+            tls_public_key: tls,
+            ssh_public_key: ssh,
+            source: None,
+        })
+        .await
+        .unwrap();
+    let node = f.auth.authenticate(&[certs.tls_cert]).await.unwrap();
+    let auth = Arc::new(f.auth);
+    let proxy = proxy(&auth);
+    let storm: Vec<_> = (0..20)
+        .map(|i| {
+            let (auth, proxy) = (auth.clone(), proxy.clone());
+            tokio::spawn(async move {
+                let (tls, ssh) = keys();
+                let req = LoginRequest {
+                    username: format!("ghost-{i}"),
+                    password: Secret::new("not-a-password".into()),
+                    tls_public_key: tls,
+                    ssh_public_key: ssh,
+                    ttl: None,
+                    source: Some(format!("198.51.100.{i}").parse().unwrap()),
+                };
+                auth.login(&proxy, &req).await
+            })
+        })
+        .collect();
+    // Wait (with a deadline) until the pool is busy and callers queue behind it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while auth.password_load().0 < 1 || auth.password_load().1 < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the storm never reached the password pool: {:?}",
+            auth.password_load()
+        );
+        tokio::task::yield_now().await;
+    }
+    let started = std::time::Instant::now();
+    auth.heartbeat(
+        &node,
+        Heartbeat {
+            hostname: "node-1".into(),
+            version: "17.0.0".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("heartbeat during the storm");
+    let took = started.elapsed();
+    let (running, waiting) = auth.password_load();
+    assert!(
+        running + waiting >= 1,
+        "the heartbeat finished only after the storm: it was held up"
+    );
+    assert!(took < HEARTBEAT_INTERVAL, "heartbeat took {took:?}");
+    println!("heartbeat during a 20-login storm: {took:?}, {running} check running, {waiting} waiting");
+    for login in storm {
+        let e = login.await.unwrap().unwrap_err();
+        assert_eq!(e.to_string(), "invalid username or password");
+    }
 }

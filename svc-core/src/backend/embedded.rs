@@ -9,6 +9,10 @@
 //!
 //! Layout: table `items` maps the key bytes to an encoded [`Item`] (see [`encode_value`]); table
 //! `meta` holds the revision counter, so revisions keep growing across restarts.
+//!
+//! The file holds the CA private keys and the password hashes, so it is created mode `0600` (an
+//! existing file readable by others is tightened, with a warning), and [`EmbeddedBackend::open_in_dir`]
+//! creates the data directory `0700` ([`crate::fs`]).
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -72,7 +76,9 @@ impl EmbeddedBackend {
     /// Opens (or creates) `<data_dir>/backend.redb`, creating `data_dir` if needed.
     pub fn open_in_dir(data_dir: impl AsRef<Path>) -> Result<Self, BackendError> {
         let dir = data_dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|e| BackendError::storage("creating the data directory", e))?;
+        crate::fs::ensure_private_dir(dir)
+            .map_err(|e| BackendError::storage("creating the data directory", e))?
+            .inspect(crate::fs::log_repair);
         Self::open(dir.join(Self::FILE_NAME))
     }
 
@@ -84,6 +90,7 @@ impl EmbeddedBackend {
         watch_buffer: usize,
     ) -> Result<Self, BackendError> {
         let path = path.as_ref().to_path_buf();
+        create_private(&path)?;
         let db =
             Database::create(&path).map_err(|e| BackendError::storage("opening the database file", e))?;
         // Create both tables up front so readers never meet a missing table.
@@ -134,6 +141,26 @@ impl EmbeddedBackend {
     async fn write(&self, op: WriteOp, item: Item) -> Result<Revision, BackendError> {
         self.blocking(move |inner| inner.write(op, item)).await
     }
+}
+
+/// The database holds the CA private keys and the password hashes: it is created `0600` (redb
+/// initializes an empty file), and an existing file readable by others is tightened and logged.
+fn create_private(path: &Path) -> Result<(), BackendError> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(crate::fs::PRIVATE_FILE_MODE);
+    }
+    opts.open(path)
+        .map_err(|e| BackendError::storage("creating the database file", e))?;
+    if let Some(repair) = crate::fs::repair_private_file(path)
+        .map_err(|e| BackendError::storage("repairing the database file's permissions", e))?
+    {
+        crate::fs::log_repair(&repair);
+    }
+    Ok(())
 }
 
 impl Inner {

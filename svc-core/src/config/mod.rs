@@ -22,9 +22,9 @@ mod validate;
 
 pub use error::ConfigError;
 pub use types::{
-    App, AppConfig, AuthConfig, Config, Database, DbConfig, DbProtocol, DbTls, DesktopHost, KeyPair,
-    KubeConfig, LogConfig, LogFormat, LogOutput, LogSeverity, ProxyConfig, ProxyDbAddrs, ProxyProtocol,
-    SshConfig, SvcConfig, WindowsDesktopConfig, ports,
+    App, AppConfig, AuthConfig, AuthenticationConfig, Config, Database, DbConfig, DbProtocol, DbTls,
+    DesktopHost, KeyPair, KubeConfig, LogConfig, LogFormat, LogOutput, LogSeverity, ProxyConfig,
+    ProxyDbAddrs, ProxyProtocol, SshConfig, SvcConfig, WindowsDesktopConfig, ports,
 };
 
 /// The commented default configuration written by `svc configure`; it parses to

@@ -72,6 +72,16 @@ pub(crate) struct RawAuth {
     pub(crate) proxy_listener_mode: Option<String>,
     pub(crate) keep_alive_interval: Option<String>,
     pub(crate) keep_alive_count_max: Option<u32>,
+    pub(crate) authentication: RawAuthentication,
+}
+
+/// `auth_service.authentication`: sign-in and join abuse limits.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default, expecting = "a mapping")]
+pub(crate) struct RawAuthentication {
+    pub(crate) max_login_attempts: Option<u32>,
+    pub(crate) max_source_attempts: Option<u32>,
+    pub(crate) lockout_duration: Option<String>,
 }
 
 /// `proxy_service`.

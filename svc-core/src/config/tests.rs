@@ -153,6 +153,44 @@ fn durations_are_human_and_positive() {
 }
 
 #[test]
+fn authentication_limits_are_strict() {
+    let c =
+        parse("version: v1\nauth_service: {authentication: {max_login_attempts: 2, lockout_duration: 90s}}")
+            .unwrap();
+    assert_eq!(c.auth.authentication.max_login_attempts, 2);
+    assert_eq!(c.auth.authentication.max_source_attempts, 20);
+    assert_eq!(
+        c.auth.authentication.lockout_duration,
+        std::time::Duration::from_secs(90)
+    );
+    for (yaml, want) in [
+        (
+            "{max_login_attempts: 0}",
+            "auth_service.authentication.max_login_attempts: expected a count of at least 1, found 0",
+        ),
+        (
+            "{max_source_attempts: 0}",
+            "auth_service.authentication.max_source_attempts: expected a count of at least 1, found 0",
+        ),
+        (
+            "{lockout_duration: 0s}",
+            "auth_service.authentication.lockout_duration: invalid duration \"0s\": must be greater than zero",
+        ),
+    ] {
+        let text = format!("version: v1\nauth_service: {{authentication: {yaml}}}");
+        assert_eq!(parse(&text).unwrap_err().to_string(), want, "{yaml}");
+    }
+    let e = parse("version: v1\nauth_service: {authentication: {max_login_attempts: -1}}").unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("auth_service.authentication.max_login_attempts: "),
+        "{e}"
+    );
+    let e = parse("version: v1\nauth_service: {authentication: {second_factor: otp}}").unwrap_err();
+    assert!(e.to_string().contains("unknown field `second_factor`"), "{e}");
+}
+
+#[test]
 fn names_and_labels_are_checked() {
     let err = parse("version: v1\napp_service:\n  apps: [{name: Bad_Name, uri: 'http://a'}]").unwrap_err();
     assert_eq!(err.path(), Some("app_service.apps[0].name"));

@@ -162,6 +162,42 @@ pub struct AuthConfig {
     pub keep_alive_interval: Duration,
     /// Missed keep-alives after which an agent is marked offline (default 3).
     pub keep_alive_count_max: u32,
+    /// Sign-in and join abuse limits (`auth_service.authentication`).
+    pub authentication: AuthenticationConfig,
+}
+
+/// `auth_service.authentication`: limits on failed sign-ins and joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AuthenticationConfig {
+    /// Failed sign-ins that lock a user (default 5).
+    pub max_login_attempts: u32,
+    /// Failed sign-ins and joins that lock a source address (default 20).
+    pub max_source_attempts: u32,
+    /// How long a lock lasts and a failure is remembered (default 30 minutes).
+    pub lockout_duration: Duration,
+}
+
+impl Default for AuthenticationConfig {
+    fn default() -> Self {
+        let d = crate::auth::LoginLimits::default();
+        Self {
+            max_login_attempts: d.max_user_failures,
+            max_source_attempts: d.max_source_failures,
+            lockout_duration: d.lockout,
+        }
+    }
+}
+
+impl AuthenticationConfig {
+    /// The limits for [`AuthService::with_login_limits`](crate::auth::AuthService::with_login_limits).
+    pub fn limits(&self) -> crate::auth::LoginLimits {
+        crate::auth::LoginLimits::new(
+            self.max_login_attempts,
+            self.max_source_attempts,
+            self.lockout_duration,
+        )
+    }
 }
 
 /// `proxy_service`.

@@ -15,7 +15,8 @@ use ipnet::IpNet;
 use super::{
     ConfigError, ListenerMode,
     raw::{
-        OneOrMany, RawApp, RawAuth, RawConfig, RawDb, RawKube, RawLog, RawProxy, RawSsh, RawSvc, RawWindows,
+        OneOrMany, RawApp, RawAuth, RawAuthentication, RawConfig, RawDb, RawKube, RawLog, RawProxy, RawSsh,
+        RawSvc, RawWindows,
     },
     types::*,
 };
@@ -364,6 +365,33 @@ fn auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
             DEFAULT_KEEP_ALIVE_INTERVAL,
         )?,
         keep_alive_count_max,
+        authentication: authentication(raw.authentication)?,
+    })
+}
+
+fn authentication(raw: RawAuthentication) -> Result<AuthenticationConfig, ConfigError> {
+    const P: &str = "auth_service.authentication";
+    let d = AuthenticationConfig::default();
+    let count = |field: &str, value: Option<u32>, default: u32| match value {
+        Some(0) => Err(ConfigError::Invalid {
+            path: format!("{P}.{field}"),
+            reason: "expected a count of at least 1, found 0".to_owned(),
+        }),
+        Some(n) => Ok(n),
+        None => Ok(default),
+    };
+    Ok(AuthenticationConfig {
+        max_login_attempts: count("max_login_attempts", raw.max_login_attempts, d.max_login_attempts)?,
+        max_source_attempts: count(
+            "max_source_attempts",
+            raw.max_source_attempts,
+            d.max_source_attempts,
+        )?,
+        lockout_duration: duration(
+            &format!("{P}.lockout_duration"),
+            raw.lockout_duration.as_deref(),
+            d.lockout_duration,
+        )?,
     })
 }
 

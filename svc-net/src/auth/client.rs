@@ -335,6 +335,8 @@ impl AuthClient {
                 tls_public_key: keys.tls_public_key(),
                 ssh_public_key: keys.ssh_public_key_line()?,
                 ttl_seconds: ttl.map(|t| t.as_secs()).unwrap_or(0),
+                // The proxy's own address counts (this client is the proxy itself).
+                client_addr: String::new(),
             })
             .await?
             .into_inner();

@@ -39,6 +39,9 @@ pub enum IdentityFileError {
     /// A certificate, key or CA inside is unusable.
     #[error("identity: {0}")]
     Invalid(String),
+    /// The file could not be written privately (mode 0600).
+    #[error(transparent)]
+    Private(#[from] svc_core::fs::PrivateFsError),
 }
 
 /// A CA to trust, as written in identity files.
@@ -313,28 +316,10 @@ impl ClientIdentity {
     }
 }
 
-/// Writes `bytes` to `path` with mode 0600 via a temporary file, creating the directory.
+/// Writes `bytes` to `path` with mode 0600 (replacing a file with looser permissions), creating
+/// a missing directory 0700.
 pub(super) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), IdentityFileError> {
-    use std::io::Write;
-    let io = |source| IdentityFileError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let tmp = path.with_extension("tmp");
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut file = opts.open(&tmp).map_err(io)?;
-    file.write_all(bytes).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    Ok(svc_core::fs::write_private_file(path, bytes)?)
 }
 
 #[cfg(test)]

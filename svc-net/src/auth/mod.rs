@@ -46,6 +46,7 @@ pub mod proto {
                 .field("username", &self.username)
                 .field("password", &"***")
                 .field("ttl_seconds", &self.ttl_seconds)
+                .field("client_addr", &self.client_addr)
                 .finish_non_exhaustive()
         }
     }

@@ -1,6 +1,6 @@
 //! The gRPC server: TLS accept loop, certificate → [`Caller`], one handler per call.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -40,24 +40,28 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// The client certificate chain of a connection (empty: no certificate).
+/// The client certificate chain of a connection (empty: no certificate) and its TCP peer.
 #[derive(Clone, Debug, Default)]
-struct PeerCerts(Arc<Vec<CertificateDer<'static>>>);
+struct PeerCerts {
+    certs: Arc<Vec<CertificateDer<'static>>>,
+    addr: Option<SocketAddr>,
+}
 
-/// A TLS connection handed to tonic with its peer certificates.
+/// A TLS connection handed to tonic with its peer certificates and address.
 struct AuthConn(tokio_rustls::server::TlsStream<TcpStream>);
 
 impl tonic::transport::server::Connected for AuthConn {
     type ConnectInfo = PeerCerts;
     fn connect_info(&self) -> PeerCerts {
-        PeerCerts(Arc::new(
-            self.0
-                .get_ref()
-                .1
-                .peer_certificates()
-                .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
-                .unwrap_or_default(),
-        ))
+        let (tcp, tls) = self.0.get_ref();
+        PeerCerts {
+            certs: Arc::new(
+                tls.peer_certificates()
+                    .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+                    .unwrap_or_default(),
+            ),
+            addr: tcp.peer_addr().ok(),
+        }
     }
 }
 
@@ -188,14 +192,41 @@ impl AuthGrpc {
     }
 
     async fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
-        let certs = req.extensions().get::<PeerCerts>().cloned().unwrap_or_default();
-        if certs.0.is_empty() {
+        let peer = req.extensions().get::<PeerCerts>().cloned().unwrap_or_default();
+        if peer.certs.is_empty() {
             return Err(Status::unauthenticated(
                 "a client certificate signed by the cluster's CA is required",
             ));
         }
-        self.auth.authenticate(&certs.0).await.map_err(status)
+        self.auth.authenticate(&peer.certs).await.map_err(status)
     }
+}
+
+/// The TCP peer's address of a request (unknown for in-process calls).
+fn tcp_peer<T>(req: &Request<T>) -> Option<IpAddr> {
+    req.extensions()
+        .get::<PeerCerts>()
+        .and_then(|p| p.addr)
+        .map(|a| a.ip())
+}
+
+/// The address a sign-in counts against: the `client_addr` a proxy reports for its user (a
+/// proxy's own TCP address is shared by every user behind it), else the TCP peer. Anyone but a
+/// proxy gets the TCP peer, whatever it claims: the field must not let a caller spread its
+/// failures over made-up addresses or pin them on someone else's.
+fn login_source(caller: &Caller, client_addr: &str, tcp: Option<IpAddr>) -> Result<Option<IpAddr>, Status> {
+    if client_addr.is_empty() || !caller.is_host_with(SystemRole::Proxy) {
+        return Ok(tcp);
+    }
+    client_addr
+        .parse::<IpAddr>()
+        .or_else(|_| client_addr.parse::<SocketAddr>().map(|a| a.ip()))
+        .map(Some)
+        .map_err(|_| {
+            Status::invalid_argument(format!(
+                "client_addr: expected an IP address or IP:port, found {client_addr:?}"
+            ))
+        })
 }
 
 /// Maps a domain error onto a gRPC status; the message is the error's (never a secret).
@@ -208,7 +239,8 @@ fn status(e: AuthError) -> Status {
         AuthError::Conflict { .. } => Status::aborted(msg),
         AuthError::Invalid(_) | AuthError::Resource(_) => Status::invalid_argument(msg),
         AuthError::BadCredentials | AuthError::Unauthenticated(_) => Status::unauthenticated(msg),
-        AuthError::JoinRefused(_) => Status::permission_denied(msg),
+        AuthError::JoinRefused(_) | AuthError::Limited { .. } => Status::permission_denied(msg),
+        AuthError::Busy(_) => Status::resource_exhausted(msg),
         _ => {
             tracing::error!(error = %msg, "auth: internal error");
             Status::internal(msg)
@@ -269,6 +301,7 @@ impl proto::auth_server::Auth for AuthGrpc {
     }
 
     async fn join(&self, req: Request<proto::JoinRequest>) -> Result<Response<proto::Certs>, Status> {
+        let source = tcp_peer(&req);
         let r = req.into_inner();
         let roles = r
             .roles
@@ -285,8 +318,12 @@ impl proto::auth_server::Auth for AuthGrpc {
             additional_names: r.additional_names,
             tls_public_key: r.tls_public_key,
             ssh_public_key: ssh_key(&r.ssh_public_key)?,
+            source,
         };
-        let certs = self.auth.join(&join).await.map_err(status)?;
+        let certs = self.auth.join(&join).await.map_err(|e| {
+            tracing::info!(node = %join.node_name, source = ?join.source, error = %e, "auth: join refused");
+            status(e)
+        })?;
         tracing::info!(host_id = %certs.name, node = %join.node_name, "auth: agent joined");
         Ok(Response::new(certs_to_proto(certs, self.auth.cluster())?))
     }
@@ -469,8 +506,10 @@ impl proto::auth_server::Auth for AuthGrpc {
 
     async fn login(&self, req: Request<proto::LoginRequest>) -> Result<Response<proto::Certs>, Status> {
         let caller = self.caller(&req).await?;
+        let tcp = tcp_peer(&req);
         let r = req.into_inner();
         let login = LoginRequest {
+            source: login_source(&caller, &r.client_addr, tcp)?,
             username: r.username,
             password: Secret::new(r.password),
             tls_public_key: r.tls_public_key,
@@ -483,7 +522,7 @@ impl proto::auth_server::Auth for AuthGrpc {
                 Ok(Response::new(certs_to_proto(certs, self.auth.cluster())?))
             }
             Err(e) => {
-                tracing::info!(user = %login.username, error = %e, "auth: sign-in refused");
+                tracing::info!(user = %login.username, source = ?login.source, error = %e, "auth: sign-in refused");
                 Err(status(e))
             }
         }

@@ -36,6 +36,7 @@ pub struct AuthServer {
     listen_addr: Addr,
     public_addrs: Vec<Addr>,
     backend: Option<Arc<dyn Backend>>,
+    limits: svc_core::auth::LoginLimits,
 }
 
 impl std::fmt::Debug for AuthServer {
@@ -58,6 +59,7 @@ impl AuthServer {
             listen_addr: config.auth.listen_addr.clone(),
             public_addrs: config.auth.public_addrs.clone(),
             backend: None,
+            limits: config.auth.authentication.limits(),
         }
     }
 
@@ -77,7 +79,9 @@ impl AuthServer {
     /// Starts the Auth Service; returns once its API listens.
     pub async fn start(self) -> Result<RunningAuth, NodeError> {
         let data_dir = &self.data_dir;
-        super::agent::create_data_dir(data_dir)?;
+        // 0700, every file in it 0600 (an older install is repaired, with a log line): it holds
+        // the CAs' private keys and the password hashes.
+        svc_core::fs::secure_data_dir(data_dir)?;
         let backend: Arc<dyn Backend> = match self.backend.clone() {
             Some(b) => b,
             None => Arc::new(
@@ -87,7 +91,11 @@ impl AuthServer {
                 })?,
             ),
         };
-        let auth = Arc::new(AuthService::open(backend, &self.cluster_name, Arc::new(SystemClock)).await?);
+        let auth = Arc::new(
+            AuthService::open(backend, &self.cluster_name, Arc::new(SystemClock))
+                .await?
+                .with_login_limits(self.limits),
+        );
         let (listener, addr) = super::agent::bind("auth_service.listen_addr", &self.listen_addr).await?;
         let mut names: Vec<String> = self.public_addrs.iter().map(|a| a.host_str()).collect();
         names.push(self.listen_addr.host_str());

@@ -39,6 +39,10 @@ pub enum NodeError {
         #[source]
         source: io::Error,
     },
+    /// A private file or directory (the data directory, keys) could not be created, written or
+    /// repaired.
+    #[error("{0}")]
+    Private(#[from] svc_core::fs::PrivateFsError),
     /// The backend (the cluster's storage) could not be opened.
     #[error("opening the backend in {}: {source}", path.display())]
     Backend {

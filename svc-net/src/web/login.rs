@@ -79,6 +79,12 @@ async fn handle(auth: &AuthClient, auth_addr: &Option<String>, req: Request<Body
     if req.method() != Method::POST {
         return json_error(StatusCode::METHOD_NOT_ALLOWED, "use POST on /webapi/login");
     }
+    // The user's address, for the Auth Service's per-address limit on failed sign-ins.
+    let client_addr = req
+        .extensions()
+        .get::<super::ClientAddr>()
+        .map(|c| c.0.ip().to_canonical().to_string())
+        .unwrap_or_default();
     let bytes = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => return json_error(StatusCode::BAD_REQUEST, &format!("reading the request body: {e}")),
@@ -106,6 +112,7 @@ async fn handle(auth: &AuthClient, auth_addr: &Option<String>, req: Request<Body
         tls_public_key,
         ssh_public_key: body.ssh_public_key,
         ttl_seconds: body.ttl_seconds,
+        client_addr,
     };
     match auth.raw().login(request).await {
         Ok(certs) => {
@@ -132,6 +139,7 @@ async fn handle(auth: &AuthClient, auth_addr: &Option<String>, req: Request<Body
                 tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
                 tonic::Code::PermissionDenied => StatusCode::FORBIDDEN,
                 tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
+                tonic::Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
                 _ => StatusCode::BAD_GATEWAY,
             };
             json_error(code, ClientError::from(status).to_string().as_str())

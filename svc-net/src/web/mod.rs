@@ -13,6 +13,7 @@ pub mod version;
 use std::{
     convert::Infallible,
     future::{Future, Ready, ready},
+    net::SocketAddr,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -85,14 +86,34 @@ impl WebApi {
 
 /// The per-request service: `Arc`ed so cloning it per connection is cheap.
 #[derive(Clone)]
-pub struct WebApiService(Arc<WebApi>);
+pub struct WebApiService {
+    api: Arc<WebApi>,
+    client: Option<ClientAddr>,
+}
 
 impl WebApiService {
     /// Wraps the routes.
     pub fn new(api: WebApi) -> Self {
-        Self(Arc::new(api))
+        Self {
+            api: Arc::new(api),
+            client: None,
+        }
+    }
+
+    /// The same routes for one connection from `client`: each request carries it as a
+    /// [`ClientAddr`] extension.
+    pub fn for_client(&self, client: SocketAddr) -> Self {
+        Self {
+            api: self.api.clone(),
+            client: Some(ClientAddr(client)),
+        }
     }
 }
+
+/// The client's address of a web request (after a trusted PROXY protocol header, the address it
+/// names), put in the request's extensions for mounted services such as the sign-in handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub SocketAddr);
 
 /// The future of [`WebApiService`]: ready for built-in routes, boxed for mounted services.
 pub enum WebFuture {
@@ -114,8 +135,11 @@ impl Future for WebFuture {
 }
 
 impl WebApiService {
-    fn route(&self, req: Request<Body>) -> WebFuture {
-        let api = &self.0;
+    fn route(&self, mut req: Request<Body>) -> WebFuture {
+        if let Some(client) = self.client {
+            req.extensions_mut().insert(client);
+        }
+        let api = &self.api;
         let path = req.uri().path();
         if let Some((_, svc)) = api
             .mounts
@@ -181,6 +205,7 @@ impl WebHandler {
     }
 
     async fn serve(self, conn: Connection) -> Result<(), WebError> {
+        let api = self.api.for_client(conn.peer_addr);
         let (io, deadline, shutdown, permit) = conn.into_parts();
         let tls = match tokio::time::timeout_at(deadline, self.tls.accept(io)).await {
             Err(_) => return Err(WebError::HandshakeTimeout),
@@ -192,8 +217,8 @@ impl WebHandler {
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let io = TokioIo::new(tls);
         if h2 {
-            let c =
-                hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(io, self.api);
+            let c = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(io, api.clone());
             tokio::pin!(c);
             tokio::select! {
                 r = c.as_mut() => r?,
@@ -208,7 +233,7 @@ impl WebHandler {
             let c = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(io, self.api);
+                .serve_connection(io, api.clone());
             tokio::pin!(c);
             tokio::select! {
                 r = c.as_mut() => r?,

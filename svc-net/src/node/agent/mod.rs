@@ -26,7 +26,7 @@ mod heartbeat;
 mod resources;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -520,6 +520,7 @@ pub async fn agent_identity(config: &Config, dialer: &ProxyDialer) -> Result<Cli
     let path = data_dir.join(HOST_IDENTITY_FILE);
     let roles_path = data_dir.join(HOST_ROLES_FILE);
     let target = auth_target(config)?;
+    svc_core::fs::secure_data_dir(data_dir)?;
     if path.exists() {
         let saved = ClientIdentity::load(&path)?;
         let saved_roles = std::fs::read_to_string(&roles_path).unwrap_or_default();
@@ -557,17 +558,10 @@ pub async fn agent_identity(config: &Config, dialer: &ProxyDialer) -> Result<Cli
             target: target.to_string(),
             source,
         })?;
-    create_data_dir(data_dir)?;
     identity.save(&path)?;
-    std::fs::write(&roles_path, format!("{}\n", roles_line(&roles)))
-        .map_err(|e| NodeError::file("writing", &roles_path, e))?;
+    svc_core::fs::write_private_file(&roles_path, format!("{}\n", roles_line(&roles)).as_bytes())?;
     tracing::info!(host_id = %identity.name, cluster = %identity.cluster, "joined the cluster");
     Ok(identity)
-}
-
-/// Creates the data directory (and its parents) when missing.
-pub(crate) fn create_data_dir(dir: &Path) -> Result<(), NodeError> {
-    std::fs::create_dir_all(dir).map_err(|e| NodeError::file("creating the data directory", dir, e))
 }
 
 fn refuse_ssh() -> DialService {
