@@ -183,6 +183,8 @@ async fn the_ssh_service_listens_directly_for_joined_agents() {
         node.key.clone(),
         node.cert.clone(),
         cluster.verifier.clone(),
+        node.host_id.clone(),
+        Arc::new(RouteByName),
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -208,7 +208,9 @@ fn status(e: AuthError) -> Status {
         AuthError::Conflict { .. } => Status::aborted(msg),
         AuthError::Invalid(_) | AuthError::Resource(_) => Status::invalid_argument(msg),
         AuthError::BadCredentials | AuthError::Unauthenticated(_) => Status::unauthenticated(msg),
-        AuthError::JoinRefused(_) => Status::permission_denied(msg),
+        AuthError::JoinRefused(_) | AuthError::NodeNameTaken { .. } | AuthError::NameRefused { .. } => {
+            Status::permission_denied(msg)
+        }
         _ => {
             tracing::error!(error = %msg, "auth: internal error");
             Status::internal(msg)
@@ -505,5 +507,14 @@ impl proto::auth_server::Auth for AuthGrpc {
         let caller = self.caller(&req).await?;
         let list = super::resources::list(&self.auth, &caller, req.into_inner(), status).await?;
         Ok(Response::new(list))
+    }
+
+    async fn authorize_node(
+        &self,
+        req: Request<proto::AuthorizeNodeRequest>,
+    ) -> Result<Response<proto::ResolveResourceResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let answer = super::resources::authorize_node(&self.auth, &caller, req.into_inner(), status).await?;
+        Ok(Response::new(answer))
     }
 }

@@ -259,6 +259,7 @@ pub async fn start_proxy_with(
             creds.cert.clone(),
             cluster.verifier.clone(),
             tunnel.dialer(),
+            Arc::new(RouteByName),
         )
         .with_tls(identity.server_config(&[alpn::PROXY_SSH]).unwrap()),
     );
@@ -330,6 +331,8 @@ pub fn start_agent_with(config: AgentConfig, cluster: &Cluster, creds: &HostCred
         creds.key.clone(),
         creds.cert.clone(),
         cluster.verifier.clone(),
+        creds.host_id.clone(),
+        Arc::new(RouteByName),
     ));
     TunnelAgent::new(config, ssh.dial_service()).unwrap().spawn()
 }
@@ -550,5 +553,30 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// The tunnel tests are about moving bytes, not RBAC (the Auth Service's rule is tested in
+/// svc-core and end to end in svc-bins): this authorizer lets every session through and routes
+/// by the name the client gave, as the tunnel registry resolves it.
+pub struct RouteByName;
+
+impl svc_net::ssh::NodeAuthorizer for RouteByName {
+    fn authorize(
+        self: Arc<Self>,
+        _user_cert: russh::keys::Certificate,
+        node: String,
+        _login: String,
+    ) -> svc_net::ssh::NodeDecisionFuture {
+        Box::pin(async move {
+            let mut resource =
+                svc_core::auth::ServedResource::new(svc_core::auth::ServedKind::Node, node.clone());
+            resource.protocol = "ssh".into();
+            Ok(svc_core::auth::ResourceRoute {
+                server_id: node.clone(),
+                hostname: node,
+                resource,
+            })
+        })
     }
 }
