@@ -31,7 +31,7 @@ use svc_core::identity::SystemRole;
 use svc_core::{Addr, SystemClock};
 use svc_net::auth::{AuthClient, ClientIdentity, JoinParams};
 use svc_net::dial::ProxyDialer;
-use svc_net::ssh::{SshServer, SshServerConfig};
+use svc_net::ssh::{AuthNodeAuthorizer, SshServer, SshServerConfig};
 use svc_net::tunnel::{AgentConfig, DialService, RunningAgent, TunnelAgent};
 use svc_update::export::{AuthMaintenanceSource, ExportSettings, ScheduleExporter};
 use tokio_util::sync::CancellationToken;
@@ -200,7 +200,14 @@ pub async fn start_node(opts: NodeOptions, config: &Config) -> anyhow::Result<No
     let cert = identity.ssh_certificate()?;
     let verifier = Arc::new(identity.verifier()?);
     let ssh = if config.ssh.enabled {
-        SshServer::new(SshServerConfig::new(key.clone(), cert.clone(), verifier.clone())).dial_service()
+        SshServer::new(SshServerConfig::new(
+            key.clone(),
+            cert.clone(),
+            verifier.clone(),
+            identity.name.clone(),
+            AuthNodeAuthorizer::new(identity.clone(), Some(opts.dialer.clone())),
+        ))
+        .dial_service()
     } else {
         refuse_ssh()
     };
@@ -546,7 +553,13 @@ pub async fn start_direct(
     let key = identity.ssh_private_key()?;
     let cert = identity.ssh_certificate()?;
     let verifier = Arc::new(identity.verifier()?);
-    let ssh = SshServer::new(SshServerConfig::new(key, cert, verifier.clone()));
+    let ssh = SshServer::new(SshServerConfig::new(
+        key,
+        cert,
+        verifier.clone(),
+        identity.name.clone(),
+        AuthNodeAuthorizer::new(identity.clone(), Some(dialer.clone())),
+    ));
     if config.ssh.enabled {
         let (listener, bound) = bind("ssh_service.listen_addr", &config.ssh.listen_addr).await?;
         let addr = announced(bound, config.ssh.public_addrs.first(), &name);

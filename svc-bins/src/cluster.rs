@@ -29,7 +29,7 @@ use svc_core::{Addr, SystemClock};
 use svc_net::auth::{AuthClient, ClientIdentity, KeyMaterial};
 use svc_net::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
 use svc_net::route::alpn;
-use svc_net::ssh::{ProxySsh, ProxySshConfig};
+use svc_net::ssh::{AuthNodeAuthorizer, ProxySsh, ProxySshConfig};
 use svc_net::tls::{ServerIdentity, TlsSource};
 use svc_net::tunnel::{ConnType, DirectDialer, DirectLookup, DirectTarget, TunnelServer, TunnelServerConfig};
 
@@ -193,7 +193,9 @@ pub async fn start(config: &Config, opts: &StartOptions) -> anyhow::Result<Runni
         EmbeddedBackend::open(data_dir.join(BACKEND_FILE))
             .with_context(|| format!("opening the backend in {}", data_dir.display()))?,
     );
-    let auth = Arc::new(AuthService::open(backend, config.cluster_name(), Arc::new(SystemClock)).await?);
+    let mut auth = AuthService::open(backend, config.cluster_name(), Arc::new(SystemClock)).await?;
+    auth.set_host_name_policy(host_name_policy(config));
+    let auth = Arc::new(auth);
 
     let listen = config.auth.listen_addr.to_string();
     let listener = tokio::net::TcpListener::bind(&listen)
@@ -269,6 +271,27 @@ pub async fn start(config: &Config, opts: &StartOptions) -> anyhow::Result<Runni
     })
 }
 
+/// What joining agents may not name in their certificates: every name of this process's
+/// Proxy and Auth Service (public addresses, the cluster name); no extra names are granted.
+fn host_name_policy(config: &Config) -> svc_core::auth::HostNamePolicy {
+    let p = &config.proxy;
+    let mut reserved: Vec<String> = p
+        .public_addr
+        .iter()
+        .chain(p.ssh_public_addr.iter())
+        .chain(p.tunnel_public_addr.iter())
+        .chain(p.kube_public_addr.iter())
+        .chain(config.auth.public_addrs.iter())
+        .map(|a| a.host_str())
+        .collect();
+    reserved.push(config.cluster_name().to_owned());
+    reserved.retain(|n| !n.is_empty());
+    svc_core::auth::HostNamePolicy {
+        reserved,
+        allowed: Vec::new(),
+    }
+}
+
 /// Registers the reverse-tunnel server and the proxy's SSH entry, both presenting the proxy's
 /// host certificate (role `proxy`); on the web port they answer ALPN `svc-reversetunnel` and
 /// `svc-proxy-ssh` with the same TLS certificate the proxy will load at bind.
@@ -296,8 +319,14 @@ fn install_ssh(
     // the listeners they announced.
     let dialer = tunnel.dialer().with_direct(DirectDialer::new(identity, direct)?);
     let ssh = ProxySsh::new(
-        ProxySshConfig::new(key, cert, verifier, dialer.clone())
-            .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),
+        ProxySshConfig::new(
+            key,
+            cert,
+            verifier,
+            dialer.clone(),
+            AuthNodeAuthorizer::with_client(identity.clone(), auth.clone()),
+        )
+        .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),
     );
     let builder = crate::services::install_resource_routes(builder, identity, auth, dialer)?;
     Ok(builder
