@@ -381,6 +381,8 @@ async fn start_local_node(
     proxy: &RunningProxy,
 ) -> anyhow::Result<Node> {
     let name = config.svc.nodename.clone();
+    // A new host ID every start: take the name over from the previous run at once.
+    auth.release_node_name(&name).await?;
     let identity = host_identity(auth, &name, crate::services::agent_roles(config), auth_addr)?;
     let proxy_ca_pem = match proxy.ca_file() {
         Some(ca) => Some(std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?),

@@ -398,3 +398,32 @@ fn node_rbac_refuses_on_the_proxy_ssh_port_in_separate_mode() {
     let ok = tsh(&alice, &["ssh", &format!("root@{node}"), "echo sep-ok"]);
     assert_eq!(ok.stdout, "sep-ok\n", "{}\nsvc: {}", ok.stderr, cluster.stderr());
 }
+
+#[test]
+fn a_restarted_cluster_serves_its_own_node_at_once() {
+    let mut cluster = Cluster::start("info");
+    add_users(&cluster);
+    let alice = User::login(&cluster, "alice");
+    let target = format!("root@{}", nodename());
+    let ok = tsh(&alice, &["ssh", &target, "echo first-run"]);
+    assert_eq!(ok.stdout, "first-run\n", "{}", ok.stderr);
+    // The in-process agent comes back with a new host ID under the same node name: it takes
+    // the name over from its previous run instead of being refused as a second claimant.
+    let dir = cluster.take_dir();
+    drop(cluster);
+    let cluster = Cluster::start_in(dir, "info");
+    let alice = User::login(&cluster, "alice");
+    let ok = tsh(&alice, &["ssh", &target, "echo second-run"]);
+    assert_eq!(
+        ok.stdout,
+        "second-run\n",
+        "{}\nsvc: {}",
+        ok.stderr,
+        cluster.stderr()
+    );
+    assert!(
+        !cluster.stderr().contains("already held by another live agent"),
+        "{}",
+        cluster.stderr()
+    );
+}

@@ -847,6 +847,17 @@ impl AuthService {
             .map(|item| String::from_utf8_lossy(&item.value).into_owned()))
     }
 
+    /// Frees `node_name` whoever holds it. For the agent that runs inside the Auth Service's
+    /// own process (`svc start` all in one): it gets a new host ID on every start, and takes its
+    /// name over from its previous run at once instead of waiting for that lease to expire.
+    /// Not reachable over the API.
+    pub async fn release_node_name(&self, node_name: &str) -> Result<(), AuthError> {
+        match self.backend.delete(&node_name_key(node_name)).await {
+            Ok(_) | Err(BackendError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Holds (or renews) the node name in `host`'s certificate for it until its heartbeat
     /// expires; refuses when another live agent holds the name. Compare-and-swap: of two
     /// agents racing for a free name, one wins.

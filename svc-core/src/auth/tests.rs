@@ -905,6 +905,11 @@ async fn a_live_node_name_is_held_by_one_agent() {
         err,
         "invalid request: served node \"prod-db\": the agent's certificate names node \"other\""
     );
+    // Releasing the name (the in-process agent of a restarted Auth Service) frees it at once.
+    f.auth.release_node_name("prod-db").await.unwrap();
+    announce(&f, &rogue, &[]).await.unwrap();
+    assert!(announce(&f, &real, &[]).await.is_err());
+    f.auth.release_node_name("prod-db").await.unwrap();
     // The real node keeps renewing; once it stops, the name is free again.
     announce(&f, &real, &[("env", "prod")]).await.unwrap();
     f.clock.advance(HEARTBEAT_TTL + Duration::from_secs(1));
