@@ -177,6 +177,8 @@ pub struct ProxyOpts {
     pub ssh_port: u16,
     pub tunables: Tunables,
     pub version: Version,
+    /// The SSH entry's node authorizer; `None`: [`RouteByName`].
+    pub authorizer: Option<Arc<dyn svc_net::ssh::NodeAuthorizer>>,
 }
 
 impl Default for ProxyOpts {
@@ -189,6 +191,7 @@ impl Default for ProxyOpts {
             ssh_port: 0,
             tunables: fast_tunables(),
             version: "17.0.0".parse().unwrap(),
+            authorizer: None,
         }
     }
 }
@@ -259,7 +262,7 @@ pub async fn start_proxy_with(
             creds.cert.clone(),
             cluster.verifier.clone(),
             tunnel.dialer(),
-            Arc::new(RouteByName),
+            opts.authorizer.clone().unwrap_or_else(|| Arc::new(RouteByName)),
         )
         .with_tls(identity.server_config(&[alpn::PROXY_SSH]).unwrap()),
     );
@@ -337,10 +340,27 @@ pub fn start_agent_with(config: AgentConfig, cluster: &Cluster, creds: &HostCred
     TunnelAgent::new(config, ssh.dial_service()).unwrap().spawn()
 }
 
-/// A russh client that checks the node's host certificate (role `node`) with the host CA.
+/// A russh client that checks the node's host certificate with the host CA as `tsh ssh` does:
+/// role `node`, naming the host asked for (`Verifier::verify_node_host_ssh`).
 pub struct NodeClient {
     pub verifier: Arc<Verifier>,
+    /// The host the client asked for.
+    pub host: String,
+    /// The host ID of the certificate accepted.
     pub seen_host: Arc<Mutex<Option<String>>>,
+    /// Why a certificate was refused.
+    pub refused: Arc<Mutex<Option<String>>>,
+}
+
+impl NodeClient {
+    pub fn new(verifier: Arc<Verifier>, host: &str) -> Self {
+        Self {
+            verifier,
+            host: host.to_owned(),
+            seen_host: Arc::default(),
+            refused: Arc::default(),
+        }
+    }
 }
 
 impl russh::client::Handler for NodeClient {
@@ -352,13 +372,16 @@ impl russh::client::Handler for NodeClient {
         };
         match self
             .verifier
-            .verify_host_ssh(cert, SystemTime::now(), Some(SystemRole::Node))
+            .verify_node_host_ssh(cert, SystemTime::now(), &self.host)
         {
             Ok(host) => {
                 *self.seen_host.lock().unwrap() = Some(host.host_id);
                 Ok(true)
             }
-            Err(_) => Ok(false),
+            Err(e) => {
+                *self.refused.lock().unwrap() = Some(e.to_string());
+                Ok(false)
+            }
         }
     }
 }
@@ -375,10 +398,7 @@ pub async fn node_session(
     let stream = connect_via_proxy(&proxy.ssh_endpoint(cluster), user, node, 0)
         .await
         .unwrap();
-    let handler = NodeClient {
-        verifier: cluster.verifier.clone(),
-        seen_host: Arc::default(),
-    };
+    let handler = NodeClient::new(cluster.verifier.clone(), node);
     let mut session = russh::client::connect_stream(
         Arc::new(svc_net::ssh::client_config(&Tunables::default())),
         stream,
