@@ -6,7 +6,9 @@
 //! each time with the refusal text; the same user reaches the `dev` node. Deny beats allow; a
 //! login outside the roles' logins is refused. A rogue agent joining with a second token under
 //! the name `prod-db` is refused, and sessions keep reaching the real node. A second cluster in
-//! separate-ports mode refuses the same user on the proxy's SSH port (3023).
+//! separate-ports mode refuses the same user on the proxy's SSH port (3023). A node that cannot
+//! reach the Auth Service refuses (fail closed), and a restarted all-in-one cluster serves its
+//! own node at once.
 
 mod common;
 
@@ -426,4 +428,45 @@ fn a_restarted_cluster_serves_its_own_node_at_once() {
         "{}",
         cluster.stderr()
     );
+}
+
+#[test]
+fn a_node_that_cannot_ask_the_auth_service_refuses() {
+    require_openssh();
+    let mut cluster = Cluster::start("info");
+    add_users(&cluster);
+    let edge = Agent::start(
+        svc_agent(&direct_agent_yaml(
+            &cluster,
+            &cluster.path().join("edge-data"),
+            "edge",
+            "dev",
+        )),
+        cluster.path().join("edge.stderr"),
+    );
+    let edge_ssh = edge
+        .listeners
+        .get("ssh_service")
+        .expect("the node's SSH listener in its banner")
+        .clone();
+    let (host, port) = edge_ssh.rsplit_once(':').expect("host:port");
+    let alice = User::login(&cluster, "alice");
+    let route = vec![
+        "-p".to_owned(),
+        port.to_owned(),
+        "-o".to_owned(),
+        format!("HostKeyAlias={}", edge.host_id),
+    ];
+    let ok = openssh(&alice, &route, &format!("root@{host}"), "echo allowed");
+    assert_eq!(ok.stdout, "allowed\n", "{}\nnode: {}", ok.stderr, edge.log());
+    // The Auth Service goes away: the node cannot decide, so it refuses (fail closed).
+    cluster.kill9();
+    let refused = openssh(&alice, &route, &format!("root@{host}"), "echo should-not-run");
+    assert_refused(
+        &refused,
+        "cannot be authorized now (refused)",
+        "a node without its Auth Service",
+        &cluster,
+    );
+    assert!(!refused.stdout.contains("should-not-run"));
 }
