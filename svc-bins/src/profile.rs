@@ -6,7 +6,7 @@
 //! keys, trusted CAs, Auth API address). The roles shown by `tsh status` are read back from the
 //! certificate itself, so they are exactly what the cluster will see. Next to it, for OpenSSH:
 //! `keys/key` (0600), `keys/key-cert.pub` and `keys/known_hosts` (`@cert-authority` lines for
-//! the cluster's host CA).
+//! the cluster's host CA, limited to the names of the cluster's nodes: [`known_hosts`]).
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -24,7 +24,8 @@ pub const PROFILE_FILE: &str = "profile.json";
 pub const OPENSSH_KEY_FILE: &str = "keys/key";
 /// The OpenSSH certificate for [`OPENSSH_KEY_FILE`].
 pub const OPENSSH_CERT_FILE: &str = "keys/key-cert.pub";
-/// `@cert-authority * <host CA>`: lets OpenSSH check the nodes' host certificates.
+/// `@cert-authority <node names>,*.<cluster> <host CA>`: lets OpenSSH check the nodes' host
+/// certificates, and nothing else's.
 pub const KNOWN_HOSTS_FILE: &str = "keys/known_hosts";
 
 /// A signed-in session.
@@ -49,6 +50,34 @@ pub struct Profile {
     /// Without TLS routing: the proxy's SSH entry for clients (`proxy.ssh.ssh_public_addr`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_proxy_addr: Option<String>,
+    /// The node names the user could reach when `known_hosts` was last written (`tsh login`,
+    /// `tsh ls`): the host patterns its `@cert-authority` lines are limited to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub known_nodes: Vec<String>,
+}
+
+/// The `known_hosts` text for OpenSSH: one `@cert-authority` line per host CA, trusted only for
+/// `nodes` (node names) and `*.<cluster>` (host IDs) — never `*`, which would let the cluster's
+/// host CA vouch for any host the user connects to. OpenSSH then also requires the host
+/// certificate to name the host asked for (its principals). Names with characters that are
+/// special in `known_hosts` patterns are left out.
+pub fn known_hosts<'a>(
+    cluster: &str,
+    nodes: &[String],
+    host_ca_keys: impl IntoIterator<Item = &'a str>,
+) -> String {
+    let safe = |n: &&String| {
+        !n.is_empty()
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
+    };
+    let mut patterns: Vec<String> = nodes.iter().filter(safe).cloned().collect();
+    patterns.push(format!("*.{cluster}"));
+    let patterns = patterns.join(",");
+    host_ca_keys
+        .into_iter()
+        .map(|key| format!("@cert-authority {patterns} {}\n", key.trim()))
+        .collect()
 }
 
 /// `$SVC_HOME`, else `~/.svc`.
@@ -99,13 +128,15 @@ impl Profile {
             .ssh_private_key()?
             .to_openssh(russh::keys::ssh_key::LineEnding::LF)
             .context("encoding the SSH key")?;
-        let host_cas: String = self
-            .identity
-            .trusted
-            .iter()
-            .filter(|ca| ca.kind == "host")
-            .map(|ca| format!("@cert-authority * {}\n", ca.ssh_public_key.trim()))
-            .collect();
+        let host_cas = known_hosts(
+            &self.identity.cluster,
+            &self.known_nodes,
+            self.identity
+                .trusted
+                .iter()
+                .filter(|ca| ca.kind == "host")
+                .map(|ca| ca.ssh_public_key.as_str()),
+        );
         write_private(&home.join(OPENSSH_KEY_FILE), key.as_bytes())?;
         write_private(
             &home.join(OPENSSH_CERT_FILE),
@@ -182,4 +213,26 @@ fn admin_identity(data_dir: &Path) -> anyhow::Result<ClientIdentity> {
             path.display()
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_hosts_trusts_the_host_ca_only_for_the_clusters_nodes() {
+        let nodes = [
+            "dev-1".to_owned(),
+            "bad name".to_owned(),
+            "db.internal".to_owned(),
+        ];
+        assert_eq!(
+            known_hosts("e2e.test", &nodes, ["ssh-ed25519 AAAA ca\n"]),
+            "@cert-authority dev-1,db.internal,*.e2e.test ssh-ed25519 AAAA ca\n"
+        );
+        assert_eq!(
+            known_hosts("e2e.test", &[], ["k1", "k2"]),
+            "@cert-authority *.e2e.test k1\n@cert-authority *.e2e.test k2\n"
+        );
+    }
 }

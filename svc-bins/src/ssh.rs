@@ -6,7 +6,8 @@
 //! profile was signed in with `--insecure` and no `--cacert`, so there is no trust for the
 //! proxy's TLS certificate — plain SSH detected on the same port, the proxy then authenticated
 //! by its host certificate alone; without TLS routing, plain SSH on the proxy's SSH port) → [`run`] runs an SSH session to the node over that stream,
-//! checking the node's host certificate (role `node`) against the cluster's host CA.
+//! checking the node's host certificate (role `node`, naming the host asked for) against the
+//! cluster's host CA.
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use anyhow::{Context, bail};
 use russh::ChannelMsg;
 use russh::keys::PublicKeyOrCertificate;
 use svc_core::Addr;
-use svc_core::identity::{SystemRole, Verifier};
+use svc_core::identity::Verifier;
 use svc_net::ssh::{ClientIdentity, ProxiedStream, ProxyEndpoint, client_config, connect_via_proxy};
 use svc_net::tunnel::Tunables;
 use tokio::io::AsyncWriteExt;
@@ -106,9 +107,13 @@ pub async fn connect(profile: &Profile, target: &Target, login: &str) -> anyhow:
     Ok(connect_via_proxy(&endpoint, &identity, &target.host, target.port).await?)
 }
 
-/// Checks the node's host certificate (role `node`) against the cluster's host CA.
+/// Checks the node's host certificate against the cluster's host CA: role `node`, and it must
+/// name the host asked for ([`Verifier::verify_node_host_ssh`]). Keeps the refusal for the
+/// error message.
 struct NodeHandler {
     verifier: Arc<Verifier>,
+    host: String,
+    refused: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl russh::client::Handler for NodeHandler {
@@ -118,10 +123,18 @@ impl russh::client::Handler for NodeHandler {
         let PublicKeyOrCertificate::Certificate(cert) = key else {
             return Ok(false);
         };
-        Ok(self
+        match self
             .verifier
-            .verify_host_ssh(cert, SystemTime::now(), Some(SystemRole::Node))
-            .is_ok())
+            .verify_node_host_ssh(cert, SystemTime::now(), &self.host)
+        {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                if let Ok(mut refused) = self.refused.lock() {
+                    *refused = Some(e.to_string());
+                }
+                Ok(false)
+            }
+        }
     }
 }
 
@@ -133,13 +146,21 @@ async fn session(
 ) -> anyhow::Result<russh::client::Handle<NodeHandler>> {
     let (endpoint, identity, verifier) = endpoint(profile, login)?;
     let stream = connect_via_proxy(&endpoint, &identity, &target.host, target.port).await?;
-    let mut session = russh::client::connect_stream(
-        Arc::new(client_config(&Tunables::default())),
-        stream,
-        NodeHandler { verifier },
-    )
-    .await
-    .with_context(|| format!("SSH to {}", target.host))?;
+    let refused = Arc::new(std::sync::Mutex::new(None));
+    let handler = NodeHandler {
+        verifier,
+        host: target.host.clone(),
+        refused: refused.clone(),
+    };
+    let connected =
+        russh::client::connect_stream(Arc::new(client_config(&Tunables::default())), stream, handler).await;
+    if let Some(reason) = refused.lock().ok().and_then(|mut r| r.take()) {
+        bail!(
+            "SSH to {}: refusing the node's host certificate: {reason}",
+            target.host
+        );
+    }
+    let mut session = connected.with_context(|| format!("SSH to {}", target.host))?;
     let auth = session
         .authenticate_openssh_cert(login.to_owned(), identity.key.clone(), identity.cert.clone())
         .await?;

@@ -275,6 +275,106 @@ impl RoleSet {
     }
 }
 
+/// Why a user may not open an SSH session on a node. The message names the node, the login
+/// and the reason; it never carries the user's certificate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeAccessDenied {
+    /// A deny `node_labels` selector of one of the user's roles matches the node's labels
+    /// (deny beats allow).
+    #[error("access denied to node \"{node}\": role {role} of user {user} denies its labels")]
+    LabelsDenied {
+        /// The node asked for.
+        node: String,
+        /// The user.
+        user: String,
+        /// The role whose deny selector matched.
+        role: String,
+    },
+    /// No role of the user has an allow `node_labels` selector matching the node's labels.
+    #[error("access denied to node \"{node}\": the roles of user {user} do not allow its labels")]
+    LabelsNotAllowed {
+        /// The node asked for.
+        node: String,
+        /// The user.
+        user: String,
+    },
+    /// The login is not one the user's certificate grants, or a role denies it.
+    #[error(
+        "access denied to node \"{node}\" as login \"{login}\": the roles of user {user} do not allow this login"
+    )]
+    LoginNotAllowed {
+        /// The node asked for.
+        node: String,
+        /// The OS login asked for.
+        login: String,
+        /// The user.
+        user: String,
+    },
+}
+
+/// One SSH session request, as RBAC sees it: who, with which granted logins, to which node
+/// (with the labels it announced or is configured with), as which login.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeAccess<'a> {
+    /// The user name.
+    pub user: &'a str,
+    /// The logins the user's certificate grants (its SSH principals).
+    pub granted_logins: &'a [String],
+    /// The node's name, for the refusal message.
+    pub node: &'a str,
+    /// The node's labels.
+    pub labels: &'a BTreeMap<String, String>,
+    /// The OS login asked for.
+    pub login: &'a str,
+}
+
+impl RoleSet {
+    /// Whether `login` is denied by a role (`deny.logins` naming it, or `*`).
+    pub fn login_denied(&self, login: &str) -> bool {
+        self.roles
+            .iter()
+            .flat_map(|r| &r.spec.deny.logins)
+            .any(|l| l == "*" || l == login)
+    }
+
+    /// The one rule for SSH access to a node, shared by the proxy (before it dials) and the
+    /// node (before it starts anything): the node's labels must match an allow `node_labels`
+    /// selector of some role and no deny selector of any role (deny beats allow), and the login
+    /// must be granted by the certificate and denied by no role.
+    pub fn check_node(&self, req: &NodeAccess<'_>) -> Result<(), NodeAccessDenied> {
+        if let Some(role) = self
+            .roles
+            .iter()
+            .find(|r| matches_labels(LabelKind::Node.selector(&r.spec.deny), req.labels))
+        {
+            return Err(NodeAccessDenied::LabelsDenied {
+                node: req.node.to_owned(),
+                user: req.user.to_owned(),
+                role: role.metadata.name.clone(),
+            });
+        }
+        if !self
+            .roles
+            .iter()
+            .any(|r| matches_labels(LabelKind::Node.selector(&r.spec.allow), req.labels))
+        {
+            return Err(NodeAccessDenied::LabelsNotAllowed {
+                node: req.node.to_owned(),
+                user: req.user.to_owned(),
+            });
+        }
+        if !req.granted_logins.iter().any(|l| l == req.login) || self.login_denied(req.login) {
+            return Err(NodeAccessDenied::LoginNotAllowed {
+                node: req.node.to_owned(),
+                login: req.login.to_owned(),
+                user: req.user.to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The `editor` preset: manages users, roles, connectors and join tokens, and reads the agent
 /// inventory and cluster status. Nothing on `cluster_maintenance_config` (specification §2.4).
 pub fn preset_editor() -> Role {
@@ -490,6 +590,54 @@ spec:
         assert!(!set.labels_allowed(LabelKind::Node, &prod));
         assert!(set.labels_allowed(LabelKind::Node, &labels(&[("env", "dev")])));
         assert!(set.labels_allowed(LabelKind::App, &prod));
+    }
+
+    #[test]
+    fn node_access_follows_labels_deny_and_logins() {
+        let sel = |k: &str, v: &str| -> LabelSelector {
+            LabelSelector::from([(k.to_owned(), [v].into_iter().collect::<LabelValues>())])
+        };
+        let mut dev = Role::new("dev");
+        dev.spec.allow.node_labels = sel("env", "dev");
+        dev.spec.allow.logins = vec!["ubuntu".into()];
+        let granted = vec!["ubuntu".to_owned(), "root".to_owned()];
+        let (prod, devl) = (labels(&[("env", "prod")]), labels(&[("env", "dev")]));
+        let set = RoleSet::new([dev.clone()]);
+        let ask = |set: &RoleSet, node: &str, labels: &BTreeMap<String, String>, login: &str| {
+            set.check_node(&NodeAccess {
+                user: "alice",
+                granted_logins: &granted,
+                node,
+                labels,
+                login,
+            })
+        };
+        ask(&set, "dev-1", &devl, "ubuntu").unwrap();
+        assert_eq!(
+            ask(&set, "prod-db", &prod, "ubuntu").unwrap_err().to_string(),
+            "access denied to node \"prod-db\": the roles of user alice do not allow its labels"
+        );
+        // A login outside the certificate's principals.
+        assert_eq!(
+            ask(&set, "dev-1", &devl, "postgres").unwrap_err().to_string(),
+            "access denied to node \"dev-1\" as login \"postgres\": the roles of user alice do not allow this login"
+        );
+        // Deny beats allow, for labels and for logins.
+        let mut no_prod = Role::new("no-prod");
+        no_prod.spec.deny.node_labels = sel("env", "prod");
+        no_prod.spec.deny.logins = vec!["root".into()];
+        let set = RoleSet::new([preset_access(["root", "ubuntu"]), no_prod]);
+        assert_eq!(
+            ask(&set, "prod-db", &prod, "ubuntu").unwrap_err().to_string(),
+            "access denied to node \"prod-db\": role no-prod of user alice denies its labels"
+        );
+        ask(&set, "dev-1", &devl, "ubuntu").unwrap();
+        assert!(matches!(
+            ask(&set, "dev-1", &devl, "root"),
+            Err(NodeAccessDenied::LoginNotAllowed { .. })
+        ));
+        // No roles: nothing.
+        assert!(ask(&RoleSet::default(), "dev-1", &devl, "ubuntu").is_err());
     }
 
     #[test]

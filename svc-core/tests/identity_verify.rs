@@ -506,3 +506,37 @@ fn rustls_handshake_agrees_with_the_verifier() -> Result<()> {
     ensure!(host.node_name == "node-1");
     Ok(())
 }
+
+#[test]
+fn a_node_host_certificate_is_accepted_only_for_the_host_it_names() -> Result<()> {
+    let c = cluster(CLUSTER)?;
+    let cert = c.host_ca.sign_host_ssh(
+        &node_request(vec![SystemRole::Node]),
+        ssh_key(1).public_key(),
+        t0(),
+    )?;
+    let at = t0() + HOUR;
+    for asked in [
+        "node-1",
+        "00000000-0000-0000-0000-000000001234",
+        "00000000-0000-0000-0000-000000001234.example.com",
+        "NODE-1.internal",
+    ] {
+        c.verifier.verify_node_host_ssh(&cert, at, asked)?;
+    }
+    let err = c
+        .verifier
+        .verify_node_host_ssh(&cert, at, "prod-db")
+        .expect_err("another host's certificate");
+    ensure!(
+        err.to_string()
+            == "the host certificate of node node-1 (00000000-0000-0000-0000-000000001234.example.com) does not name prod-db, the host asked for",
+        "{err}"
+    );
+    // A proxy's certificate is no node's, whatever it names.
+    let mut proxy = node_request(vec![SystemRole::Proxy]);
+    proxy.node_name = "prod-db".into();
+    let cert = c.host_ca.sign_host_ssh(&proxy, ssh_key(2).public_key(), t0())?;
+    ensure!(c.verifier.verify_node_host_ssh(&cert, at, "prod-db").is_err());
+    Ok(())
+}

@@ -1,7 +1,9 @@
 //! SSH through proxy → reverse tunnel → agent SSH Service, with russh clients: exec with output
 //! and exit status, an interactive PTY session with a window resize, logins outside the
-//! certificate refused, the 3022 listener for directly joined agents, and both tunnel paths
-//! (plain SSH on the tunnel port, SSH inside TLS on the web port).
+//! certificate refused, the 3022 listener for directly joined agents, both tunnel paths
+//! (plain SSH on the tunnel port, SSH inside TLS on the web port), and a client that refuses a
+//! node whose host certificate does not name the host asked for (a proxy routing a name to the
+//! wrong agent).
 #![allow(clippy::unwrap_used)]
 
 mod tunnel_support;
@@ -130,10 +132,7 @@ async fn a_login_outside_the_certificate_is_refused_and_unknown_nodes_fail_clear
     let stream = svc_net::ssh::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "node-2", 0)
         .await
         .unwrap();
-    let handler = NodeClient {
-        verifier: cluster.verifier.clone(),
-        seen_host: Arc::default(),
-    };
+    let handler = NodeClient::new(cluster.verifier.clone(), "node-2");
     let seen = handler.seen_host.clone();
     let mut session = russh::client::connect_stream(
         Arc::new(svc_net::ssh::client_config(&svc_net::tunnel::Tunables::default())),
@@ -183,6 +182,8 @@ async fn the_ssh_service_listens_directly_for_joined_agents() {
         node.key.clone(),
         node.cert.clone(),
         cluster.verifier.clone(),
+        node.host_id.clone(),
+        Arc::new(RouteByName),
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -192,10 +193,7 @@ async fn the_ssh_service_listens_directly_for_joined_agents() {
         async move { server.serve_listener(listener, shutdown).await }
     });
     let user = cluster.user("alice", &["root"]);
-    let handler = NodeClient {
-        verifier: cluster.verifier.clone(),
-        seen_host: Arc::default(),
-    };
+    let handler = NodeClient::new(cluster.verifier.clone(), "node-direct");
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut session = russh::client::connect_stream(
         Arc::new(svc_net::ssh::client_config(&svc_net::tunnel::Tunables::default())),
@@ -219,4 +217,72 @@ async fn the_ssh_service_listens_directly_for_joined_agents() {
         .unwrap();
     shutdown.cancel();
     task.await.unwrap();
+}
+
+/// What a compromised proxy (or a routing bug) would do: every name goes to one agent.
+struct MisRoute(String);
+
+impl svc_net::ssh::NodeAuthorizer for MisRoute {
+    fn authorize(
+        self: Arc<Self>,
+        _user_cert: russh::keys::Certificate,
+        node: String,
+        _login: String,
+    ) -> svc_net::ssh::NodeDecisionFuture {
+        Box::pin(async move {
+            Ok(svc_core::auth::ResourceRoute {
+                server_id: self.0.clone(),
+                hostname: node.clone(),
+                resource: svc_core::auth::ServedResource::new(svc_core::auth::ServedKind::Node, node),
+            })
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_refuses_a_node_whose_certificate_does_not_name_the_host_asked_for() {
+    init_tracing();
+    let cluster = Cluster::new();
+    let rogue = cluster.host(&[SystemRole::Node], "rogue");
+    let proxy = start_proxy(
+        &cluster,
+        ProxyOpts {
+            authorizer: Some(Arc::new(MisRoute(rogue.host_id.clone()))),
+            ..Default::default()
+        },
+    )
+    .await;
+    let agent = start_agent(&cluster, proxy.web, &rogue);
+    proxy
+        .tunnel
+        .registry()
+        .wait_for("rogue", |a| a.is_some_and(|a| a.online))
+        .await;
+    let user = cluster.user("alice", &["root"]);
+    // The proxy hands "prod-db" to the rogue agent ...
+    let stream = svc_net::ssh::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "prod-db", 0)
+        .await
+        .unwrap();
+    // ... whose valid host certificate names "rogue": the client stops before authenticating.
+    let handler = NodeClient::new(cluster.verifier.clone(), "prod-db");
+    let refused = handler.refused.clone();
+    let connected = russh::client::connect_stream(
+        Arc::new(svc_net::ssh::client_config(&svc_net::tunnel::Tunables::default())),
+        stream,
+        handler,
+    )
+    .await;
+    assert!(
+        connected.is_err(),
+        "the client must not accept the rogue's certificate"
+    );
+    assert_eq!(
+        refused.lock().unwrap().clone().unwrap_or_default(),
+        format!(
+            "the host certificate of node rogue ({}) does not name prod-db, the host asked for",
+            rogue.host_id
+        )
+    );
+    agent.shutdown().await;
+    proxy.shutdown().await;
 }

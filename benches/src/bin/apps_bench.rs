@@ -263,6 +263,7 @@ fn main() -> Result<()> {
             ca_pem: None,
             tls_routing: Some(true),
             ssh_proxy_addr: None,
+            known_nodes: Vec::new(),
         };
         for (kind, name, protocol, port) in [
             (ServedKind::Db, "pg", Some(DbProtocol::Postgres), db_port),

@@ -211,6 +211,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .then(|| ping["proxy"]["ssh"]["ssh_public_addr"].as_str())
                 .flatten()
                 .map(|a| svc_bins::ssh::reachable(a, &proxy));
+            let known_nodes = rt.block_on(reachable_nodes(&identity)).unwrap_or_else(|e| {
+                eprintln!("warning: listing nodes for known_hosts failed ({e:#}); run tsh ls to retry");
+                Vec::new()
+            });
             let profile = Profile {
                 proxy,
                 identity,
@@ -218,6 +222,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ca_pem: ca.map(|pem| String::from_utf8_lossy(&pem).into_owned()),
                 tls_routing: Some(tls_routing),
                 ssh_proxy_addr,
+                known_nodes,
             };
             profile.save().context("saving the profile")?;
             print_status(&profile, Format::Text)
@@ -294,13 +299,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The node names the signed-in user may reach now: the hosts `known_hosts` trusts the
+/// cluster's host CA for.
+async fn reachable_nodes(identity: &svc_net::auth::ClientIdentity) -> anyhow::Result<Vec<String>> {
+    let mut auth = svc_net::auth::AuthClient::connect_with(identity).await?;
+    let routes = auth.list_served(ServedKind::Node, None).await?;
+    Ok(routes.into_iter().map(|r| r.resource.name).collect())
+}
+
 fn list(kind: ServedKind, format: Format) -> anyhow::Result<()> {
-    let profile = signed_in()?;
+    let mut profile = signed_in()?;
     let rt = tokio::runtime::Runtime::new()?;
     let routes = rt.block_on(async {
         let mut auth = svc_net::auth::AuthClient::connect_with(&profile.identity).await?;
         anyhow::Ok(auth.list_served(kind, None).await?)
     })?;
+    // `tsh ls` refreshes the nodes `known_hosts` trusts the host CA for.
+    let names: Vec<String> = routes.iter().map(|r| r.resource.name.clone()).collect();
+    if kind == ServedKind::Node && names != profile.known_nodes {
+        profile.known_nodes = names;
+        profile.save().context("saving the profile")?;
+    }
     match format {
         Format::Json => {
             let rows: Vec<_> = routes

@@ -16,6 +16,7 @@
 //! | `/passwords/<user>` | the user's argon2 PHC hash string |
 //! | `/inventory/<host id>` | the last heartbeat of an agent (JSON), expiring after [`HEARTBEAT_TTL`] |
 //! | `/served/<host id>` | the resources the agent serves ([`ServedResource`]), same expiry |
+//! | `/nodenames/<node name>` | the host ID holding a node name, same expiry (one live agent per name) |
 //!
 //! Rights: a host certificate with the `auth` system role (the admin identity the Auth Service
 //! writes for `tctl` on its own host) may do everything; other hosts may only heartbeat (and a
@@ -109,6 +110,24 @@ pub enum AuthError {
     /// The Auth Service has too much work queued (password checks); try again later.
     #[error("the Auth Service is busy: {0}")]
     Busy(String),
+    /// A joining or heartbeating agent claims a node name that another live agent holds.
+    #[error(
+        "node name \"{name}\" is already held by another live agent (host {holder}); give this agent another nodename, or stop the other one and wait for its heartbeat to expire"
+    )]
+    NodeNameTaken {
+        /// The node name claimed.
+        name: String,
+        /// The host ID holding it.
+        holder: String,
+    },
+    /// A joining agent asked for a node name or an extra certificate name it may not have.
+    #[error("join refused: certificate name \"{name}\": {reason}")]
+    NameRefused {
+        /// The name asked for.
+        name: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
     /// The caller's certificate is not acceptable for this call.
     #[error("certificate refused: {0}")]
     Unauthenticated(#[from] VerifyError),
@@ -313,6 +332,67 @@ pub struct AuthService {
     version: Version,
     limiter: Arc<LoginLimiter>,
     passwords: PasswordPool,
+    names: HostNamePolicy,
+}
+
+/// Which names a joining agent may put in its certificate besides its host ID and node name
+/// (`additional_names`): never a wildcard, never a name of the cluster's Proxy or Auth Service
+/// (`reserved`), and only names the Auth Service's configuration grants (`allowed`). The node
+/// name itself may not contain a wildcard or be a reserved name either.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostNamePolicy {
+    /// The Proxy's and Auth Service's names (public addresses, host names): no agent gets them.
+    pub reserved: Vec<String>,
+    /// The extra names agents may ask for (exact, case-insensitive). Empty (the default, and
+    /// what `svc start` uses): none.
+    pub allowed: Vec<String>,
+}
+
+impl HostNamePolicy {
+    fn is_reserved(&self, name: &str) -> bool {
+        self.reserved.iter().any(|r| r.eq_ignore_ascii_case(name))
+    }
+
+    /// Checks a join request's node name and extra names.
+    pub fn check(&self, node_name: &str, additional: &[String]) -> Result<(), AuthError> {
+        let refuse = |name: &str, reason| AuthError::NameRefused {
+            name: name.to_owned(),
+            reason,
+        };
+        if node_name.is_empty() {
+            return Err(refuse(node_name, "a node name is required"));
+        }
+        if node_name.contains('*') {
+            return Err(refuse(node_name, "wildcards are not allowed in a node name"));
+        }
+        if node_name.contains('/') {
+            return Err(refuse(node_name, "a node name cannot contain '/'"));
+        }
+        if self.is_reserved(node_name) {
+            return Err(refuse(
+                node_name,
+                "it is a name of the cluster's Proxy or Auth Service",
+            ));
+        }
+        for name in additional {
+            if name.contains('*') {
+                return Err(refuse(name, "wildcard certificate names are not allowed"));
+            }
+            if self.is_reserved(name) {
+                return Err(refuse(
+                    name,
+                    "it is a name of the cluster's Proxy or Auth Service",
+                ));
+            }
+            if !self.allowed.iter().any(|a| a.eq_ignore_ascii_case(name)) {
+                return Err(refuse(
+                    name,
+                    "not an extra name the Auth Service grants to agents",
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for AuthService {
@@ -344,6 +424,7 @@ impl AuthService {
             user_ca,
             verifier,
             version: crate::version::current().clone(),
+            names: HostNamePolicy::default(),
         };
         for role in preset_roles(Vec::<String>::new()) {
             let resource = Resource::Role(role);
@@ -379,6 +460,11 @@ impl AuthService {
 
     fn now(&self) -> SystemTime {
         self.clock.now()
+    }
+
+    /// Sets which names joining agents may (not) put in their certificates.
+    pub fn set_host_name_policy(&mut self, policy: HostNamePolicy) {
+        self.names = policy;
     }
 
     /// The cluster name.
@@ -690,6 +776,13 @@ impl AuthService {
                 ));
             }
         }
+        self.names.check(&req.node_name, &req.additional_names)?;
+        if let Some(holder) = self.node_name_holder(&req.node_name).await? {
+            return Err(AuthError::NodeNameTaken {
+                name: req.node_name.clone(),
+                holder,
+            });
+        }
         let host_req = HostCertRequest {
             host_uuid: uuid::Uuid::new_v4(),
             node_name: req.node_name.clone(),
@@ -779,9 +872,11 @@ impl AuthService {
                 roles.push(role);
             }
         }
-        let mut logins: Vec<String> = RoleSet::new(roles).logins().into_iter().collect();
+        let roles = RoleSet::new(roles);
+        let mut logins: Vec<String> = roles.logins().into_iter().collect();
         for login in user.logins() {
-            if !logins.contains(login) {
+            // A role's `deny.logins` removes a login the user's traits grant, too.
+            if !logins.contains(login) && !roles.login_denied(login) {
                 logins.push(login.clone());
             }
         }
@@ -824,6 +919,7 @@ impl AuthService {
             .strip_suffix(&format!(".{}", host.cluster))
             .unwrap_or(&host.host_id)
             .to_owned();
+        self.claim_node_name(host).await?;
         self.store_served(host, &beat.hostname, beat.resources).await?;
         let row = InventoryRow {
             server_id,
@@ -842,6 +938,57 @@ impl AuthService {
             .put(Item::new(inventory_key(&host.host_id), value).with_expiry(now + HEARTBEAT_TTL))
             .await?;
         Ok(())
+    }
+
+    /// The host ID of the live agent holding `node_name`, if any.
+    async fn node_name_holder(&self, node_name: &str) -> Result<Option<String>, AuthError> {
+        Ok(self
+            .backend
+            .get(&node_name_key(node_name))
+            .await?
+            .filter(|item| !item.is_expired(self.now()))
+            .map(|item| String::from_utf8_lossy(&item.value).into_owned()))
+    }
+
+    /// Frees `node_name` whoever holds it. For the agent that runs inside the Auth Service's
+    /// own process (`svc start` all in one): it gets a new host ID on every start, and takes its
+    /// name over from its previous run at once instead of waiting for that lease to expire.
+    /// Not reachable over the API.
+    pub async fn release_node_name(&self, node_name: &str) -> Result<(), AuthError> {
+        match self.backend.delete(&node_name_key(node_name)).await {
+            Ok(_) | Err(BackendError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Holds (or renews) the node name in `host`'s certificate for it until its heartbeat
+    /// expires; refuses when another live agent holds the name. Compare-and-swap: of two
+    /// agents racing for a free name, one wins.
+    async fn claim_node_name(&self, host: &HostIdentity) -> Result<(), AuthError> {
+        let key = node_name_key(&host.node_name);
+        let now = self.now();
+        let taken = |holder: &[u8]| AuthError::NodeNameTaken {
+            name: host.node_name.clone(),
+            holder: String::from_utf8_lossy(holder).into_owned(),
+        };
+        let lease = Item::new(key.clone(), host.host_id.as_bytes().to_vec()).with_expiry(now + HEARTBEAT_TTL);
+        let written = match self.backend.get(&key).await? {
+            Some(item) if !item.is_expired(now) && item.value != host.host_id.as_bytes() => {
+                return Err(taken(&item.value));
+            }
+            Some(item) => self.backend.compare_and_swap(item.revision, lease).await,
+            None => self.backend.create(lease).await,
+        };
+        match written {
+            Ok(_) => Ok(()),
+            Err(BackendError::RevisionMismatch { .. } | BackendError::AlreadyExists { .. }) => {
+                match self.node_name_holder(&host.node_name).await? {
+                    Some(holder) if holder != host.host_id => Err(taken(holder.as_bytes())),
+                    _ => Ok(()),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// `tctl inventory ls`: the live agents (verb `list` on `inventory`), sorted by host name.
@@ -890,6 +1037,10 @@ fn redacted_ref(kind: Kind, name: &str) -> String {
 
 fn password_key(user: &str) -> Key {
     Key::from_segments(["passwords", user])
+}
+
+fn node_name_key(node_name: &str) -> Key {
+    Key::from_segments(["nodenames", node_name])
 }
 
 fn inventory_key(host_id: &str) -> Key {

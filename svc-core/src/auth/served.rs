@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::{AuthError, AuthService, Caller, HEARTBEAT_TTL};
 use crate::backend::{Item, Key, KeyRange};
 use crate::identity::{HostIdentity, SystemRole};
-use crate::rbac::{AccessDenied, LabelKind, RoleSet, Verb};
+use crate::rbac::{AccessDenied, LabelKind, NodeAccess, NodeAccessDenied, RoleSet, Verb};
 
 /// What kind of resource an agent serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -173,6 +173,9 @@ pub enum RouteError {
         /// The user.
         user: String,
     },
+    /// The user's roles do not allow this node or this login on it.
+    #[error(transparent)]
+    Node(#[from] NodeAccessDenied),
     /// No live agent serves it.
     #[error("{kind} \"{name}\" not found: no connected agent serves it")]
     NotServed {
@@ -214,6 +217,13 @@ impl AuthService {
             };
             if r.name.is_empty() {
                 return Err(AuthError::Invalid(format!("a served {kind} has no name")));
+            }
+            // Routing by name must only ever reach an agent whose certificate carries the name.
+            if kind == ServedKind::Node && r.name != host.node_name {
+                return Err(AuthError::Invalid(format!(
+                    "served node \"{}\": the agent's certificate names node \"{}\"",
+                    r.name, host.node_name
+                )));
             }
             if !host.has_role(kind.system_role()) {
                 return Err(AccessDenied {
@@ -331,6 +341,93 @@ impl AuthService {
             }));
         }
         Ok(Ok(route))
+    }
+
+    /// Authorizes an SSH session of the user holding `user_cert` (their OpenSSH certificate) to
+    /// `node` as `login` ([`RoleSet::check_node`]: the node's announced labels against
+    /// `node_labels`, deny beating allow, and the login against the certificate's logins and
+    /// the roles' denied logins); the answer is the route to the one live agent holding that
+    /// node name (or host ID, or UUID), whose host ID the proxy then dials, or a [`RouteError`]
+    /// naming the node and the reason.
+    ///
+    /// Asked by a proxy (host role `proxy`) before it dials, and by a node (host role `node`)
+    /// about itself (`node` is its own host ID) before it starts a session: the node's check is
+    /// the second line of defence, against its own announced labels. Anyone else is refused.
+    pub async fn authorize_node(
+        &self,
+        caller: &Caller,
+        user_cert: &ssh_key::Certificate,
+        node: &str,
+        login: &str,
+    ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
+        let refused = || -> AuthError {
+            AccessDenied {
+                verb: Verb::Read,
+                resource: "node authorization".into(),
+            }
+            .into()
+        };
+        let itself = match caller {
+            Caller::Host(host) if host.has_role(SystemRole::Proxy) => None,
+            Caller::Host(host) if host.has_role(SystemRole::Node) && host.host_id == node => {
+                Some(host.host_id.clone())
+            }
+            _ => return Err(refused()),
+        };
+        let user = self.verifier.verify_user_ssh(user_cert, self.now())?;
+        let granted = user.logins.clone();
+        let Caller::User { identity, roles } = self.caller(crate::identity::Identity::User(user)).await?
+        else {
+            return Err(AuthError::Invalid("expected a user certificate".into()));
+        };
+        let named = |e: &ServedEntry| match &itself {
+            Some(host_id) => &e.host_id == host_id,
+            None => {
+                e.host_id == node
+                    || e.host_id.split_once('.').is_some_and(|(uuid, _)| uuid == node)
+                    || e.resources
+                        .iter()
+                        .any(|r| r.kind == Some(ServedKind::Node) && r.name == node)
+            }
+        };
+        let found = self
+            .served_entries()
+            .await?
+            .into_iter()
+            .filter(named)
+            .find_map(|e| {
+                let resource = e
+                    .resources
+                    .into_iter()
+                    .find(|r| r.kind == Some(ServedKind::Node))?;
+                Some(ResourceRoute {
+                    server_id: e.host_id,
+                    hostname: e.hostname,
+                    resource,
+                })
+            });
+        let Some(route) = found else {
+            return Ok(Err(RouteError::NotServed {
+                kind: ServedKind::Node,
+                name: node.to_owned(),
+            }));
+        };
+        let shown = if itself.is_some() {
+            route.resource.name.as_str()
+        } else {
+            node
+        };
+        let check = roles.check_node(&NodeAccess {
+            user: &identity.username,
+            granted_logins: &granted,
+            node: shown,
+            labels: &route.resource.labels,
+            login,
+        });
+        Ok(match check {
+            Ok(()) => Ok(route),
+            Err(denied) => Err(denied.into()),
+        })
     }
 
     /// The route to the listener a directly joined agent announced for `kind`: `server` is

@@ -499,6 +499,8 @@ fn host_with(auth: &AuthService, roles: Vec<SystemRole>) -> Caller {
     match admin(auth) {
         Caller::Admin(mut h) => {
             h.roles = roles;
+            // Every host of a test is another agent: node names are unique per cluster.
+            h.node_name = format!("host-{}", &h.host_id[..8]);
             Caller::Host(h)
         }
         other => other,
@@ -659,7 +661,13 @@ async fn resources_resolve_for_users_their_labels_allow() {
 #[tokio::test]
 async fn a_proxy_finds_the_listener_a_directly_joined_agent_announced() {
     let f = fixture().await;
-    let agent = host_with(&f.auth, vec![SystemRole::Node, SystemRole::Kube]);
+    let agent = match host_with(&f.auth, vec![SystemRole::Node, SystemRole::Kube]) {
+        Caller::Host(mut h) => {
+            h.node_name = "edge-1".into();
+            Caller::Host(h)
+        }
+        other => other,
+    };
     let Caller::Host(host) = &agent else {
         panic!("a host caller")
     };
@@ -913,4 +921,293 @@ async fn a_storm_of_bogus_logins_does_not_hold_up_heartbeats() {
         let e = login.await.unwrap().unwrap_err();
         assert_eq!(e.to_string(), "invalid username or password");
     }
+}
+
+/// A user's OpenSSH certificate, signed in with `password`.
+async fn user_ssh_cert(f: &Fixture, user: &str, password: &str) -> Certificate {
+    let (tls, ssh) = keys();
+    let req = LoginRequest {
+        source: None,
+        username: user.into(),
+        password: Secret::new(password.into()),
+        tls_public_key: tls,
+        ssh_public_key: ssh,
+        ttl: None,
+    };
+    f.auth.login(&proxy(&f.auth), &req).await.unwrap().ssh_cert
+}
+
+/// A node host named `name` (host role `node`).
+fn node_host(auth: &AuthService, name: &str) -> Caller {
+    match host_with(auth, vec![SystemRole::Node]) {
+        Caller::Host(mut h) => {
+            h.node_name = name.into();
+            Caller::Host(h)
+        }
+        other => other,
+    }
+}
+
+async fn announce(f: &Fixture, node: &Caller, labels: &[(&str, &str)]) -> Result<(), AuthError> {
+    let Caller::Host(h) = node else { panic!("a host") };
+    let mut r = ServedResource::new(ServedKind::Node, h.node_name.clone());
+    r.labels = labels.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+    f.auth
+        .heartbeat(
+            node,
+            Heartbeat {
+                hostname: h.node_name.clone(),
+                resources: vec![r],
+                ..Default::default()
+            },
+        )
+        .await
+}
+
+#[tokio::test]
+async fn node_access_is_authorized_by_labels_deny_and_logins() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let roles = "kind: role\nversion: v7\nmetadata:\n  name: dev\nspec:\n  allow:\n    logins: [ubuntu]\n    node_labels:\n      env: dev\n---\nkind: role\nversion: v7\nmetadata:\n  name: no-prod\nspec:\n  deny:\n    node_labels:\n      env: prod\n";
+    f.auth
+        .put_resources(&admin, parse_resources(roles).unwrap(), false)
+        .await
+        .unwrap();
+    for (name, user_roles) in [("dana", vec!["dev"]), ("erin", vec!["access", "no-prod"])] {
+        f.auth
+            .create_user(
+                &admin,
+                with_logins(User::new(name, user_roles), &["root"]),
+                &Secret::new("correct horse".into()),
+            )
+            .await
+            .unwrap();
+    }
+    let (dev, prod) = (node_host(&f.auth, "dev-1"), node_host(&f.auth, "prod-db"));
+    announce(&f, &dev, &[("env", "dev")]).await.unwrap();
+    announce(&f, &prod, &[("env", "prod")]).await.unwrap();
+    let proxy = proxy(&f.auth);
+    let dana = user_ssh_cert(&f, "dana", "correct horse").await;
+    let ask = |caller: Caller, cert: Certificate, node: &'static str, login: &'static str| {
+        let auth = &f.auth;
+        async move {
+            auth.authorize_node(&caller, &cert, node, login)
+                .await
+                .unwrap()
+                .map(|r| r.hostname)
+                .map_err(|e| e.to_string())
+        }
+    };
+    assert_eq!(
+        ask(proxy.clone(), dana.clone(), "dev-1", "ubuntu").await.unwrap(),
+        "dev-1"
+    );
+    assert_eq!(
+        ask(proxy.clone(), dana.clone(), "prod-db", "ubuntu")
+            .await
+            .unwrap_err(),
+        "access denied to node \"prod-db\": the roles of user dana do not allow its labels"
+    );
+    assert_eq!(
+        ask(proxy.clone(), dana.clone(), "dev-1", "postgres")
+            .await
+            .unwrap_err(),
+        "access denied to node \"dev-1\" as login \"postgres\": the roles of user dana do not allow this login"
+    );
+    assert_eq!(
+        ask(proxy.clone(), dana.clone(), "nowhere", "ubuntu")
+            .await
+            .unwrap_err(),
+        "node \"nowhere\" not found: no connected agent serves it"
+    );
+    // Deny beats allow: `access` allows every node, `no-prod` denies env=prod.
+    let erin = user_ssh_cert(&f, "erin", "correct horse").await;
+    assert_eq!(
+        ask(proxy.clone(), erin.clone(), "dev-1", "root").await.unwrap(),
+        "dev-1"
+    );
+    assert_eq!(
+        ask(proxy.clone(), erin.clone(), "prod-db", "root")
+            .await
+            .unwrap_err(),
+        "access denied to node \"prod-db\": role no-prod of user erin denies its labels"
+    );
+    // The node asks about itself, by its host ID; it cannot ask about another node.
+    let Caller::Host(prod_host) = &prod else { panic!() };
+    let prod_id: &'static str = Box::leak(prod_host.host_id.clone().into_boxed_str());
+    assert_eq!(
+        ask(prod.clone(), erin.clone(), prod_id, "root")
+            .await
+            .unwrap_err(),
+        "access denied to node \"prod-db\": role no-prod of user erin denies its labels"
+    );
+    assert!(f.auth.authorize_node(&dev, &erin, prod_id, "root").await.is_err());
+    // A user cannot ask for another user.
+    let dana_caller = login(&f, "dana", "correct horse").await.unwrap();
+    assert!(
+        f.auth
+            .authorize_node(&dana_caller, &dana, "dev-1", "ubuntu")
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn a_live_node_name_is_held_by_one_agent() {
+    let f = fixture().await;
+    let real = node_host(&f.auth, "prod-db");
+    announce(&f, &real, &[("env", "prod")]).await.unwrap();
+    // A second agent with the same name cannot heartbeat (or announce the node) ...
+    let rogue = node_host(&f.auth, "prod-db");
+    let err = announce(&f, &rogue, &[]).await.unwrap_err().to_string();
+    assert!(
+        err.starts_with("node name \"prod-db\" is already held by another live agent (host "),
+        "{err}"
+    );
+    // ... nor join under it.
+    let admin = admin(&f.auth);
+    let token = f
+        .auth
+        .create_token(&admin, vec![JoinRole::Node], None)
+        .await
+        .unwrap();
+    let (tls, ssh) = keys();
+    let mut req = JoinRequest {
+        source: None,
+        token: token.value().clone(),
+        node_name: "prod-db".into(),
+        roles: vec![SystemRole::Node],
+        additional_names: vec![],
+        tls_public_key: tls,
+        ssh_public_key: ssh,
+    };
+    let err = f.auth.join(&req).await.unwrap_err().to_string();
+    assert!(err.starts_with("node name \"prod-db\" is already held"), "{err}");
+    // An agent cannot announce a node under a name its certificate does not carry.
+    let other = node_host(&f.auth, "other");
+    let Caller::Host(h) = &other else { panic!() };
+    let err = f
+        .auth
+        .heartbeat(
+            &other,
+            Heartbeat {
+                hostname: h.node_name.clone(),
+                resources: vec![ServedResource::new(ServedKind::Node, "prod-db")],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "invalid request: served node \"prod-db\": the agent's certificate names node \"other\""
+    );
+    // Releasing the name (the in-process agent of a restarted Auth Service) frees it at once.
+    f.auth.release_node_name("prod-db").await.unwrap();
+    announce(&f, &rogue, &[]).await.unwrap();
+    assert!(announce(&f, &real, &[]).await.is_err());
+    f.auth.release_node_name("prod-db").await.unwrap();
+    // The real node keeps renewing; once it stops, the name is free again.
+    announce(&f, &real, &[("env", "prod")]).await.unwrap();
+    f.clock.advance(HEARTBEAT_TTL + Duration::from_secs(1));
+    req.node_name = "prod-db".into();
+    f.auth.join(&req).await.unwrap();
+}
+
+#[tokio::test]
+async fn extra_certificate_names_are_checked_at_join() {
+    let f = fixture().await;
+    let mut auth = f.auth;
+    auth.set_host_name_policy(HostNamePolicy {
+        reserved: vec!["proxy.example.com".into()],
+        allowed: vec!["db.internal".into()],
+    });
+    let admin = admin(&auth);
+    let token = auth
+        .create_token(&admin, vec![JoinRole::Node], None)
+        .await
+        .unwrap();
+    let (tls, ssh) = keys();
+    let mut req = JoinRequest {
+        source: None,
+        token: token.value().clone(),
+        node_name: "db-1".into(),
+        roles: vec![SystemRole::Node],
+        additional_names: vec!["*.example.com".into()],
+        tls_public_key: tls,
+        ssh_public_key: ssh,
+    };
+    let mut refused = |names: &[&str], node: &str| {
+        req.additional_names = names.iter().map(|n| (*n).to_owned()).collect();
+        req.node_name = node.into();
+        req.clone()
+    };
+    for (names, node, expected) in [
+        (
+            &["*.example.com"][..],
+            "db-1",
+            "join refused: certificate name \"*.example.com\": wildcard certificate names are not allowed",
+        ),
+        (
+            &["PROXY.example.com"][..],
+            "db-1",
+            "join refused: certificate name \"PROXY.example.com\": it is a name of the cluster's Proxy or Auth Service",
+        ),
+        (
+            &["github.com"][..],
+            "db-1",
+            "join refused: certificate name \"github.com\": not an extra name the Auth Service grants to agents",
+        ),
+        (
+            &[][..],
+            "proxy.example.com",
+            "join refused: certificate name \"proxy.example.com\": it is a name of the cluster's Proxy or Auth Service",
+        ),
+        (
+            &[][..],
+            "*",
+            "join refused: certificate name \"*\": wildcards are not allowed in a node name",
+        ),
+    ] {
+        let r = refused(names, node);
+        assert_eq!(auth.join(&r).await.unwrap_err().to_string(), expected);
+    }
+    // The token was not spent by the refusals; an allowed name joins.
+    let ok = refused(&["db.internal"], "db-1");
+    let certs = auth.join(&ok).await.unwrap();
+    let host = auth
+        .verifier()
+        .verify_host_ssh(&certs.ssh_cert, auth.clock.now(), Some(SystemRole::Node))
+        .unwrap();
+    assert_eq!(host.additional_names, ["db.internal"]);
+}
+
+#[tokio::test]
+async fn a_denied_login_is_removed_from_the_users_traits_too() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let role = "kind: role\nversion: v7\nmetadata:\n  name: no-root\nspec:\n  deny:\n    logins: [root]\n";
+    f.auth
+        .put_resources(&admin, parse_resources(role).unwrap(), false)
+        .await
+        .unwrap();
+    f.auth
+        .create_user(
+            &admin,
+            with_logins(User::new("frank", ["access", "no-root"]), &["root", "ubuntu"]),
+            &Secret::new("correct horse".into()),
+        )
+        .await
+        .unwrap();
+    let cert = user_ssh_cert(&f, "frank", "correct horse").await;
+    let principals: Vec<&str> = cert.valid_principals().iter().map(String::as_str).collect();
+    assert_eq!(principals, ["ubuntu"]);
+}
+
+fn with_logins(mut user: User, logins: &[&str]) -> User {
+    user.spec
+        .traits
+        .insert("logins".into(), logins.iter().map(|l| (*l).to_owned()).collect());
+    user
 }

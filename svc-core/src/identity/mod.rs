@@ -241,6 +241,15 @@ impl HostIdentity {
     pub fn has_role(&self, role: SystemRole) -> bool {
         self.roles.contains(&role)
     }
+
+    /// Whether the certificate names `host`: its host ID, the UUID part of it, its node name or
+    /// one of its additional names (case-insensitive, as host names are).
+    pub fn names(&self, host: &str) -> bool {
+        self.host_id == host
+            || self.host_id.split_once('.').is_some_and(|(uuid, _)| uuid == host)
+            || self.node_name == host
+            || self.additional_names.iter().any(|n| n.eq_ignore_ascii_case(host))
+    }
 }
 
 /// A verified user.

@@ -88,6 +88,16 @@ pub enum VerifyError {
         /// The roles it has, comma-separated.
         found: String,
     },
+    /// A valid host certificate of another host than the one the client asked for.
+    #[error("the host certificate of node {node_name} ({host_id}) does not name {asked}, the host asked for")]
+    WrongHost {
+        /// The host the client asked for.
+        asked: String,
+        /// The certificate's host ID.
+        host_id: String,
+        /// The certificate's node name.
+        node_name: String,
+    },
     /// The certificate is signed by a trusted CA but carries no svc identity.
     #[error("certificate carries no svc identity extension")]
     MissingIdentity,
@@ -363,6 +373,28 @@ impl Verifier {
                 expected: IdentityKind::Host,
                 found: other.kind(),
             }),
+        }
+    }
+
+    /// Verifies the host certificate a node presents to a client that asked for `host` (a node
+    /// name, host ID, UUID or extra name): a host certificate of this cluster with role `node`
+    /// that names `host` ([`HostIdentity::names`]). The one check every SSH client of svc runs
+    /// on a node (`tsh ssh`, `tsh proxy ssh` users' OpenSSH relies on its own principal check).
+    pub fn verify_node_host_ssh(
+        &self,
+        cert: &Certificate,
+        now: SystemTime,
+        host: &str,
+    ) -> Result<HostIdentity, VerifyError> {
+        let identity = self.verify_host_ssh(cert, now, Some(SystemRole::Node))?;
+        if identity.names(host) {
+            Ok(identity)
+        } else {
+            Err(VerifyError::WrongHost {
+                asked: host.to_owned(),
+                host_id: identity.host_id,
+                node_name: identity.node_name,
+            })
         }
     }
 

@@ -92,6 +92,34 @@ pub(super) async fn resolve(
     })
 }
 
+/// The body of the `AuthorizeNode` handler.
+pub(super) async fn authorize_node(
+    auth: &Arc<AuthService>,
+    caller: &Caller,
+    r: proto::AuthorizeNodeRequest,
+    status: fn(svc_core::auth::AuthError) -> Status,
+) -> Result<proto::ResolveResourceResponse, Status> {
+    let cert = ssh_key::Certificate::from_openssh(r.user_ssh_cert.trim()).map_err(|e| {
+        Status::invalid_argument(format!(
+            "user_ssh_cert: expected an OpenSSH certificate, found one that does not parse: {e}"
+        ))
+    })?;
+    let answer = auth
+        .authorize_node(caller, &cert, &r.node, &r.login)
+        .await
+        .map_err(status)?;
+    Ok(match answer {
+        Ok(route) => proto::ResolveResourceResponse {
+            route: Some(route_to_proto(&route)),
+            denied: String::new(),
+        },
+        Err(e) => proto::ResolveResourceResponse {
+            route: None,
+            denied: e.to_string(),
+        },
+    })
+}
+
 /// The body of the `ListServed` handler.
 pub(super) async fn list(
     auth: &Arc<AuthService>,
@@ -129,6 +157,35 @@ impl AuthClient {
                 kind: kind.as_str().to_owned(),
                 name: name.to_owned(),
                 user_cert: user_cert.map(<[u8]>::to_vec).unwrap_or_default(),
+            })
+            .await?
+            .into_inner();
+        match r.route {
+            Some(route) => Ok(Ok(route_from_proto(route)?)),
+            None if !r.denied.is_empty() => Ok(Err(r.denied)),
+            None => Err(ClientError::Invalid("neither a route nor a denial".into())),
+        }
+    }
+
+    /// Whether the user holding `user_ssh_cert` may open an SSH session on `node` as `login`:
+    /// the route to the one live agent holding that node name (a proxy dials its host ID), or
+    /// the Auth Service's denial naming the node and the reason. A node asks about itself with
+    /// its host ID.
+    pub async fn authorize_node(
+        &mut self,
+        user_ssh_cert: &ssh_key::Certificate,
+        node: &str,
+        login: &str,
+    ) -> Result<Resolved, ClientError> {
+        let cert = user_ssh_cert
+            .to_openssh()
+            .map_err(|e| ClientError::Invalid(format!("encoding the user certificate: {e}")))?;
+        let r = self
+            .raw()
+            .authorize_node(proto::AuthorizeNodeRequest {
+                user_ssh_cert: cert,
+                node: node.to_owned(),
+                login: login.to_owned(),
             })
             .await?
             .into_inner();

@@ -239,7 +239,10 @@ fn status(e: AuthError) -> Status {
         AuthError::Conflict { .. } => Status::aborted(msg),
         AuthError::Invalid(_) | AuthError::Resource(_) => Status::invalid_argument(msg),
         AuthError::BadCredentials | AuthError::Unauthenticated(_) => Status::unauthenticated(msg),
-        AuthError::JoinRefused(_) | AuthError::Limited { .. } => Status::permission_denied(msg),
+        AuthError::JoinRefused(_)
+        | AuthError::Limited { .. }
+        | AuthError::NodeNameTaken { .. }
+        | AuthError::NameRefused { .. } => Status::permission_denied(msg),
         AuthError::Busy(_) => Status::resource_exhausted(msg),
         _ => {
             tracing::error!(error = %msg, "auth: internal error");
@@ -544,5 +547,14 @@ impl proto::auth_server::Auth for AuthGrpc {
         let caller = self.caller(&req).await?;
         let list = super::resources::list(&self.auth, &caller, req.into_inner(), status).await?;
         Ok(Response::new(list))
+    }
+
+    async fn authorize_node(
+        &self,
+        req: Request<proto::AuthorizeNodeRequest>,
+    ) -> Result<Response<proto::ResolveResourceResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let answer = super::resources::authorize_node(&self.auth, &caller, req.into_inner(), status).await?;
+        Ok(Response::new(answer))
     }
 }

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use svc_core::auth::AuthService;
+use svc_core::auth::{AuthService, HostNamePolicy};
 use svc_core::backend::{Backend, EmbeddedBackend};
 use svc_core::config::Config;
 use svc_core::identity::{HostCertRequest, SystemRole};
@@ -28,6 +28,27 @@ pub fn admin_identity_path(data_dir: &Path) -> PathBuf {
     data_dir.join(ADMIN_IDENTITY_FILE)
 }
 
+/// What joining agents may not name in their certificates: every name of this cluster's Proxy
+/// and Auth Service (public addresses, the cluster name); no extra names are granted.
+fn host_name_policy(config: &Config) -> HostNamePolicy {
+    let p = &config.proxy;
+    let mut reserved: Vec<String> = p
+        .public_addr
+        .iter()
+        .chain(p.ssh_public_addr.iter())
+        .chain(p.tunnel_public_addr.iter())
+        .chain(p.kube_public_addr.iter())
+        .chain(config.auth.public_addrs.iter())
+        .map(|a| a.host_str())
+        .collect();
+    reserved.push(config.cluster_name().to_owned());
+    reserved.retain(|n| !n.is_empty());
+    HostNamePolicy {
+        reserved,
+        allowed: Vec::new(),
+    }
+}
+
 /// An Auth Service, configured and not yet started.
 pub struct AuthServer {
     cluster_name: String,
@@ -37,6 +58,7 @@ pub struct AuthServer {
     public_addrs: Vec<Addr>,
     backend: Option<Arc<dyn Backend>>,
     limits: svc_core::auth::LoginLimits,
+    names: HostNamePolicy,
 }
 
 impl std::fmt::Debug for AuthServer {
@@ -60,6 +82,7 @@ impl AuthServer {
             public_addrs: config.auth.public_addrs.clone(),
             backend: None,
             limits: config.auth.authentication.limits(),
+            names: host_name_policy(config),
         }
     }
 
@@ -67,6 +90,13 @@ impl AuthServer {
     /// directory.
     pub fn backend(mut self, backend: Arc<dyn Backend>) -> Self {
         self.backend = Some(backend);
+        self
+    }
+
+    /// Which names joining agents may carry in their certificates (default: none of the
+    /// cluster's Proxy and Auth Service names, no extra names).
+    pub fn host_name_policy(mut self, names: HostNamePolicy) -> Self {
+        self.names = names;
         self
     }
 
@@ -91,11 +121,9 @@ impl AuthServer {
                 })?,
             ),
         };
-        let auth = Arc::new(
-            AuthService::open(backend, &self.cluster_name, Arc::new(SystemClock))
-                .await?
-                .with_login_limits(self.limits),
-        );
+        let mut auth = AuthService::open(backend, &self.cluster_name, Arc::new(SystemClock)).await?;
+        auth.set_host_name_policy(self.names.clone());
+        let auth = Arc::new(auth.with_login_limits(self.limits));
         let (listener, addr) = super::agent::bind("auth_service.listen_addr", &self.listen_addr).await?;
         let mut names: Vec<String> = self.public_addrs.iter().map(|a| a.host_str()).collect();
         names.push(self.listen_addr.host_str());

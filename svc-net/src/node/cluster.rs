@@ -126,6 +126,8 @@ impl Cluster {
         let node = match &proxy {
             Some(proxy) if !agent_roles(config).is_empty() => {
                 let name = config.svc.nodename.clone();
+                // A new host ID every start: take the name over from the previous run at once.
+                auth.service.release_node_name(&name).await?;
                 let identity = auth.host_identity(&name, agent_roles(config))?;
                 let ca_pem = match proxy.ca_file() {
                     Some(ca) => Some(std::fs::read(ca).map_err(|e| NodeError::file("reading", ca, e))?),

@@ -24,7 +24,7 @@ use crate::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
 use crate::route::alpn;
 use crate::services::KubeProxy;
 use crate::services::proxy::{ALPNS, ResourceProxy, ResourceProxyConfig};
-use crate::ssh::{ProxySsh, ProxySshConfig};
+use crate::ssh::{AuthNodeAuthorizer, ProxySsh, ProxySshConfig};
 use crate::tls::{ServerIdentity, TlsSource};
 use crate::tunnel::{
     ConnType, DirectDialer, DirectLookup, DirectTarget, TunnelDialer, TunnelServer, TunnelServerConfig,
@@ -182,8 +182,15 @@ fn install_ssh(
     let direct = DirectDialer::new(identity, direct).map_err(|e| NodeError::setup("the direct dialer", e))?;
     let dialer = tunnel.dialer().with_direct(direct);
     let ssh = ProxySsh::new(
-        ProxySshConfig::new(key, cert, verifier, dialer.clone())
-            .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),
+        ProxySshConfig::new(
+            key,
+            cert,
+            verifier,
+            dialer.clone(),
+            // The proxy asks the Auth Service whether the user may reach the node before it dials.
+            AuthNodeAuthorizer::with_client(identity.clone(), auth.clone()),
+        )
+        .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),
     );
     let builder = install_resource_routes(builder, identity, auth, dialer)?;
     Ok(builder

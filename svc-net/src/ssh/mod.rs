@@ -9,13 +9,16 @@
 //! runs its own SSH session over that pipe to the agent's [`server::SshServer`], which
 //! authenticates the user certificate again (the requested login must be one of the
 //! certificate's principals), presents the agent's host certificate and runs shells and
-//! commands. [`client::connect_via_proxy`] is the client half of the first hop.
+//! commands. Node RBAC ([`authz`]) is asked twice: by the proxy before it dials, and by the
+//! node before it starts anything. [`client::connect_via_proxy`] is the client half of the first hop.
 
+pub mod authz;
 pub mod client;
 mod passwd;
 pub mod proxy;
 pub mod server;
 
+pub use authz::{AuthNodeAuthorizer, NodeAuthorizer, NodeDecision, NodeDecisionFuture};
 pub use client::{ClientIdentity, ProxiedStream, ProxyEndpoint, client_config, connect_via_proxy};
 pub use proxy::{ProxySsh, ProxySshConfig};
 pub use server::{SshServer, SshServerConfig};

@@ -1,8 +1,14 @@
 //! The proxy's SSH entry for clients: on the SSH listener (3023) and on the web port with ALPN
 //! `svc-proxy-ssh` (SSH inside TLS). Authenticates the user certificate and serves the
 //! `proxy:<host>:<port>` subsystem (and `direct-tcpip` to `<host>:<port>`) by dialing the
-//! agent through the [`TunnelDialer`] — by node name, host ID or UUID — and piping bytes. The
-//! client runs its own SSH session to the agent over that pipe; the proxy never sees inside it.
+//! agent through the [`TunnelDialer`] and piping bytes. The client runs its own SSH session to
+//! the agent over that pipe; the proxy never sees inside it.
+//!
+//! Before it dials, the entry asks its [`NodeAuthorizer`] whether the user (their certificate)
+//! may log in to the node named (node name, host ID or UUID) as the SSH user they gave the
+//! proxy; the answer names the one agent holding that node name, and the proxy dials that
+//! agent's host ID — never "whichever tunnel claims the name". A refusal reaches the client on
+//! stderr, naming the node and the reason.
 
 use std::{
     collections::HashMap,
@@ -19,6 +25,8 @@ use russh::{
     server::{Auth, ChannelOpenHandle, Msg, Session},
 };
 use svc_core::identity::{UserIdentity, Verifier};
+
+use super::authz::NodeAuthorizer;
 use tokio::io::copy_bidirectional_with_sizes;
 use tokio_rustls::TlsAcceptor;
 use tower::Service;
@@ -41,6 +49,8 @@ pub struct ProxySshConfig {
     pub verifier: Arc<Verifier>,
     /// Reaches agents.
     pub dialer: TunnelDialer,
+    /// Decides, before every dial, whether the user may reach the node as the login.
+    pub authorizer: Arc<dyn NodeAuthorizer>,
     /// TLS for ALPN `svc-proxy-ssh` (`ServerIdentity::server_config(&[alpn::PROXY_SSH])`).
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Window and packet sizes.
@@ -54,12 +64,14 @@ impl ProxySshConfig {
         host_cert: Certificate,
         verifier: Arc<Verifier>,
         dialer: TunnelDialer,
+        authorizer: Arc<dyn NodeAuthorizer>,
     ) -> Self {
         Self {
             host_key,
             host_cert,
             verifier,
             dialer,
+            authorizer,
             tls: None,
             tunables: Tunables::default(),
         }
@@ -76,6 +88,7 @@ struct Inner {
     ssh: Arc<russh::server::Config>,
     verifier: Arc<Verifier>,
     dialer: TunnelDialer,
+    authorizer: Arc<dyn NodeAuthorizer>,
     tls: Option<TlsAcceptor>,
     handshake_timeout: std::time::Duration,
 }
@@ -120,6 +133,7 @@ impl ProxySsh {
                 )),
                 verifier: config.verifier,
                 dialer: config.dialer,
+                authorizer: config.authorizer,
                 tls: config.tls.map(TlsAcceptor::from),
                 handshake_timeout: config.tunables.handshake_timeout,
             }),
@@ -214,15 +228,36 @@ struct EntryHandler {
     inner: Arc<Inner>,
     peer: SocketAddr,
     local: SocketAddr,
-    user: Option<UserIdentity>,
+    user: Option<(UserIdentity, Certificate, String)>,
     channels: HashMap<ChannelId, Channel<Msg>>,
 }
 
 impl EntryHandler {
-    fn request(&self, host: &str, port: u16) -> DialRequest {
+    /// Asks the authorizer whether the signed-in user may reach `host` as the login they gave
+    /// the proxy; the dial request names the host ID of the one agent holding the name.
+    async fn authorized_request(&self, host: &str, port: u16) -> Result<DialRequest, String> {
+        let Some((user, cert, login)) = &self.user else {
+            return Err("not authenticated".into());
+        };
+        match self
+            .inner
+            .authorizer
+            .clone()
+            .authorize(cert.clone(), host.to_owned(), login.clone())
+            .await
+        {
+            Ok(route) => Ok(self.request(&route.server_id, host, port)),
+            Err(denied) => {
+                tracing::warn!(peer = %self.peer, user = %user.username, node = host, %login, reason = %denied, "SSH access to a node refused at the proxy");
+                Err(denied)
+            }
+        }
+    }
+
+    fn request(&self, server_id: &str, host: &str, port: u16) -> DialRequest {
         DialRequest {
             address: format!("{host}:{}", if port == 0 { 3022 } else { port }),
-            server_id: host.to_owned(),
+            server_id: server_id.to_owned(),
             conn_type: ConnType::Node,
             client_src_addr: self.peer.to_string(),
             client_dst_addr: self.local.to_string(),
@@ -245,7 +280,7 @@ impl russh::server::Handler for EntryHandler {
         {
             Ok(identity) => {
                 tracing::info!(peer = %self.peer, ssh_user = user, user = %identity.username, "SSH client authenticated at the proxy");
-                self.user = Some(identity);
+                self.user = Some((identity, certificate.clone(), user.to_owned()));
                 Ok(Auth::Accept)
             }
             Err(e) => {
@@ -279,7 +314,16 @@ impl russh::server::Handler for EntryHandler {
         let Some(ch) = self.channels.remove(&channel) else {
             return session.channel_failure(channel);
         };
-        let req = self.request(&host, port);
+        let req = match self.authorized_request(&host, port).await {
+            Ok(req) => req,
+            Err(denied) => {
+                session.channel_failure(channel)?;
+                session.extended_data(channel, 1, Bytes::from(format!("svc: {denied}\n")))?;
+                session.exit_status_request(channel, 1)?;
+                session.close(channel)?;
+                return Ok(());
+            }
+        };
         match self.inner.dialer.dial(req).await {
             Ok(mut stream) => {
                 session.channel_success(channel)?;
@@ -310,7 +354,18 @@ impl russh::server::Handler for EntryHandler {
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         let port = u16::try_from(port_to_connect).unwrap_or(0);
-        let req = self.request(host_to_connect, port);
+        let req = match self.authorized_request(host_to_connect, port).await {
+            Ok(req) => req,
+            Err(denied) => {
+                reply
+                    .reject(russh::ChannelOpenFailure::Other {
+                        code: 1,
+                        reason: denied,
+                    })
+                    .await;
+                return Ok(());
+            }
+        };
         match self.inner.dialer.dial(req).await {
             Ok(mut stream) => {
                 reply.accept().await;

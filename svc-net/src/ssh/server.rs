@@ -4,8 +4,12 @@
 //!
 //! Authentication: OpenSSH user certificates signed by the cluster's user CA
 //! ([`Verifier::verify_user_ssh`]); the requested login must be one of the certificate's
-//! principals (the user's allowed logins) and an OS account. The server presents the agent's
-//! host certificate. Sessions: `exec` and `shell`, with a PTY when asked (`pty-process`),
+//! principals (the user's allowed logins) and an OS account. Then node RBAC: the server asks
+//! its [`NodeAuthorizer`] about itself (its host ID) — the user's current roles against this
+//! node's labels and the login — and a refused user starts nothing: every shell or command
+//! request gets the refusal text on stderr, exit status 1 and a closed channel (authentication
+//! itself is accepted only so the refusal can be shown; other channel types are not served). When the authorizer cannot decide, the answer
+//! is a refusal. The server presents the agent's host certificate. Sessions: `exec` and `shell`, with a PTY when asked (`pty-process`),
 //! `env`, `window-change`, exit status; closing the channel kills the child.
 
 use std::{collections::HashMap, net::SocketAddr, process::Stdio, sync::Arc, time::SystemTime};
@@ -24,7 +28,7 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{SshError, passwd};
+use super::{SshError, authz::NodeAuthorizer, passwd};
 use crate::{
     listen::{BoxError, BoxIo, Io},
     tunnel::{ConnType, DialRequest, Tunables, dial_service_fn},
@@ -39,17 +43,29 @@ pub struct SshServerConfig {
     pub host_cert: Certificate,
     /// Verifies user certificates (trusts the cluster's user CA).
     pub verifier: Arc<Verifier>,
+    /// This node's host ID: what it asks the authorizer about.
+    pub host_id: String,
+    /// Decides whether a user may log in here as a login (node RBAC, the second check).
+    pub authorizer: Arc<dyn NodeAuthorizer>,
     /// Window and packet sizes.
     pub tunables: Tunables,
 }
 
 impl SshServerConfig {
     /// A configuration with default tunables.
-    pub fn new(host_key: PrivateKey, host_cert: Certificate, verifier: Arc<Verifier>) -> Self {
+    pub fn new(
+        host_key: PrivateKey,
+        host_cert: Certificate,
+        verifier: Arc<Verifier>,
+        host_id: impl Into<String>,
+        authorizer: Arc<dyn NodeAuthorizer>,
+    ) -> Self {
         Self {
             host_key,
             host_cert,
             verifier,
+            host_id: host_id.into(),
+            authorizer,
             tunables: Tunables::default(),
         }
     }
@@ -60,6 +76,8 @@ impl SshServerConfig {
 pub struct SshServer {
     config: Arc<russh::server::Config>,
     verifier: Arc<Verifier>,
+    host_id: Arc<str>,
+    authorizer: Arc<dyn NodeAuthorizer>,
 }
 
 impl std::fmt::Debug for SshServer {
@@ -75,6 +93,8 @@ impl SshServer {
         Self {
             config: Arc::new(ssh),
             verifier: config.verifier,
+            host_id: config.host_id.into(),
+            authorizer: config.authorizer,
         }
     }
 
@@ -82,7 +102,10 @@ impl SshServer {
     pub async fn serve_stream<S: Io>(&self, io: S, peer: Option<SocketAddr>) -> Result<(), SshError> {
         let handler = NodeHandler {
             verifier: self.verifier.clone(),
+            host_id: self.host_id.clone(),
+            authorizer: self.authorizer.clone(),
             peer,
+            denied: None,
             user: None,
             channels: HashMap::new(),
         };
@@ -154,7 +177,11 @@ struct ChanState {
 
 struct NodeHandler {
     verifier: Arc<Verifier>,
+    host_id: Arc<str>,
+    authorizer: Arc<dyn NodeAuthorizer>,
     peer: Option<SocketAddr>,
+    /// Node RBAC refused the authenticated user: the text every session request gets.
+    denied: Option<String>,
     user: Option<(UserIdentity, passwd::Account)>,
     channels: HashMap<ChannelId, ChanState>,
 }
@@ -175,6 +202,9 @@ fn dim(v: u32) -> u16 {
 
 impl NodeHandler {
     fn start(&mut self, id: ChannelId, command: Option<String>) -> Result<(), String> {
+        if let Some(denied) = &self.denied {
+            return Err(denied.clone());
+        }
         let Some((user, account)) = &self.user else {
             return Err("not authenticated".into());
         };
@@ -394,6 +424,18 @@ async fn run_pty(
     }
 }
 
+/// Ends a session request that starts nothing (refused by node RBAC, or the program could not
+/// start): the reason on stderr, exit status 1, end of channel. The request itself is answered
+/// with success first, because clients such as OpenSSH exit on a failed `exec` before they
+/// print what arrived on stderr; nothing runs either way.
+fn end_with_error(session: &mut Session, channel: ChannelId, reason: String) -> Result<(), russh::Error> {
+    session.channel_success(channel)?;
+    session.extended_data(channel, 1, Bytes::from(reason))?;
+    session.exit_status_request(channel, 1)?;
+    session.eof(channel)?;
+    session.close(channel)
+}
+
 impl russh::server::Handler for NodeHandler {
     type Error = russh::Error;
 
@@ -417,7 +459,17 @@ impl russh::server::Handler for NodeHandler {
             tracing::warn!(peer = ?self.peer, login, "SSH login refused: no such OS account");
             return Ok(Auth::reject());
         };
-        tracing::info!(peer = ?self.peer, login, user = %user.username, "SSH login");
+        let decision = self
+            .authorizer
+            .clone()
+            .authorize(certificate.clone(), self.host_id.to_string(), login.to_owned())
+            .await;
+        if let Err(denied) = decision {
+            tracing::warn!(peer = ?self.peer, login, user = %user.username, reason = %denied, "SSH login refused by node RBAC");
+            self.denied = Some(denied);
+        } else {
+            tracing::info!(peer = ?self.peer, login, user = %user.username, "SSH login");
+        }
         self.user = Some((user, account));
         Ok(Auth::Accept)
     }
@@ -483,8 +535,7 @@ impl russh::server::Handler for NodeHandler {
             Ok(()) => session.channel_success(channel),
             Err(e) => {
                 tracing::warn!(error = %e, "starting a shell failed");
-                session.extended_data(channel, 1, Bytes::from(format!("svc: {e}\r\n")))?;
-                session.channel_failure(channel)
+                end_with_error(session, channel, format!("svc: {e}\r\n"))
             }
         }
     }
@@ -500,8 +551,7 @@ impl russh::server::Handler for NodeHandler {
             Ok(()) => session.channel_success(channel),
             Err(e) => {
                 tracing::warn!(error = %e, "starting a command failed");
-                session.extended_data(channel, 1, Bytes::from(format!("svc: {e}\n")))?;
-                session.channel_failure(channel)
+                end_with_error(session, channel, format!("svc: {e}\n"))
             }
         }
     }

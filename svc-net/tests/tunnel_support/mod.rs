@@ -177,6 +177,8 @@ pub struct ProxyOpts {
     pub ssh_port: u16,
     pub tunables: Tunables,
     pub version: Version,
+    /// The SSH entry's node authorizer; `None`: [`RouteByName`].
+    pub authorizer: Option<Arc<dyn svc_net::ssh::NodeAuthorizer>>,
 }
 
 impl Default for ProxyOpts {
@@ -189,6 +191,7 @@ impl Default for ProxyOpts {
             ssh_port: 0,
             tunables: fast_tunables(),
             version: "17.0.0".parse().unwrap(),
+            authorizer: None,
         }
     }
 }
@@ -259,6 +262,7 @@ pub async fn start_proxy_with(
             creds.cert.clone(),
             cluster.verifier.clone(),
             tunnel.dialer(),
+            opts.authorizer.clone().unwrap_or_else(|| Arc::new(RouteByName)),
         )
         .with_tls(identity.server_config(&[alpn::PROXY_SSH]).unwrap()),
     );
@@ -330,14 +334,33 @@ pub fn start_agent_with(config: AgentConfig, cluster: &Cluster, creds: &HostCred
         creds.key.clone(),
         creds.cert.clone(),
         cluster.verifier.clone(),
+        creds.host_id.clone(),
+        Arc::new(RouteByName),
     ));
     TunnelAgent::new(config, ssh.dial_service()).unwrap().spawn()
 }
 
-/// A russh client that checks the node's host certificate (role `node`) with the host CA.
+/// A russh client that checks the node's host certificate with the host CA as `tsh ssh` does:
+/// role `node`, naming the host asked for (`Verifier::verify_node_host_ssh`).
 pub struct NodeClient {
     pub verifier: Arc<Verifier>,
+    /// The host the client asked for.
+    pub host: String,
+    /// The host ID of the certificate accepted.
     pub seen_host: Arc<Mutex<Option<String>>>,
+    /// Why a certificate was refused.
+    pub refused: Arc<Mutex<Option<String>>>,
+}
+
+impl NodeClient {
+    pub fn new(verifier: Arc<Verifier>, host: &str) -> Self {
+        Self {
+            verifier,
+            host: host.to_owned(),
+            seen_host: Arc::default(),
+            refused: Arc::default(),
+        }
+    }
 }
 
 impl russh::client::Handler for NodeClient {
@@ -349,13 +372,16 @@ impl russh::client::Handler for NodeClient {
         };
         match self
             .verifier
-            .verify_host_ssh(cert, SystemTime::now(), Some(SystemRole::Node))
+            .verify_node_host_ssh(cert, SystemTime::now(), &self.host)
         {
             Ok(host) => {
                 *self.seen_host.lock().unwrap() = Some(host.host_id);
                 Ok(true)
             }
-            Err(_) => Ok(false),
+            Err(e) => {
+                *self.refused.lock().unwrap() = Some(e.to_string());
+                Ok(false)
+            }
         }
     }
 }
@@ -372,10 +398,7 @@ pub async fn node_session(
     let stream = connect_via_proxy(&proxy.ssh_endpoint(cluster), user, node, 0)
         .await
         .unwrap();
-    let handler = NodeClient {
-        verifier: cluster.verifier.clone(),
-        seen_host: Arc::default(),
-    };
+    let handler = NodeClient::new(cluster.verifier.clone(), node);
     let mut session = russh::client::connect_stream(
         Arc::new(svc_net::ssh::client_config(&Tunables::default())),
         stream,
@@ -550,5 +573,30 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// The tunnel tests are about moving bytes, not RBAC (the Auth Service's rule is tested in
+/// svc-core and end to end in svc-bins): this authorizer lets every session through and routes
+/// by the name the client gave, as the tunnel registry resolves it.
+pub struct RouteByName;
+
+impl svc_net::ssh::NodeAuthorizer for RouteByName {
+    fn authorize(
+        self: Arc<Self>,
+        _user_cert: russh::keys::Certificate,
+        node: String,
+        _login: String,
+    ) -> svc_net::ssh::NodeDecisionFuture {
+        Box::pin(async move {
+            let mut resource =
+                svc_core::auth::ServedResource::new(svc_core::auth::ServedKind::Node, node.clone());
+            resource.protocol = "ssh".into();
+            Ok(svc_core::auth::ResourceRoute {
+                server_id: node.clone(),
+                hostname: node,
+                resource,
+            })
+        })
     }
 }

@@ -45,7 +45,7 @@ use super::NodeError;
 use crate::auth::{ClientIdentity, JoinParams};
 use crate::diag::{Diagnostics, NodeMetrics};
 use crate::dial::ProxyDialer;
-use crate::ssh::{SshServer, SshServerConfig};
+use crate::ssh::{AuthNodeAuthorizer, SshServer, SshServerConfig};
 use crate::tunnel::{AgentConfig, AgentStatus, DialService, RunningAgent, TunnelAgent};
 
 /// The agent's saved identity in the data directory.
@@ -220,7 +220,14 @@ impl AgentNode {
         let cert = identity.ssh_certificate()?;
         let verifier = Arc::new(identity.verifier()?);
         let ssh = if config.ssh.enabled {
-            SshServer::new(SshServerConfig::new(key.clone(), cert.clone(), verifier.clone())).dial_service()
+            SshServer::new(SshServerConfig::new(
+                key.clone(),
+                cert.clone(),
+                verifier.clone(),
+                identity.name.clone(),
+                AuthNodeAuthorizer::new(identity.clone(), Some(dialer.clone())),
+            ))
+            .dial_service()
         } else {
             refuse_ssh()
         };
@@ -350,7 +357,15 @@ impl AgentNode {
         let key = identity.ssh_private_key()?;
         let cert = identity.ssh_certificate()?;
         let verifier = Arc::new(identity.verifier()?);
-        let ssh = SshServer::new(SshServerConfig::new(key, cert, verifier.clone()));
+        // The node decides again on its own who may log in (defence in depth: the proxy asked
+        // first), asking the Auth Service about itself.
+        let ssh = SshServer::new(SshServerConfig::new(
+            key,
+            cert,
+            verifier.clone(),
+            identity.name.clone(),
+            AuthNodeAuthorizer::new(identity.clone(), Some(dialer.clone())),
+        ));
         if config.ssh.enabled {
             let (listener, bound) = bind("ssh_service.listen_addr", &config.ssh.listen_addr).await?;
             let addr = announced(bound, config.ssh.public_addrs.first(), &name);

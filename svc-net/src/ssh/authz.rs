@@ -1,0 +1,104 @@
+//! Node RBAC on the SSH path: who decides whether a user may open a session on a node.
+//!
+//! Where it sits: the proxy's SSH entry ([`ProxySsh`](super::ProxySsh)) asks before it dials a
+//! node, and the node's SSH Service ([`SshServer`](super::SshServer)) asks again before it
+//! starts anything (defence in depth: a client that reaches a node's own listener, or a proxy
+//! that skipped the check, meets the same rule). Both ask a [`NodeAuthorizer`]; in a cluster it
+//! is the Auth Service's `AuthorizeNode` call ([`AuthNodeAuthorizer`]), which applies the one
+//! rule, [`RoleSet::check_node`](svc_core::rbac::RoleSet::check_node), to the user's current
+//! roles and the node's announced labels. When the question cannot be answered (the Auth
+//! Service is unreachable), the answer is a refusal: fail closed.
+
+use std::{future::Future, pin::Pin, sync::Arc};
+
+use russh::keys::Certificate;
+use svc_core::auth::ResourceRoute;
+use tokio::sync::Mutex;
+
+use crate::{
+    auth::{AuthClient, ClientIdentity},
+    dial::ProxyDialer,
+};
+
+/// The answer to an authorization question: the route to the one agent holding the node
+/// name (a proxy dials its `server_id`), or the refusal text naming the node and the reason.
+pub type NodeDecision = Result<ResourceRoute, String>;
+
+/// A boxed future of a [`NodeDecision`].
+pub type NodeDecisionFuture = Pin<Box<dyn Future<Output = NodeDecision> + Send>>;
+
+/// Decides whether the holder of a user certificate may open an SSH session on a node as a
+/// login. Implementations must fail closed: when they cannot decide, they refuse.
+pub trait NodeAuthorizer: Send + Sync + 'static {
+    /// Whether the holder of `user_cert` may log in to `node` (a node name, host ID or UUID;
+    /// a node asking about itself passes its host ID) as `login`.
+    fn authorize(self: Arc<Self>, user_cert: Certificate, node: String, login: String) -> NodeDecisionFuture;
+}
+
+/// Asks the Auth Service (`AuthorizeNode`) with a cluster member's identity: a proxy's (any
+/// node) or a node's (itself). Connects on first use and again after a failed call.
+pub struct AuthNodeAuthorizer {
+    identity: ClientIdentity,
+    dialer: Option<ProxyDialer>,
+    client: Mutex<Option<AuthClient>>,
+}
+
+impl std::fmt::Debug for AuthNodeAuthorizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthNodeAuthorizer")
+            .field("host", &self.identity.name)
+            .field("auth_addr", &self.identity.auth_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AuthNodeAuthorizer {
+    /// Asks the Auth Service at `identity.auth_addr`, dialing through `dialer` when given.
+    pub fn new(identity: ClientIdentity, dialer: Option<ProxyDialer>) -> Arc<Self> {
+        Arc::new(Self {
+            identity,
+            dialer,
+            client: Mutex::new(None),
+        })
+    }
+
+    /// Asks with an already connected client.
+    pub fn with_client(identity: ClientIdentity, client: AuthClient) -> Arc<Self> {
+        Arc::new(Self {
+            identity,
+            dialer: None,
+            client: Mutex::new(Some(client)),
+        })
+    }
+
+    async fn ask(&self, user_cert: &Certificate, node: &str, login: &str) -> NodeDecision {
+        let cannot = |e: &dyn std::fmt::Display| {
+            format!("access to node \"{node}\" cannot be authorized now (refused): {e}")
+        };
+        let mut guard = self.client.lock().await;
+        let client = match guard.as_mut() {
+            Some(c) => c,
+            None => {
+                let c =
+                    AuthClient::connect_via(&self.identity.auth_addr, &self.identity, self.dialer.as_ref())
+                        .await
+                        .map_err(|e| cannot(&e))?;
+                guard.insert(c)
+            }
+        };
+        match client.authorize_node(user_cert, node, login).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                // Reconnect on the next question.
+                *guard = None;
+                Err(cannot(&e))
+            }
+        }
+    }
+}
+
+impl NodeAuthorizer for AuthNodeAuthorizer {
+    fn authorize(self: Arc<Self>, user_cert: Certificate, node: String, login: String) -> NodeDecisionFuture {
+        Box::pin(async move { self.ask(&user_cert, &node, &login).await })
+    }
+}
