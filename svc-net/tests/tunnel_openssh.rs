@@ -29,6 +29,7 @@ async fn openssh_through(separate: bool) {
         .tunnel
         .registry()
         .wait_for("node-ossh", |a| a.is_some_and(|a| a.online))
+        .within("node-ossh online in the proxy's registry")
         .await;
 
     let user = cluster.user("alice", &["root"]);

@@ -206,8 +206,15 @@ mod tests {
             client.write_all(&sent).await.unwrap();
             client
         });
-        assert_eq!(postgres_startup(&mut local).await.unwrap(), startup);
-        client_side.await.unwrap();
+        let limit = std::time::Duration::from_secs(30);
+        let got = tokio::time::timeout(limit, postgres_startup(&mut local))
+            .await
+            .expect("the startup message was not read within 30 s");
+        assert_eq!(got.unwrap(), startup);
+        tokio::time::timeout(limit, client_side)
+            .await
+            .expect("the client side did not get its two `N` answers within 30 s")
+            .unwrap();
     }
 
     #[test]
