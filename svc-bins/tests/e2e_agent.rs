@@ -18,7 +18,7 @@ mod netns;
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::agent::{Agent, curl};
 use common::{Cluster, SVC};
@@ -193,12 +193,13 @@ fn an_agent_without_a_token_or_identity_says_what_it_needs() {
         agent_yaml(&dir.path().join("data"), "lonely", "127.0.0.1:9", None, None),
     )
     .unwrap();
-    let out = Command::new(SVC)
-        .args(["start", "--config"])
-        .arg(&config)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    // Expected to fail at start-up: one that started instead would run until killed.
+    let out = common::wait::run_within(
+        Command::new(SVC).args(["start", "--config"]).arg(&config),
+        common::wait::STEP,
+        "svc start of an agent that cannot join exiting",
+    )
+    .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Cluster;
 use common::resources::{
@@ -142,21 +142,20 @@ fn http_server(dir: &Path) -> (Proc, u16) {
 }
 
 fn psql(port: u16, sql: &str) -> std::process::Output {
-    Command::new(require("psql", "postgresql-client"))
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-U",
-            "postgres",
-            "-d",
-            "postgres",
-        ])
-        .args(["-X", "-A", "-t", "-c", sql])
-        .env("PGCONNECT_TIMEOUT", "30")
-        .output()
-        .unwrap()
+    let mut psql = Command::new(require("psql", "postgresql-client"));
+    psql.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-U",
+        "postgres",
+        "-d",
+        "postgres",
+    ])
+    .args(["-X", "-A", "-t", "-c", sql])
+    .env("PGCONNECT_TIMEOUT", "30");
+    common::wait::run_within(&mut psql, common::wait::STEP, &format!("psql -c {sql:?}")).unwrap()
 }
 
 fn curl(port: u16) -> std::process::Output {
@@ -292,18 +291,11 @@ windows_desktop_service:\n  enabled: true\n  hosts:\n  - name: win\n    addr: 12
     drop(s);
     // tsh reports the proxy's refusal per connection on its stderr.
     let wait_for = |file: &Path, text: &str| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let got = std::fs::read_to_string(file).unwrap_or_default();
-            if got.contains(text) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "expected {text:?} in tsh's stderr: {got}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        common::wait::wait_until(
+            Duration::from_secs(30),
+            &format!("{text:?} in tsh's stderr ({})", file.display()),
+            || std::fs::read_to_string(file).unwrap_or_default().contains(text),
+        );
     };
     wait_for(&app_err, "access denied to app \"web\"");
     wait_for(&desk_err, "access denied to windows_desktop \"win\"");

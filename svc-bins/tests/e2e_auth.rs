@@ -402,9 +402,16 @@ async fn acknowledged_writes_survive_kill_9() {
         }));
     }
     // Kill while the burst runs: once enough writes were acknowledged (readiness, not timing).
-    while acked.lock().expect("lock").len() < 200 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::wait::within(
+        common::wait::STEP,
+        "200 acknowledged writes before the kill (did every writer fail?)",
+        async {
+            while acked.lock().expect("lock").len() < 200 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        },
+    )
+    .await;
     cluster.kill9();
     for w in writers {
         w.await.expect("writer");

@@ -214,7 +214,7 @@ windows_desktop_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n  hosts:\
         .spawn()
         .and_then(|mut c| {
             c.stdin.take().unwrap().write_all(b"{\"address\":\"win\",\"server_id\":\"x\",\"conn_type\":\"windows_desktop\",\"client_src_addr\":\"\",\"client_dst_addr\":\"\"}\n")?;
-            c.wait_with_output()
+            Ok(common::wait::output_within(c, common::wait::STEP, "openssl s_client to the desktop listener"))
         })
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -243,12 +243,13 @@ app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1
         ),
     )
     .unwrap();
-    let out = Command::new(SVC)
-        .args(["start", "--config"])
-        .arg(&config)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    // Expected to fail at start-up: one that started instead would run until killed.
+    let out = common::wait::run_within(
+        Command::new(SVC).args(["start", "--config"]).arg(&config),
+        common::wait::STEP,
+        "svc start with a refused configuration exiting",
+    )
+    .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

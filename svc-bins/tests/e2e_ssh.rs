@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::{Cluster, TSH};
 
@@ -106,7 +106,12 @@ async fn tsh_ssh_gives_a_terminal_an_interactive_shell_with_a_pty() {
             }
         }
     }
-    read_until(&mut pty, &mut seen, &mut buf, "remote-tty-42 24 80").await;
+    common::wait::within(
+        common::wait::STEP,
+        "the remote shell's `remote-tty-42 24 80` on the PTY",
+        read_until(&mut pty, &mut seen, &mut buf, "remote-tty-42 24 80"),
+    )
+    .await;
     // The local window grows: tsh gets SIGWINCH and the remote PTY follows. The shell waits
     // (bounded) for the new size to arrive, then reports what it has.
     pty.resize(pty_process::Size::new(40, 100)).expect("PTY resize");
@@ -116,10 +121,15 @@ async fn tsh_ssh_gives_a_terminal_an_interactive_shell_with_a_pty() {
     .await
     .expect("type into the PTY");
     // Everything until tsh exits and the PTY closes.
-    while let Ok(n @ 1..) = pty.read(&mut buf).await {
-        seen.extend_from_slice(&buf[..n]);
-    }
-    let status = child.wait().await.expect("wait for tsh");
+    common::wait::within(common::wait::STEP, "tsh ssh exiting and closing the PTY", async {
+        while let Ok(n @ 1..) = pty.read(&mut buf).await {
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    let status = common::wait::within(common::wait::STEP, "tsh ssh exiting", child.wait())
+        .await
+        .expect("wait for tsh");
     let text = String::from_utf8_lossy(&seen);
     assert!(
         text.contains("remote-tty-42 24 80"),
@@ -147,36 +157,39 @@ fn openssh_reaches_the_node_through_tsh_proxy_ssh() {
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600, "the private key is private");
     let home = cluster.home.to_string_lossy().into_owned();
-    let out = Command::new("ssh")
-        .args([
-            "-F",
-            "/dev/null",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "IdentitiesOnly=yes",
-        ])
-        .arg("-i")
-        .arg(&key)
-        .arg("-o")
-        .arg(format!("CertificateFile={}", cert.display()))
-        .arg("-o")
-        .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
-        .args([
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "GlobalKnownHostsFile=/dev/null",
-        ])
-        .arg("-o")
-        .arg(format!(
-            "ProxyCommand=env SVC_HOME={home} {TSH} proxy ssh %r@%h:%p"
-        ))
-        .arg(format!("root@{}", nodename()))
-        .arg("echo hello-openssh; exit 4")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run ssh");
+    let mut ssh = Command::new("ssh");
+    ssh.args([
+        "-F",
+        "/dev/null",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+    ])
+    .arg("-i")
+    .arg(&key)
+    .arg("-o")
+    .arg(format!("CertificateFile={}", cert.display()))
+    .arg("-o")
+    .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
+    .args([
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+    ])
+    .arg("-o")
+    .arg(format!(
+        "ProxyCommand=env SVC_HOME={home} {TSH} proxy ssh %r@%h:%p"
+    ))
+    .arg(format!("root@{}", nodename()))
+    .arg("echo hello-openssh; exit 4");
+    let out = common::wait::run_within(
+        &mut ssh,
+        common::wait::STEP,
+        "OpenSSH's ssh through tsh proxy ssh",
+    )
+    .expect("run ssh");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "hello-openssh\n",

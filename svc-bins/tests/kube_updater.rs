@@ -61,10 +61,24 @@ async fn binary_updates_the_agent_and_holds_the_lease() {
 
 #[test]
 fn binary_requires_agent_name_and_namespace() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_svc-kube-updater"))
+    // Refused at argument parsing: a binary that started instead would run until killed.
+    let mut updater = std::process::Command::new(env!("CARGO_BIN_EXE_svc-kube-updater"));
+    updater
         .args(["--version-server=http://127.0.0.1:1", "--base-image=x"])
-        .output()
-        .unwrap();
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = updater.spawn().unwrap();
+    let pid = child.id().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let Ok(out) = rx.recv_timeout(std::time::Duration::from_secs(60)) else {
+        let _ = std::process::Command::new("kill").args(["-KILL", &pid]).status();
+        panic!("svc-kube-updater without --agent-name did not exit within 60 s");
+    };
+    let out = out.unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--agent-name"), "{stderr}");

@@ -301,6 +301,16 @@ async fn watch_closes_with_backend(make: fn(Arc<dyn Clock>, usize) -> Subject) -
     Ok(())
 }
 
+/// How long one conformance test may take: a watch that never delivers or a lock never released
+/// fails the test naming it instead of hanging the run.
+const TEST_LIMIT: Duration = Duration::from_secs(60);
+
+async fn within(test: &str, run: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+    tokio::time::timeout(TEST_LIMIT, run).await.map_err(|_| {
+        anyhow::anyhow!("{test} did not finish within {TEST_LIMIT:?} (a watch event or a write never came)")
+    })?
+}
+
 macro_rules! conformance {
     ($backend:ident) => {
         mod $backend {
@@ -308,31 +318,55 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn crud_and_typed_errors() -> Result<()> {
-                super::crud_and_typed_errors(super::$backend).await
+                within(
+                    stringify!(crud_and_typed_errors),
+                    super::crud_and_typed_errors(super::$backend),
+                )
+                .await
             }
             #[tokio::test]
             async fn range_prefix_and_bounds() -> Result<()> {
-                super::range_prefix_and_bounds(super::$backend).await
+                within(
+                    stringify!(range_prefix_and_bounds),
+                    super::range_prefix_and_bounds(super::$backend),
+                )
+                .await
             }
             #[tokio::test]
             async fn expiry() -> Result<()> {
-                super::expiry(super::$backend).await
+                within(stringify!(expiry), super::expiry(super::$backend)).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn cas_race_loses_no_update() -> Result<()> {
-                super::cas_race_loses_no_update(super::$backend).await
+                within(
+                    stringify!(cas_race_loses_no_update),
+                    super::cas_race_loses_no_update(super::$backend),
+                )
+                .await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn watch_delivers_every_change_in_order() -> Result<()> {
-                super::watch_delivers_every_change_in_order(super::$backend).await
+                within(
+                    stringify!(watch_delivers_every_change_in_order),
+                    super::watch_delivers_every_change_in_order(super::$backend),
+                )
+                .await
             }
             #[tokio::test]
             async fn slow_watcher_gets_lagged() -> Result<()> {
-                super::slow_watcher_gets_lagged(super::$backend).await
+                within(
+                    stringify!(slow_watcher_gets_lagged),
+                    super::slow_watcher_gets_lagged(super::$backend),
+                )
+                .await
             }
             #[tokio::test]
             async fn watch_closes_with_backend() -> Result<()> {
-                super::watch_closes_with_backend(super::$backend).await
+                within(
+                    stringify!(watch_closes_with_backend),
+                    super::watch_closes_with_backend(super::$backend),
+                )
+                .await
             }
         }
     };

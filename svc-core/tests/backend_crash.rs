@@ -9,6 +9,8 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use svc_core::backend::{Backend, EmbeddedBackend, Item, Key, KeyRange};
@@ -16,6 +18,8 @@ use svc_core::backend::{Backend, EmbeddedBackend, Item, Key, KeyRange};
 const WRITER_ENV: &str = "SVC_CRASH_WRITER_DB";
 /// Acknowledgements the parent waits for before killing the writer.
 const KILL_AFTER: usize = 200;
+/// How long the writer may take for its first `KILL_AFTER` acknowledgements.
+const ACK_LIMIT: Duration = Duration::from_secs(60);
 /// The writer's burst: more than it can finish before the kill.
 const BURST: usize = 1_000_000;
 
@@ -24,9 +28,13 @@ fn main() -> Result<()> {
         return writer(path.into());
     }
     // libtest-style arguments (`--list`, filters) are accepted and ignored, except that
-    // listing must not run the test.
-    if std::env::args().any(|a| a == "--list") {
-        println!("kill9_keeps_every_acknowledged_write: test");
+    // listing must not run the test. cargo-nextest lists with `--list --format terse` and again
+    // with `--ignored` for the ignored tests: there are none.
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--list") {
+        if !args.iter().any(|a| a == "--ignored") {
+            println!("kill9_keeps_every_acknowledged_write: test");
+        }
         return Ok(());
     }
     kill9_keeps_every_acknowledged_write()?;
@@ -65,19 +73,39 @@ fn kill9_keeps_every_acknowledged_write() -> Result<()> {
         .spawn()
         .context("starting the writer process")?;
     let stdout = child.stdout.take().context("writer stdout")?;
-    let mut lines = BufReader::new(stdout).lines();
+    // The acknowledgements arrive through a reader thread, so waiting for them has a deadline.
+    let (tx, acks) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
 
     let mut acked = Vec::new();
+    let deadline = Instant::now() + ACK_LIMIT;
     while acked.len() < KILL_AFTER {
-        let Some(line) = lines.next() else {
-            bail!("the writer exited after {} acknowledgements", acked.len());
-        };
-        acked.push(parse_ack(&line?)?);
+        match acks.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => acked.push(parse_ack(&line?)?),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                bail!("the writer exited after {} acknowledgements", acked.len())
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!(
+                    "the writer acknowledged {} of {KILL_AFTER} writes within {ACK_LIMIT:?}",
+                    acked.len()
+                );
+            }
+        }
     }
     // Child::kill sends SIGKILL on Unix: no destructors, no flush, no clean close.
     child.kill().context("kill -9 the writer")?;
-    // Acknowledgements already in the pipe were printed before the kill: they count too.
-    for line in lines {
+    // Acknowledgements already in the pipe were printed before the kill: they count too. The
+    // reader thread ends at the pipe's end, which the kill brings.
+    for line in acks {
         acked.push(parse_ack(&line?)?);
     }
     let status = child.wait()?;

@@ -15,7 +15,10 @@ use std::{
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{
+    CertificateDer, PrivateKeyDer, ServerName, UnixTime,
+    pem::{self, PemObject},
+};
 
 /// Where the server certificate comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +57,16 @@ pub enum TlsError {
         path: PathBuf,
         /// What was expected (`CERTIFICATE`, `PRIVATE KEY`).
         expected: &'static str,
+    },
+    /// A PEM file is not well-formed PEM.
+    #[error("{path}: expected PEM {expected}, found malformed PEM: {reason}")]
+    PemSyntax {
+        /// The file.
+        path: PathBuf,
+        /// What was expected (`CERTIFICATE`, `PRIVATE KEY`).
+        expected: &'static str,
+        /// What the PEM parser found wrong.
+        reason: String,
     },
     /// Generating the certificate failed.
     #[error("generating the proxy certificate: {0}")]
@@ -97,6 +110,28 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> TlsError + '_ {
     }
 }
 
+/// Maps a PEM parser error on `path`: nothing of the `expected` kind becomes [`TlsError::Pem`],
+/// anything else [`TlsError::PemSyntax`]. A base64 error can quote a byte of the file, so for a
+/// private key only its kind is kept.
+fn pem_err<'a>(path: &'a Path, expected: &'static str) -> impl FnOnce(pem::Error) -> TlsError + 'a {
+    move |e| match e {
+        pem::Error::NoItemsFound => TlsError::Pem {
+            path: path.to_owned(),
+            expected,
+        },
+        pem::Error::Base64Decode(_) if expected == "PRIVATE KEY" => TlsError::PemSyntax {
+            path: path.to_owned(),
+            expected,
+            reason: "invalid base64".into(),
+        },
+        e => TlsError::PemSyntax {
+            path: path.to_owned(),
+            expected,
+            reason: e.to_string(),
+        },
+    }
+}
+
 impl ServerIdentity {
     /// Loads or generates the identity. `names` are the host names and IP addresses the
     /// generated certificate must cover (public and listen addresses); `localhost` and
@@ -131,9 +166,9 @@ impl ServerIdentity {
 
     fn from_files(cert: &Path, key: &Path, ca_file: Option<PathBuf>) -> Result<Self, TlsError> {
         let pem = fs::read(cert).map_err(io_err(cert))?;
-        let chain = rustls_pemfile::certs(&mut pem.as_slice())
+        let chain = CertificateDer::pem_slice_iter(&pem)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(io_err(cert))?;
+            .map_err(pem_err(cert, "CERTIFICATE"))?;
         if chain.is_empty() {
             return Err(TlsError::Pem {
                 path: cert.to_owned(),
@@ -141,12 +176,7 @@ impl ServerIdentity {
             });
         }
         let pem = fs::read(key).map_err(io_err(key))?;
-        let key_der = rustls_pemfile::private_key(&mut pem.as_slice())
-            .map_err(io_err(key))?
-            .ok_or_else(|| TlsError::Pem {
-                path: key.to_owned(),
-                expected: "PRIVATE KEY",
-            })?;
+        let key_der = PrivateKeyDer::from_pem_slice(&pem).map_err(pem_err(key, "PRIVATE KEY"))?;
         Ok(Self {
             chain,
             key: key_der,
@@ -221,12 +251,9 @@ fn generate(dir: &Path, names: &[String]) -> Result<(), TlsError> {
 pub fn client_config(extra_ca_pem: Option<&[u8]>) -> Result<Arc<rustls::ClientConfig>, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(mut pem) = extra_ca_pem {
-        for cert in rustls_pemfile::certs(&mut pem) {
-            let cert = cert.map_err(|source| TlsError::Io {
-                path: PathBuf::from("<ca bundle>"),
-                source,
-            })?;
+    if let Some(pem) = extra_ca_pem {
+        for cert in CertificateDer::pem_slice_iter(pem) {
+            let cert = cert.map_err(pem_err(Path::new("<ca bundle>"), "CERTIFICATE"))?;
             roots.add(cert)?;
         }
     }
@@ -280,6 +307,57 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("/nonexistent/cert.pem"), "{err}");
+    }
+
+    #[test]
+    fn bad_pem_names_the_file_and_what_was_expected() {
+        let dir = tempfile::tempdir().unwrap();
+        let generated = TlsSource::Generated {
+            data_dir: dir.path().to_owned(),
+        };
+        ServerIdentity::load(&generated, &["proxy.example.com".into()]).unwrap();
+        let cert = dir.path().join(CERT_FILE);
+        let key = dir.path().join(KEY_FILE);
+        let load = |cert: &Path, key: &Path| {
+            let files = TlsSource::Files {
+                cert: cert.to_owned(),
+                key: key.to_owned(),
+            };
+            ServerIdentity::load(&files, &[]).unwrap_err().to_string()
+        };
+
+        // A key file in the certificate's place: no CERTIFICATE block.
+        let err = load(&key, &key);
+        assert!(err.contains(&key.display().to_string()), "{err}");
+        assert!(err.contains("expected PEM CERTIFICATE, found none"), "{err}");
+
+        // A certificate file in the key's place: no PRIVATE KEY block.
+        let err = load(&cert, &cert);
+        assert!(err.contains("expected PEM PRIVATE KEY, found none"), "{err}");
+
+        // A key whose base64 is broken: named, kind given, no byte of it quoted.
+        let broken = dir.path().join("broken.pem");
+        let body = fs::read_to_string(&key).unwrap();
+        let secret_line = body.lines().nth(1).unwrap().to_owned();
+        fs::write(&broken, body.replacen(&secret_line, "%%%%not base64%%%%", 1)).unwrap();
+        let err = load(&cert, &broken);
+        assert!(
+            err.contains("expected PEM PRIVATE KEY, found malformed PEM: invalid base64"),
+            "{err}"
+        );
+        assert!(!err.contains('%'), "{err}");
+
+        // A certificate without its END line.
+        let cut = dir.path().join("cut.pem");
+        let body = fs::read_to_string(&cert).unwrap();
+        let end = body.find("-----END CERTIFICATE-----").unwrap();
+        fs::write(&cut, &body[..end]).unwrap();
+        let err = load(&cut, &key);
+        assert!(err.contains(&cut.display().to_string()), "{err}");
+        assert!(
+            err.contains("expected PEM CERTIFICATE, found malformed PEM: missing section end"),
+            "{err}"
+        );
     }
 }
 

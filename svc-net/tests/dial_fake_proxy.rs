@@ -96,7 +96,13 @@ async fn bytes_sent_with_the_200_are_not_lost() {
     assert!(stream.is_proxied());
 
     let mut banner = [0u8; 14];
-    stream.read_exact(&mut banner).await.unwrap();
+    within(
+        STEP,
+        "the banner sent with the 200",
+        stream.read_exact(&mut banner),
+    )
+    .await
+    .unwrap();
     assert_eq!(&banner, b"SSH-2.0-fake\r\n");
     assert_eq!(
         round_trip(&mut stream, b"after the banner").await,
@@ -104,7 +110,13 @@ async fn bytes_sent_with_the_200_are_not_lost() {
     );
 
     // The exact request on the wire: credentials only here, in Proxy-Authorization.
-    let req = requests.recv().await.unwrap();
+    let req = within(
+        STEP,
+        "the fake proxy reporting the CONNECT request",
+        requests.recv(),
+    )
+    .await
+    .unwrap();
     let token = base64_basic(USER, PASSWORD);
     assert_eq!(
         req,
@@ -219,7 +231,9 @@ async fn no_proxy_and_loopback_targets_never_touch_the_proxy() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
-    let first = seen.recv().await.unwrap();
+    let first = within(STEP, "the recording proxy seeing a CONNECT", seen.recv())
+        .await
+        .unwrap();
     assert!(first.starts_with("CONNECT proxied.example:"), "{first}");
     assert!(seen.try_recv().is_err());
 }

@@ -1,6 +1,8 @@
 //! Graceful shutdown drains: a request in flight when shutdown starts still gets its answer,
 //! and the listener stops accepting.
 
+mod support;
+
 use std::{
     convert::Infallible,
     future::Future,
@@ -11,6 +13,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use http_body_util::{BodyExt, Empty};
+use support::{STEP, within};
 use svc_net::{
     proxy::{ProxyBuilder, ProxySettings},
     web::{Body, ResponseBody, full, web_service},
@@ -78,16 +81,28 @@ async fn in_flight_request_completes_during_shutdown() -> Result<()> {
         anyhow::Ok((status, body))
     });
 
-    gate.entered.notified().await;
+    within(
+        STEP,
+        "the request reaching the mounted service",
+        gate.entered.notified(),
+    )
+    .await;
     let shutdown = tokio::spawn(proxy.shutdown());
     // New connections are refused once the listener has stopped; wait for that state.
-    while tokio::net::TcpStream::connect(addr).await.is_ok() {
-        tokio::task::yield_now().await;
-    }
+    within(
+        STEP,
+        "the listener refusing new connections after shutdown began",
+        async {
+            while tokio::net::TcpStream::connect(addr).await.is_ok() {
+                tokio::task::yield_now().await;
+            }
+        },
+    )
+    .await;
     gate.release.notify_one();
-    let (status, body) = request.await??;
+    let (status, body) = within(STEP, "the in-flight response during shutdown", request).await??;
     assert_eq!(status, 200);
     assert_eq!(&body[..], b"drained");
-    shutdown.await?;
+    within(STEP, "the proxy's shutdown finishing", shutdown).await?;
     Ok(())
 }

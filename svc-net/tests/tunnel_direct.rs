@@ -109,7 +109,10 @@ async fn the_proxy_reaches_the_agent_and_nobody_else_does() {
     let mut io = dialer.dial(request("edge")).await.unwrap().expect("a listener");
     io.write_all(b"rdp bytes").await.unwrap();
     let mut buf = [0u8; 9];
-    io.read_exact(&mut buf).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(60), io.read_exact(&mut buf))
+        .await
+        .expect("the 9 bytes echoed through the direct dial did not come back within 60 s")
+        .unwrap();
     assert_eq!(&buf, b"rdp bytes");
 
     // Another cluster member without the `proxy` role: refused before any dial.

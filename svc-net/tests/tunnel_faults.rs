@@ -20,14 +20,22 @@ async fn the_agent_reconnects_after_a_proxy_restart() {
     let (web, creds, tls) = (proxy.web, proxy.creds.clone(), proxy.tls.clone());
     let node = cluster.host(&[SystemRole::Node], "node-r");
     let agent = start_agent(&cluster, web, &node);
-    proxy.tunnel.registry().wait_for("node-r", |a| a.is_some()).await;
+    proxy
+        .tunnel
+        .registry()
+        .wait_for("node-r", |a| a.is_some())
+        .within("node-r registering with the proxy")
+        .await;
     assert_eq!(
         ssh_exec(&proxy, &cluster, "node-r", "echo one").await.stdout(),
         "one\n"
     );
 
     proxy.shutdown().await;
-    agent.wait_for(|s| s.connected.is_empty()).await;
+    agent
+        .wait_for(|s| s.connected.is_empty())
+        .within("the agent's status reaching `s.connected.is_empty()`")
+        .await;
     // Same address, same identity: the agent's backoff (100 ms steps, at most 800 ms here)
     // brings it back without any help.
     let proxy = start_proxy_with(
@@ -44,8 +52,12 @@ async fn the_agent_reconnects_after_a_proxy_restart() {
         .tunnel
         .registry()
         .wait_for("node-r", |a| a.is_some_and(|a| a.online))
+        .within("node-r online in the proxy's registry")
         .await;
-    agent.wait_for(|s| s.established >= 2).await;
+    agent
+        .wait_for(|s| s.established >= 2)
+        .within("the agent's status reaching `s.established >= 2`")
+        .await;
     assert_eq!(
         ssh_exec(&proxy, &cluster, "node-r", "echo two").await.stdout(),
         "two\n"
@@ -73,8 +85,12 @@ async fn an_agent_restart_is_seen_and_never_disturbs_another_agent() {
     let a = start_agent(&cluster, proxy.web, &a_creds);
     let b = start_agent(&cluster, proxy.web, &b_creds);
     let reg = proxy.tunnel.registry().clone();
-    reg.wait_for("node-a", |a| a.is_some()).await;
-    reg.wait_for("node-b", |a| a.is_some()).await;
+    reg.wait_for("node-a", |a| a.is_some())
+        .within("node-a registering with the proxy")
+        .await;
+    reg.wait_for("node-b", |a| a.is_some())
+        .within("node-b registering with the proxy")
+        .await;
 
     // A live interactive session on B.
     let user = cluster.user("alice", &["root"]);
@@ -83,33 +99,47 @@ async fn an_agent_restart_is_seen_and_never_disturbs_another_agent() {
     ch.exec(true, "cat").await.unwrap();
     ch.data(&b"before\n"[..]).await.unwrap();
     let mut echoed = Vec::new();
-    while !echoed.ends_with(b"before\n") {
-        if let Some(ChannelMsg::Data { data }) = ch.wait().await {
-            echoed.extend_from_slice(&data);
+    async {
+        while !echoed.ends_with(b"before\n") {
+            match ch.wait().await {
+                Some(ChannelMsg::Data { data }) => echoed.extend_from_slice(&data),
+                Some(_) => {}
+                None => panic!("the channel closed before `before` was echoed"),
+            }
         }
     }
+    .within("`cat` on node-b echoing `before`")
+    .await;
     assert!(reg.get("node-b").unwrap().live_sessions >= 1);
 
     // A dies: the proxy drops it; B's session carries on.
     a.shutdown().await;
-    reg.wait_for("node-a", |a| a.is_none()).await;
+    reg.wait_for("node-a", |a| a.is_none())
+        .within("node-a leaving the proxy's registry")
+        .await;
     ch.data(&b"after\n"[..]).await.unwrap();
     ch.eof().await.unwrap();
     let mut status = None;
-    while let Some(msg) = ch.wait().await {
-        match msg {
-            ChannelMsg::Data { data } => echoed.extend_from_slice(&data),
-            ChannelMsg::ExitStatus { exit_status } => status = Some(exit_status),
-            ChannelMsg::Close => break,
-            _ => {}
+    async {
+        while let Some(msg) = ch.wait().await {
+            match msg {
+                ChannelMsg::Data { data } => echoed.extend_from_slice(&data),
+                ChannelMsg::ExitStatus { exit_status } => status = Some(exit_status),
+                ChannelMsg::Close => break,
+                _ => {}
+            }
         }
     }
+    .within("`cat` on node-b echoing `after` and exiting")
+    .await;
     assert_eq!(String::from_utf8_lossy(&echoed), "before\nafter\n");
     assert_eq!(status, Some(0));
 
     // A comes back with the same identity and is reachable again.
     let a = start_agent(&cluster, proxy.web, &a_creds);
-    reg.wait_for("node-a", |a| a.is_some_and(|a| a.online)).await;
+    reg.wait_for("node-a", |a| a.is_some_and(|a| a.online))
+        .within("node-a online in the proxy's registry")
+        .await;
     assert_eq!(
         ssh_exec(&proxy, &cluster, "node-a", "echo back").await.stdout(),
         "back\n"
@@ -134,7 +164,9 @@ async fn forged_and_expired_agent_certificates_are_refused() {
         &cluster,
         &forged,
     );
-    a.wait_for(|s| s.last_error.is_some()).await;
+    a.wait_for(|s| s.last_error.is_some())
+        .within("the agent's status reaching `s.last_error.is_some()`")
+        .await;
     let err = a.status().last_error.unwrap();
     assert!(err.contains("refused the agent's host certificate"), "{err}");
 
@@ -150,7 +182,9 @@ async fn forged_and_expired_agent_certificates_are_refused() {
         &cluster,
         &expired,
     );
-    b.wait_for(|s| s.last_error.is_some()).await;
+    b.wait_for(|s| s.last_error.is_some())
+        .within("the agent's status reaching `s.last_error.is_some()`")
+        .await;
     let err = b.status().last_error.unwrap();
     assert!(err.contains("refused the agent's host certificate"), "{err}");
 
@@ -190,6 +224,7 @@ async fn an_agent_a_major_version_ahead_is_refused_and_says_why() {
                 .as_deref()
                 .is_some_and(|e| e.contains("incompatible"))
         })
+        .within("the agent's status reaching an `incompatible` error")
         .await;
     let err = agent.status().last_error.unwrap();
     assert!(
@@ -211,6 +246,7 @@ async fn an_agent_a_major_version_ahead_is_refused_and_says_why() {
         .tunnel
         .registry()
         .wait_for("node-prev", |a| a.is_some())
+        .within("node-prev registering with the proxy")
         .await;
     assert_eq!(
         proxy
@@ -235,14 +271,22 @@ async fn a_reconnect_request_drains_the_old_tunnel_and_dials_a_new_one() {
     let node = cluster.host(&[SystemRole::Node], "node-rc");
     let agent = start_agent(&cluster, proxy.web, &node);
     let reg = proxy.tunnel.registry().clone();
-    reg.wait_for("node-rc", |a| a.is_some()).await;
-    agent.wait_for(|s| s.established == 1).await;
+    reg.wait_for("node-rc", |a| a.is_some())
+        .within("node-rc registering with the proxy")
+        .await;
+    agent
+        .wait_for(|s| s.established == 1)
+        .within("the agent's status reaching `s.established == 1`")
+        .await;
 
     // A session on the old tunnel survives the drain.
     let user = cluster.user("alice", &["root"]);
     let session = node_session(&proxy, &cluster, &user, "node-rc").await;
     assert_eq!(proxy.tunnel.request_reconnect(&node.host_id).await, 1);
-    agent.wait_for(|s| s.established == 2).await;
+    agent
+        .wait_for(|s| s.established == 2)
+        .within("the agent's status reaching `s.established == 2`")
+        .await;
     assert_eq!(exec(&session, "echo old").await.stdout(), "old\n");
     // New sessions use the new tunnel.
     assert_eq!(
@@ -286,8 +330,12 @@ async fn the_agent_keeps_a_tunnel_to_every_discovered_proxy() {
     b.tunnel
         .registry()
         .wait_for("node-disc", |x| x.is_some_and(|x| x.online))
+        .within("node-disc online in the proxy's registry")
         .await;
-    agent.wait_for(|s| s.connected.len() == 2).await;
+    agent
+        .wait_for(|s| s.connected.len() == 2)
+        .within("the agent's status reaching `s.connected.len() == 2`")
+        .await;
     assert!(agent.status().connected.contains(&b.creds.host_id));
     assert_eq!(
         ssh_exec(&b, &cluster, "node-disc", "echo via b").await.stdout(),
@@ -306,12 +354,13 @@ async fn the_agent_keeps_a_tunnel_to_every_discovered_proxy() {
 async fn a_silent_agent_is_marked_offline_but_its_live_sessions_continue() {
     init_tracing();
     let cluster = Cluster::new();
-    // The proxy expects a heartbeat every 200 ms (offline after 2 missed); the agent sends one
-    // at connect and then only hourly.
+    // The proxy expects a heartbeat every 3 s (offline after 2 missed, 6 s: the session below
+    // is open long before that even on a machine that stalls for 2 s); the agent sends one at
+    // connect and then only hourly.
     let proxy = start_proxy(
         &cluster,
         ProxyOpts {
-            tunables: svc_net::tunnel::Tunables::default().with_keepalive(Duration::from_millis(200), 2),
+            tunables: svc_net::tunnel::Tunables::default().with_keepalive(Duration::from_secs(3), 2),
             ..Default::default()
         },
     )
@@ -321,11 +370,15 @@ async fn a_silent_agent_is_marked_offline_but_its_live_sessions_continue() {
         .with_tunables(svc_net::tunnel::Tunables::default().with_keepalive(Duration::from_secs(3600), 3));
     let agent = start_agent_with(config, &cluster, &node);
     let reg = proxy.tunnel.registry().clone();
-    reg.wait_for("node-quiet", |a| a.is_some()).await;
+    reg.wait_for("node-quiet", |a| a.is_some())
+        .within("node-quiet registering with the proxy")
+        .await;
     let user = cluster.user("alice", &["root"]);
     let session = node_session(&proxy, &cluster, &user, "node-quiet").await;
 
-    reg.wait_for("node-quiet", |a| a.is_some_and(|a| !a.online)).await;
+    reg.wait_for("node-quiet", |a| a.is_some_and(|a| !a.online))
+        .within("node-quiet marked offline in the proxy's registry")
+        .await;
     let info = reg.get("node-quiet").unwrap();
     assert!(info.live_sessions >= 1, "{info:?}");
     // The live session keeps working; new connections are not sent to an offline agent.

@@ -5,8 +5,6 @@
 
 mod tunnel_support;
 
-use std::process::Command;
-
 use svc_core::identity::SystemRole;
 use tunnel_support::*;
 
@@ -29,6 +27,7 @@ async fn openssh_through(separate: bool) {
         .tunnel
         .registry()
         .wait_for("node-ossh", |a| a.is_some_and(|a| a.online))
+        .within("node-ossh online in the proxy's registry")
         .await;
 
     let user = cluster.user("alice", &["root"]);
@@ -50,37 +49,37 @@ async fn openssh_through(separate: bool) {
         if endpoint.tls { "--tls" } else { "" },
         dir.path().display()
     );
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(ssh_bin)
-            .args(["-F", "/dev/null", "-T", "-p", "3022"])
-            .arg("-i")
-            .arg(dir.path().join("key"))
-            .arg("-o")
-            .arg(format!(
-                "CertificateFile={}",
-                dir.path().join("key-cert.pub").display()
-            ))
-            .arg("-o")
-            .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
-            .args([
-                "-o",
-                "StrictHostKeyChecking=yes",
-                "-o",
-                "BatchMode=yes",
-                "-o",
-                "IdentitiesOnly=yes",
-            ])
-            .arg("-o")
-            .arg(format!("ProxyCommand={proxy_command}"))
-            .args([
-                "root@node-ossh",
-                "echo hello from $(hostname -s 2>/dev/null || echo node); echo oops >&2; exit 4",
-            ])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    // tokio's Command, killed when dropped: a hung ssh fails the test after STEP.
+    let out = tokio::process::Command::new(ssh_bin)
+        .args(["-F", "/dev/null", "-T", "-p", "3022"])
+        .arg("-i")
+        .arg(dir.path().join("key"))
+        .arg("-o")
+        .arg(format!(
+            "CertificateFile={}",
+            dir.path().join("key-cert.pub").display()
+        ))
+        .arg("-o")
+        .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
+        .args([
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+        ])
+        .arg("-o")
+        .arg(format!("ProxyCommand={proxy_command}"))
+        .args([
+            "root@node-ossh",
+            "echo hello from $(hostname -s 2>/dev/null || echo node); echo oops >&2; exit 4",
+        ])
+        .kill_on_drop(true)
+        .output()
+        .within("OpenSSH's ssh through the ProxyCommand helper exiting")
+        .await
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "stdout: {stdout}\nstderr: {stderr}");

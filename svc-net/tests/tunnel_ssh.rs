@@ -32,6 +32,7 @@ async fn exec_through(separate: bool) {
         .tunnel
         .registry()
         .wait_for("node-1", |a| a.is_some_and(|a| a.online))
+        .within("node-1 online in the proxy's registry")
         .await;
     let info = proxy.tunnel.registry().get("node-1").unwrap();
     assert_eq!(info.host_id, node.host_id);
@@ -77,6 +78,7 @@ async fn interactive_pty_session_with_resize() {
         .tunnel
         .registry()
         .wait_for("node-pty", |a| a.is_some_and(|a| a.online))
+        .within("node-pty online in the proxy's registry")
         .await;
     let user = cluster.user("alice", &["root"]);
     let session = node_session(&proxy, &cluster, &user, "node-pty").await;
@@ -91,16 +93,20 @@ async fn interactive_pty_session_with_resize() {
     let mut output = Vec::new();
     let mut status = None;
     let mut successes = 0;
-    while let Some(msg) = ch.wait().await {
-        match msg {
-            ChannelMsg::Data { data } => output.extend_from_slice(&data),
-            ChannelMsg::ExitStatus { exit_status } => status = Some(exit_status),
-            ChannelMsg::Close => break,
-            ChannelMsg::Success => successes += 1,
-            ChannelMsg::Failure => panic!("the node refused a request"),
-            _ => {}
+    async {
+        while let Some(msg) = ch.wait().await {
+            match msg {
+                ChannelMsg::Data { data } => output.extend_from_slice(&data),
+                ChannelMsg::ExitStatus { exit_status } => status = Some(exit_status),
+                ChannelMsg::Close => break,
+                ChannelMsg::Success => successes += 1,
+                ChannelMsg::Failure => panic!("the node refused a request"),
+                _ => {}
+            }
         }
     }
+    .within("the PTY shell exiting and closing its channel")
+    .await;
     let text = String::from_utf8_lossy(&output);
     assert_eq!(status, Some(3), "{text}");
     assert!(successes >= 3, "env, pty and shell requests are acknowledged");
@@ -125,6 +131,7 @@ async fn a_login_outside_the_certificate_is_refused_and_unknown_nodes_fail_clear
         .tunnel
         .registry()
         .wait_for("node-2", |a| a.is_some_and(|a| a.online))
+        .within("node-2 online in the proxy's registry")
         .await;
     // Certificate allows `nobody`; asking for `root` must fail at the node.
     let mut user = cluster.user("mallory", &["nobody"]);

@@ -213,7 +213,12 @@ async fn bad_peers_are_closed_and_the_loop_keeps_serving() -> Result<()> {
         s.write_all(bytes).await?;
         let mut buf = Vec::new();
         // Closed by the server (EOF or reset), with nothing sent back.
-        let n = s.read_to_end(&mut buf).await.unwrap_or(0);
+        let n = tokio::time::timeout(std::time::Duration::from_secs(60), s.read_to_end(&mut buf))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("the proxy did not close a connection that sent {bytes:?} within 60 s")
+            })
+            .unwrap_or(0);
         assert_eq!(n, 0, "{bytes:?} got {buf:?}");
     }
     let (code, _, _) = curl(&proxy, &[], "/webapi/ping").await?;

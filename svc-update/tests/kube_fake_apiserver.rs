@@ -7,7 +7,7 @@ mod support;
 use std::{process::Stdio, sync::Arc, time::Duration};
 
 use serde_json::{Value, json};
-use support::{fake_apiserver::FakeApiServer, version_server::VersionServer, wait_until};
+use support::{fake_apiserver::FakeApiServer, version_server::VersionServer, wait_until, within};
 use svc_core::clock::SystemClock;
 use svc_update::kube::{
     UpdaterConfig, WorkloadKind,
@@ -50,7 +50,13 @@ impl Kubectl {
 
     /// Runs kubectl; fails the test with its output when it fails.
     async fn run(&self, args: &[&str]) -> String {
-        let out = self.command(args).output().await.unwrap();
+        let out = within(
+            Duration::from_secs(60),
+            &format!("kubectl {args:?} finishing"),
+            self.command(args).output(),
+        )
+        .await
+        .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),
@@ -230,19 +236,23 @@ async fn kubectl_create_get_annotate_patch_delete() {
         "  name: svc-agent\n  resourceVersion: \"1\"\n",
     );
     let sfile = k.file("deploy3.yaml", &stale);
-    let conflict = k
-        .command(&["replace", "-f", &sfile, "--validate=false"])
-        .output()
-        .await
-        .unwrap();
+    let conflict = within(
+        Duration::from_secs(60),
+        "kubectl replace (stale) finishing",
+        k.command(&["replace", "-f", &sfile, "--validate=false"]).output(),
+    )
+    .await
+    .unwrap();
     assert!(!conflict.status.success());
     assert!(String::from_utf8_lossy(&conflict.stderr).contains("the object has been modified"));
     // Creating twice conflicts, as a real server says.
-    let again = k
-        .command(&["create", "-f", &file, "--validate=false"])
-        .output()
-        .await
-        .unwrap();
+    let again = within(
+        Duration::from_secs(60),
+        "kubectl create (again) finishing",
+        k.command(&["create", "-f", &file, "--validate=false"]).output(),
+    )
+    .await
+    .unwrap();
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
 }

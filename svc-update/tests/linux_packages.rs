@@ -92,9 +92,44 @@ static FIXTURE: OnceLock<Result<Fixture, String>> = OnceLock::new();
 
 fn fixture() -> Result<&'static Fixture> {
     FIXTURE
-        .get_or_init(|| build_fixture().map_err(|e| format!("{e:#}")))
+        .get_or_init(|| reuse_or_build_fixture().map_err(|e| format!("{e:#}")))
         .as_ref()
         .map_err(|e| anyhow::anyhow!("building the package fixture failed: {e}"))
+}
+
+/// Marks a fixture complete, for the nextest run that built it: `<run id>\n<host-compat rpm>`.
+const FIXTURE_MARKER: &str = ".built-for-nextest-run";
+
+/// Under cargo-nextest every test is a process of its own, so the [`FIXTURE`] static alone would
+/// build the fixture (three stamped builds) once per test. Within one nextest run
+/// (`NEXTEST_RUN_ID`) the first test builds it and the others reuse it; the `system-packages`
+/// test group of `.config/nextest.toml` runs them one at a time, so no two build at once. Under
+/// `cargo test` (no run id) it is built once per process as before.
+fn reuse_or_build_fixture() -> Result<Fixture> {
+    let run = std::env::var("NEXTEST_RUN_ID").ok();
+    let dir = stamped_target_dir()?.join("fixture");
+    let marker = dir.join(FIXTURE_MARKER);
+    if let (Some(run), Ok(text)) = (&run, std::fs::read_to_string(&marker))
+        && let Some((built_for, host_compat)) = text.split_once('\n')
+        && built_for == run
+    {
+        eprintln!("reusing the package fixture built earlier in nextest run {run}");
+        let repo = dir.join("repo");
+        return Ok(Fixture {
+            key: repo.join("svc-pubkey.asc"),
+            repo,
+            host_compat: PathBuf::from(host_compat),
+        });
+    }
+    let fixture = build_fixture()?;
+    ensure!(
+        fixture.repo == dir.join("repo") && fixture.key == fixture.repo.join("svc-pubkey.asc"),
+        "the fixture's layout changed: update reuse_or_build_fixture"
+    );
+    if let Some(run) = run {
+        std::fs::write(&marker, format!("{run}\n{}", fixture.host_compat.display()))?;
+    }
+    Ok(fixture)
 }
 
 /// Where stamped builds go: a target directory of its own next to the one running this test

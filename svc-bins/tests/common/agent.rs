@@ -1,7 +1,6 @@
 //! A standalone `svc start` agent process, as `e2e_agent.rs` and `e2e_direct.rs` run it.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
@@ -30,36 +29,43 @@ impl Agent {
             .stderr(err)
             .spawn()
             .expect("spawn svc agent");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
         let (mut host_id, mut listeners, mut diag) = (String::new(), BTreeMap::new(), None);
-        for line in lines.by_ref() {
-            let line = line.expect("agent stdout");
-            let line = line.trim();
-            if let Some(node) = line.strip_prefix("node: ") {
-                host_id = node
-                    .rsplit_once('(')
-                    .map(|(_, id)| id.trim_end_matches(')').to_owned())
-                    .unwrap_or_default();
-            }
-            if let Some(addr) = line.strip_prefix("diag: http://") {
-                diag = Some(addr.to_owned());
-            }
-            if let Some((section, addr)) = line.split_once(": ")
-                && section.ends_with("_service")
-            {
-                listeners.insert(section.to_owned(), addr.to_owned());
-            }
-            if line == "svc: ready" {
-                break;
-            }
-        }
-        assert!(
-            !host_id.is_empty(),
-            "the agent did not start:\n{}",
-            std::fs::read_to_string(&stderr).unwrap_or_default()
+        // The banner, up to `svc: ready`; stdout is drained afterwards so the agent never blocks
+        // on a full pipe.
+        let banner = super::wait::first_line(
+            child.stdout.take().expect("stdout"),
+            super::wait::STEP,
+            move |line| {
+                let line = line.trim();
+                if let Some(node) = line.strip_prefix("node: ") {
+                    host_id = node
+                        .rsplit_once('(')
+                        .map(|(_, id)| id.trim_end_matches(')').to_owned())
+                        .unwrap_or_default();
+                }
+                if let Some(addr) = line.strip_prefix("diag: http://") {
+                    diag = Some(addr.to_owned());
+                }
+                if let Some((section, addr)) = line.split_once(": ")
+                    && section.ends_with("_service")
+                {
+                    listeners.insert(section.to_owned(), addr.to_owned());
+                }
+                (line == "svc: ready").then(|| (host_id.clone(), listeners.clone(), diag.clone()))
+            },
         );
-        // Keep draining stdout so the agent never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let (host_id, listeners, diag) = match banner {
+            Ok(banner) if !banner.0.is_empty() => banner,
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the agent did not start (no banner with `node:` and `svc: ready`: {}):\n{}",
+                    other.err().unwrap_or_else(|| "no node line".into()),
+                    std::fs::read_to_string(&stderr).unwrap_or_default()
+                );
+            }
+        };
         Agent {
             child,
             stderr,
@@ -84,10 +90,12 @@ impl Drop for Agent {
 
 /// `curl URL`: the HTTP status code and the body.
 pub fn curl(url: &str) -> (String, String) {
-    let out = Command::new("curl")
-        .args(["-sS", "-w", "\n%{http_code}", url])
-        .output()
-        .expect("curl is missing: apt-get install curl");
+    let out = super::wait::run_within(
+        Command::new("curl").args(["-sS", "-w", "\n%{http_code}", url]),
+        super::wait::STEP,
+        &format!("curl {url}"),
+    )
+    .expect("curl is missing: apt-get install curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
     (status.to_owned(), body.to_owned())

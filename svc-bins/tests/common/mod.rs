@@ -3,8 +3,9 @@
 
 pub mod agent;
 pub mod resources;
+pub mod wait;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
@@ -102,27 +103,29 @@ impl Cluster {
             .stderr(stderr)
             .spawn()
             .expect("spawn svc");
-        // Readiness: svc prints its addresses once every listener is bound.
+        // Readiness: svc prints its addresses once every listener is bound (stdout is drained
+        // afterwards so svc never blocks on a full pipe).
         let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let (mut auth_addr, mut web_addr) = (String::new(), String::new());
-        for line in lines.by_ref() {
-            let line = line.expect("svc stdout");
+        let mut auth_addr = String::new();
+        let ready = wait::first_line(stdout, wait::STEP, move |line| {
             if let Some(a) = line.trim().strip_prefix("auth: ") {
                 auth_addr = a.to_owned();
             }
-            if let Some(w) = line.trim().strip_prefix("web: https://") {
-                web_addr = w.to_owned();
-                break;
+            let web = line.trim().strip_prefix("web: https://")?;
+            Some((auth_addr.clone(), web.to_owned()))
+        });
+        let (auth_addr, web_addr) = match ready {
+            Ok((auth, web)) if !auth.is_empty() => (auth, web),
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "svc did not start (no `auth:` and `web:` lines: {}): {}",
+                    other.err().unwrap_or_else(|| "no auth address".into()),
+                    std::fs::read_to_string(&stderr_file).unwrap_or_default()
+                );
             }
-        }
-        assert!(
-            !auth_addr.is_empty() && !web_addr.is_empty(),
-            "svc did not start: {}",
-            std::fs::read_to_string(&stderr_file).unwrap_or_default()
-        );
-        // Keep draining stdout so svc never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        };
         Cluster {
             dir,
             tmp: Some(tmp),
@@ -157,7 +160,8 @@ impl Cluster {
                 .write_all(input.as_bytes())
                 .expect("write stdin");
         }
-        child.wait_with_output().expect("wait").into()
+        let what = format!("`{} {}`", bin.rsplit('/').next().unwrap_or(bin), args.join(" "));
+        wait::output_within(child, wait::STEP, &what).into()
     }
 
     /// `tctl ARGS` as the signed-in user (the tsh profile in SVC_HOME).
@@ -219,7 +223,7 @@ impl Cluster {
                 .arg("-TERM")
                 .arg(child.id().to_string())
                 .status();
-            let _ = child.wait();
+            wait::wait_exit(&mut child, wait::STEP, "svc after SIGTERM");
         }
     }
 

@@ -3,12 +3,13 @@
 //! `tsh` sessions and `tsh proxy`, and `curl` on the proxy's Kubernetes route.
 #![allow(dead_code, unreachable_pub)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::wait::{self, STEP};
 use super::{Cluster, TSH};
 
 /// The password the tests give every user.
@@ -34,11 +35,11 @@ pub fn free_port() -> u16 {
 
 /// Waits until something accepts on `port` (readiness, bounded).
 pub fn wait_listening(port: u16, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "{what} never listened on {port}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait::wait_until(
+        Duration::from_secs(30),
+        &format!("{what} listening on {port}"),
+        || TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
 }
 
 /// A child process killed on drop.
@@ -107,7 +108,7 @@ impl User {
                     .take()
                     .unwrap()
                     .write_all(format!("{PASSWORD}\n").as_bytes())?;
-                c.wait_with_output()
+                Ok(wait::output_within(c, STEP, &format!("tsh login {name}")))
             })
             .unwrap();
         assert!(
@@ -120,12 +121,15 @@ impl User {
 
     /// `tsh ARGS`, which must succeed: its standard output.
     pub fn tsh(&self, args: &[&str]) -> String {
-        let out = Command::new(TSH)
-            .args(args)
-            .env("SVC_HOME", &self.home)
-            .env_remove("RUST_LOG")
-            .output()
-            .unwrap();
+        let out = wait::run_within(
+            Command::new(TSH)
+                .args(args)
+                .env("SVC_HOME", &self.home)
+                .env_remove("RUST_LOG"),
+            STEP,
+            &format!("tsh {}", args.join(" ")),
+        )
+        .unwrap();
         assert!(
             out.status.success(),
             "tsh {args:?}: {}",
@@ -147,11 +151,17 @@ impl User {
             .stderr(std::fs::File::create(&stderr_file).unwrap())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().and_then(Result::ok);
-        let Some(line) = first else {
-            let _ = child.wait();
-            return Err(std::fs::read_to_string(&stderr_file).unwrap_or_default());
+        let first = wait::first_line(child.stdout.take().unwrap(), STEP, |line| Some(line.to_owned()));
+        let line = match first {
+            Ok(line) => line,
+            Err(why) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "tsh proxy {kind} {name} printed no address ({why}): {}",
+                    std::fs::read_to_string(&stderr_file).unwrap_or_default()
+                ));
+            }
         };
         let port = line
             .rsplit_once(':')
@@ -240,8 +250,8 @@ pub fn kube_curl(cluster: &Cluster, user: &User, path: &str) -> (String, String)
     std::fs::write(&key, profile["identity"]["tls_key_pem"].as_str().unwrap()).unwrap();
     let port = cluster.web_addr.rsplit_once(':').unwrap().1;
     let host = "kube-svc-proxy-alpn.e2e.test";
-    let out = Command::new(require("curl", "curl"))
-        .args(["-sS", "-k", "--max-time", "30", "-w", "\n%{http_code}"])
+    let mut curl = Command::new(require("curl", "curl"));
+    curl.args(["-sS", "-k", "--max-time", "30", "-w", "\n%{http_code}"])
         .arg("--resolve")
         .arg(format!("{host}:{port}:127.0.0.1"))
         .arg("--cert")
@@ -254,9 +264,8 @@ pub fn kube_curl(cluster: &Cluster, user: &User, path: &str) -> (String, String)
             "-H",
             "Impersonate-User: system:admin",
         ])
-        .arg(format!("https://{host}:{port}{path}"))
-        .output()
-        .unwrap();
+        .arg(format!("https://{host}:{port}{path}"));
+    let out = wait::run_within(&mut curl, STEP, &format!("curl {path} via the kube proxy")).unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),

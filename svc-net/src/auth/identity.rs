@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{KeyPair, PublicKeyData};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{
+    CertificateDer, PrivateKeyDer,
+    pem::{Error as PemError, PemObject},
+};
 use serde::{Deserialize, Serialize};
 use ssh_key::{LineEnding, PrivateKey, private::Ed25519Keypair};
 use svc_core::Secret;
@@ -301,7 +304,7 @@ impl ClientIdentity {
     pub fn tls_parts(
         &self,
     ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), IdentityFileError> {
-        let chain = rustls_pemfile::certs(&mut self.tls_cert_pem.as_bytes())
+        let chain = CertificateDer::pem_slice_iter(self.tls_cert_pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| IdentityFileError::Invalid(format!("certificate PEM: {e}")))?;
         if chain.is_empty() {
@@ -309,9 +312,12 @@ impl ClientIdentity {
                 "no certificate in tls_cert_pem".into(),
             ));
         }
-        let key = rustls_pemfile::private_key(&mut self.tls_key_pem.expose().as_bytes())
-            .map_err(|_| IdentityFileError::Invalid("unreadable private key".into()))?
-            .ok_or_else(|| IdentityFileError::Invalid("no private key in tls_key_pem".into()))?;
+        // The parser's own message is not passed on: nothing of the key may reach an error.
+        let key =
+            PrivateKeyDer::from_pem_slice(self.tls_key_pem.expose().as_bytes()).map_err(|e| match e {
+                PemError::NoItemsFound => IdentityFileError::Invalid("no private key in tls_key_pem".into()),
+                _ => IdentityFileError::Invalid("unreadable private key".into()),
+            })?;
         Ok((chain, key))
     }
 }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use rustls::pki_types::ServerName;
+use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use svc_core::Addr;
 use svc_core::auth::ServedKind;
 use svc_core::config::DbProtocol;
@@ -85,8 +85,9 @@ impl ResourceClient {
             let mut roots = verifier.root_store(Some(IdentityKind::Host));
             roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
             if let Some(pem) = &self.extra_ca_pem {
-                for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-                    let cert = cert.map_err(|e| id(format!("proxy CA bundle: {e}")))?;
+                for cert in CertificateDer::pem_slice_iter(pem) {
+                    let cert =
+                        cert.map_err(|e| id(format!("proxy CA bundle: expected PEM certificates: {e}")))?;
                     roots.add(cert).map_err(|e| id(format!("proxy CA bundle: {e}")))?;
                 }
             }
@@ -205,8 +206,15 @@ mod tests {
             client.write_all(&sent).await.unwrap();
             client
         });
-        assert_eq!(postgres_startup(&mut local).await.unwrap(), startup);
-        client_side.await.unwrap();
+        let limit = std::time::Duration::from_secs(30);
+        let got = tokio::time::timeout(limit, postgres_startup(&mut local))
+            .await
+            .expect("the startup message was not read within 30 s");
+        assert_eq!(got.unwrap(), startup);
+        tokio::time::timeout(limit, client_side)
+            .await
+            .expect("the client side did not get its two `N` answers within 30 s")
+            .unwrap();
     }
 
     #[test]

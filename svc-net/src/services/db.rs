@@ -191,7 +191,10 @@ mod tests {
         let mut io = dial(port, &ca).await.unwrap();
         io.write_all(b"startup").await.unwrap();
         let mut buf = [0u8; 7];
-        io.read_exact(&mut buf).await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(30), io.read_exact(&mut buf))
+            .await
+            .expect("the fake server's echo did not come back within 30 s")
+            .unwrap();
         assert_eq!(&buf, b"startup");
     }
 

@@ -367,7 +367,10 @@ mod tests {
             let mut io = router.clone().oneshot(req(ty, name)).await.unwrap();
             io.write_all(b"ping").await.unwrap();
             let mut buf = [0u8; 4];
-            io.read_exact(&mut buf).await.unwrap();
+            tokio::time::timeout(std::time::Duration::from_secs(30), io.read_exact(&mut buf))
+                .await
+                .expect("the echo through the service did not come back within 30 s")
+                .unwrap();
             assert_eq!(&buf, b"ping");
         }
         let err = router

@@ -17,7 +17,7 @@ use russh::{
     client::Msg,
     keys::{Certificate, PrivateKey, PublicKeyOrCertificate},
 };
-use rustls::pki_types::ServerName;
+use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use svc_core::{
     Addr,
     identity::{IdentityKind, SystemRole, Verifier},
@@ -132,9 +132,9 @@ fn tls_connector(endpoint: &ProxyEndpoint) -> Result<TlsConnector, SshError> {
     let mut roots = endpoint.verifier.root_store(Some(IdentityKind::Host));
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(pem) = &endpoint.extra_ca_pem {
-        for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        for cert in CertificateDer::pem_slice_iter(pem) {
             roots
-                .add(cert.map_err(|e| invalid(e.to_string()))?)
+                .add(cert.map_err(|e| invalid(format!("expected PEM certificates: {e}")))?)
                 .map_err(|e| invalid(e.to_string()))?;
         }
     }

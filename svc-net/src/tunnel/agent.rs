@@ -22,7 +22,7 @@ use russh::{
     client::{ChannelOpenHandle, DisconnectReason, Msg, Session},
     keys::{Certificate, PrivateKey, PublicKeyOrCertificate},
 };
-use rustls::pki_types::ServerName;
+use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use svc_core::{
     Addr, Version,
     identity::{SystemRole, Verifier},
@@ -211,10 +211,10 @@ impl TunnelAgent {
             .root_store(Some(svc_core::identity::IdentityKind::Host));
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         if let Some(pem) = &config.proxy_ca_pem {
-            for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-                let cert = cert.map_err(|source| TunnelError::Io {
-                    what: "reading the proxy CA bundle",
-                    source,
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                let cert = cert.map_err(|e| TunnelError::Malformed {
+                    what: "proxy CA bundle",
+                    reason: format!("expected PEM certificates: {e}"),
                 })?;
                 roots.add(cert).map_err(|e| TunnelError::Malformed {
                     what: "proxy CA bundle",

@@ -50,6 +50,17 @@ pub fn free_port(ip: &str) -> u16 {
     StdListener::bind((ip, 0)).unwrap().local_addr().unwrap().port()
 }
 
+/// How long one step of a test (a connection, a read, an answer) may take: generous for a debug
+/// build on a loaded two-core machine, short enough that a hang is reported long before CI's limit.
+pub const STEP: Duration = Duration::from_secs(60);
+
+/// `fut` for at most `limit`; panics naming `what` (what did not happen) after that.
+pub async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not happen within {limit:?}"))
+}
+
 /// Waits (bounded) until `addr` accepts connections.
 pub async fn wait_for_port(addr: SocketAddr, what: &str, child: &mut Child, log: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -281,9 +292,17 @@ pub async fn round_trip<S>(stream: &mut S, msg: &[u8]) -> Vec<u8>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    stream.write_all(msg).await.unwrap();
+    within(STEP, "writing the round-trip message", stream.write_all(msg))
+        .await
+        .unwrap();
     let mut back = vec![0; msg.len()];
-    stream.read_exact(&mut back).await.unwrap();
+    within(
+        STEP,
+        &format!("reading {} echoed bytes back", msg.len()),
+        stream.read_exact(&mut back),
+    )
+    .await
+    .unwrap();
     back
 }
 

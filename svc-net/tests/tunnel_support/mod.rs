@@ -36,6 +36,26 @@ use svc_net::{
 
 pub const CLUSTER: &str = "tunnel.test";
 
+/// How long one step of a test (a tunnel coming up, a command's answer, a shutdown) may take:
+/// generous for a debug build on a loaded two-core machine, short enough that a hang is reported
+/// long before CI's limit.
+pub const STEP: Duration = Duration::from_secs(60);
+
+/// A deadline for anything a test awaits: `fut.within("what should happen").await` fails the
+/// test naming it when it has not happened after [`STEP`].
+pub trait Within: std::future::Future + Sized {
+    fn within(self, what: &str) -> impl std::future::Future<Output = Self::Output> {
+        let what = what.to_owned();
+        async move {
+            tokio::time::timeout(STEP, self)
+                .await
+                .unwrap_or_else(|_| panic!("{what} did not happen within {STEP:?}"))
+        }
+    }
+}
+
+impl<F: std::future::Future> Within for F {}
+
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
@@ -165,8 +185,10 @@ pub fn pem(label: &str, der: &[u8]) -> String {
     out
 }
 
+/// Heartbeats every second, offline after four missed: fast enough for the tests, and a stall
+/// of the whole machine of 2 s or more does not mark a live agent offline.
 pub fn fast_tunables() -> Tunables {
-    Tunables::default().with_keepalive(Duration::from_millis(300), 3)
+    Tunables::default().with_keepalive(Duration::from_secs(1), 4)
 }
 
 pub struct ProxyOpts {
@@ -396,6 +418,7 @@ pub async fn node_session(
     node: &str,
 ) -> NodeSession {
     let stream = connect_via_proxy(&proxy.ssh_endpoint(cluster), user, node, 0)
+        .within(&format!("a connection to {node} through the proxy"))
         .await
         .unwrap();
     let handler = NodeClient::new(cluster.verifier.clone(), node);
@@ -404,10 +427,12 @@ pub async fn node_session(
         stream,
         handler,
     )
+    .within(&format!("the SSH handshake with {node}"))
     .await
     .unwrap();
     let auth = session
         .authenticate_openssh_cert(user.login.clone(), user.key.clone(), user.cert.clone())
+        .within(&format!("{node} answering the certificate authentication"))
         .await
         .unwrap();
     assert!(auth.success(), "the node refused the user certificate");
@@ -429,19 +454,23 @@ impl Output {
 }
 
 pub async fn exec(session: &NodeSession, cmd: &str) -> Output {
-    let mut ch = session.channel_open_session().await.unwrap();
-    ch.exec(true, cmd).await.unwrap();
-    let mut out = Output::default();
-    while let Some(msg) = ch.wait().await {
-        match msg {
-            ChannelMsg::Data { data } => out.stdout.extend_from_slice(&data),
-            ChannelMsg::ExtendedData { data, .. } => out.stderr.extend_from_slice(&data),
-            ChannelMsg::ExitStatus { exit_status } => out.status = Some(exit_status),
-            ChannelMsg::Close => break,
-            _ => {}
+    async {
+        let mut ch = session.channel_open_session().await.unwrap();
+        ch.exec(true, cmd).await.unwrap();
+        let mut out = Output::default();
+        while let Some(msg) = ch.wait().await {
+            match msg {
+                ChannelMsg::Data { data } => out.stdout.extend_from_slice(&data),
+                ChannelMsg::ExtendedData { data, .. } => out.stderr.extend_from_slice(&data),
+                ChannelMsg::ExitStatus { exit_status } => out.status = Some(exit_status),
+                ChannelMsg::Close => break,
+                _ => {}
+            }
         }
+        out
     }
-    out
+    .within(&format!("`{cmd}` running to its channel's close"))
+    .await
 }
 
 /// Runs `cmd` on `node` through the proxy in a fresh connection.

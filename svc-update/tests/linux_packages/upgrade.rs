@@ -141,7 +141,10 @@ fn updater(ca: &Path, state: &Path, command: &str) -> tokio::process::Command {
 }
 
 async fn upgrade(ca: &Path, state: &Path, command: &str) -> Result<Outcome> {
-    let out = updater(ca, state, command).output().await?;
+    // The command's child is killed on drop (kill_on_drop in `updater`) when the time runs out.
+    let out = tokio::time::timeout(Duration::from_secs(600), updater(ca, state, command).output())
+        .await
+        .map_err(|_| anyhow::anyhow!("svc-upgrade {command} did not finish within 600 s"))??;
     let outcome = Outcome {
         ok: out.status.success(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -250,7 +253,9 @@ async fn kill_mid_install(ca: &Path, state: &Path, installer: &str) -> Result<()
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let status = child.wait().await?;
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .map_err(|_| anyhow::anyhow!("svc-upgrade did not exit within 60 s of SIGKILL"))??;
     ensure!(!status.success(), "svc-upgrade survived SIGKILL: {status}");
     Ok(())
 }

@@ -26,6 +26,13 @@ pub async fn wait_until<F: FnMut() -> bool>(what: &str, mut check: F) {
     }
 }
 
+/// `fut` for at most `limit`; fails the test naming `what` (what did not happen) after that.
+pub async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not happen within {limit:?}"))
+}
+
 /// Like [`wait_until`] for an async check.
 pub async fn wait_until_async<F, Fut>(what: &str, mut check: F)
 where
