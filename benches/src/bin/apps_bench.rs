@@ -18,9 +18,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use svc_net::services::client::{LocalProxy, ResourceClient, bind_local};
 use svc_core::auth::ServedKind;
 use svc_core::config::{Config, DbProtocol};
+use svc_net::services::client::{LocalProxy, ResourceClient, bind_local};
 
 struct Args {
     secs: u64,

@@ -232,7 +232,11 @@ impl LocalProxy {
         let _ = sock.set_nodelay(true);
         let postgres = self.kind == ServedKind::Db && self.protocol.is_none_or(|p| p == DbProtocol::Postgres);
         let startup = if postgres {
-            Some(postgres_startup(&mut sock).await.map_err(LocalProxyError::Startup)?)
+            Some(
+                postgres_startup(&mut sock)
+                    .await
+                    .map_err(LocalProxyError::Startup)?,
+            )
         } else {
             None
         };
@@ -247,7 +251,10 @@ impl LocalProxy {
             }
         };
         if let Some(startup) = startup {
-            upstream.write_all(&startup).await.map_err(LocalProxyError::Copy)?;
+            upstream
+                .write_all(&startup)
+                .await
+                .map_err(LocalProxyError::Copy)?;
         }
         tokio::io::copy_bidirectional_with_sizes(&mut sock, &mut upstream, 64 * 1024, 64 * 1024)
             .await
