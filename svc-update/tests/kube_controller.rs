@@ -32,8 +32,8 @@ const AGENT: &str = "svc-agent";
 const BASE: &str = "public.ecr.aws/svc/svc-ent-distroless";
 const CHANNEL: &str = "stable/cloud";
 
-fn load(metric: &std::sync::atomic::AtomicU64) -> u64 {
-    metric.load(Ordering::Relaxed)
+fn load(metric: &prometheus_client::metrics::counter::Counter) -> u64 {
+    metric.get()
 }
 
 fn workload(kind: &str, image: &str, annotations: Value, status: Value) -> Value {
@@ -499,7 +499,7 @@ async fn two_replicas_with_leader_election_only_one_acts() {
     .await;
     let leader = metrics
         .iter()
-        .position(|m| m.leader.load(Ordering::Relaxed))
+        .position(|m| m.leader.get() == 1)
         .expect("a leader");
     let standby = 1 - leader;
     // Let the standby try the Lease several more times while the leader renews.
@@ -508,7 +508,7 @@ async fn two_replicas_with_leader_election_only_one_acts() {
         load(&metrics[standby].lease_attempts) >= seen + 5
     })
     .await;
-    assert!(!metrics[standby].leader.load(Ordering::Relaxed));
+    assert_eq!(metrics[standby].leader.get(), 0);
     assert_eq!(
         load(&metrics[standby].reconciles_ok) + load(&metrics[standby].reconciles_failed),
         0
@@ -562,7 +562,7 @@ async fn leader_that_loses_its_lease_stops_acting() {
     let ctx = h.context(config(WorkloadKind::StatefulSet), m.clone());
     let elector = LeaderElector::new(h.api.client(NS), NS, "lease", "replica-d", timing, m.clone());
     let task = tokio::spawn(elector.run(controller::run(ctx)));
-    wait_until("leadership", || m.leader.load(Ordering::Relaxed)).await;
+    wait_until("leadership", || m.leader.get() == 1).await;
     // Another replica writes itself into the Lease.
     h.api.merge(
         "Lease",
@@ -576,7 +576,7 @@ async fn leader_that_loses_its_lease_stops_acting() {
         err.to_string().contains("another replica holds the lease"),
         "{err}"
     );
-    assert!(!m.leader.load(Ordering::Relaxed));
+    assert_eq!(m.leader.get(), 0);
 }
 
 #[tokio::test]
@@ -639,7 +639,7 @@ async fn http_target_source_reads_the_reference_bodies() {
 async fn diagnostics_endpoints_answer_over_http() {
     use http_body_util::{BodyExt, Empty};
     let metrics = Arc::new(Metrics::default());
-    metrics.updates.fetch_add(1, Ordering::Relaxed);
+    metrics.updates.inc();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(svc_update::kube::health::serve(listener, metrics.clone()));

@@ -365,7 +365,7 @@ async fn kubectl_annotations_drive_the_controller() {
         metrics: metrics.clone(),
     });
     let task = tokio::spawn(controller::run(ctx));
-    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let load = |a: &prometheus_client::metrics::counter::Counter| a.get();
     wait_until("the first reconcile", || load(&metrics.reconciles_ok) == 1).await;
 
     k.run(&[

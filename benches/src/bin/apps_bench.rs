@@ -18,10 +18,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use svc_bins::local_proxy::LocalProxy;
-use svc_bins::profile::Profile;
 use svc_core::auth::ServedKind;
 use svc_core::config::{Config, DbProtocol};
+use svc_net::services::client::{LocalProxy, ResourceClient, bind_local};
 
 struct Args {
     secs: u64,
@@ -256,30 +255,24 @@ fn main() -> Result<()> {
             .to_string();
         let identity =
             svc_net::web::login::login_via_proxy(&proxy, true, None, "bench", &password, None).await?;
-        let profile = Profile {
-            proxy,
+        let client = ResourceClient {
+            proxy: svc_core::Addr::parse(&proxy)?,
             identity,
             insecure: true,
-            ca_pem: None,
-            tls_routing: Some(true),
-            ssh_proxy_addr: None,
-            known_nodes: Vec::new(),
+            extra_ca_pem: None,
+            dialer: svc_net::dial::ProxyDialer::from_env()?,
         };
         for (kind, name, protocol, port) in [
             (ServedKind::Db, "pg", Some(DbProtocol::Postgres), db_port),
             (ServedKind::App, "web", None, web_port),
         ] {
-            let profile = profile.clone();
             let what = LocalProxy {
                 kind,
                 name: name.into(),
                 protocol,
             };
-            tokio::spawn(async move {
-                if let Err(e) = svc_bins::local_proxy::run(&profile, what, port).await {
-                    eprintln!("local proxy: {e:#}");
-                }
-            });
+            let (listener, _) = bind_local(port).await?;
+            tokio::spawn(what.serve(listener, client.clone(), Default::default()));
         }
         anyhow::Ok(running)
     })?;

@@ -2,9 +2,13 @@
 //! proxy's web port with the user's certificate and the resource's ALPN name, the
 //! [`ResourceRequest`] line, the proxy's answer; then the stream carries the client's bytes.
 //! Also the local half of Postgres' TLS negotiation, so `psql` connects to the local listener
-//! unchanged.
+//! unchanged, and [`LocalProxy`], the local listener itself: everyday clients (`curl`, `psql`)
+//! connect to `127.0.0.1:PORT` and each connection is carried to the resource. A refusal by the
+//! proxy reaches psql as a Postgres `FATAL` error carrying the proxy's text, so the user sees why.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use svc_core::Addr;
@@ -12,7 +16,9 @@ use svc_core::auth::ServedKind;
 use svc_core::config::DbProtocol;
 use svc_core::identity::IdentityKind;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;
+use tokio_util::sync::CancellationToken;
 
 use super::{MAX_LINE, RESOURCE_OK, ResourceRequest};
 use crate::auth::ClientIdentity;
@@ -175,6 +181,136 @@ pub async fn postgres_startup<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S) -> 
     }
 }
 
+/// A local listener for one resource (`tsh proxy app|db|desktop`): each accepted connection is
+/// carried to the resource through the proxy with [`ResourceClient`].
+///
+/// Postgres: the local side answers psql's SSLRequest with `N` (the hop to the proxy is TLS with
+/// the user's certificate, and the agent runs TLS to the server), then forwards the startup
+/// message and everything after it.
+#[derive(Debug, Clone)]
+pub struct LocalProxy {
+    /// The resource kind.
+    pub kind: ServedKind,
+    /// The resource name.
+    pub name: String,
+    /// The database protocol (databases only).
+    pub protocol: Option<DbProtocol>,
+}
+
+impl LocalProxy {
+    /// Serves connections accepted on `listener` until `shutdown`. A connection that fails is
+    /// logged and the loop goes on; accept errors (out of file descriptors) pause the loop
+    /// briefly instead of spinning.
+    pub async fn serve(self, listener: TcpListener, client: ResourceClient, shutdown: CancellationToken) {
+        let this = Arc::new(self);
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let (sock, peer) = tokio::select! {
+                () = shutdown.cancelled() => return,
+                r = listener.accept() => match r {
+                    Ok(c) => {
+                        pause = Duration::from_millis(5);
+                        c
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?pause, "local proxy: accept failed");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                        continue;
+                    }
+                },
+            };
+            let (client, this) = (client.clone(), this.clone());
+            tokio::spawn(async move {
+                if let Err(e) = this.carry(sock, &client).await {
+                    tracing::warn!(%peer, kind = %this.kind, name = %this.name, error = %e, "local proxy connection failed");
+                }
+            });
+        }
+    }
+
+    async fn carry(&self, mut sock: TcpStream, client: &ResourceClient) -> Result<(), LocalProxyError> {
+        let _ = sock.set_nodelay(true);
+        let postgres = self.kind == ServedKind::Db && self.protocol.is_none_or(|p| p == DbProtocol::Postgres);
+        let startup = if postgres {
+            Some(
+                postgres_startup(&mut sock)
+                    .await
+                    .map_err(LocalProxyError::Startup)?,
+            )
+        } else {
+            None
+        };
+        let alpn = alpn_for(self.kind, self.protocol);
+        let mut upstream = match client.connect(self.kind, &self.name, alpn).await {
+            Ok(s) => s,
+            Err(e) => {
+                if postgres {
+                    let _ = sock.write_all(&postgres_error(&e)).await;
+                }
+                return Err(e.into());
+            }
+        };
+        if let Some(startup) = startup {
+            upstream
+                .write_all(&startup)
+                .await
+                .map_err(LocalProxyError::Copy)?;
+        }
+        tokio::io::copy_bidirectional_with_sizes(&mut sock, &mut upstream, 64 * 1024, 64 * 1024)
+            .await
+            .map_err(LocalProxyError::Copy)?;
+        Ok(())
+    }
+}
+
+/// Why one local proxy connection ended early.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LocalProxyError {
+    /// The Postgres client's startup could not be read.
+    #[error("the Postgres startup: {0}")]
+    Startup(std::io::Error),
+    /// The connection to the resource through the proxy failed or was refused.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// Copying between the client and the resource failed.
+    #[error("copying: {0}")]
+    Copy(std::io::Error),
+}
+
+/// Binds `127.0.0.1:port` (0: any free port) for a [`LocalProxy`]; returns the listener and its
+/// address.
+pub async fn bind_local(port: u16) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(("127.0.0.1", port)).await?;
+    let addr = listener.local_addr()?;
+    Ok((listener, addr))
+}
+
+/// A Postgres `ErrorResponse` (severity FATAL, SQLSTATE 28000 for refusals, 08006 otherwise).
+fn postgres_error(e: &ConnectError) -> Vec<u8> {
+    let code = match e {
+        ConnectError::Refused(_) => "28000",
+        _ => "08006",
+    };
+    let mut fields = Vec::new();
+    for (tag, value) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', code),
+        (b'M', &e.to_string()),
+    ] {
+        fields.push(tag);
+        fields.extend_from_slice(value.replace('\0', " ").as_bytes());
+        fields.push(0);
+    }
+    fields.push(0);
+    let mut msg = vec![b'E'];
+    msg.extend_from_slice(&u32::try_from(fields.len() + 4).unwrap_or(u32::MAX).to_be_bytes());
+    msg.extend_from_slice(&fields);
+    msg
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,5 +362,16 @@ mod tests {
         );
         assert_eq!(alpn_for(ServedKind::Db, Some(DbProtocol::Redis)), "svc-redis");
         assert_eq!(alpn_for(ServedKind::WindowsDesktop, None), "svc-tcp");
+    }
+
+    #[test]
+    fn refusals_become_postgres_errors() {
+        let msg = postgres_error(&ConnectError::Refused("access denied to db \"pg\"".into()));
+        assert_eq!(msg[0], b'E');
+        let len = u32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]) as usize;
+        assert_eq!(len + 1, msg.len());
+        let text = String::from_utf8_lossy(&msg[5..]);
+        assert!(text.contains("SFATAL\0") && text.contains("C28000\0"), "{text}");
+        assert!(text.contains("Maccess denied to db \"pg\"\0"), "{text}");
     }
 }

@@ -19,7 +19,7 @@
 
 use std::{
     fmt::Debug,
-    sync::{Arc, atomic::Ordering},
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -259,7 +259,7 @@ async fn run_for<K: Workload>(ctx: Arc<Context>) {
 }
 
 fn error_policy<K: Workload>(_obj: Arc<K>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconciles_failed.fetch_add(1, Ordering::Relaxed);
+    ctx.metrics.reconciles_failed.inc();
     tracing::warn!(%error, "reconcile failed, the agent is unchanged; retrying soon");
     Action::requeue(ctx.config.retry_after)
 }
@@ -272,7 +272,7 @@ pub async fn reconcile<K: Workload>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Ac
         Err(_) => Err(ReconcileError::Timeout(timeout)),
     };
     result?;
-    ctx.metrics.reconciles_ok.fetch_add(1, Ordering::Relaxed);
+    ctx.metrics.reconciles_ok.inc();
     Ok(Action::requeue(ctx.config.sync_period))
 }
 
@@ -285,7 +285,7 @@ async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<(), Recon
         .map(String::as_str)
         == Some("true")
     {
-        ctx.metrics.skipped.fetch_add(1, Ordering::Relaxed);
+        ctx.metrics.skipped.inc();
         tracing::info!(kind = K::KIND, %name, "{SKIP_RECONCILE_ANNOTATION} is \"true\": automatic updates suspended");
         return Ok(());
     }
@@ -332,11 +332,11 @@ async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<(), Recon
     });
     match &decision {
         Decision::NoNewVersion => {
-            ctx.metrics.no_new_version.fetch_add(1, Ordering::Relaxed);
+            ctx.metrics.no_new_version.inc();
             tracing::info!(kind = K::KIND, %name, current = ?current.as_ref().map(ToString::to_string), "no new version available");
         }
         Decision::Skip(reason) => {
-            ctx.metrics.skipped.fetch_add(1, Ordering::Relaxed);
+            ctx.metrics.skipped.inc();
             tracing::info!(kind = K::KIND, %name, "{reason}");
         }
         Decision::Update(version, reason) => {
@@ -354,7 +354,7 @@ async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<(), Recon
                     action: format!("patching {} {name}", K::KIND),
                     source,
                 })?;
-            ctx.metrics.updates.fetch_add(1, Ordering::Relaxed);
+            ctx.metrics.updates.inc();
         }
     }
     if let Some((current_revision, update_revision)) = obj.rollout_revisions()
@@ -393,7 +393,7 @@ async fn unstick_rollout(ctx: &Context, pods: &[Pod], update_revision: &str) -> 
         tracing::info!(pod = %name, ?revision, %update_revision, "deleting an unhealthy pod of the old revision so the rollout can proceed");
         match api.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {
-                ctx.metrics.pods_deleted.fetch_add(1, Ordering::Relaxed);
+                ctx.metrics.pods_deleted.inc();
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(source) => {

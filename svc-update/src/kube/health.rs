@@ -1,175 +1,162 @@
-//! The updater's diagnostics: `/healthz`, `/readyz` and Prometheus-text `/metrics`.
+//! The updater's diagnostics: `/healthz`, `/readyz` and `/metrics`.
 //!
 //! Sits beside the controller: [`Metrics`] is shared with [`super::controller`] and
 //! [`super::leader`], which count what they do; [`serve`] answers the kubelet's probes and the
-//! scraper on the diagnostics address.
+//! scraper on the diagnostics address with the diagnostics Service every svc process shares
+//! (`svc_net::diag`).
 
-use std::{
-    convert::Infallible,
-    fmt::Write as _,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
 };
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode, header};
-use http_body_util::Full;
-use hyper::{body::Incoming, service::service_fn};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus_client::{
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use svc_net::diag::Diagnostics;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
-/// Counters and gauges of one updater process. All fields are monotonic counters unless named
-/// as a gauge.
-#[derive(Debug, Default)]
+type ResultLabel = Vec<(String, String)>;
+
+/// Counters and gauges of one updater process. Clones of a counter share its value.
+#[derive(Debug)]
 pub struct Metrics {
     /// Reconciles that ended without error.
-    pub reconciles_ok: AtomicU64,
+    pub reconciles_ok: Counter,
     /// Reconciles that ended in an error (and were retried soon).
-    pub reconciles_failed: AtomicU64,
+    pub reconciles_failed: Counter,
     /// Image patches applied to the workload.
-    pub updates: AtomicU64,
+    pub updates: Counter,
     /// Reconciles that found no new version.
-    pub no_new_version: AtomicU64,
+    pub no_new_version: Counter,
     /// Reconciles skipped: suspended, outside the window, refused major.
-    pub skipped: AtomicU64,
+    pub skipped: Counter,
     /// Unhealthy old-revision pods deleted to unstick a StatefulSet rollout.
-    pub pods_deleted: AtomicU64,
+    pub pods_deleted: Counter,
     /// Attempts to acquire or renew the leader Lease.
-    pub lease_attempts: AtomicU64,
-    /// Gauge: 1 while this replica holds the Lease.
-    pub leader: AtomicBool,
-    /// Gauge: 1 once the process is serving (leader or standby).
+    pub lease_attempts: Counter,
+    /// 1 while this replica holds the Lease.
+    pub leader: Gauge,
+    /// Set once the process is serving (leader or standby): `/readyz` answers 200 from then on.
     pub ready: AtomicBool,
+    reconciles: Family<ResultLabel, Counter>,
 }
 
-impl Metrics {
-    /// Renders the Prometheus text exposition format (version 0.0.4).
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
-        };
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "# HELP svc_kube_updater_reconciles_total Reconciles by result.\n\
-             # TYPE svc_kube_updater_reconciles_total counter\n\
-             svc_kube_updater_reconciles_total{{result=\"ok\"}} {}\n\
-             svc_kube_updater_reconciles_total{{result=\"error\"}} {}",
-            get(&self.reconciles_ok),
-            get(&self.reconciles_failed)
-        );
-        counter(
-            &mut out,
-            "svc_kube_updater_updates_total",
-            "Image updates applied.",
-            get(&self.updates),
-        );
-        counter(
-            &mut out,
-            "svc_kube_updater_no_new_version_total",
-            "Reconciles that found no new version.",
-            get(&self.no_new_version),
-        );
-        counter(
-            &mut out,
-            "svc_kube_updater_skipped_total",
-            "Reconciles that skipped an update.",
-            get(&self.skipped),
-        );
-        counter(
-            &mut out,
-            "svc_kube_updater_pods_deleted_total",
-            "Unhealthy old-revision pods deleted.",
-            get(&self.pods_deleted),
-        );
-        counter(
-            &mut out,
-            "svc_kube_updater_lease_attempts_total",
-            "Attempts to acquire or renew the leader lease.",
-            get(&self.lease_attempts),
-        );
-        let _ = writeln!(
-            out,
-            "# HELP svc_kube_updater_leader Whether this replica holds the leader lease.\n\
-             # TYPE svc_kube_updater_leader gauge\nsvc_kube_updater_leader {}",
-            u8::from(self.leader.load(Ordering::Relaxed))
-        );
-        out
+impl Default for Metrics {
+    fn default() -> Self {
+        let reconciles = Family::<ResultLabel, Counter>::default();
+        let result = |r: &str| vec![("result".to_owned(), r.to_owned())];
+        let reconciles_ok = reconciles.get_or_create(&result("ok")).clone();
+        let reconciles_failed = reconciles.get_or_create(&result("error")).clone();
+        Metrics {
+            reconciles_ok,
+            reconciles_failed,
+            updates: Counter::default(),
+            no_new_version: Counter::default(),
+            skipped: Counter::default(),
+            pods_deleted: Counter::default(),
+            lease_attempts: Counter::default(),
+            leader: Gauge::default(),
+            ready: AtomicBool::new(false),
+            reconciles,
+        }
     }
 }
 
-fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &'static str) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(body.into()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static(content_type),
-    );
-    response
-}
+impl Metrics {
+    /// The metrics, named `svc_kube_updater_*`, in a registry of their own.
+    pub fn registry(&self) -> Registry {
+        let mut registry = Registry::default();
+        let r = registry.sub_registry_with_prefix("svc_kube_updater");
+        r.register("reconciles", "Reconciles by result", self.reconciles.clone());
+        r.register("updates", "Image updates applied", self.updates.clone());
+        r.register(
+            "no_new_version",
+            "Reconciles that found no new version",
+            self.no_new_version.clone(),
+        );
+        r.register(
+            "skipped",
+            "Reconciles that skipped an update",
+            self.skipped.clone(),
+        );
+        r.register(
+            "pods_deleted",
+            "Unhealthy old-revision pods deleted",
+            self.pods_deleted.clone(),
+        );
+        r.register(
+            "lease_attempts",
+            "Attempts to acquire or renew the leader lease",
+            self.lease_attempts.clone(),
+        );
+        r.register(
+            "leader",
+            "Whether this replica holds the leader lease",
+            self.leader.clone(),
+        );
+        registry
+    }
 
-/// Answers one diagnostics request.
-pub fn respond<B>(metrics: &Metrics, request: &Request<B>) -> Response<Full<Bytes>> {
-    match request.uri().path() {
-        "/healthz" => text(StatusCode::OK, "ok\n", "text/plain"),
-        "/readyz" if metrics.ready.load(Ordering::Relaxed) => text(StatusCode::OK, "ok\n", "text/plain"),
-        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "starting\n", "text/plain"),
-        "/metrics" => text(StatusCode::OK, metrics.render(), "text/plain; version=0.0.4"),
-        _ => text(StatusCode::NOT_FOUND, "not found\n", "text/plain"),
+    /// The diagnostics Service for these metrics: `/readyz` is 503 (`starting`) until
+    /// [`Metrics::ready`] is set.
+    pub fn diagnostics(self: &Arc<Self>) -> Diagnostics {
+        let this = self.clone();
+        Diagnostics::new(self.registry(), move || {
+            if this.ready.load(Ordering::Relaxed) {
+                Ok(())
+            } else {
+                Err("starting".into())
+            }
+        })
     }
 }
 
 /// Serves diagnostics on `listener` until the task is dropped. A failing connection is logged
 /// and the loop goes on.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                tracing::warn!(%error, "diagnostics accept failed");
-                continue;
-            }
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |request: Request<Incoming>| {
-                let response = respond(&metrics, &request);
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            if let Err(error) = builder.serve_connection(TokioIo::new(stream), service).await {
-                tracing::debug!(%error, %peer, "diagnostics connection ended");
-            }
-        });
-    }
+    svc_net::diag::serve(listener, metrics.diagnostics(), CancellationToken::new()).await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::StatusCode;
+
+    fn body(d: &Diagnostics, path: &str) -> (StatusCode, String) {
+        use http_body_util::BodyExt;
+        let r = d.answer(path);
+        let status = r.status();
+        let bytes = futures_util::FutureExt::now_or_never(r.into_body().collect())
+            .and_then(Result::ok)
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
 
     #[test]
     fn probes_and_metrics() {
-        let m = Metrics::default();
-        let req = |p: &str| Request::get(p).body(()).unwrap();
-        assert_eq!(respond(&m, &req("/healthz")).status(), StatusCode::OK);
+        let m = Arc::new(Metrics::default());
+        let d = m.diagnostics();
+        assert_eq!(body(&d, "/healthz").0, StatusCode::OK);
         assert_eq!(
-            respond(&m, &req("/readyz")).status(),
-            StatusCode::SERVICE_UNAVAILABLE
+            body(&d, "/readyz"),
+            (StatusCode::SERVICE_UNAVAILABLE, "starting\n".into())
         );
         m.ready.store(true, Ordering::Relaxed);
-        assert_eq!(respond(&m, &req("/readyz")).status(), StatusCode::OK);
-        m.updates.fetch_add(2, Ordering::Relaxed);
-        let text = m.render();
+        assert_eq!(body(&d, "/readyz").0, StatusCode::OK);
+        m.updates.inc_by(2);
+        m.reconciles_ok.inc();
+        let (_, text) = body(&d, "/metrics");
         assert!(text.contains("svc_kube_updater_updates_total 2\n"), "{text}");
         assert!(
-            text.contains("svc_kube_updater_reconciles_total{result=\"ok\"} 0\n"),
+            text.contains("svc_kube_updater_reconciles_total{result=\"ok\"} 1\n"),
             "{text}"
         );
-        assert!(text.contains("# TYPE svc_kube_updater_leader gauge\nsvc_kube_updater_leader 0\n"));
-        assert_eq!(respond(&m, &req("/nope")).status(), StatusCode::NOT_FOUND);
+        assert!(text.contains("# TYPE svc_kube_updater_leader gauge\n"), "{text}");
+        assert!(text.contains("svc_kube_updater_leader 0\n"), "{text}");
+        assert_eq!(body(&d, "/nope").0, StatusCode::NOT_FOUND);
     }
 }

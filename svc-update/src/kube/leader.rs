@@ -8,7 +8,7 @@
 //! round. Expiry is judged the way client-go judges it: by how long *this* replica has seen the
 //! holder's record unchanged, on its own monotonic clock, never by comparing wall clocks.
 
-use std::{future::Future, sync::Arc, sync::atomic::Ordering, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
@@ -121,12 +121,12 @@ impl LeaderElector {
             tokio::time::sleep(self.timing.retry_every).await;
         }
         tracing::info!(lease = %self.name, identity = %self.identity, "became leader");
-        self.metrics.leader.store(true, Ordering::Relaxed);
+        self.metrics.leader.set(1);
         let result = tokio::select! {
             output = work => Ok(output),
             lost = self.keep() => Err(lost),
         };
-        self.metrics.leader.store(false, Ordering::Relaxed);
+        self.metrics.leader.set(0);
         result
     }
 
@@ -161,7 +161,7 @@ impl LeaderElector {
     /// flaky API server never makes two leaders; `observed` is set only when another holder
     /// is seen.
     async fn round(&mut self) -> Round {
-        self.metrics.lease_attempts.fetch_add(1, Ordering::Relaxed);
+        self.metrics.lease_attempts.inc();
         match self.try_round().await {
             Ok(round) => round,
             Err(error) => {
