@@ -127,14 +127,38 @@ async fn run(config: Config, mut cluster: Cluster) -> anyhow::Result<()> {
     let running = cluster.start().await?;
     banner(&config, &running);
     println!("svc: ready");
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        r = tokio::signal::ctrl_c() => r?,
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut hup) = (signal(SignalKind::terminate())?, signal(SignalKind::hangup())?);
+    let reload = tokio::select! {
+        _ = term.recv() => false,
+        _ = hup.recv() => true,
+        r = tokio::signal::ctrl_c() => { r?; false }
+    };
+    if reload {
+        println!("svc: SIGHUP: draining, then starting again with the configuration and binary on disk");
+    } else {
+        println!("svc: shutting down, draining connections");
     }
-    println!("svc: shutting down, draining connections");
     running.shutdown().await;
+    if reload {
+        return Err(restart_in_place());
+    }
     Ok(())
+}
+
+/// Replaces this process with a fresh `svc` run with the same arguments (same PID, so systemd
+/// keeps tracking it): the configuration, certificates and — after a package upgrade — the binary
+/// are read again. Returns only when the new program could not be started.
+fn restart_in_place() -> anyhow::Error {
+    use std::os::unix::process::CommandExt;
+    let mut args = std::env::args_os();
+    // argv[0], not /proc/self/exe: after an upgrade replaced the binary, the running image's
+    // path names the deleted file.
+    let Some(program) = args.next() else {
+        return anyhow::anyhow!("restarting after SIGHUP: no program name in argv");
+    };
+    let err = std::process::Command::new(&program).args(args).exec();
+    anyhow::anyhow!("restarting after SIGHUP ({}): {err}", program.to_string_lossy())
 }
 
 fn banner(config: &Config, running: &RunningCluster) {
