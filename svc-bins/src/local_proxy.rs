@@ -53,6 +53,10 @@ pub async fn run(profile: &Profile, what: LocalProxy, port: u16) -> anyhow::Resu
         what.kind, what.name
     );
     std::io::Write::flush(&mut std::io::stdout())?;
-    what.serve(listener, client, CancellationToken::new()).await;
+    let (kind, name) = (what.kind, what.name.clone());
+    what.serve(listener, client, CancellationToken::new(), move |peer, e| {
+        eprintln!("tsh: connection from {peer} to {kind} \"{name}\": {e}");
+    })
+    .await;
     Ok(())
 }

@@ -272,7 +272,11 @@ fn main() -> Result<()> {
                 protocol,
             };
             let (listener, _) = bind_local(port).await?;
-            tokio::spawn(what.serve(listener, client.clone(), Default::default()));
+            tokio::spawn(
+                what.serve(listener, client.clone(), Default::default(), |peer, e| {
+                    eprintln!("local proxy: connection from {peer}: {e}");
+                }),
+            );
         }
         anyhow::Ok(running)
     })?;

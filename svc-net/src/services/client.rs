@@ -199,9 +199,19 @@ pub struct LocalProxy {
 
 impl LocalProxy {
     /// Serves connections accepted on `listener` until `shutdown`. A connection that fails is
-    /// logged and the loop goes on; accept errors (out of file descriptors) pause the loop
-    /// briefly instead of spinning.
-    pub async fn serve(self, listener: TcpListener, client: ResourceClient, shutdown: CancellationToken) {
+    /// handed to `on_error` with the client's address (`tsh` prints it for the user; the
+    /// proxy's refusal text is in the error) and the loop goes on; accept errors (out of file
+    /// descriptors) pause the loop briefly instead of spinning.
+    pub async fn serve<F>(
+        self,
+        listener: TcpListener,
+        client: ResourceClient,
+        shutdown: CancellationToken,
+        on_error: F,
+    ) where
+        F: Fn(SocketAddr, LocalProxyError) + Send + Sync + 'static,
+    {
+        let on_error = Arc::new(on_error);
         let this = Arc::new(self);
         let mut pause = Duration::from_millis(5);
         loop {
@@ -220,10 +230,10 @@ impl LocalProxy {
                     }
                 },
             };
-            let (client, this) = (client.clone(), this.clone());
+            let (client, this, on_error) = (client.clone(), this.clone(), on_error.clone());
             tokio::spawn(async move {
                 if let Err(e) = this.carry(sock, &client).await {
-                    tracing::warn!(%peer, kind = %this.kind, name = %this.name, error = %e, "local proxy connection failed");
+                    on_error(peer, e);
                 }
             });
         }
