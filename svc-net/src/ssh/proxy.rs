@@ -91,6 +91,7 @@ struct Inner {
     authorizer: Arc<dyn NodeAuthorizer>,
     tls: Option<TlsAcceptor>,
     handshake_timeout: std::time::Duration,
+    auth_timeout: std::time::Duration,
 }
 
 /// The proxy's SSH entry. Cheap to clone.
@@ -136,6 +137,7 @@ impl ProxySsh {
                 authorizer: config.authorizer,
                 tls: config.tls.map(TlsAcceptor::from),
                 handshake_timeout: config.tunables.handshake_timeout,
+                auth_timeout: config.tunables.auth_timeout,
             }),
         }
     }
@@ -163,15 +165,21 @@ impl ProxySsh {
         peer: SocketAddr,
         local: SocketAddr,
     ) -> Result<(), SshError> {
+        let (authenticated, on_auth) = tokio::sync::oneshot::channel();
         let handler = EntryHandler {
+            authenticated: Some(authenticated),
             inner: self.inner.clone(),
             peer,
             local,
             user: None,
             channels: HashMap::new(),
         };
-        let session = russh::server::run_stream(self.inner.ssh.clone(), io, handler).await?;
-        session.await?;
+        let after = self.inner.auth_timeout;
+        let started =
+            crate::ssh::authenticate_before(self.inner.ssh.clone(), io, handler, on_auth, after).await?;
+        if let Some((session, ())) = started {
+            session.await?;
+        }
         Ok(())
     }
 }
@@ -202,14 +210,11 @@ impl Service<Connection> for Entry {
                     return Ok(());
                 };
                 let after = this.ssh.inner.handshake_timeout;
-                match tokio::time::timeout(after, acceptor.accept(conn.io)).await {
-                    Ok(Ok(tls)) => this.ssh.serve_stream(tls, peer, local).await,
-                    Ok(Err(e)) => {
+                match crate::tls::accept_before(&acceptor, conn.io, tokio::time::Instant::now() + after).await
+                {
+                    Ok(tls) => this.ssh.serve_stream(tls, peer, local).await,
+                    Err(e) => {
                         tracing::info!(%peer, error = %e, "TLS handshake of an SSH client failed");
-                        return Ok(());
-                    }
-                    Err(_) => {
-                        tracing::info!(%peer, "TLS handshake of an SSH client timed out");
                         return Ok(());
                     }
                 }
@@ -225,6 +230,8 @@ impl Service<Connection> for Entry {
 }
 
 struct EntryHandler {
+    /// Fired once the client authenticates (ends the handshake deadline).
+    authenticated: Option<tokio::sync::oneshot::Sender<()>>,
     inner: Arc<Inner>,
     peer: SocketAddr,
     local: SocketAddr,
@@ -281,6 +288,9 @@ impl russh::server::Handler for EntryHandler {
             Ok(identity) => {
                 tracing::info!(peer = %self.peer, ssh_user = user, user = %identity.username, "SSH client authenticated at the proxy");
                 self.user = Some((identity, certificate.clone(), user.to_owned()));
+                if let Some(tx) = self.authenticated.take() {
+                    let _ = tx.send(());
+                }
                 Ok(Auth::Accept)
             }
             Err(e) => {
