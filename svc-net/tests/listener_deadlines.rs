@@ -1,5 +1,5 @@
 //! Every listener holds against silent and slow peers: 1,000 silent TCP peers on the web port,
-//! 1,000 on the SSH port and peers that finish TCP+TLS (ALPN `svc-proxy-ssh`) but never speak
+//! 1,000 on the SSH port, 200 that send an SSH banner and stop in key exchange, and peers that finish TCP+TLS (ALPN `svc-proxy-ssh`) but never speak
 //! SSH are all closed by the server at their (shortened) deadline, while an honest SSH session
 //! through the proxy completes during the flood; and a listener's connection cap sheds the
 //! excess at once while an established session keeps working.
@@ -44,7 +44,9 @@ fn raise_fd_limit(want: u64) -> Result<()> {
     )
     .context("raising RLIMIT_NOFILE")?;
     if target < want {
-        bail!("this test needs {want} file descriptors; the hard limit is {target} (raise it with `ulimit -Hn`)");
+        bail!(
+            "this test needs {want} file descriptors; the hard limit is {target} (raise it with `ulimit -Hn`)"
+        );
     }
     Ok(())
 }
@@ -75,6 +77,20 @@ async fn silent_peers(addr: SocketAddr, n: usize) -> Result<Vec<tokio::task::Joi
     Ok(peers)
 }
 
+/// Opens `n` connections that send an SSH banner and then nothing (stuck in key exchange).
+async fn banner_peers(addr: SocketAddr, n: usize) -> Result<Vec<tokio::task::JoinHandle<Instant>>> {
+    use tokio::io::AsyncWriteExt;
+    let mut peers = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut tcp = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("banner peer {i} connecting to {addr}"))?;
+        tcp.write_all(b"SSH-2.0-flood\r\n").await?;
+        peers.push(tokio::spawn(closed_at(tcp)));
+    }
+    Ok(peers)
+}
+
 /// Opens `n` connections that finish TLS with ALPN `svc-proxy-ssh` and then stay silent.
 async fn tls_silent_peers(addr: SocketAddr, n: usize) -> Result<Vec<tokio::task::JoinHandle<Instant>>> {
     let mut config = svc_net::tls::insecure_client_config()?;
@@ -95,7 +111,11 @@ async fn tls_silent_peers(addr: SocketAddr, n: usize) -> Result<Vec<tokio::task:
 }
 
 /// Asserts every peer was closed by the server, by `deadline + SLACK` at the latest.
-async fn assert_cut(what: &str, peers: Vec<tokio::task::JoinHandle<Instant>>, deadline: Instant) -> Result<()> {
+async fn assert_cut(
+    what: &str,
+    peers: Vec<tokio::task::JoinHandle<Instant>>,
+    deadline: Instant,
+) -> Result<()> {
     let n = peers.len();
     let all = futures_util::future::join_all(peers);
     let ends = tokio::time::timeout_at(deadline + SLACK, all)
@@ -147,6 +167,7 @@ async fn silent_peers_are_cut_at_the_deadline_while_an_honest_session_works() ->
     // the SSH authentication deadline), and TLS-then-silent on the web port (SSH inside TLS).
     let web = silent_peers(proxy.web, 1000).await?;
     let ssh = silent_peers(ssh_addr, 1000).await?;
+    let banners = banner_peers(ssh_addr, 200).await?;
     let tls_start = Instant::now();
     let tls = tls_silent_peers(proxy.web, 50).await?;
 
@@ -165,6 +186,12 @@ async fn silent_peers_are_cut_at_the_deadline_while_an_honest_session_works() ->
     let connected = Instant::now();
     assert_cut("silent web-port peers", web, connected + PEEK).await?;
     assert_cut("silent SSH-port peers", ssh, connected + AUTH).await?;
+    assert_cut(
+        "SSH-port peers stuck after their banner",
+        banners,
+        connected + AUTH,
+    )
+    .await?;
     // TLS peers: the handshake took part of the peek budget; the SSH deadline runs after it.
     assert_cut("TLS-then-silent peers", tls, Instant::now().max(tls_start) + AUTH).await?;
 

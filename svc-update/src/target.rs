@@ -37,7 +37,7 @@ use svc_net::web::version::forward::{
     FETCH_TIMEOUT, FetchError, Fetcher, parse_critical_body, parse_version_body,
 };
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use tower::BoxError;
 
 /// How long one request to the version server may take.
 pub const TIMEOUT: std::time::Duration = FETCH_TIMEOUT;

@@ -2,16 +2,96 @@
 //! SSH entry, the node's SSH Service, the reverse-tunnel server): a peer that connects and stays
 //! silent, stalls in key exchange or never authenticates is disconnected when the deadline
 //! passes. russh's own inactivity timeout and keepalives cover the rest of the session.
+//!
+//! russh runs a session in a task of its own and cannot be told to drop a peer that is stuck
+//! in key exchange (a disconnect request waits for the exchange), so the stream is wrapped in a
+//! [`Severable`] that fails every read and write once the deadline cuts it: the session task
+//! wakes, ends and closes the socket.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    io,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use russh::server::{Handler, RunningSession};
-use tokio::{sync::oneshot, time::Instant};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    sync::oneshot,
+    time::Instant,
+};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::listen::Io;
 
-/// How long a disconnect message may take to be written to a peer that is cut off.
-const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
+/// A stream that fails with `ConnectionAborted` once its token is cancelled (waking whoever
+/// waits on it).
+/// Once the client has authenticated the stream is disarmed and reads and writes pass straight
+/// through (no cancellation check on the data path).
+pub(crate) struct Severable<S> {
+    io: S,
+    cut: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    disarmed: Arc<AtomicBool>,
+}
+
+impl<S> Severable<S> {
+    fn new(io: S, token: CancellationToken, disarmed: Arc<AtomicBool>) -> Self {
+        Self {
+            io,
+            cut: Some(Box::pin(token.cancelled_owned())),
+            disarmed,
+        }
+    }
+
+    fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        let Some(cut) = self.cut.as_mut() else {
+            return Ok(());
+        };
+        if self.disarmed.load(Ordering::Acquire) {
+            self.cut = None;
+            return Ok(());
+        }
+        match cut.as_mut().poll(cx) {
+            Poll::Ready(()) => Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the SSH handshake and authentication deadline passed",
+            )),
+            Poll::Pending => Ok(()),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Severable<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Severable<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
 
 /// Why an SSH session did not reach authentication.
 #[derive(Debug)]
@@ -27,7 +107,8 @@ pub(crate) enum StartError {
 
 /// Starts an SSH server session on `io` and waits until the handler reports an authenticated
 /// client through `authenticated` (the value it sends is returned with the session), at most
-/// `after` from now. At the deadline the session is disconnected (which closes the stream).
+/// `after` from now. At the deadline the stream is severed: the session ends and the socket
+/// closes.
 /// `Ok(None)`: the client went away before authenticating.
 pub(crate) async fn authenticate_before<H, S, T>(
     config: Arc<russh::server::Config>,
@@ -41,6 +122,9 @@ where
     S: Io,
 {
     let deadline = Instant::now() + after;
+    let cut = CancellationToken::new();
+    let disarmed = Arc::new(AtomicBool::new(false));
+    let io = Severable::new(io, cut.clone(), disarmed.clone());
     let mut session =
         match tokio::time::timeout_at(deadline, russh::server::run_stream(config, io, handler)).await {
             Err(_) => return Err(StartError::Deadline { after }),
@@ -48,24 +132,19 @@ where
             Ok(Ok(session)) => session,
         };
     tokio::select! {
+        // An authentication that lands with the deadline wins.
+        biased;
         r = authenticated => match r {
-            Ok(value) => Ok(Some((session, value))),
+            Ok(value) => {
+                disarmed.store(true, Ordering::Release);
+                Ok(Some((session, value)))
+            }
             // The handler is gone: the session ended before authentication.
             Err(_) => session.await.map(|()| None).map_err(StartError::Session),
         },
         r = &mut session => r.map(|()| None).map_err(StartError::Session),
         () = tokio::time::sleep_until(deadline) => {
-            // The session runs in its own task: ask it to disconnect (it then drops the stream).
-            let handle = session.handle();
-            let _ = tokio::time::timeout(
-                DISCONNECT_GRACE,
-                handle.disconnect(
-                    russh::Disconnect::ByApplication,
-                    format!("authentication did not finish within {after:?}"),
-                    String::new(),
-                ),
-            )
-            .await;
+            cut.cancel();
             Err(StartError::Deadline { after })
         }
     }
