@@ -3,6 +3,7 @@
 //! sniffed on the web port) and then nothing; while they hold their connections, a real
 //! `tsh ssh` runs a command on the node; then every flooding peer is closed by the server at
 //! its default deadline (15 s to classify, 10 s for SSH to authenticate), with generous slack.
+//! 200 silent peers on the Auth API port are cut at its 10 s TLS handshake deadline.
 
 mod common;
 
@@ -20,6 +21,8 @@ const PASSWORD: &str = "correct-horse-battery";
 /// The defaults of `ListenOptions::peek_timeout` and `Tunables::auth_timeout`.
 const PEEK: Duration = Duration::from_secs(15);
 const SSH_AUTH: Duration = Duration::from_secs(10);
+/// `svc_net::auth::HANDSHAKE_TIMEOUT`.
+const AUTH_TLS: Duration = Duration::from_secs(10);
 /// Slack for a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(25);
 
@@ -98,9 +101,17 @@ fn a_flood_of_silent_peers_is_cut_at_the_deadline_while_tsh_ssh_works() -> Resul
         .enable_all()
         .build()?;
     let web = cluster.web_addr.clone();
-    let (silent, sniffed, connected) = rt.block_on(async {
+    let auth = cluster.auth_addr.clone();
+    let (silent, sniffed, at_auth, connected) = rt.block_on(async {
         let mut silent = Vec::new();
         let mut sniffed = Vec::new();
+        let mut at_auth = Vec::new();
+        for i in 0..200 {
+            let tcp = TcpStream::connect(&auth)
+                .await
+                .with_context(|| format!("auth flood peer {i} connecting to {auth}"))?;
+            at_auth.push(tokio::spawn(closed_at(tcp, false)));
+        }
         for i in 0..1200 {
             let tcp = TcpStream::connect(&web)
                 .await
@@ -111,7 +122,7 @@ fn a_flood_of_silent_peers_is_cut_at_the_deadline_while_tsh_ssh_works() -> Resul
                 sniffed.push(tokio::spawn(closed_at(tcp, true)));
             }
         }
-        anyhow::Ok((silent, sniffed, Instant::now()))
+        anyhow::Ok((silent, sniffed, at_auth, Instant::now()))
     })?;
 
     // The real client, during the flood.

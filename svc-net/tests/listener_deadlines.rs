@@ -286,3 +286,52 @@ async fn the_cap_sheds_excess_connections_while_an_established_session_keeps_wor
     proxy.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_timeout_closes_a_silent_authenticated_session() -> Result<()> {
+    init_tracing();
+    let idle = Duration::from_secs(2);
+    let cluster = Cluster::new();
+    let proxy = start_proxy(
+        &cluster,
+        ProxyOpts {
+            separate: true,
+            // The agent's heartbeats (300 ms) keep its tunnel busy; the client's session is idle.
+            tunables: fast_tunables().with_idle_timeout(Some(idle)),
+            ..Default::default()
+        },
+    )
+    .await;
+    let node = cluster.host(&[SystemRole::Node], "node-1");
+    let _agent = start_agent(&cluster, proxy.web, &node);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        proxy
+            .tunnel
+            .registry()
+            .wait_for("node-1", |a| a.is_some_and(|a| a.online)),
+    )
+    .await
+    .context("the agent did not come online within 30 s")?;
+    let user = cluster.user("alice", &["root"]);
+    let session = node_session(&proxy, &cluster, &user, "node-1").await;
+    assert_eq!(exec(&session, "echo busy").await.stdout(), "busy\n");
+    let idle_from = Instant::now();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !session.is_closed() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .context("an idle session was not closed within 30 s (idle timeout 2 s)")?;
+    assert!(
+        idle_from.elapsed() >= idle,
+        "closed after {:?}, before the idle timeout",
+        idle_from.elapsed()
+    );
+    // The agent's busy tunnel is untouched, and a new session works.
+    let out = ssh_exec(&proxy, &cluster, "node-1", "echo fresh").await;
+    assert_eq!(out.stdout(), "fresh\n");
+    proxy.shutdown().await;
+    Ok(())
+}
