@@ -144,6 +144,7 @@ fn a_flood_of_silent_peers_is_cut_at_the_deadline_while_tsh_ssh_works() -> Resul
                 sniffed,
                 connected + SSH_AUTH,
             ),
+            ("silent peers on the Auth API", at_auth, connected + AUTH_TLS),
         ] {
             let n = peers.len();
             let ends = tokio::time::timeout_at(deadline + SLACK, futures_util::future::join_all(peers))
