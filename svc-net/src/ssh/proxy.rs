@@ -28,10 +28,10 @@ use svc_core::identity::{UserIdentity, Verifier};
 
 use super::authz::NodeAuthorizer;
 use tokio::io::copy_bidirectional_with_sizes;
-use tokio_rustls::TlsAcceptor;
 use tower::Service;
 
 use super::SshError;
+use crate::tls::{HandshakeDeadline, TlsConnection, TlsTerminate};
 use crate::{
     listen::{BoxError, ConnFuture, Connection, Io},
     route::{ConnService, conn_service},
@@ -89,7 +89,7 @@ struct Inner {
     verifier: Arc<Verifier>,
     dialer: TunnelDialer,
     authorizer: Arc<dyn NodeAuthorizer>,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     handshake_timeout: std::time::Duration,
     auth_timeout: std::time::Duration,
 }
@@ -135,7 +135,7 @@ impl ProxySsh {
                 verifier: config.verifier,
                 dialer: config.dialer,
                 authorizer: config.authorizer,
-                tls: config.tls.map(TlsAcceptor::from),
+                tls: config.tls,
                 handshake_timeout: config.tunables.handshake_timeout,
                 auth_timeout: config.tunables.auth_timeout,
             }),
@@ -150,12 +150,21 @@ impl ProxySsh {
         })
     }
 
-    /// The handler for ALPN `svc-proxy-ssh` (`ProxyBuilder::route`).
+    /// The handler for ALPN `svc-proxy-ssh` (`ProxyBuilder::route`): TLS terminated by
+    /// [`TlsTerminate`] under the handshake timeout, then SSH inside it. Without a TLS
+    /// configuration every such connection is closed with a log line.
     pub fn tls_service(&self) -> ConnService {
-        conn_service(Entry {
-            ssh: self.clone(),
-            tls: true,
-        })
+        match &self.inner.tls {
+            Some(config) => conn_service(TlsTerminate::new(
+                config.clone(),
+                HandshakeDeadline::Timeout(self.inner.handshake_timeout),
+                SshInTls(self.clone()),
+            )),
+            None => conn_service(Entry {
+                ssh: self.clone(),
+                tls: true,
+            }),
+        }
     }
 
     /// Serves one client connection until it closes.
@@ -204,24 +213,37 @@ impl Service<Connection> for Entry {
         ConnFuture::new(async move {
             conn.classified();
             let (peer, local) = (conn.peer_addr, conn.local_addr);
-            let result = if this.tls {
-                let Some(acceptor) = this.ssh.inner.tls.clone() else {
-                    tracing::warn!(%peer, "an SSH-in-TLS client arrived but the SSH entry has no TLS configuration; closing");
-                    return Ok(());
-                };
-                let after = this.ssh.inner.handshake_timeout;
-                match crate::tls::accept_before(&acceptor, conn.io, tokio::time::Instant::now() + after).await
-                {
-                    Ok(tls) => this.ssh.serve_stream(tls, peer, local).await,
-                    Err(e) => {
-                        tracing::info!(%peer, error = %e, "TLS handshake of an SSH client failed");
-                        return Ok(());
-                    }
-                }
-            } else {
-                this.ssh.serve_stream(conn.io, peer, local).await
-            };
+            if this.tls {
+                tracing::warn!(%peer, "an SSH-in-TLS client arrived but the SSH entry has no TLS configuration; closing");
+                return Ok(());
+            }
+            let result = this.ssh.serve_stream(conn.io, peer, local).await;
             if let Err(e) = result {
+                tracing::info!(%peer, error = %e, "SSH client connection ended with an error");
+            }
+            Ok(())
+        })
+    }
+}
+
+/// SSH inside a TLS connection [`TlsTerminate`] has terminated (ALPN `svc-proxy-ssh`).
+#[derive(Clone)]
+struct SshInTls(ProxySsh);
+
+impl Service<TlsConnection> for SshInTls {
+    type Response = ();
+    type Error = BoxError;
+    type Future = ConnFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, conn: TlsConnection) -> Self::Future {
+        let ssh = self.0.clone();
+        ConnFuture::new(async move {
+            let peer = conn.peer_addr;
+            if let Err(e) = ssh.serve_stream(conn.io, peer, conn.local_addr).await {
                 tracing::info!(%peer, error = %e, "SSH client connection ended with an error");
             }
             Ok(())
