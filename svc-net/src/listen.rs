@@ -4,10 +4,12 @@
 //! the peer's address and the deadline for classifying it) and hands it to a
 //! `tower::Service<Connection>` — the multiplexer or router in `route`. The loop never dies on
 //! one bad peer; every peek runs under a deadline; connections still being classified are capped
-//! by a semaphore so silent peers cannot exhaust the proxy; shutdown stops accepting and drains.
+//! by a semaphore so silent peers cannot exhaust the proxy; all connections of a listener are
+//! capped too ([`ListenOptions::max_connections`]): the excess is closed at once, established
+//! connections are untouched; accept errors (EMFILE) back off instead of spinning; shutdown stops
+//! accepting and drains.
 
 use std::{
-    error::Error as StdError,
     fmt,
     future::Future,
     net::SocketAddr,
@@ -28,8 +30,8 @@ use tower::{Service, ServiceExt};
 
 use crate::route::rewind::Rewind;
 
-/// A boxed error, as tower services in this crate return.
-pub type BoxError = Box<dyn StdError + Send + Sync>;
+/// A boxed error, as tower services in this crate return (tower's own alias).
+pub use tower::BoxError;
 
 /// Any byte stream a handler can serve: a TCP socket, a TLS stream, an in-memory pipe.
 pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -139,7 +141,20 @@ pub struct ListenOptions {
     pub max_peeking: usize,
     /// How long shutdown waits for in-flight connections before giving up on them.
     pub drain_timeout: Duration,
+    /// How many connections this listener serves at once (classified or not); a connection
+    /// accepted beyond it is closed at once, without affecting the established ones.
+    pub max_connections: usize,
 }
+
+/// The default of [`ListenOptions::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+
+/// The first pause after a failed accept; it doubles on each further failure up to
+/// [`ACCEPT_BACKOFF_MAX`] and resets on the next success.
+pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+
+/// The longest pause between accepts after repeated failures (out of descriptors, say).
+pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 impl Default for ListenOptions {
     fn default() -> Self {
@@ -147,6 +162,7 @@ impl Default for ListenOptions {
             peek_timeout: Duration::from_secs(15),
             max_peeking: 4096,
             drain_timeout: Duration::from_secs(30),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -164,6 +180,12 @@ impl ListenOptions {
         self
     }
 
+    /// Sets [`ListenOptions::max_connections`].
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max;
+        self
+    }
+
     /// Sets [`ListenOptions::drain_timeout`].
     pub fn with_drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
@@ -171,41 +193,93 @@ impl ListenOptions {
     }
 }
 
+/// A source of accepted connections: a `TcpListener`, or a fake in tests.
+pub(crate) trait Accept: Send {
+    /// The next connection: the stream, the peer's address and the local address.
+    fn accept(&mut self) -> impl Future<Output = std::io::Result<(BoxIo, SocketAddr, SocketAddr)>> + Send;
+    /// The listening address, for logs.
+    fn local(&self) -> Option<SocketAddr>;
+}
+
+impl Accept for TcpListener {
+    async fn accept(&mut self) -> std::io::Result<(BoxIo, SocketAddr, SocketAddr)> {
+        let (tcp, peer_addr) = TcpListener::accept(self).await?;
+        // Small answers (ping, version) must not wait for Nagle.
+        let _ = tcp.set_nodelay(true);
+        let local_addr = tcp.local_addr().unwrap_or(peer_addr);
+        Ok((Box::new(tcp), peer_addr, local_addr))
+    }
+
+    fn local(&self) -> Option<SocketAddr> {
+        self.local_addr().ok()
+    }
+}
+
 /// Accepts connections on `listener` and hands each to `service` until `shutdown` is cancelled,
 /// then waits up to [`ListenOptions::drain_timeout`] for in-flight connections.
+///
+/// At most [`ListenOptions::max_connections`] connections are served at once and at most
+/// [`ListenOptions::max_peeking`] are being classified; beyond either a new connection is closed
+/// at once (with a warning) and the others carry on. An accept error is logged and retried after
+/// a pause that doubles from [`ACCEPT_BACKOFF_MIN`] to [`ACCEPT_BACKOFF_MAX`].
 pub async fn serve<S>(listener: TcpListener, service: S, options: ListenOptions, shutdown: CancellationToken)
 where
     S: Service<Connection, Response = ()> + Clone + Send + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
 {
+    accept_loop(listener, service, options, shutdown).await;
+}
+
+pub(crate) async fn accept_loop<A, S>(
+    mut listener: A,
+    service: S,
+    options: ListenOptions,
+    shutdown: CancellationToken,
+) where
+    A: Accept,
+    S: Service<Connection, Response = ()> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
     let peeking = Arc::new(Semaphore::new(options.max_peeking));
+    let open = Arc::new(Semaphore::new(options.max_connections));
     let tracker = TaskTracker::new();
-    let local = listener.local_addr().ok();
+    let local = listener.local();
+    let mut pause = ACCEPT_BACKOFF_MIN;
     loop {
         let accepted = tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => accepted,
         };
-        let (tcp, peer_addr) = match accepted {
-            Ok(pair) => pair,
+        let (io, peer_addr, local_addr) = match accepted {
+            Ok(accepted) => {
+                pause = ACCEPT_BACKOFF_MIN;
+                accepted
+            }
             Err(e) => {
-                // Out of descriptors or a reset before accept: back off briefly, keep serving.
-                tracing::warn!(listener = ?local, error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                // Out of descriptors or a reset before accept: back off, keep serving.
+                tracing::warn!(listener = ?local, error = %e, retry_in = ?pause, "accept failed");
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(ACCEPT_BACKOFF_MAX);
                 continue;
             }
         };
-        let Ok(permit) = peeking.clone().try_acquire_owned() else {
-            tracing::warn!(%peer_addr, limit = options.max_peeking, "too many connections being classified; closing a new one");
+        let Ok(held) = open.clone().try_acquire_owned() else {
+            tracing::warn!(listener = ?local, %peer_addr, limit = options.max_connections, "connection cap reached; closing a new connection");
             continue;
         };
-        // Small answers (ping, version) must not wait for Nagle.
-        let _ = tcp.set_nodelay(true);
-        let local_addr = tcp.local_addr().unwrap_or(peer_addr);
+        let Ok(permit) = peeking.clone().try_acquire_owned() else {
+            tracing::warn!(listener = ?local, %peer_addr, limit = options.max_peeking, "too many connections being classified; closing a new one");
+            continue;
+        };
         let conn = Connection {
-            io: Rewind::new(Box::new(tcp)),
+            io: Rewind::new(io),
             peer_addr,
             local_addr,
             peek_deadline: Instant::now() + options.peek_timeout,
@@ -214,6 +288,8 @@ where
         };
         let svc = service.clone();
         tracker.spawn(async move {
+            // Held until the connection is served: it counts against the cap until then.
+            let _held = held;
             if let Err(e) = svc.oneshot(conn).await {
                 let e: BoxError = e.into();
                 tracing::debug!(%peer_addr, error = %e, "connection ended with an error");
@@ -230,5 +306,101 @@ where
         .is_err()
     {
         tracing::warn!(listener = ?local, left = tracker.len(), "drain timeout: abandoning connections");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hands out what the test pushes: accept errors or in-memory streams.
+    struct Fake(tokio::sync::mpsc::UnboundedReceiver<std::io::Result<BoxIo>>);
+
+    impl Accept for Fake {
+        async fn accept(&mut self) -> std::io::Result<(BoxIo, SocketAddr, SocketAddr)> {
+            let addr: SocketAddr = ([127, 0, 0, 1], 1).into();
+            match self.0.recv().await {
+                Some(r) => r.map(|io| (io, addr, addr)),
+                None => std::future::pending().await,
+            }
+        }
+
+        fn local(&self) -> Option<SocketAddr> {
+            None
+        }
+    }
+
+    fn emfile() -> std::io::Error {
+        std::io::Error::from_raw_os_error(24)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn survives_accept_errors_with_backoff_and_caps_connections() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (served_tx, mut served) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let release = CancellationToken::new();
+        let svc = tower::service_fn({
+            let release = release.clone();
+            move |_conn: Connection| {
+                let served_tx = served_tx.clone();
+                let release = release.clone();
+                async move {
+                    let _ = served_tx.send(());
+                    // Hold the connection open (an established session) until released.
+                    release.cancelled().await;
+                    Ok::<(), BoxError>(())
+                }
+            }
+        });
+        let shutdown = CancellationToken::new();
+        let opts = ListenOptions::default()
+            .with_max_connections(2)
+            .with_drain_timeout(Duration::from_secs(1));
+        let started = Instant::now();
+        let task = tokio::spawn(accept_loop(Fake(rx), svc, opts, shutdown.clone()));
+        for _ in 0..4 {
+            tx.send(Err(emfile())).unwrap();
+        }
+        let (a, _a_peer) = tokio::io::duplex(64);
+        tx.send(Ok(Box::new(a))).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), served.recv())
+            .await
+            .expect("the loop serves a connection after four accept errors within 10 s")
+            .expect("the service is alive");
+        // Four failures pause 5 + 10 + 20 + 40 ms: the loop neither spun nor gave up.
+        assert!(
+            started.elapsed() >= Duration::from_millis(75),
+            "expected a backoff of at least 75 ms, found {:?}",
+            started.elapsed()
+        );
+        let (b, _b_peer) = tokio::io::duplex(64);
+        tx.send(Ok(Box::new(b))).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), served.recv())
+            .await
+            .expect("the second connection is served within 10 s")
+            .expect("the service is alive");
+        // A third connection is over the cap: closed at once, the service never sees it.
+        let (c, mut c_peer) = tokio::io::duplex(64);
+        tx.send(Ok(Box::new(c))).unwrap();
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::io::AsyncReadExt::read(&mut c_peer, &mut buf),
+        )
+        .await
+        .expect("the connection over the cap is closed within 10 s")
+        .expect("reading a closed duplex gives EOF");
+        assert_eq!(n, 0, "expected EOF on the shed connection");
+        assert!(
+            served.try_recv().is_err(),
+            "the shed connection must not reach the service"
+        );
+        // Once an established connection ends, there is room again.
+        release.cancel();
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the loop drains within 10 s")
+            .expect("the loop does not panic");
     }
 }

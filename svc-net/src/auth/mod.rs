@@ -103,7 +103,9 @@ pub use client::{AuthClient, ClientError, JoinParams, join, join_via};
 pub use identity::{ClientIdentity, IdentityFileError, KeyMaterial, TrustedCaPem};
 pub use resources::Resolved;
 pub use route::{alpn, auth_route};
-pub use server::{AuthGrpc, ServeError, serve, server_identity};
+pub use server::{
+    AuthGrpc, GRPC_KEEPALIVE, HANDSHAKE_TIMEOUT, ServeError, serve, serve_with, server_identity,
+};
 
 /// The Auth Service's default port.
 pub const AUTH_PORT: u16 = 3025;

@@ -12,15 +12,23 @@ use svc_core::auth::{AuthError, AuthService, Caller, Heartbeat, IssuedCerts, Joi
 use svc_core::identity::{HostCertRequest, SystemRole};
 use svc_core::resource::{JoinRole, Kind, User, parse_resources};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+use tower::BoxError;
+
+use crate::listen::ListenOptions;
+use crate::tls::{HandshakeDeadline, TlsConnection, TlsTerminate};
 
 use super::identity::{ClientIdentity, IdentityFileError, KeyMaterial, trusted_pem};
 use super::proto::{self, auth_server::AuthServer};
 
 /// How long a client may take to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the Auth API pings an HTTP/2 connection, and how long the peer has to answer: a
+/// dead or silent client is closed after at most twice this long.
+pub const GRPC_KEEPALIVE: Duration = Duration::from_secs(30);
 
 /// Why the Auth API could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -47,20 +55,25 @@ struct PeerCerts {
     addr: Option<SocketAddr>,
 }
 
-/// A TLS connection handed to tonic with its peer certificates and address.
-struct AuthConn(tokio_rustls::server::TlsStream<TcpStream>);
+/// A TLS connection handed to tonic with its peer certificates and address. The sender is
+/// dropped with the connection, which ends the accept loop's task holding its place under the
+/// listener's connection cap.
+struct AuthConn(
+    TlsConnection,
+    #[allow(dead_code)] tokio::sync::oneshot::Sender<()>,
+);
 
 impl tonic::transport::server::Connected for AuthConn {
     type ConnectInfo = PeerCerts;
     fn connect_info(&self) -> PeerCerts {
-        let (tcp, tls) = self.0.get_ref();
+        let tls = self.0.io.get_ref().1;
         PeerCerts {
             certs: Arc::new(
                 tls.peer_certificates()
                     .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
                     .unwrap_or_default(),
             ),
-            addr: tcp.peer_addr().ok(),
+            addr: Some(self.0.peer_addr),
         }
     }
 }
@@ -71,7 +84,7 @@ impl AsyncRead for AuthConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        Pin::new(&mut self.0.io).poll_read(cx, buf)
     }
 }
 
@@ -81,13 +94,13 @@ impl AsyncWrite for AuthConn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.0.io).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.0.io).poll_flush(cx)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.0.io).poll_shutdown(cx)
     }
 }
 
@@ -125,6 +138,19 @@ pub async fn serve(
     identity: ClientIdentity,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    serve_with(listener, auth, identity, ListenOptions::default(), shutdown).await
+}
+
+/// Like [`serve`], with the accept loop's limits: at most `options.max_connections` connections
+/// at once (the excess is closed at once), accept errors backed off, and the TLS handshake
+/// limited to [`HANDSHAKE_TIMEOUT`]. HTTP/2 keepalive ([`GRPC_KEEPALIVE`]) closes dead clients.
+pub async fn serve_with(
+    listener: TcpListener,
+    auth: Arc<AuthService>,
+    identity: ClientIdentity,
+    options: ListenOptions,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
     let (mut chain, key) = identity.tls_parts()?;
     for ca in auth
         .trusted()
@@ -134,38 +160,26 @@ pub async fn serve(
         chain.push(ca.tls_cert_der().clone());
     }
     let config = super::tls::server_config(auth.verifier(), chain, key)?;
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<AuthConn>>(64);
-    let accept_shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        loop {
-            let (tcp, peer) = tokio::select! {
-                _ = accept_shutdown.cancelled() => return,
-                r = listener.accept() => match r {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "auth: accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
-            let acceptor = acceptor.clone();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(AuthConn(tls))).await;
-                    }
-                    Ok(Err(e)) => refused(peer, &e.to_string()),
-                    Err(_) => refused(peer, "handshake timed out"),
-                }
-            });
+    // The one accept loop (caps, backoff), TLS terminated under the handshake deadline; each
+    // task then hands its connection to tonic and waits until tonic drops it.
+    let handoff = tower::service_fn(move |conn: TlsConnection| {
+        let tx = tx.clone();
+        async move {
+            let (held, done) = tokio::sync::oneshot::channel::<()>();
+            if tx.send(Ok(AuthConn(conn, held))).await.is_ok() {
+                let _ = done.await;
+            }
+            Ok::<(), BoxError>(())
         }
     });
+    let service = TlsTerminate::new(config, HandshakeDeadline::Timeout(HANDSHAKE_TIMEOUT), handoff);
+    tokio::spawn(crate::listen::serve(listener, service, options, shutdown.clone()));
     let incoming = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
     // One service, so no router: tonic serves the generated server directly.
     tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(GRPC_KEEPALIVE))
+        .http2_keepalive_timeout(Some(GRPC_KEEPALIVE))
         .serve_with_incoming_shutdown(
             AuthServer::new(AuthGrpc { auth }),
             incoming,
@@ -173,10 +187,6 @@ pub async fn serve(
         )
         .await?;
     Ok(())
-}
-
-fn refused(peer: SocketAddr, reason: &str) {
-    tracing::info!(%peer, reason, "auth: TLS handshake refused");
 }
 
 /// The gRPC service over an [`AuthService`].

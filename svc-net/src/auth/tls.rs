@@ -14,7 +14,7 @@ use svc_core::identity::{SystemRole, Verifier};
 pub(super) const ALPN_H2: &[u8] = b"h2";
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    crate::tls::provider()
 }
 
 /// The server side: present the Auth host certificate; verify any client certificate against

@@ -19,7 +19,7 @@ use hyper_util::{
     client::legacy::connect::{Connected, Connection},
     rt::TokioIo,
 };
-use rustls::{ClientConfig, RootCertStore, pki_types::ServerName};
+use rustls::{ClientConfig, pki_types::ServerName};
 use svc_core::{
     Addr,
     proxy_env::{ProxyEnv, ProxyScheme, ProxyUrl, Route},
@@ -39,28 +39,15 @@ use super::{
 /// TLS settings for `https://` proxies: the webpki roots plus `extra_ca_pem` (one or more PEM
 /// certificates, e.g. a corporate CA) when given.
 pub fn proxy_tls_config(extra_ca_pem: Option<&[u8]>) -> Result<Arc<ClientConfig>, Error> {
-    use rustls::pki_types::{CertificateDer, pem::PemObject};
-    let mut roots = RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    if let Some(pem) = extra_ca_pem {
-        let mut added = 0;
-        for cert in CertificateDer::pem_slice_iter(pem) {
-            let cert = cert.map_err(|e| Error::InvalidCa {
-                reason: format!("expected PEM certificates: {e}"),
-            })?;
-            roots.add(cert).map_err(|e| Error::InvalidCa {
-                reason: format!("not a usable CA certificate: {e}"),
-            })?;
-            added += 1;
-        }
-        if added == 0 {
-            return Err(Error::InvalidCa {
-                reason: "expected at least one PEM CERTIFICATE block, found none".into(),
-            });
-        }
-    }
-    let config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    let roots = crate::tls::client_roots(extra_ca_pem).map_err(|e| Error::InvalidCa {
+        reason: match e {
+            crate::tls::TlsError::Pem { .. } => {
+                "expected at least one PEM CERTIFICATE block, found none".into()
+            }
+            e => format!("expected PEM CA certificates: {e}"),
+        },
+    })?;
+    let config = ClientConfig::builder_with_provider(crate::tls::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::InvalidCa {
             reason: format!("TLS settings: {e}"),

@@ -5,7 +5,7 @@ use std::{io, time::Duration};
 use svc_core::proxy_env::ProxyEnvError;
 
 /// A boxed error from a wrapped connector.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use tower::BoxError;
 
 /// Why a dial (direct or through an HTTP CONNECT proxy) failed.
 ///

@@ -59,6 +59,7 @@ pub struct AuthServer {
     backend: Option<Arc<dyn Backend>>,
     limits: svc_core::auth::LoginLimits,
     names: HostNamePolicy,
+    listen: crate::listen::ListenOptions,
 }
 
 impl std::fmt::Debug for AuthServer {
@@ -83,7 +84,15 @@ impl AuthServer {
             backend: None,
             limits: config.auth.authentication.limits(),
             names: host_name_policy(config),
+            listen: crate::listen::ListenOptions::default(),
         }
+    }
+
+    /// The Auth API listener's limits (connection cap, drain time; default
+    /// [`ListenOptions::default`](crate::listen::ListenOptions::default)).
+    pub fn listen_options(mut self, options: crate::listen::ListenOptions) -> Self {
+        self.listen = options;
+        self
     }
 
     /// Stores the cluster's state in `backend` instead of the embedded database of the data
@@ -129,9 +138,11 @@ impl AuthServer {
         names.push(self.listen_addr.host_str());
         let server_identity = crate::auth::server_identity(&auth, &self.node_name, &names)?;
         let shutdown = CancellationToken::new();
-        let (serve_auth, serve_shutdown) = (auth.clone(), shutdown.clone());
+        let (serve_auth, serve_shutdown, options) = (auth.clone(), shutdown.clone(), self.listen.clone());
         let task = tokio::spawn(async move {
-            if let Err(e) = crate::auth::serve(listener, serve_auth, server_identity, serve_shutdown).await {
+            if let Err(e) =
+                crate::auth::serve_with(listener, serve_auth, server_identity, options, serve_shutdown).await
+            {
                 tracing::error!(error = %e, "auth API stopped");
             }
         });

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+use rustls::pki_types::ServerName;
 use svc_core::Addr;
 use svc_core::auth::ServedKind;
 use svc_core::config::DbProtocol;
@@ -78,25 +78,18 @@ impl ResourceClient {
     fn tls(&self, protocol: &str) -> Result<Arc<rustls::ClientConfig>, ConnectError> {
         let id = |e: String| ConnectError::Identity(e);
         let (chain, key) = self.identity.tls_parts().map_err(|e| id(e.to_string()))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        let builder = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| id(e.to_string()))?;
         let builder = if self.insecure {
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(crate::tls::NoVerify(provider)))
+                .with_custom_certificate_verifier(crate::tls::insecure_verifier())
         } else {
             let verifier = self.identity.verifier().map_err(|e| id(e.to_string()))?;
-            let mut roots = verifier.root_store(Some(IdentityKind::Host));
-            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-            if let Some(pem) = &self.extra_ca_pem {
-                for cert in CertificateDer::pem_slice_iter(pem) {
-                    let cert =
-                        cert.map_err(|e| id(format!("proxy CA bundle: expected PEM certificates: {e}")))?;
-                    roots.add(cert).map_err(|e| id(format!("proxy CA bundle: {e}")))?;
-                }
-            }
+            let mut roots = crate::tls::client_roots(self.extra_ca_pem.as_deref())
+                .map_err(|e| id(format!("proxy CA bundle: {e}")))?;
+            roots.extend(verifier.root_store(Some(IdentityKind::Host)).roots);
             builder.with_root_certificates(roots)
         };
         let mut config = builder

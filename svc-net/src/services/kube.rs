@@ -252,7 +252,7 @@ impl KubeProxy {
     ) -> Result<Self, TlsError> {
         let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
             Arc::new(verifier.root_store(Some(IdentityKind::User))),
-            Arc::new(rustls::crypto::ring::default_provider()),
+            crate::tls::provider(),
         )
         .build()
         .map_err(|e| TlsError::Rustls(rustls::Error::General(format!("client verifier: {e}"))))?;
@@ -291,7 +291,8 @@ impl KubeProxy {
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let tls = tokio::time::timeout(std::time::Duration::from_secs(30), self.tls.accept(io)).await??;
+        let deadline = tokio::time::Instant::now() + crate::tls::DEFAULT_HANDSHAKE_TIMEOUT;
+        let tls = crate::tls::accept_before(&self.tls, io, deadline).await?;
         let (_, session) = tls.get_ref();
         let cluster = session
             .server_name()

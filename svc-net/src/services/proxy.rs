@@ -68,7 +68,7 @@ impl ResourceProxyConfig {
     ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
             Arc::new(verifier.root_store(Some(IdentityKind::User))),
-            Arc::new(rustls::crypto::ring::default_provider()),
+            crate::tls::provider(),
         )
         .build()
         .map_err(|e| TlsError::Rustls(rustls::Error::General(format!("client verifier: {e}"))))?;
@@ -132,9 +132,9 @@ impl ResourceProxy {
     ) -> Result<(), Refusal> {
         let after = self.inner.handshake_timeout;
         let acceptor = TlsAcceptor::from(self.inner.tls.clone());
-        let mut tls = tokio::time::timeout(after, acceptor.accept(io))
+        let mut tls = crate::tls::accept_before(&acceptor, io, tokio::time::Instant::now() + after)
             .await
-            .map_err(|_| Refusal::Text("TLS handshake timed out".into()))??;
+            .map_err(|e| Refusal::Text(e.to_string()))?;
         let (_, session) = tls.get_ref();
         let protocol = match session.alpn_protocol() {
             Some(p) => String::from_utf8_lossy(p).into_owned(),

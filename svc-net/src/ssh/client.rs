@@ -17,7 +17,7 @@ use russh::{
     client::Msg,
     keys::{Certificate, PrivateKey, PublicKeyOrCertificate},
 };
-use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+use rustls::pki_types::ServerName;
 use svc_core::{
     Addr,
     identity::{IdentityKind, SystemRole, Verifier},
@@ -129,21 +129,14 @@ fn tls_connector(endpoint: &ProxyEndpoint) -> Result<TlsConnector, SshError> {
         what: "proxy CA bundle",
         reason,
     };
-    let mut roots = endpoint.verifier.root_store(Some(IdentityKind::Host));
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(pem) = &endpoint.extra_ca_pem {
-        for cert in CertificateDer::pem_slice_iter(pem) {
-            roots
-                .add(cert.map_err(|e| invalid(format!("expected PEM certificates: {e}")))?)
-                .map_err(|e| invalid(e.to_string()))?;
-        }
-    }
-    let mut config =
-        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| invalid(e.to_string()))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+    let mut roots =
+        crate::tls::client_roots(endpoint.extra_ca_pem.as_deref()).map_err(|e| invalid(e.to_string()))?;
+    roots.extend(endpoint.verifier.root_store(Some(IdentityKind::Host)).roots);
+    let mut config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
     config.alpn_protocols = vec![alpn::PROXY_SSH.as_bytes().to_vec()];
     Ok(TlsConnector::from(Arc::new(config)))
 }

@@ -14,6 +14,7 @@
 
 pub mod authz;
 pub mod client;
+mod deadline;
 mod passwd;
 pub mod proxy;
 pub mod server;
@@ -22,6 +23,8 @@ pub use authz::{AuthNodeAuthorizer, NodeAuthorizer, NodeDecision, NodeDecisionFu
 pub use client::{ClientIdentity, ProxiedStream, ProxyEndpoint, client_config, connect_via_proxy};
 pub use proxy::{ProxySsh, ProxySshConfig};
 pub use server::{SshServer, SshServerConfig};
+
+pub(crate) use deadline::{StartError, authenticate_before};
 
 /// Why an SSH operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +68,18 @@ pub enum SshError {
         /// Why.
         reason: String,
     },
+}
+
+impl From<StartError> for SshError {
+    fn from(e: StartError) -> Self {
+        match e {
+            StartError::Deadline { after } => SshError::Timeout {
+                what: "the SSH handshake and authentication",
+                after,
+            },
+            StartError::Session(e) => SshError::Ssh(e),
+        }
+    }
 }
 
 impl From<SshError> for std::io::Error {

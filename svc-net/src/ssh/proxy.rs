@@ -28,10 +28,10 @@ use svc_core::identity::{UserIdentity, Verifier};
 
 use super::authz::NodeAuthorizer;
 use tokio::io::copy_bidirectional_with_sizes;
-use tokio_rustls::TlsAcceptor;
 use tower::Service;
 
 use super::SshError;
+use crate::tls::{HandshakeDeadline, TlsConnection, TlsTerminate};
 use crate::{
     listen::{BoxError, ConnFuture, Connection, Io},
     route::{ConnService, conn_service},
@@ -89,8 +89,9 @@ struct Inner {
     verifier: Arc<Verifier>,
     dialer: TunnelDialer,
     authorizer: Arc<dyn NodeAuthorizer>,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     handshake_timeout: std::time::Duration,
+    auth_timeout: std::time::Duration,
 }
 
 /// The proxy's SSH entry. Cheap to clone.
@@ -134,8 +135,9 @@ impl ProxySsh {
                 verifier: config.verifier,
                 dialer: config.dialer,
                 authorizer: config.authorizer,
-                tls: config.tls.map(TlsAcceptor::from),
+                tls: config.tls,
                 handshake_timeout: config.tunables.handshake_timeout,
+                auth_timeout: config.tunables.auth_timeout,
             }),
         }
     }
@@ -148,12 +150,21 @@ impl ProxySsh {
         })
     }
 
-    /// The handler for ALPN `svc-proxy-ssh` (`ProxyBuilder::route`).
+    /// The handler for ALPN `svc-proxy-ssh` (`ProxyBuilder::route`): TLS terminated by
+    /// [`TlsTerminate`] under the handshake timeout, then SSH inside it. Without a TLS
+    /// configuration every such connection is closed with a log line.
     pub fn tls_service(&self) -> ConnService {
-        conn_service(Entry {
-            ssh: self.clone(),
-            tls: true,
-        })
+        match &self.inner.tls {
+            Some(config) => conn_service(TlsTerminate::new(
+                config.clone(),
+                HandshakeDeadline::Timeout(self.inner.handshake_timeout),
+                SshInTls(self.clone()),
+            )),
+            None => conn_service(Entry {
+                ssh: self.clone(),
+                tls: true,
+            }),
+        }
     }
 
     /// Serves one client connection until it closes.
@@ -163,15 +174,21 @@ impl ProxySsh {
         peer: SocketAddr,
         local: SocketAddr,
     ) -> Result<(), SshError> {
+        let (authenticated, on_auth) = tokio::sync::oneshot::channel();
         let handler = EntryHandler {
+            authenticated: Some(authenticated),
             inner: self.inner.clone(),
             peer,
             local,
             user: None,
             channels: HashMap::new(),
         };
-        let session = russh::server::run_stream(self.inner.ssh.clone(), io, handler).await?;
-        session.await?;
+        let after = self.inner.auth_timeout;
+        let started =
+            crate::ssh::authenticate_before(self.inner.ssh.clone(), io, handler, on_auth, after).await?;
+        if let Some((session, ())) = started {
+            session.await?;
+        }
         Ok(())
     }
 }
@@ -196,26 +213,11 @@ impl Service<Connection> for Entry {
         ConnFuture::new(async move {
             conn.classified();
             let (peer, local) = (conn.peer_addr, conn.local_addr);
-            let result = if this.tls {
-                let Some(acceptor) = this.ssh.inner.tls.clone() else {
-                    tracing::warn!(%peer, "an SSH-in-TLS client arrived but the SSH entry has no TLS configuration; closing");
-                    return Ok(());
-                };
-                let after = this.ssh.inner.handshake_timeout;
-                match tokio::time::timeout(after, acceptor.accept(conn.io)).await {
-                    Ok(Ok(tls)) => this.ssh.serve_stream(tls, peer, local).await,
-                    Ok(Err(e)) => {
-                        tracing::info!(%peer, error = %e, "TLS handshake of an SSH client failed");
-                        return Ok(());
-                    }
-                    Err(_) => {
-                        tracing::info!(%peer, "TLS handshake of an SSH client timed out");
-                        return Ok(());
-                    }
-                }
-            } else {
-                this.ssh.serve_stream(conn.io, peer, local).await
-            };
+            if this.tls {
+                tracing::warn!(%peer, "an SSH-in-TLS client arrived but the SSH entry has no TLS configuration; closing");
+                return Ok(());
+            }
+            let result = this.ssh.serve_stream(conn.io, peer, local).await;
             if let Err(e) = result {
                 tracing::info!(%peer, error = %e, "SSH client connection ended with an error");
             }
@@ -224,7 +226,34 @@ impl Service<Connection> for Entry {
     }
 }
 
+/// SSH inside a TLS connection [`TlsTerminate`] has terminated (ALPN `svc-proxy-ssh`).
+#[derive(Clone)]
+struct SshInTls(ProxySsh);
+
+impl Service<TlsConnection> for SshInTls {
+    type Response = ();
+    type Error = BoxError;
+    type Future = ConnFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, conn: TlsConnection) -> Self::Future {
+        let ssh = self.0.clone();
+        ConnFuture::new(async move {
+            let peer = conn.peer_addr;
+            if let Err(e) = ssh.serve_stream(conn.io, peer, conn.local_addr).await {
+                tracing::info!(%peer, error = %e, "SSH client connection ended with an error");
+            }
+            Ok(())
+        })
+    }
+}
+
 struct EntryHandler {
+    /// Fired once the client authenticates (ends the handshake deadline).
+    authenticated: Option<tokio::sync::oneshot::Sender<()>>,
     inner: Arc<Inner>,
     peer: SocketAddr,
     local: SocketAddr,
@@ -281,6 +310,9 @@ impl russh::server::Handler for EntryHandler {
             Ok(identity) => {
                 tracing::info!(peer = %self.peer, ssh_user = user, user = %identity.username, "SSH client authenticated at the proxy");
                 self.user = Some((identity, certificate.clone(), user.to_owned()));
+                if let Some(tx) = self.authenticated.take() {
+                    let _ = tx.send(());
+                }
                 Ok(Auth::Accept)
             }
             Err(e) => {

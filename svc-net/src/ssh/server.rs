@@ -75,6 +75,7 @@ impl SshServerConfig {
 #[derive(Clone)]
 pub struct SshServer {
     config: Arc<russh::server::Config>,
+    auth_timeout: std::time::Duration,
     verifier: Arc<Verifier>,
     host_id: Arc<str>,
     authorizer: Arc<dyn NodeAuthorizer>,
@@ -92,15 +93,19 @@ impl SshServer {
         let ssh = crate::tunnel::ssh_server_config(&config.tunables, config.host_key, Some(config.host_cert));
         Self {
             config: Arc::new(ssh),
+            auth_timeout: config.tunables.auth_timeout,
             verifier: config.verifier,
             host_id: config.host_id.into(),
             authorizer: config.authorizer,
         }
     }
 
-    /// Serves one SSH connection on `io` until it closes.
+    /// Serves one SSH connection on `io` until it closes. The client must finish the handshake
+    /// and authenticate within [`Tunables::auth_timeout`] or it is disconnected.
     pub async fn serve_stream<S: Io>(&self, io: S, peer: Option<SocketAddr>) -> Result<(), SshError> {
+        let (authenticated, on_auth) = tokio::sync::oneshot::channel();
         let handler = NodeHandler {
+            authenticated: Some(authenticated),
             verifier: self.verifier.clone(),
             host_id: self.host_id.clone(),
             authorizer: self.authorizer.clone(),
@@ -109,35 +114,43 @@ impl SshServer {
             user: None,
             channels: HashMap::new(),
         };
-        let session = russh::server::run_stream(self.config.clone(), io, handler).await?;
-        session.await?;
+        let started =
+            crate::ssh::authenticate_before(self.config.clone(), io, handler, on_auth, self.auth_timeout)
+                .await?;
+        if let Some((session, ())) = started {
+            session.await?;
+        }
         Ok(())
     }
 
-    /// Serves the direct listener (3022) until `shutdown`.
+    /// Serves the direct listener (3022) until `shutdown`, through the crate's one accept loop
+    /// ([`listen::serve`](crate::listen::serve): connection cap, accept backoff, drain).
     pub async fn serve_listener(&self, listener: TcpListener, shutdown: CancellationToken) {
-        let tracker = tokio_util::task::TaskTracker::new();
-        loop {
-            let (tcp, peer) = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accepting an SSH connection failed");
-                        continue;
-                    }
-                },
-                _ = shutdown.cancelled() => break,
-            };
-            let _ = tcp.set_nodelay(true);
-            let this = self.clone();
-            tracker.spawn(async move {
-                if let Err(e) = this.serve_stream(tcp, Some(peer)).await {
+        self.serve_listener_with(listener, crate::listen::ListenOptions::default(), shutdown)
+            .await;
+    }
+
+    /// Like [`serve_listener`](Self::serve_listener), with the accept loop's limits.
+    pub async fn serve_listener_with(
+        &self,
+        listener: TcpListener,
+        options: crate::listen::ListenOptions,
+        shutdown: CancellationToken,
+    ) {
+        let this = self.clone();
+        let service = tower::service_fn(move |mut conn: crate::listen::Connection| {
+            let this = this.clone();
+            async move {
+                // Nothing to classify: the SSH deadline starts now.
+                conn.classified();
+                let peer = conn.peer_addr;
+                if let Err(e) = this.serve_stream(conn.io, Some(peer)).await {
                     tracing::info!(%peer, error = %e, "SSH connection ended with an error");
                 }
-            });
-        }
-        tracker.close();
-        tracker.wait().await;
+                Ok::<(), BoxError>(())
+            }
+        });
+        crate::listen::serve(listener, service, options, shutdown).await;
     }
 
     /// The service a [`TunnelAgent`](crate::tunnel::TunnelAgent) serves `node` dial requests
@@ -176,6 +189,8 @@ struct ChanState {
 }
 
 struct NodeHandler {
+    /// Fired once the client authenticates (ends the handshake deadline).
+    authenticated: Option<tokio::sync::oneshot::Sender<()>>,
     verifier: Arc<Verifier>,
     host_id: Arc<str>,
     authorizer: Arc<dyn NodeAuthorizer>,
@@ -471,6 +486,9 @@ impl russh::server::Handler for NodeHandler {
             tracing::info!(peer = ?self.peer, login, user = %user.username, "SSH login");
         }
         self.user = Some((user, account));
+        if let Some(tx) = self.authenticated.take() {
+            let _ = tx.send(());
+        }
         Ok(Auth::Accept)
     }
 

@@ -229,7 +229,7 @@ impl TunnelAgent {
         let tls = if config.insecure_proxy_tls {
             crate::tls::insecure_client_config().map_err(tls_error)?
         } else {
-            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            rustls::ClientConfig::builder_with_provider(crate::tls::provider())
                 .with_safe_default_protocol_versions()
                 .map_err(tls_error)?
                 .with_root_certificates(roots)

@@ -35,7 +35,7 @@ use crate::listen::BoxIo;
 pub const DIRECT_DIAL_TIMEOUT: Duration = Duration::from_secs(15);
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    crate::tls::provider()
 }
 
 fn tls_error(what: &'static str, e: impl std::fmt::Display) -> TunnelError {
@@ -127,10 +127,10 @@ async fn serve_one(
     service: DialService,
 ) -> Result<(), String> {
     let _ = tcp.set_nodelay(true);
-    let mut tls = tokio::time::timeout(DIRECT_DIAL_TIMEOUT, acceptor.accept(tcp))
+    let deadline = tokio::time::Instant::now() + DIRECT_DIAL_TIMEOUT;
+    let mut tls = crate::tls::accept_before(&acceptor, tcp, deadline)
         .await
-        .map_err(|_| "the TLS handshake timed out".to_owned())?
-        .map_err(|e| format!("TLS handshake: {e}"))?;
+        .map_err(|e| e.to_string())?;
     let chain: Vec<CertificateDer<'static>> = tls
         .get_ref()
         .1

@@ -138,6 +138,15 @@ pub struct Tunables {
     pub keepalive_count: u32,
     /// Deadline for dialing and the TLS + SSH handshakes.
     pub handshake_timeout: Duration,
+    /// SSH servers: how long a client has, from the first byte, to finish the SSH version and
+    /// key exchange and authenticate; then it is disconnected.
+    pub auth_timeout: Duration,
+    /// SSH servers: how often a silent client is sent a keepalive request; after
+    /// [`SERVER_KEEPALIVE_MAX`] unanswered ones the connection is closed (a dead peer).
+    pub server_keepalive: Duration,
+    /// SSH servers: close a session with no traffic at all for this long (`None`: never, the
+    /// default, so idle shells stay open while their client is alive).
+    pub idle_timeout: Option<Duration>,
     /// Ciphers offered, most preferred first (both ends; the client's order decides).
     pub ciphers: Cow<'static, [russh::cipher::Name]>,
 }
@@ -153,6 +162,12 @@ pub const CIPHERS: &[russh::cipher::Name] = &[
     russh::cipher::AES_128_CTR,
 ];
 
+/// The default of [`Tunables::auth_timeout`].
+pub const DEFAULT_SSH_AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Unanswered keepalives after which an SSH server closes a connection.
+pub const SERVER_KEEPALIVE_MAX: usize = 3;
+
 impl Default for Tunables {
     fn default() -> Self {
         Self {
@@ -162,6 +177,9 @@ impl Default for Tunables {
             keepalive_interval: Duration::from_secs(5 * 60),
             keepalive_count: 3,
             handshake_timeout: Duration::from_secs(30),
+            auth_timeout: DEFAULT_SSH_AUTH_TIMEOUT,
+            server_keepalive: Duration::from_secs(30),
+            idle_timeout: None,
             ciphers: Cow::Borrowed(CIPHERS),
         }
     }
@@ -172,6 +190,18 @@ impl Tunables {
     pub fn with_keepalive(mut self, interval: Duration, count: u32) -> Self {
         self.keepalive_interval = interval;
         self.keepalive_count = count.max(1);
+        self
+    }
+
+    /// Sets [`Tunables::auth_timeout`] (tests shorten it).
+    pub fn with_auth_timeout(mut self, timeout: Duration) -> Self {
+        self.auth_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Tunables::idle_timeout`].
+    pub fn with_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.idle_timeout = timeout;
         self
     }
 

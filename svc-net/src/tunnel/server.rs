@@ -132,7 +132,9 @@ pub(crate) fn ssh_server_config(
         window_size: tunables.window_size,
         maximum_packet_size: tunables.max_packet_size,
         channel_buffer_size: tunables.channel_buffer_size,
-        inactivity_timeout: None,
+        inactivity_timeout: tunables.idle_timeout,
+        keepalive_interval: Some(tunables.server_keepalive),
+        keepalive_max: super::SERVER_KEEPALIVE_MAX,
         nodelay: true,
         preferred: russh::Preferred {
             cipher: tunables.ciphers.clone(),
@@ -221,24 +223,22 @@ impl TunnelServer {
             peer,
         };
         let after = inner.tunables.handshake_timeout;
-        let session = tokio::time::timeout(after, russh::server::run_stream(inner.ssh.clone(), io, handler))
-            .await
-            .map_err(|_| TunnelError::Timeout {
-                what: "the tunnel's SSH handshake",
-                after,
-            })??;
+        let auth_after = inner.tunables.auth_timeout;
+        let started =
+            crate::ssh::authenticate_before(inner.ssh.clone(), io, handler, auth_rx, auth_after).await;
+        let (session, host) = match started {
+            Ok(Some(started)) => started,
+            Ok(None) => return Ok(()),
+            Err(crate::ssh::StartError::Deadline { after }) => {
+                return Err(TunnelError::Timeout {
+                    what: "the tunnel's SSH handshake and authentication",
+                    after,
+                });
+            }
+            Err(crate::ssh::StartError::Session(e)) => return Err(e.into()),
+        };
         let handle = session.handle();
         let mut session = session;
-        let host = tokio::select! {
-            r = auth_rx => match r {
-                Ok(host) => host,
-                Err(_) => return Ok(()),
-            },
-            r = &mut session => return r.map_err(Into::into),
-            _ = tokio::time::sleep(after) => {
-                return Err(TunnelError::Timeout { what: "the tunnel's authentication", after });
-            }
-        };
 
         // Query the version right after authentication; refuse incompatible agents with a
         // message the agent logs.
@@ -496,17 +496,14 @@ impl Service<Connection> for TlsService {
             };
             let after = server.inner.tunables.handshake_timeout;
             let io = tokio::io::BufReader::with_capacity(super::TLS_READ_BUFFER, conn.io);
-            let tls = match tokio::time::timeout(after, acceptor.accept(io)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::info!(%peer, error = %e, "TLS handshake of an agent tunnel failed");
-                    return Ok(());
-                }
-                Err(_) => {
-                    tracing::info!(%peer, ?after, "TLS handshake of an agent tunnel timed out");
-                    return Ok(());
-                }
-            };
+            let tls =
+                match crate::tls::accept_before(&acceptor, io, tokio::time::Instant::now() + after).await {
+                    Ok(tls) => tls,
+                    Err(e) => {
+                        tracing::info!(%peer, error = %e, "TLS handshake of an agent tunnel failed");
+                        return Ok(());
+                    }
+                };
             if let Err(e) = server.serve_stream(tls, peer, conn.shutdown.clone()).await {
                 tracing::info!(%peer, error = %e, "agent tunnel ended with an error");
             }

@@ -23,10 +23,10 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio_rustls::TlsAcceptor;
 use tower::{Service, util::BoxCloneSyncService};
 
 use crate::listen::{BoxError, ConnFuture, Connection};
+use crate::tls::{HandshakeDeadline, TlsConnection, TlsTerminate};
 
 /// The request body handlers receive.
 pub type Body = hyper::body::Incoming;
@@ -167,29 +167,32 @@ impl hyper::service::Service<Request<Body>> for WebApiService {
     }
 }
 
-/// How long an HTTP/1.1 client has to send a request head.
+/// How long an HTTP/1.1 client has to send a request head (the first one, and each one after
+/// on a kept-alive connection: an idle HTTP/1.1 connection is closed after this long).
 pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How often an HTTP/2 connection is pinged, and how long the peer has to answer: a dead or
+/// unresponsive HTTP/2 peer is closed after at most twice this long.
+pub const H2_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The ALPN names the web API advertises, in the server's order of preference.
 pub const WEB_ALPN: [&str; 2] = ["http/1.1", "h2"];
 
-/// Terminates TLS and serves [`WebApi`] on each connection: `Connection → ()`.
+/// Terminates TLS (under the connection's peek deadline) and serves [`WebApi`] on each
+/// connection: `Connection → ()`.
 #[derive(Clone)]
-pub struct WebHandler {
+pub struct WebHandler(TlsTerminate<WebHttp>);
+
+/// Serves [`WebApi`] over HTTP/1.1 or HTTP/2 (by ALPN) on a terminated TLS connection.
+#[derive(Clone)]
+pub struct WebHttp {
     api: WebApiService,
-    tls: TlsAcceptor,
 }
 
 /// Why a web connection ended early.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WebError {
-    /// The TLS handshake did not finish before the peek deadline.
-    #[error("TLS handshake did not finish before the deadline")]
-    HandshakeTimeout,
-    /// The TLS handshake failed.
-    #[error("TLS handshake: {0}")]
-    Handshake(std::io::Error),
     /// Serving HTTP failed.
     #[error("serving HTTP: {0}")]
     Http(#[from] hyper::Error),
@@ -198,26 +201,28 @@ pub enum WebError {
 impl WebHandler {
     /// A handler presenting `tls` (its ALPN list should be [`WEB_ALPN`]).
     pub fn new(api: WebApi, tls: Arc<rustls::ServerConfig>) -> Self {
-        Self {
-            api: WebApiService::new(api),
-            tls: TlsAcceptor::from(tls),
-        }
+        Self(TlsTerminate::new(
+            tls,
+            HandshakeDeadline::PeekDeadline,
+            WebHttp {
+                api: WebApiService::new(api),
+            },
+        ))
     }
+}
 
-    async fn serve(self, conn: Connection) -> Result<(), WebError> {
+impl WebHttp {
+    async fn serve(self, conn: TlsConnection) -> Result<(), WebError> {
         let api = self.api.for_client(conn.peer_addr);
-        let (io, deadline, shutdown, permit) = conn.into_parts();
-        let tls = match tokio::time::timeout_at(deadline, self.tls.accept(io)).await {
-            Err(_) => return Err(WebError::HandshakeTimeout),
-            Ok(Err(e)) => return Err(WebError::Handshake(e)),
-            Ok(Ok(tls)) => tls,
-        };
-        // Past the handshake the connection no longer counts as being classified.
-        drop(permit);
-        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-        let io = TokioIo::new(tls);
+        let h2 = conn.alpn() == Some(b"h2");
+        let shutdown = conn.shutdown;
+        let io = TokioIo::new(conn.io);
         if h2 {
+            // Keepalive pings close an HTTP/2 connection whose peer died or went silent.
             let c = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .keep_alive_interval(Some(H2_KEEPALIVE))
+                .keep_alive_timeout(H2_KEEPALIVE)
                 .serve_connection(io, api.clone());
             tokio::pin!(c);
             tokio::select! {
@@ -247,7 +252,7 @@ impl WebHandler {
     }
 }
 
-impl Service<Connection> for WebHandler {
+impl Service<TlsConnection> for WebHttp {
     type Response = ();
     type Error = BoxError;
     type Future = ConnFuture;
@@ -256,7 +261,7 @@ impl Service<Connection> for WebHandler {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, conn: Connection) -> Self::Future {
+    fn call(&mut self, conn: TlsConnection) -> Self::Future {
         let this = self.clone();
         let peer = conn.peer_addr;
         ConnFuture::new(async move {
@@ -265,5 +270,19 @@ impl Service<Connection> for WebHandler {
                 e.into()
             })
         })
+    }
+}
+
+impl Service<Connection> for WebHandler {
+    type Response = ();
+    type Error = BoxError;
+    type Future = ConnFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, conn: Connection) -> Self::Future {
+        self.0.call(conn)
     }
 }

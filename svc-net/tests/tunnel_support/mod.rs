@@ -201,6 +201,8 @@ pub struct ProxyOpts {
     pub version: Version,
     /// The SSH entry's node authorizer; `None`: [`RouteByName`].
     pub authorizer: Option<Arc<dyn svc_net::ssh::NodeAuthorizer>>,
+    /// The accept loop's limits on every listener.
+    pub listen: svc_net::listen::ListenOptions,
 }
 
 impl Default for ProxyOpts {
@@ -214,6 +216,7 @@ impl Default for ProxyOpts {
             tunables: fast_tunables(),
             version: "17.0.0".parse().unwrap(),
             authorizer: None,
+            listen: svc_net::listen::ListenOptions::default().with_drain_timeout(Duration::from_secs(2)),
         }
     }
 }
@@ -278,16 +281,16 @@ pub async fn start_proxy_with(
         .with_tls(identity.server_config(&[alpn::REVERSE_TUNNEL]).unwrap())
         .with_tunables(opts.tunables.clone()),
     );
-    let ssh = ProxySsh::new(
-        ProxySshConfig::new(
-            creds.key.clone(),
-            creds.cert.clone(),
-            cluster.verifier.clone(),
-            tunnel.dialer(),
-            opts.authorizer.clone().unwrap_or_else(|| Arc::new(RouteByName)),
-        )
-        .with_tls(identity.server_config(&[alpn::PROXY_SSH]).unwrap()),
-    );
+    let mut ssh_config = ProxySshConfig::new(
+        creds.key.clone(),
+        creds.cert.clone(),
+        cluster.verifier.clone(),
+        tunnel.dialer(),
+        opts.authorizer.clone().unwrap_or_else(|| Arc::new(RouteByName)),
+    )
+    .with_tls(identity.server_config(&[alpn::PROXY_SSH]).unwrap());
+    ssh_config.tunables = opts.tunables.clone();
+    let ssh = ProxySsh::new(ssh_config);
     let mut settings = ProxySettings::default();
     settings.cluster_name = CLUSTER.into();
     settings.listener_mode = if opts.separate {
@@ -300,7 +303,7 @@ pub async fn start_proxy_with(
     settings.tunnel_listen_addr = addr(opts.tunnel_port);
     settings.ssh_listen_addr = addr(opts.ssh_port);
     settings.tls = tls.clone();
-    settings.listen = svc_net::listen::ListenOptions::default().with_drain_timeout(Duration::from_secs(2));
+    settings.listen = opts.listen.clone();
     let running = ProxyBuilder::new(settings)
         .with_version(opts.version.clone())
         .tunnel(tunnel.plain_service())

@@ -14,7 +14,7 @@ use tower::Service;
 
 pub use crate::target::{CHANNEL_PATH_PREFIX, Target, TargetError, VersionClient};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use tower::BoxError;
 
 /// A source of the channel's target.
 pub trait TargetSource: Send + Sync + 'static {

@@ -35,7 +35,7 @@ use super::{
 };
 use crate::target::{TargetError, Trust, VersionClient};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use tower::BoxError;
 
 /// The agent's systemd unit, restarted after an install.
 pub const AGENT_UNIT: &str = "svc.service";

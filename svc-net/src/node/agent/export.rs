@@ -38,7 +38,7 @@ use svc_core::{
 };
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use tower::BoxError;
 
 /// The Linux updater's configuration directory, where the schedule and endpoint files go.
 pub const DEFAULT_UPGRADE_DIR: &str = "/etc/svc-upgrade.d";

@@ -26,7 +26,7 @@ pub const CACHE_TTL: Duration = Duration::from_secs(60);
 /// The most body bytes read from an upstream answer.
 const MAX_BODY: usize = 4096;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use tower::BoxError;
 
 /// Why an upstream answer could not be had. Cloneable so a cached error can be served again.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

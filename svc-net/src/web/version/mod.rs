@@ -33,7 +33,7 @@ use tower::Service;
 
 pub use forward::{FetchError, Fetcher};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use tower::BoxError;
 
 /// A channel's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]

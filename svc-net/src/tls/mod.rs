@@ -4,13 +4,24 @@
 //! `rustls::ServerConfig` here. The certificate comes from configured PEM files, or — by
 //! default — is generated with rcgen (a self-signed CA and a server certificate naming the
 //! public and listen addresses plus `localhost` and `127.0.0.1`) and persisted in the data
-//! directory so a restart reuses it. Also here: a client-side TLS connector for `forward_url`
-//! fetches that wraps any plain connector.
+//! directory so a restart reuses it.
+//!
+//! This module is the one home of TLS mechanics in the crate: the crypto provider ([`provider`],
+//! ring, chosen once), the client trust roots ([`client_roots`]: public web roots plus extra
+//! PEM), the accept-anything verifier for `--insecure` ([`insecure_client_config`]), and the
+//! server-side handshake under a deadline ([`accept_before`], and the [`TlsTerminate`] tower
+//! layer over [`Connection`](crate::listen::Connection) that every TLS listener uses).
+
+mod terminate;
+
+pub use terminate::{
+    HandshakeDeadline, HandshakeError, TlsConnection, TlsTerminate, TlsTerminateLayer, accept_before,
+};
 
 use std::{
     fs, io,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, OnceLock},
 };
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
@@ -19,6 +30,19 @@ use rustls::pki_types::{
     CertificateDer, PrivateKeyDer, ServerName, UnixTime,
     pem::{self, PemObject},
 };
+
+/// How long a peer has to finish a TLS handshake on listeners that do not share the accept
+/// loop's peek deadline (resource proxies, the Auth API).
+pub const DEFAULT_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The crypto provider of every rustls configuration in svc: ring (aws-lc-rs would need cmake
+/// and a C toolchain at build time). Built once; callers share the `Arc`.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<rustls::crypto::CryptoProvider>> = OnceLock::new();
+    PROVIDER
+        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
+        .clone()
+}
 
 /// Where the server certificate comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,11 +210,10 @@ impl ServerIdentity {
 
     /// A server configuration advertising `alpn` (in the server's order of preference).
     pub fn server_config(&self, alpn: &[&str]) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-        let mut config =
-            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()?
-                .with_no_client_auth()
-                .with_single_cert(self.chain.clone(), self.key.clone_key())?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(self.chain.clone(), self.key.clone_key())?;
         config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
         Ok(Arc::new(config))
     }
@@ -202,11 +225,10 @@ impl ServerIdentity {
         alpn: &[&str],
         clients: Arc<dyn rustls::server::danger::ClientCertVerifier>,
     ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-        let mut config =
-            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()?
-                .with_client_cert_verifier(clients)
-                .with_single_cert(self.chain.clone(), self.key.clone_key())?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(clients)
+            .with_single_cert(self.chain.clone(), self.key.clone_key())?;
         config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
         Ok(Arc::new(config))
     }
@@ -247,21 +269,35 @@ fn generate(dir: &Path, names: &[String]) -> Result<(), TlsError> {
     Ok(())
 }
 
-/// A client configuration trusting the public web roots plus `extra_ca_pem` (a PEM bundle).
-pub fn client_config(extra_ca_pem: Option<&[u8]>) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+/// The trust roots of a client: the public web roots plus every certificate of `extra_ca_pem`
+/// (a PEM bundle, e.g. a corporate CA or a generated proxy CA). A bundle given but holding no
+/// certificate is an error: a typo must not silently fall back to the public roots alone.
+pub fn client_roots(extra_ca_pem: Option<&[u8]>) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(pem) = extra_ca_pem {
+        let mut added = 0;
         for cert in CertificateDer::pem_slice_iter(pem) {
             let cert = cert.map_err(pem_err(Path::new("<ca bundle>"), "CERTIFICATE"))?;
             roots.add(cert)?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(TlsError::Pem {
+                path: PathBuf::from("<ca bundle>"),
+                expected: "CERTIFICATE",
+            });
         }
     }
-    let config =
-        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+    Ok(roots)
+}
+
+/// A client configuration trusting [`client_roots`]`(extra_ca_pem)`.
+pub fn client_config(extra_ca_pem: Option<&[u8]>) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(client_roots(extra_ca_pem)?)
+        .with_no_client_auth();
     Ok(Arc::new(config))
 }
 
@@ -366,17 +402,22 @@ mod tests {
 /// SSH runs inside (the reverse tunnel, `svc-proxy-ssh`), the cluster CAs still authenticate
 /// both ends.
 pub fn insecure_client_config() -> Result<rustls::ClientConfig, rustls::Error> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider.clone())
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+        .with_custom_certificate_verifier(insecure_verifier())
         .with_no_client_auth())
+}
+
+/// The one accept-anything server verifier, for `--insecure` only (see
+/// [`insecure_client_config`]); signatures are still checked so the handshake is well-formed.
+pub(crate) fn insecure_verifier() -> Arc<NoVerify> {
+    Arc::new(NoVerify(provider()))
 }
 
 /// Accepts any server certificate (see [`insecure_client_config`]).
 #[derive(Debug)]
-pub(crate) struct NoVerify(pub(crate) Arc<rustls::crypto::CryptoProvider>);
+pub(crate) struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
 
 impl ServerCertVerifier for NoVerify {
     fn verify_server_cert(
