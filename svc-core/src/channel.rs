@@ -1,8 +1,11 @@
 //! Version channels, as configured under `proxy_service.automatic_upgrades_channels`.
 //!
 //! A channel either serves a static version (optionally flagged critical) or forwards to an
-//! upstream version server. This module holds the validated definition; serving it is
-//! `svc_net::web::version`'s job.
+//! upstream version server. This module holds the validated definition and the pure rules of
+//! the version server ([`Channels`]: which channels exist, which answer a channel gives);
+//! fetching from upstreams and serving HTTP is `svc_net::web::version`'s job.
+
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
@@ -29,6 +32,66 @@ pub enum ChannelSpec {
         /// The upstream base URL; `<url>/version` and `<url>/critical` are fetched.
         url: String,
     },
+}
+
+/// The channels a proxy serves, with the rules of the specification (§2.6) applied:
+///
+/// - `default` always exists: the configured `default`, else a configured `stable/cloud`, else a
+///   static channel serving the proxy's own version;
+/// - an unconfigured `stable/cloud` is an alias of `default`;
+/// - a target with a higher major version than the proxy is replaced by the proxy's own version:
+///   agents must never be ahead of the cluster.
+///
+/// Pure: forwarding channels are answered by whoever fetches the upstream (see
+/// [`Channels::spec`]), then passed through [`Channels::cap`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Channels {
+    channels: BTreeMap<String, ChannelSpec>,
+    own: Version,
+}
+
+impl Channels {
+    /// The configured `channels` of a proxy at version `own`, `default` added when missing.
+    pub fn new(mut channels: BTreeMap<String, ChannelSpec>, own: Version) -> Self {
+        if !channels.contains_key(DEFAULT_CHANNEL) {
+            let default = channels
+                .get(CLOUD_CHANNEL)
+                .cloned()
+                .unwrap_or(ChannelSpec::Static {
+                    version: Some(own.clone()),
+                    critical: false,
+                });
+            channels.insert(DEFAULT_CHANNEL.to_owned(), default);
+        }
+        Channels { channels, own }
+    }
+
+    /// The definition serving `channel` (`stable/cloud` falls back to `default`); `None` for a
+    /// channel that does not exist.
+    pub fn spec(&self, channel: &str) -> Option<&ChannelSpec> {
+        self.channels.get(channel).or_else(|| {
+            (channel == CLOUD_CHANNEL)
+                .then(|| self.channels.get(DEFAULT_CHANNEL))
+                .flatten()
+        })
+    }
+
+    /// The version agents are told: `version`, or the proxy's own when `version` is of a
+    /// higher major.
+    pub fn cap(&self, version: Option<Version>) -> Option<Version> {
+        version.map(|v| {
+            if v.major() > self.own.major() {
+                self.own.clone()
+            } else {
+                v
+            }
+        })
+    }
+
+    /// The proxy's own version.
+    pub fn own(&self) -> &Version {
+        &self.own
+    }
 }
 
 /// A channel as written in the configuration file, before validation.
@@ -187,5 +250,33 @@ mod tests {
         for bad in ["", "/", "a//b", "a/", "../x", "a b", "a/./b"] {
             assert!(validate_channel_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn default_always_exists_cloud_aliases_it_and_majors_are_capped() {
+        let own = Version::new(17, 2, 0);
+        let none = Channels::new(BTreeMap::new(), own.clone());
+        assert_eq!(
+            none.spec(DEFAULT_CHANNEL),
+            Some(&ChannelSpec::Static {
+                version: Some(own.clone()),
+                critical: false
+            })
+        );
+        assert_eq!(none.spec(CLOUD_CHANNEL), none.spec(DEFAULT_CHANNEL));
+        assert_eq!(none.spec("stable/rolling"), None);
+
+        let cloud = ChannelSpec::Forward {
+            url: "https://updates.example.com/v1/stable/cloud".into(),
+        };
+        let with_cloud = Channels::new([(CLOUD_CHANNEL.to_owned(), cloud.clone())].into(), own.clone());
+        assert_eq!(with_cloud.spec(DEFAULT_CHANNEL), Some(&cloud));
+
+        assert_eq!(none.cap(Some(Version::new(18, 0, 0))), Some(own.clone()));
+        assert_eq!(
+            none.cap(Some(Version::new(17, 9, 1))),
+            Some(Version::new(17, 9, 1))
+        );
+        assert_eq!(none.cap(None), None);
     }
 }

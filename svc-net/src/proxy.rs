@@ -281,18 +281,7 @@ impl ProxyBuilder {
 
     /// Mounts the version server `handler` on the web API under both of its prefixes
     /// (`/v1/webapi/automaticupgrades/channel/` and the same without `/v1`).
-    pub fn version_server<C>(self, handler: web::version::http::VersionHandler<C>) -> Self
-    where
-        web::version::http::VersionHandler<C>: Service<
-                http::Request<web::Body>,
-                Response = http::Response<web::ResponseBody>,
-                Error = std::convert::Infallible,
-            > + Clone
-            + Send
-            + Sync
-            + 'static,
-        <web::version::http::VersionHandler<C> as Service<http::Request<web::Body>>>::Future: Send + 'static,
-    {
+    pub fn version_server(self, handler: web::version::http::VersionHandler) -> Self {
         web::version::http::PREFIXES.iter().fold(self, |b, prefix| {
             b.web_mount(prefix, web::web_service(handler.clone()))
         })

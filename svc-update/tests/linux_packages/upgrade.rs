@@ -221,13 +221,15 @@ fn group_members(pgid: u32) -> Vec<(u32, String, String)> {
 /// SIGKILL: a power cut in the middle of an install.
 async fn kill_mid_install(ca: &Path, state: &Path, installer: &str) -> Result<()> {
     let mut cmd = updater(ca, state, "run");
-    cmd.process_group(0)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
+    // What svc-upgrade said, for the failure message if it ends before the install is seen.
+    let log = tempfile::NamedTempFile::new()?;
+    cmd.process_group(0).stdout(log.reopen()?).stderr(log.reopen()?);
     let mut child = cmd.spawn()?;
     let pgid = child.id().context("svc-upgrade pid")?;
+    // apt: from `apt-get install` on (it runs dpkg for the unpack), a window wide enough for a
+    // 5 ms poll on a loaded machine; dpkg alone can come and go between two polls.
     let installing = |comm: &str, cmdline: &str| match installer {
-        "apt" => comm == "dpkg",
+        "apt" => comm == "dpkg" || (comm.starts_with("apt") && cmdline.contains(" install ")),
         "yum" => comm == "dnf" && cmdline.contains(" install "),
         _ => comm == "zypper" && cmdline.contains(" install "),
     };
@@ -243,10 +245,12 @@ async fn kill_mid_install(ca: &Path, state: &Path, installer: &str) -> Result<()
                 .arg(format!("-{pgid}")))?;
             break;
         }
-        ensure!(
-            child.try_wait()?.is_none(),
-            "svc-upgrade run finished before the package manager was seen installing"
-        );
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!(
+                "svc-upgrade run finished ({status}) before the package manager was seen installing:\n{}",
+                std::fs::read_to_string(log.path()).unwrap_or_default()
+            );
+        }
         ensure!(
             tokio::time::Instant::now() < deadline,
             "no package manager install within 300 s"

@@ -16,10 +16,10 @@ use std::{
 };
 
 use crate::web::{ResponseBody, full, json_error};
-use ::http::{HeaderValue, Method, Request, Response, StatusCode, Uri, header};
+use ::http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use tower::Service;
 
-use super::{BoxError, ResolveError, VersionResolver};
+use super::{ResolveError, VersionResolver};
 
 /// The path under which a channel's answers live (`<prefix><channel>/version`): what updaters
 /// ask.
@@ -63,27 +63,14 @@ pub fn parse_path(path: &str) -> Result<(String, Query), String> {
 }
 
 /// The HTTP handler: `Request → Response`, never failing (errors are responses).
-pub struct VersionHandler<C> {
-    resolver: VersionResolver<C>,
+#[derive(Clone, Debug)]
+pub struct VersionHandler {
+    resolver: VersionResolver,
 }
 
-impl<C> Clone for VersionHandler<C> {
-    fn clone(&self) -> Self {
-        Self {
-            resolver: self.resolver.clone(),
-        }
-    }
-}
-
-impl<C> VersionHandler<C>
-where
-    C: Service<Uri> + Clone + Send + Sync + 'static,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send,
-{
+impl VersionHandler {
     /// A handler answering from `resolver`.
-    pub fn new(resolver: VersionResolver<C>) -> Self {
+    pub fn new(resolver: VersionResolver) -> Self {
         Self { resolver }
     }
 
@@ -128,13 +115,7 @@ where
     }
 }
 
-impl<C, B> Service<Request<B>> for VersionHandler<C>
-where
-    C: Service<Uri> + Clone + Send + Sync + 'static,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send,
-{
+impl<B> Service<Request<B>> for VersionHandler {
     type Response = Response<ResponseBody>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;

@@ -1,17 +1,12 @@
 //! The version server: which version each channel advertises, and whether it is critical.
 //!
 //! Sits behind the proxy's web API (`GET /v1/webapi/automaticupgrades/channel/<channel>/…`,
-//! served by [`http`]); agents' updaters ask it. [`VersionResolver`] holds the configured
-//! channels (`proxy_service.automatic_upgrades_channels`) and answers `channel → {version,
-//! critical}`:
-//! - `default` always exists: the configured `default`, else a configured `stable/cloud`, else
-//!   a static channel serving the proxy's own version; an unconfigured `stable/cloud` is an
-//!   alias of `default`;
-//! - static channels answer from configuration (`none` allowed); `forward_url` channels ask an
-//!   upstream through [`forward::Fetcher`] (10 s timeout, one-minute cache of results and
-//!   errors);
-//! - a target with a higher major version than the proxy is replaced by the proxy's own version:
-//!   agents must never be ahead of the cluster.
+//! served by [`http`]); agents' updaters ask it. [`VersionResolver`] answers `channel →
+//! {version, critical}` by the rules of `svc_core::channel::Channels` (pure: `default` always
+//! exists, `stable/cloud` aliases it, a higher major is capped to the proxy's version); static
+//! channels answer from configuration (`none` allowed), `forward_url` channels ask an upstream
+//! through an [`UpstreamFetch`] — [`forward::Fetcher`] over HTTP(S) (10 s timeout, one-minute
+//! cache of results and errors).
 
 pub mod forward;
 pub mod http;
@@ -27,7 +22,7 @@ use std::{
 use ::http::Uri;
 use svc_core::{
     Version,
-    channel::{CLOUD_CHANNEL, ChannelSpec, DEFAULT_CHANNEL},
+    channel::{ChannelSpec, Channels},
 };
 use tower::Service;
 
@@ -61,86 +56,82 @@ pub enum ResolveError {
     },
 }
 
-struct Inner<C> {
-    channels: BTreeMap<String, ChannelSpec>,
-    own: Version,
-    fetcher: Fetcher<C>,
+/// Fetches an upstream version server's answers for `forward_url` channels: what
+/// [`VersionResolver`] asks. [`Fetcher`] is the HTTP(S) implementation (any connector, with a
+/// one-minute cache); tests and embedders may answer from anywhere.
+pub trait UpstreamFetch: Send + Sync + 'static {
+    /// The body at `url` (`<forward_url>/version` or `<forward_url>/critical`).
+    fn fetch<'a>(
+        &'a self,
+        url: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Result<String, FetchError>> + Send + 'a>>;
 }
 
-/// Resolves channel names to answers: a `tower::Service<String>`.
-pub struct VersionResolver<C = hyper_util::client::legacy::connect::HttpConnector> {
-    inner: Arc<Inner<C>>,
-}
-
-impl<C> Clone for VersionResolver<C> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-        }
-    }
-}
-
-impl<C> VersionResolver<C>
+impl<C> UpstreamFetch for Fetcher<C>
 where
     C: Service<Uri> + Clone + Send + Sync + 'static,
     C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
     C::Error: Into<BoxError>,
     C::Future: Send,
 {
-    /// A resolver for the configured `channels`, for a proxy at version `own`.
-    pub fn new(mut channels: BTreeMap<String, ChannelSpec>, own: Version, fetcher: Fetcher<C>) -> Self {
-        if !channels.contains_key(DEFAULT_CHANNEL) {
-            let default = channels
-                .get(CLOUD_CHANNEL)
-                .cloned()
-                .unwrap_or(ChannelSpec::Static {
-                    version: Some(own.clone()),
-                    critical: false,
-                });
-            channels.insert(DEFAULT_CHANNEL.to_owned(), default);
-        }
+    fn fetch<'a>(
+        &'a self,
+        url: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Result<String, FetchError>> + Send + 'a>> {
+        Box::pin(self.get(url))
+    }
+}
+
+struct Inner {
+    channels: Channels,
+    fetch: Box<dyn UpstreamFetch>,
+}
+
+/// Resolves channel names to answers: a `tower::Service<String>`. The rules are
+/// [`Channels`]' (pure, in `svc-core`); this adds the upstream fetch of `forward_url` channels.
+#[derive(Clone)]
+pub struct VersionResolver {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for VersionResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VersionResolver")
+            .field("channels", &self.inner.channels)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VersionResolver {
+    /// A resolver for the configured `channels`, for a proxy at version `own`, asking `fetch`
+    /// for forwarding channels.
+    pub fn new(channels: BTreeMap<String, ChannelSpec>, own: Version, fetch: impl UpstreamFetch) -> Self {
         Self {
             inner: Arc::new(Inner {
-                channels,
-                own,
-                fetcher,
+                channels: Channels::new(channels, own),
+                fetch: Box::new(fetch),
             }),
         }
     }
 
     fn spec(&self, channel: &str) -> Result<&ChannelSpec, ResolveError> {
-        let channels = &self.inner.channels;
-        channels
-            .get(channel)
-            .or_else(|| {
-                (channel == CLOUD_CHANNEL)
-                    .then(|| channels.get(DEFAULT_CHANNEL))
-                    .flatten()
-            })
+        self.inner
+            .channels
+            .spec(channel)
             .ok_or_else(|| ResolveError::UnknownChannel(channel.to_owned()))
-    }
-
-    /// Agents must never be ahead of the cluster: a higher major becomes the proxy's version.
-    fn cap(&self, version: Option<Version>) -> Option<Version> {
-        version.map(|v| {
-            if v.major() > self.inner.own.major() {
-                self.inner.own.clone()
-            } else {
-                v
-            }
-        })
     }
 
     /// The version `channel` advertises.
     pub async fn version(&self, channel: &str) -> Result<Option<Version>, ResolveError> {
+        let channels = &self.inner.channels;
         match self.spec(channel)? {
-            ChannelSpec::Static { version, .. } => Ok(self.cap(version.clone())),
+            ChannelSpec::Static { version, .. } => Ok(channels.cap(version.clone())),
             ChannelSpec::Forward { url } => {
                 let url = format!("{url}/version");
-                let body = self.inner.fetcher.get(&url).await;
+                let body = self.inner.fetch.fetch(&url).await;
                 let parsed = body.and_then(|b| forward::parse_version_body(&url, &b));
                 parsed
-                    .map(|v| self.cap(v))
+                    .map(|v| channels.cap(v))
                     .map_err(|source| ResolveError::Upstream {
                         channel: channel.to_owned(),
                         source,
@@ -156,7 +147,7 @@ where
             ChannelSpec::Static { critical, .. } => Ok(*critical),
             ChannelSpec::Forward { url } => {
                 let url = format!("{url}/critical");
-                let body = self.inner.fetcher.get(&url).await;
+                let body = self.inner.fetch.fetch(&url).await;
                 Ok(body
                     .and_then(|b| forward::parse_critical_body(&url, &b))
                     .unwrap_or(false))
@@ -175,13 +166,7 @@ where
     }
 }
 
-impl<C> Service<String> for VersionResolver<C>
-where
-    C: Service<Uri> + Clone + Send + Sync + 'static,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send,
-{
+impl Service<String> for VersionResolver {
     type Response = ChannelAnswer;
     type Error = ResolveError;
     type Future = Pin<Box<dyn Future<Output = Result<ChannelAnswer, ResolveError>> + Send>>;
