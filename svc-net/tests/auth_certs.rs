@@ -143,6 +143,19 @@ async fn every_bad_certificate_is_refused() {
         .heartbeat(&Heartbeat::default())
         .await
         .expect("a valid node may heartbeat");
+    // The user must exist: the certificates of a deleted user are refused.
+    let admin = host_identity(&s, &s.host_ca, vec![SystemRole::Auth], now, hour);
+    AuthClient::connect_with(&admin)
+        .await
+        .unwrap()
+        .create_user(
+            "mallory",
+            &["editor".to_owned()],
+            &[],
+            &Secret::new("a-long-password".into()),
+        )
+        .await
+        .unwrap();
     let editor = user_identity(&s, &["editor"]);
     let mut editor_client = AuthClient::connect_with(&editor).await.unwrap();
     editor_client
@@ -219,6 +232,25 @@ async fn every_bad_certificate_is_refused() {
             .await
             .map(|_| ()),
     );
+
+    // 7. A deleted user's certificates stop working, and so does a locked user's.
+    AuthClient::connect_with(&admin)
+        .await
+        .unwrap()
+        .delete_resource(Kind::User, "mallory")
+        .await
+        .unwrap();
+    let gone = editor_client
+        .get_resources(Kind::Role, None, false)
+        .await
+        .map(|_| ());
+    if let Err(e) = &gone {
+        assert_eq!(
+            e.to_string(),
+            "access refused: user \"mallory\" no longer exists: their certificates are revoked"
+        );
+    }
+    expect_refused("deleted user", gone);
 
     println!("certificate matrix: {refused}/{cases} refused");
     assert_eq!(refused, cases);

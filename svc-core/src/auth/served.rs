@@ -176,6 +176,10 @@ pub enum RouteError {
     /// The user's roles do not allow this node or this login on it.
     #[error(transparent)]
     Node(#[from] NodeAccessDenied),
+    /// The user's certificates are revoked (user deleted or locked), or the node is locked;
+    /// the text names who and why.
+    #[error("access refused: {0}")]
+    Revoked(String),
     /// No live agent serves it.
     #[error("{kind} \"{name}\" not found: no connected agent serves it")]
     NotServed {
@@ -350,6 +354,10 @@ impl AuthService {
     /// node name (or host ID, or UUID), whose host ID the proxy then dials, or a [`RouteError`]
     /// naming the node and the reason.
     ///
+    /// A deleted or locked user, and a locked node, are refused ([`RouteError::Revoked`]);
+    /// proxies and nodes ask again periodically during a session, so a lock or a deletion also
+    /// ends open sessions.
+    ///
     /// Asked by a proxy (host role `proxy`) before it dials, and by a node (host role `node`)
     /// about itself (`node` is its own host ID) before it starts a session: the node's check is
     /// the second line of defence, against its own announced labels. Anyone else is refused.
@@ -375,6 +383,9 @@ impl AuthService {
             _ => return Err(refused()),
         };
         let user = self.verifier.verify_user_ssh(user_cert, self.now())?;
+        if let Some(refusal) = self.user_revoked(&user.username).await? {
+            return Ok(Err(RouteError::Revoked(refusal)));
+        }
         let granted = user.logins.clone();
         let Caller::User { identity, roles } = self.caller(crate::identity::Identity::User(user)).await?
         else {
@@ -412,6 +423,19 @@ impl AuthService {
                 name: node.to_owned(),
             }));
         };
+        let uuid = route.server_id.split_once('.').map(|(uuid, _)| uuid);
+        let names: Vec<&str> = [
+            Some(route.server_id.as_str()),
+            uuid,
+            Some(route.resource.name.as_str()),
+            Some(route.hostname.as_str()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if let Some(refusal) = self.node_locked(&names).await? {
+            return Ok(Err(RouteError::Revoked(refusal)));
+        }
         let shown = if itself.is_some() {
             route.resource.name.as_str()
         } else {

@@ -1211,3 +1211,145 @@ fn with_logins(mut user: User, logins: &[&str]) -> User {
         .insert("logins".into(), logins.iter().map(|l| (*l).to_owned()).collect());
     user
 }
+
+#[tokio::test]
+async fn locks_deleted_users_and_removed_roles_revoke_node_access() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let dev_role = "kind: role\nversion: v7\nmetadata:\n  name: dev\nspec:\n  allow:\n    logins: [ubuntu]\n    node_labels:\n      env: dev\n";
+    f.auth
+        .put_resources(&admin, parse_resources(dev_role).unwrap(), false)
+        .await
+        .unwrap();
+    for (name, roles) in [
+        ("dana", vec!["dev"]),
+        ("erin", vec!["access"]),
+        ("gus", vec!["access"]),
+    ] {
+        f.auth
+            .create_user(
+                &admin,
+                with_logins(User::new(name, roles), &["root"]),
+                &Secret::new("correct horse".into()),
+            )
+            .await
+            .unwrap();
+    }
+    let dev = node_host(&f.auth, "dev-1");
+    announce(&f, &dev, &[("env", "dev")]).await.unwrap();
+    let proxy = proxy(&f.auth);
+    let (dana, erin, gus) = (
+        user_ssh_cert(&f, "dana", "correct horse").await,
+        user_ssh_cert(&f, "erin", "correct horse").await,
+        user_ssh_cert(&f, "gus", "correct horse").await,
+    );
+    let ask = |cert: &Certificate, login: &str| {
+        let (auth, proxy, cert, login) = (&f.auth, proxy.clone(), cert.clone(), login.to_owned());
+        async move {
+            auth.authorize_node(&proxy, &cert, "dev-1", &login)
+                .await
+                .unwrap()
+                .map(|r| r.hostname)
+                .map_err(|e| e.to_string())
+        }
+    };
+    assert_eq!(ask(&erin, "root").await.unwrap(), "dev-1");
+
+    // A user lock: every session and every API call of the user is refused.
+    // A message that would drive the user's terminal is refused.
+    let lock = Resource::Lock(crate::resource::Lock::user(
+        "erin",
+        Some("incident\x1b[2J 42".into()),
+    ));
+    assert_eq!(
+        parse_resources(&lock.to_yaml().unwrap()).unwrap_err().to_string(),
+        "spec.message: expected text without control characters"
+    );
+    let lock = Resource::Lock(crate::resource::Lock::user("erin", Some("incident 42".into())));
+    f.auth.put_resources(&admin, vec![lock], false).await.unwrap();
+    assert_eq!(
+        ask(&erin, "root").await.unwrap_err(),
+        "access refused: user \"erin\" is locked: incident 42"
+    );
+    let again = f
+        .auth
+        .caller(Identity::User(
+            f.auth.verifier().verify_user_ssh(&erin, f.auth.now()).unwrap(),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        again.to_string(),
+        "access refused: user \"erin\" is locked: incident 42"
+    );
+    // Signing in again does not help.
+    assert_eq!(
+        login(&f, "erin", "correct horse").await.unwrap_err().to_string(),
+        "access refused: user \"erin\" is locked: incident 42"
+    );
+    // Unlock: access returns.
+    f.auth
+        .delete_resource(&admin, Kind::Lock, "user-erin")
+        .await
+        .unwrap();
+    assert_eq!(ask(&erin, "root").await.unwrap(), "dev-1");
+
+    // A node lock refuses every user's session to that node, whatever name it is asked by.
+    let lock = Resource::Lock(crate::resource::Lock::node("dev-1", None));
+    f.auth.put_resources(&admin, vec![lock], false).await.unwrap();
+    assert_eq!(
+        ask(&gus, "root").await.unwrap_err(),
+        "access refused: node \"dev-1\" is locked"
+    );
+    let Caller::Host(dev_host) = &dev else {
+        panic!("a host")
+    };
+    assert_eq!(
+        f.auth
+            .authorize_node(&dev, &gus, &dev_host.host_id, "root")
+            .await
+            .unwrap()
+            .unwrap_err()
+            .to_string(),
+        "access refused: node \"dev-1\" is locked"
+    );
+    f.auth
+        .delete_resource(&admin, Kind::Lock, "node-dev-1")
+        .await
+        .unwrap();
+    // An expired lock locks nothing.
+    let mut expired = crate::resource::Lock::user("gus", None);
+    expired.metadata.expires = Some(time::OffsetDateTime::from(f.auth.now()) - time::Duration::minutes(1));
+    f.auth
+        .put_resources(&admin, vec![Resource::Lock(expired)], false)
+        .await
+        .unwrap();
+    assert_eq!(ask(&gus, "root").await.unwrap(), "dev-1");
+
+    // A deleted user's certificates stop working.
+    f.auth.delete_resource(&admin, Kind::User, "gus").await.unwrap();
+    assert_eq!(
+        ask(&gus, "root").await.unwrap_err(),
+        "access refused: user \"gus\" no longer exists: their certificates are revoked"
+    );
+
+    // A removed role grants nothing any more, to certificates issued before.
+    assert_eq!(ask(&dana, "ubuntu").await.unwrap(), "dev-1");
+    f.auth.delete_resource(&admin, Kind::Role, "dev").await.unwrap();
+    let err = ask(&dana, "ubuntu").await.unwrap_err();
+    assert!(err.starts_with("access denied to node \"dev-1\""), "{err}");
+
+    // Only an editor locks: a user with the access role cannot lock or unlock anyone.
+    let erin_api = login(&f, "erin", "correct horse").await.unwrap();
+    let err = f
+        .auth
+        .put_resources(
+            &erin_api,
+            vec![Resource::Lock(crate::resource::Lock::user("dana", None))],
+            false,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "access denied to perform action \"create\" on \"lock\"");
+}

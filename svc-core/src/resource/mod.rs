@@ -11,6 +11,7 @@
 //! Each kind lives in its own file.
 
 mod github;
+mod lock;
 mod maintenance_config;
 mod oidc;
 mod role;
@@ -24,6 +25,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer, de::DeserializeOwn
 use time::OffsetDateTime;
 
 pub use github::{GithubConnector, GithubSpec, TeamRolesMapping};
+pub use lock::{Lock, LockSpec, LockTarget};
 pub use maintenance_config::{
     CLUSTER_MAINTENANCE_CONFIG_NAME, ClusterMaintenanceConfig, MaintenanceConfigSpec,
 };
@@ -53,11 +55,13 @@ pub enum Kind {
     Oidc,
     /// `token` (join token)
     Token,
+    /// `lock` (a locked user or node)
+    Lock,
 }
 
 impl Kind {
     /// Every kind, in the order error messages list them.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Role,
         Kind::ClusterMaintenanceConfig,
         Kind::User,
@@ -65,6 +69,7 @@ impl Kind {
         Kind::Saml,
         Kind::Oidc,
         Kind::Token,
+        Kind::Lock,
     ];
 
     /// The name written in `kind` and used in RBAC rules.
@@ -77,6 +82,7 @@ impl Kind {
             Kind::Saml => "saml",
             Kind::Oidc => "oidc",
             Kind::Token => "token",
+            Kind::Lock => "lock",
         }
     }
 
@@ -85,7 +91,7 @@ impl Kind {
         match self {
             Kind::Role => "v7",
             Kind::ClusterMaintenanceConfig => "v1",
-            Kind::User | Kind::Saml | Kind::Token => "v2",
+            Kind::User | Kind::Saml | Kind::Token | Kind::Lock => "v2",
             Kind::Github | Kind::Oidc => "v3",
         }
     }
@@ -495,6 +501,8 @@ pub enum Resource {
     Oidc(OidcConnector),
     /// A join token (`token`).
     Token(Token),
+    /// A lock on a user or a node (`lock`).
+    Lock(Lock),
 }
 
 macro_rules! each_kind {
@@ -507,6 +515,7 @@ macro_rules! each_kind {
             Resource::Saml($r) => $body,
             Resource::Oidc($r) => $body,
             Resource::Token($r) => $body,
+            Resource::Lock($r) => $body,
         }
     };
 }
@@ -522,6 +531,7 @@ macro_rules! meta_field {
             Resource::Github(r) => &r.metadata.$field,
             Resource::Saml(r) => &r.metadata.$field,
             Resource::Oidc(r) => &r.metadata.$field,
+            Resource::Lock(r) => &r.metadata.$field,
         }
     };
 }
@@ -537,6 +547,7 @@ impl Resource {
             Resource::Saml(_) => Kind::Saml,
             Resource::Oidc(_) => Kind::Oidc,
             Resource::Token(_) => Kind::Token,
+            Resource::Lock(_) => Kind::Lock,
         }
     }
 
@@ -585,7 +596,8 @@ impl Resource {
             Resource::Role(_)
             | Resource::ClusterMaintenanceConfig(_)
             | Resource::User(_)
-            | Resource::Token(_) => {}
+            | Resource::Token(_)
+            | Resource::Lock(_) => {}
         }
         copy
     }
@@ -611,6 +623,7 @@ impl Resource {
             Kind::Saml => Resource::Saml(decode_kind(value)?),
             Kind::Oidc => Resource::Oidc(decode_kind(value)?),
             Kind::Token => Resource::Token(decode_kind(value)?),
+            Kind::Lock => Resource::Lock(decode_kind(value)?),
         })
     }
 }
@@ -804,7 +817,7 @@ mod tests {
             .to_string();
         assert_eq!(
             err,
-            "kind: missing field, expected one of: role, cluster_maintenance_config, user, github, saml, oidc, token"
+            "kind: missing field, expected one of: role, cluster_maintenance_config, user, github, saml, oidc, token, lock"
         );
         let err = parse_resources("kind: node\n").unwrap_err().to_string();
         assert!(
