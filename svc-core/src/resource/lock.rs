@@ -72,6 +72,12 @@ impl Lock {
         }
     }
 
+    /// The same lock, ending at `at` (`tctl lock --ttl`).
+    pub fn expiring_at(mut self, at: std::time::SystemTime) -> Self {
+        self.metadata.expires = Some(time::OffsetDateTime::from(at));
+        self
+    }
+
     /// Whether the lock targets the user `name`.
     pub fn locks_user(&self, name: &str) -> bool {
         self.spec.target.user.as_deref() == Some(name)
