@@ -37,6 +37,9 @@ pub use user::{LOGINS_TRAIT, User, UserSpec};
 
 use crate::Secret;
 
+/// What a join token's name (its secret value) reads as in a copy without secrets.
+pub const REDACTED_TOKEN_NAME: &str = "***";
+
 /// The kind of a resource, as written in its `kind` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
@@ -584,19 +587,20 @@ impl Resource {
         self.expires().is_some_and(|e| e <= OffsetDateTime::from(now))
     }
 
-    /// A copy with every secret removed: connector client secrets and signing private keys.
-    /// This is what `tctl get` prints without `--with-secrets`. A join token is its own name, so
-    /// it is kept: only callers allowed to read tokens see them.
+    /// A copy with every secret removed: connector client secrets and signing private keys,
+    /// and a join token's name (its secret value), replaced by [`REDACTED_TOKEN_NAME`]. This is
+    /// what `tctl get` prints without `--with-secrets`, and all a caller who may only `list`
+    /// tokens ever gets.
     pub fn without_secrets(&self) -> Resource {
         let mut copy = self.clone();
         match &mut copy {
             Resource::Github(c) => c.strip_secrets(),
             Resource::Saml(c) => c.strip_secrets(),
             Resource::Oidc(c) => c.strip_secrets(),
+            Resource::Token(t) => t.metadata.name = Secret::new(REDACTED_TOKEN_NAME.to_owned()),
             Resource::Role(_)
             | Resource::ClusterMaintenanceConfig(_)
             | Resource::User(_)
-            | Resource::Token(_)
             | Resource::Lock(_) => {}
         }
         copy
