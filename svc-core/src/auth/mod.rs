@@ -48,7 +48,7 @@ use crate::{Secret, Version};
 pub use limit::{LoginLimiter, LoginLimits, Refusal, Subject};
 use password::PasswordPool;
 pub use password::{hash_password, verify_password};
-pub use served::{ResourceRoute, RouteError, ServedKind, ServedResource};
+pub use served::{ResourceRoute, RouteError, ServedKind, ServedResource, direct_ip_allowed};
 
 /// The SSH principal of a user without logins (a leading `-` is never a Unix user name).
 pub const NO_LOGIN_PRINCIPAL: &str = "-svc-no-login";
@@ -353,7 +353,7 @@ pub struct HostNamePolicy {
 }
 
 impl HostNamePolicy {
-    fn is_reserved(&self, name: &str) -> bool {
+    pub(crate) fn is_reserved(&self, name: &str) -> bool {
         self.reserved.iter().any(|r| r.eq_ignore_ascii_case(name))
     }
 

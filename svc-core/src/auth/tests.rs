@@ -1353,3 +1353,123 @@ async fn locks_deleted_users_and_removed_roles_revoke_node_access() {
         .to_string();
     assert_eq!(err, "access denied to perform action \"create\" on \"lock\"");
 }
+
+#[tokio::test]
+async fn token_values_are_listed_only_with_secrets_and_never_to_a_list_only_role() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let token = f
+        .auth
+        .create_token(&admin, vec![JoinRole::Node], None)
+        .await
+        .unwrap();
+    let value = token.value().expose().clone();
+    let lister = "kind: role\nversion: v7\nmetadata:\n  name: token-lister\nspec:\n  allow:\n    rules:\n    - resources: [token]\n      verbs: [list]\n";
+    f.auth
+        .put_resources(&admin, parse_resources(lister).unwrap(), false)
+        .await
+        .unwrap();
+    f.auth
+        .create_user(
+            &admin,
+            User::new("lister", ["token-lister"]),
+            &Secret::new("correct horse".into()),
+        )
+        .await
+        .unwrap();
+    let lister = login(&f, "lister", "correct horse").await.unwrap();
+    let shown = |list: Vec<Resource>| {
+        list.iter()
+            .map(|r| r.to_yaml().unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n")
+    };
+    // Without --with-secrets, even the administrator sees no token value.
+    let plain = shown(f.auth.list_resources(&admin, Kind::Token, false).await.unwrap());
+    assert!(plain.contains("name: '***'"), "{plain}");
+    assert!(!plain.contains(&value), "{plain}");
+    assert!(shown(f.auth.list_resources(&admin, Kind::Token, true).await.unwrap()).contains(&value));
+    // A role that may only list tokens sees how many there are, never a value ...
+    let listed = shown(f.auth.list_resources(&lister, Kind::Token, false).await.unwrap());
+    assert!(!listed.contains(&value), "{listed}");
+    // ... and asking for secrets needs `read`.
+    assert_eq!(
+        f.auth
+            .list_resources(&lister, Kind::Token, true)
+            .await
+            .unwrap_err()
+            .to_string(),
+        "access denied to perform action \"read\" on \"token\""
+    );
+    assert_eq!(
+        f.auth
+            .get_resource(&lister, Kind::Token, &value, false)
+            .await
+            .unwrap_err()
+            .to_string(),
+        "access denied to perform action \"read\" on \"token\""
+    );
+}
+
+#[tokio::test]
+async fn an_agent_cannot_announce_a_metadata_or_cluster_address_as_its_listener() {
+    let mut f = fixture().await;
+    f.auth.set_host_name_policy(HostNamePolicy {
+        reserved: vec!["proxy.example.com".into(), "10.0.0.5".into()],
+        allowed: vec![],
+    });
+    let agent = node_host(&f.auth, "edge-1");
+    let beat = |addr: &str| {
+        let mut node = ServedResource::new(ServedKind::Node, "edge-1");
+        node.direct_addr = addr.into();
+        Heartbeat {
+            hostname: "edge-1".into(),
+            resources: vec![node],
+            ..Default::default()
+        }
+    };
+    for (addr, why) in [
+        ("169.254.169.254:80", "link-local"),
+        ("[fe80::1]:22", "link-local"),
+        ("[::ffff:169.254.169.254]:80", "link-local"),
+        ("0.0.0.0:3022", "unspecified"),
+        ("224.0.0.1:3022", "multicast"),
+        (
+            "proxy.example.com:3080",
+            "an address of the cluster's Proxy or Auth Service",
+        ),
+        (
+            "10.0.0.5:3025",
+            "an address of the cluster's Proxy or Auth Service",
+        ),
+        ("edge-1", "expected host:port"),
+        ("edge-1:0", "expected host:port"),
+    ] {
+        let err = f
+            .auth
+            .heartbeat(&agent, beat(addr))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(&format!(
+                "invalid request: served node \"edge-1\": direct_addr \"{addr}\": "
+            )),
+            "{addr}: {err}"
+        );
+        assert!(err.contains(why), "{addr}: {err}");
+        // Nothing was stored: the proxy has no route to dial.
+        assert_eq!(
+            f.auth
+                .direct_route(&proxy(&f.auth), "edge-1", ServedKind::Node)
+                .await
+                .unwrap(),
+            None,
+            "{addr}"
+        );
+    }
+    f.auth.heartbeat(&agent, beat("10.0.0.7:3022")).await.unwrap();
+    f.auth.heartbeat(&agent, beat("edge-1:3022")).await.unwrap();
+    assert!(direct_ip_allowed("10.1.2.3".parse().unwrap()));
+    assert!(!direct_ip_allowed("169.254.0.1".parse().unwrap()));
+}
