@@ -19,8 +19,34 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     print!("{}", table(header, rows));
 }
 
-/// Renders a text table.
+/// Makes text that came from elsewhere (an agent's hostname, labels or version, a resource
+/// name) safe to print on a terminal: control characters (escape sequences, carriage
+/// returns, new lines, C1 controls) and the Unicode bidirectional overrides are shown as
+/// escapes (`\x1b`, `\u{202e}`) instead of acting on the terminal.
+pub fn sanitize(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            if (c as u32) < 0x100 {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            } else {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Renders a text table. Every cell is [`sanitize`]d: cells often hold what agents announced.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| sanitize(cell)).collect())
+        .collect();
+    let rows = &rows;
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -205,5 +231,19 @@ mod tests {
     fn tables_align_columns() {
         let t = table(&["Server ID", "Upgrader"], &[vec!["x".into(), "none".into()]]);
         assert_eq!(t, "Server ID Upgrader\n--------- --------\nx         none\n");
+    }
+
+    #[test]
+    fn agent_supplied_text_cannot_drive_the_terminal() {
+        // A rogue agent's hostname clears the screen, forges a row and reverses the text.
+        let evil = "db\x1b[2J\r\nfake-node  ok\u{202e}gnp.exe\u{9b}";
+        let t = table(&["Hostname"], &[vec![evil.into()]]);
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
+        assert_eq!(t.lines().count(), 3, "{t}");
+        assert!(
+            t.contains("db\\x1b[2J\\x0d\\x0afake-node  ok\\u{202e}gnp.exe\\x9b"),
+            "{t}"
+        );
+        assert_eq!(sanitize("plain host-1 ünïcode"), "plain host-1 ünïcode");
     }
 }

@@ -71,6 +71,7 @@ async fn join_and_heartbeat(cluster: &Cluster) -> String {
     let params = JoinParams {
         token: Secret::new(token["token"].as_str().expect("token").to_owned()),
         ca_pin: Some(token["ca_pin"].as_str().expect("ca_pin").to_owned()),
+        trust_on_first_use: false,
         node_name: "node-1".into(),
         roles: vec![SystemRole::Node],
         additional_names: vec![],
@@ -316,6 +317,7 @@ async fn join_refuses_invalid_and_reused_tokens_and_issues_nothing() {
     let params = |token: &str, pin: Option<String>| JoinParams {
         token: Secret::new(token.to_owned()),
         ca_pin: pin,
+        trust_on_first_use: false,
         node_name: "node".into(),
         roles: vec![SystemRole::Node],
         additional_names: vec![],
@@ -464,6 +466,7 @@ async fn secrets_never_reach_the_debug_log() {
         JoinParams {
             token: Secret::new(token.clone()),
             ca_pin: None,
+            trust_on_first_use: true,
             node_name: "n".into(),
             roles: vec![SystemRole::Node],
             additional_names: vec![],

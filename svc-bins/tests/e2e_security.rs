@@ -395,6 +395,7 @@ async fn twenty_concurrent_bogus_logins_do_not_delay_a_heartbeat_beyond_its_inte
     let params = JoinParams {
         token: Secret::new(token["token"].as_str().expect("token").to_owned()),
         ca_pin: Some(token["ca_pin"].as_str().expect("ca_pin").to_owned()),
+        trust_on_first_use: false,
         node_name: "node-1".into(),
         roles: vec![SystemRole::Node],
         additional_names: vec![],

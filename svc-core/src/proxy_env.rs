@@ -253,9 +253,10 @@ fn redact_url(value: &str) -> String {
         Some((scheme, rest)) => (format!("{scheme}://"), rest),
         None => (String::new(), value),
     };
-    // Userinfo ends at the last '@' before any path.
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
+    // Everything up to the last '@' may be a credential: a password may hold '/', '?', '#'
+    // or '@' (unescaped, as people write them), so the path is no boundary. A proxy URL has no
+    // path worth quoting, and redacting one by mistake costs nothing.
+    match rest.rfind('@') {
         Some(at) => format!("{prefix}***{}", &rest[at..]),
         None => value.to_owned(),
     }
@@ -678,6 +679,11 @@ mod tests {
             ("http://:hunter2@proxy:1", "empty user"),
             ("http://u:hunt%zzer2@proxy:1", "hex"),
             ("http://u:hunter2@", "empty"),
+            // Unescaped '/', '?', '#' and '@' in a password: redacted up to the last '@'.
+            ("http://u:hun/ter2@proxy:1", "path"),
+            ("http://u:hun?ter2@proxy:1", "path"),
+            ("http://u:hun#ter2@proxy:1/x", "path"),
+            ("http://u:hun@ter2/x@proxy:1", "path"),
         ] {
             let msg = ProxyUrl::parse("HTTPS_PROXY", bad).unwrap_err().to_string();
             assert!(
@@ -685,7 +691,8 @@ mod tests {
                 "{msg}"
             );
             assert!(msg.contains(why), "{bad}: {msg}");
-            assert!(!msg.contains("hunter2") && !msg.contains("hunt"), "{msg}");
+            assert!(!msg.contains("hunter2") && !msg.contains("hun"), "{msg}");
+            assert!(!msg.contains("ter2"), "{msg}");
         }
     }
 

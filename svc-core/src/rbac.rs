@@ -26,6 +26,7 @@ pub const RULE_RESOURCES: &[&str] = &[
     "saml",
     "oidc",
     "token",
+    "lock",
     "inventory",
     "cluster_status",
     "node",
@@ -375,13 +376,16 @@ impl RoleSet {
     }
 }
 
-/// The `editor` preset: manages users, roles, connectors and join tokens, and reads the agent
+/// The `editor` preset: manages users, roles, connectors, join tokens and locks, and reads the agent
 /// inventory and cluster status. Nothing on `cluster_maintenance_config` (specification §2.4).
 pub fn preset_editor() -> Role {
     let mut role = Role::new(EDITOR_ROLE);
     role.metadata.description = Some("Edit cluster configuration".into());
     role.spec.allow.rules = vec![
-        Rule::new(["user", "role", "github", "saml", "oidc", "token"], [Verb::All]),
+        Rule::new(
+            ["user", "role", "github", "saml", "oidc", "token", "lock"],
+            [Verb::All],
+        ),
         Rule::new(["inventory", "cluster_status"], [Verb::Read, Verb::List]),
     ];
     role
@@ -403,7 +407,7 @@ pub fn preset_access<S: Into<String>>(logins: impl IntoIterator<Item = S>) -> Ro
     role
 }
 
-/// The `auditor` preset: reads and lists users, roles, connectors (secrets are never shown by
+/// The `auditor` preset: reads and lists users, roles, connectors, locks (secrets are never shown by
 /// reading), the inventory and the cluster status. No tokens: their names are secrets.
 pub fn preset_auditor() -> Role {
     let mut role = Role::new(AUDITOR_ROLE);
@@ -415,6 +419,7 @@ pub fn preset_auditor() -> Role {
             "github",
             "saml",
             "oidc",
+            "lock",
             "inventory",
             "cluster_status",
         ],

@@ -143,6 +143,19 @@ async fn every_bad_certificate_is_refused() {
         .heartbeat(&Heartbeat::default())
         .await
         .expect("a valid node may heartbeat");
+    // The user must exist: the certificates of a deleted user are refused.
+    let admin = host_identity(&s, &s.host_ca, vec![SystemRole::Auth], now, hour);
+    AuthClient::connect_with(&admin)
+        .await
+        .unwrap()
+        .create_user(
+            "mallory",
+            &["editor".to_owned()],
+            &[],
+            &Secret::new("a-long-password".into()),
+        )
+        .await
+        .unwrap();
     let editor = user_identity(&s, &["editor"]);
     let mut editor_client = AuthClient::connect_with(&editor).await.unwrap();
     editor_client
@@ -220,7 +233,105 @@ async fn every_bad_certificate_is_refused() {
             .map(|_| ()),
     );
 
+    // 7. A deleted user's certificates stop working, and so does a locked user's.
+    AuthClient::connect_with(&admin)
+        .await
+        .unwrap()
+        .delete_resource(Kind::User, "mallory")
+        .await
+        .unwrap();
+    let gone = editor_client
+        .get_resources(Kind::Role, None, false)
+        .await
+        .map(|_| ());
+    if let Err(e) = &gone {
+        assert_eq!(
+            e.to_string(),
+            "access refused: user \"mallory\" no longer exists: their certificates are revoked"
+        );
+    }
+    expect_refused("deleted user", gone);
+
     println!("certificate matrix: {refused}/{cases} refused");
     assert_eq!(refused, cases);
+    s.shutdown.cancel();
+}
+
+fn join_params(
+    token: &Secret,
+    ca_pin: Option<String>,
+    trust_on_first_use: bool,
+) -> svc_net::auth::JoinParams {
+    svc_net::auth::JoinParams {
+        token: token.clone(),
+        ca_pin,
+        trust_on_first_use,
+        node_name: "joiner".into(),
+        roles: vec![SystemRole::Node],
+        additional_names: vec![],
+    }
+}
+
+/// A join needs a CA pin (or explicit trust on first use), and the server answering it must be
+/// the Auth Service: another host of the cluster — its certificate chains to the same pinned
+/// CA — never receives the token.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_join_needs_a_pin_and_an_auth_host() {
+    let s = server().await;
+    let now = SystemTime::now();
+    let admin = host_identity(
+        &s,
+        &s.host_ca,
+        vec![SystemRole::Auth],
+        now,
+        Duration::from_secs(3600),
+    );
+    let (token, _) = AuthClient::connect_with(&admin)
+        .await
+        .unwrap()
+        .create_token(&["node".into()], None)
+        .await
+        .unwrap();
+    let pin = s.auth.ca_pin();
+
+    // No pin, no explicit trust on first use: refused before anything is sent.
+    let err = svc_net::auth::join(&s.addr, join_params(&token, None, false))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::NoCaPin { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "refusing to join the cluster at {} without a CA pin: expected svc.ca_pin (the CA pin `tctl status` prints), or explicit trust on first use (svc start --insecure)",
+            s.addr
+        )
+    );
+
+    // A rogue node of the cluster answers the join with its own, valid host certificate.
+    let rogue_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let rogue_addr = rogue_listener.local_addr().unwrap().to_string();
+    let node = host_identity(
+        &s,
+        &s.host_ca,
+        vec![SystemRole::Node],
+        now,
+        Duration::from_secs(3600),
+    );
+    let (auth, stop) = (s.auth.clone(), s.shutdown.clone());
+    tokio::spawn(async move { svc_net::auth::serve(rogue_listener, auth, node, stop).await });
+    let err = svc_net::auth::join(&rogue_addr, join_params(&token, Some(pin.clone()), false))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the server answering the join is not the Auth Service")
+            && err.contains("lacks role auth"),
+        "{err}"
+    );
+    // The token was not spent there: the real Auth Service still admits it, with the pin.
+    let joined = svc_net::auth::join(&s.addr, join_params(&token, Some(pin), false))
+        .await
+        .expect("the real Auth Service admits the token");
+    assert!(joined.name.ends_with(CLUSTER), "{}", joined.name);
     s.shutdown.cancel();
 }

@@ -57,6 +57,7 @@ async fn an_agent_reads_the_window_through_the_auth_api() {
         JoinParams {
             token: token.value().clone(),
             ca_pin: None,
+            trust_on_first_use: true,
             node_name: "node-1".into(),
             roles: vec![SystemRole::Node],
             additional_names: vec![],

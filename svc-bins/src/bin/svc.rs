@@ -49,8 +49,9 @@ enum Command {
         /// Overrides proxy_service.public_addr.
         #[arg(long)]
         public_addr: Option<String>,
-        /// An agent accepts any TLS certificate from the proxy (a self-signed test proxy). The
-        /// SSH inside the reverse tunnel still checks the proxy against the cluster's host CA.
+        /// An agent accepts any TLS certificate from the proxy (a self-signed test proxy), and
+        /// joins without svc.ca_pin by trusting the first CA seen. The SSH inside the reverse
+        /// tunnel still checks the proxy against the cluster's host CA.
         #[arg(long)]
         insecure: bool,
     },

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use svc_bins::output::{self, Format};
 use svc_core::Secret;
-use svc_core::resource::{Kind, ResourceRef};
+use svc_core::resource::{Kind, Lock, Resource, ResourceRef};
 use svc_net::auth::AuthClient;
 
 #[derive(Parser)]
@@ -61,6 +61,22 @@ enum Command {
     /// Connected agents.
     #[command(subcommand)]
     Inventory(Inventory),
+    /// Lock a user or a node: new sessions and API calls are refused at once, open sessions
+    /// end within a minute. `tctl rm lock/user-NAME` (or `lock/node-NAME`) unlocks.
+    Lock {
+        /// The user to lock.
+        #[arg(long, conflicts_with = "node", required_unless_present = "node")]
+        user: Option<String>,
+        /// The node to lock (node name, host ID or UUID).
+        #[arg(long)]
+        node: Option<String>,
+        /// Shown to the locked user.
+        #[arg(long)]
+        message: Option<String>,
+        /// Lifetime of the lock (e.g. 30m, 12h); without it the lock stays until removed.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -105,7 +121,7 @@ enum Tokens {
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
-    /// List join tokens.
+    /// List join tokens with their values (needs read and list on tokens).
     Ls,
     /// Delete a join token.
     Rm { token: String },
@@ -253,11 +269,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Tokens(Tokens::Ls) => {
-            output::print_tokens(&auth.get_resources(Kind::Token, None, false).await?);
+            // Token values are secrets: listing them needs `read` on tokens as well as `list`.
+            output::print_tokens(&auth.get_resources(Kind::Token, None, true).await?);
         }
         Command::Tokens(Tokens::Rm { token }) => {
             auth.delete_resource(Kind::Token, &token).await?;
             println!("Token has been deleted");
+        }
+        Command::Lock {
+            user,
+            node,
+            message,
+            ttl,
+        } => {
+            let lock = match (user, node) {
+                (Some(user), _) => Lock::user(user, message),
+                (None, Some(node)) => Lock::node(node, message),
+                (None, None) => bail!("expected --user=NAME or --node=NAME"),
+            };
+            let lock = match ttl {
+                Some(ttl) => lock.expiring_at(std::time::SystemTime::now() + ttl),
+                None => lock,
+            };
+            let name = lock.metadata.name.clone();
+            let target = lock.target_text();
+            auth.put_resources(&Resource::Lock(lock).to_yaml()?, true).await?;
+            println!("{target} has been locked (remove lock/{name} to unlock)");
         }
         Command::Inventory(Inventory::Ls { upgrader, format }) => {
             output::print_inventory(auth.inventory().await?, upgrader.as_deref(), format)?;

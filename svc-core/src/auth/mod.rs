@@ -42,13 +42,13 @@ use crate::identity::{
     TrustedCa, UserCertRequest, UserIdentity, Verifier, VerifyError,
 };
 use crate::rbac::{AccessDenied, RoleSet, Verb, preset_roles};
-use crate::resource::{JoinRole, Kind, Resource, ResourceError, Token, User};
+use crate::resource::{JoinRole, Kind, Lock, Resource, ResourceError, Token, User};
 use crate::{Secret, Version};
 
 pub use limit::{LoginLimiter, LoginLimits, Refusal, Subject};
 use password::PasswordPool;
 pub use password::{hash_password, verify_password};
-pub use served::{ResourceRoute, RouteError, ServedKind, ServedResource};
+pub use served::{ResourceRoute, RouteError, ServedKind, ServedResource, direct_ip_allowed};
 
 /// The SSH principal of a user without logins (a leading `-` is never a Unix user name).
 pub const NO_LOGIN_PRINCIPAL: &str = "-svc-no-login";
@@ -131,6 +131,10 @@ pub enum AuthError {
     /// The caller's certificate is not acceptable for this call.
     #[error("certificate refused: {0}")]
     Unauthenticated(#[from] VerifyError),
+    /// The certificate is valid but revoked: its user was deleted or is locked (a `lock`
+    /// resource), or a node it concerns is locked. The text names the user or node and why.
+    #[error("access refused: {0}")]
+    Revoked(String),
     /// Resource text did not parse or serialize.
     #[error(transparent)]
     Resource(#[from] ResourceError),
@@ -349,7 +353,7 @@ pub struct HostNamePolicy {
 }
 
 impl HostNamePolicy {
-    fn is_reserved(&self, name: &str) -> bool {
+    pub(crate) fn is_reserved(&self, name: &str) -> bool {
         self.reserved.iter().any(|r| r.eq_ignore_ascii_case(name))
     }
 
@@ -513,12 +517,17 @@ impl AuthService {
     }
 
     /// Turns a verified certificate identity into a [`Caller`], loading the user's roles as
-    /// stored now (a role named in the certificate that no longer exists grants nothing).
+    /// stored now (a role named in the certificate that no longer exists grants nothing). The
+    /// certificate of a user who no longer exists, or who is locked, is refused
+    /// ([`AuthError::Revoked`]).
     pub async fn caller(&self, identity: Identity) -> Result<Caller, AuthError> {
         match identity {
             Identity::Host(host) if host.has_role(SystemRole::Auth) => Ok(Caller::Admin(host)),
             Identity::Host(host) => Ok(Caller::Host(host)),
             Identity::User(user) => {
+                if let Some(refusal) = self.user_revoked(&user.username).await? {
+                    return Err(AuthError::Revoked(refusal));
+                }
                 let mut roles = Vec::new();
                 for name in &user.roles {
                     if let Some(Resource::Role(role)) = self.store().get(Kind::Role, name).await? {
@@ -531,6 +540,47 @@ impl AuthService {
                 })
             }
         }
+    }
+
+    /// Why the certificates of `username` no longer work, if they do not: the user was
+    /// deleted, or a live lock targets them.
+    pub(crate) async fn user_revoked(&self, username: &str) -> Result<Option<String>, AuthError> {
+        if self.store().get(Kind::User, username).await?.is_none() {
+            return Ok(Some(format!(
+                "user \"{username}\" no longer exists: their certificates are revoked"
+            )));
+        }
+        Ok(self
+            .live_locks()
+            .await?
+            .into_iter()
+            .find(|l| l.locks_user(username))
+            .map(|l| lock_refusal(&l)))
+    }
+
+    /// Why sessions to the node known by `names` (node name, host ID, UUID) are refused, if a
+    /// live lock targets it.
+    pub(crate) async fn node_locked(&self, names: &[&str]) -> Result<Option<String>, AuthError> {
+        Ok(self
+            .live_locks()
+            .await?
+            .into_iter()
+            .find(|l| l.locks_node(names))
+            .map(|l| lock_refusal(&l)))
+    }
+
+    async fn live_locks(&self) -> Result<Vec<Lock>, AuthError> {
+        let now = self.now();
+        Ok(self
+            .store()
+            .list(Kind::Lock)
+            .await?
+            .into_iter()
+            .filter_map(|r| match r {
+                Resource::Lock(l) if !l.metadata.is_expired(now) => Some(l),
+                _ => None,
+            })
+            .collect())
     }
 
     /// Verifies an X.509 chain presented by a client and returns the caller.
@@ -839,6 +889,9 @@ impl AuthService {
                 return Err(e);
             }
         };
+        if let Some(refusal) = self.user_revoked(&user.metadata.name).await? {
+            return Err(AuthError::Revoked(refusal));
+        }
         self.issue_user_certs(user, req).await
     }
 
@@ -1012,6 +1065,17 @@ impl AuthService {
         }
         rows.sort_by(|a, b| (&a.hostname, &a.server_id).cmp(&(&b.hostname, &b.server_id)));
         Ok(rows)
+    }
+}
+
+/// `user "bob" is locked: MESSAGE` (the message sanitised: one line, no control characters).
+fn lock_refusal(lock: &Lock) -> String {
+    match lock.spec.message.as_deref().map(str::trim) {
+        Some(m) if !m.is_empty() => {
+            let m: String = m.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+            format!("{} is locked: {m}", lock.target_text())
+        }
+        _ => format!("{} is locked", lock.target_text()),
     }
 }
 

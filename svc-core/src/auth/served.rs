@@ -176,6 +176,10 @@ pub enum RouteError {
     /// The user's roles do not allow this node or this login on it.
     #[error(transparent)]
     Node(#[from] NodeAccessDenied),
+    /// The user's certificates are revoked (user deleted or locked), or the node is locked;
+    /// the text names who and why.
+    #[error("access refused: {0}")]
+    Revoked(String),
     /// No live agent serves it.
     #[error("{kind} \"{name}\" not found: no connected agent serves it")]
     NotServed {
@@ -184,6 +188,37 @@ pub enum RouteError {
         /// The resource name.
         name: String,
     },
+}
+
+/// Whether the proxy may dial `ip` for an agent's announced listener: never an unspecified,
+/// link-local (the cloud metadata service lives at `169.254.169.254`), multicast or broadcast
+/// address. Checked on the announced address at heartbeat and on every address a name
+/// resolves to at dial time.
+pub fn direct_ip_allowed(ip: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) => {
+            !(v4.is_unspecified() || v4.is_link_local() || v4.is_multicast() || v4.is_broadcast())
+        }
+        IpAddr::V6(v6) => {
+            !(v6.is_unspecified() || v6.is_multicast() || (v6.segments()[0] & 0xffc0) == 0xfe80)
+        }
+    }
+}
+
+/// The host part of `host:port` (IPv6 in brackets), if the text has that form.
+fn host_of(addr: &str) -> Option<&str> {
+    let (host, port) = addr.rsplit_once(':')?;
+    port.parse::<u16>().ok().filter(|p| *p != 0)?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    (!host.is_empty()).then_some(host)
 }
 
 fn served_key(host_id: &str) -> Key {
@@ -225,6 +260,9 @@ impl AuthService {
                     r.name, host.node_name
                 )));
             }
+            if !r.direct_addr.is_empty() {
+                self.check_direct_addr(kind, &r.name, &r.direct_addr)?;
+            }
             if !host.has_role(kind.system_role()) {
                 return Err(AccessDenied {
                     verb: Verb::Update,
@@ -254,6 +292,27 @@ impl AuthService {
         self.backend
             .put(Item::new(key, value).with_expiry(now + HEARTBEAT_TTL))
             .await?;
+        Ok(())
+    }
+
+    /// An announced listener the proxy will dial for users: `host:port`, never an unspecified,
+    /// link-local, multicast or broadcast address, never a name of the cluster's Proxy or
+    /// Auth Service (the proxy would pipe users' bytes to the cluster's own services).
+    fn check_direct_addr(&self, kind: ServedKind, name: &str, addr: &str) -> Result<(), AuthError> {
+        let refuse = |why: &str| {
+            AuthError::Invalid(format!("served {kind} \"{name}\": direct_addr \"{addr}\": {why}"))
+        };
+        let host = host_of(addr).ok_or_else(|| refuse("expected host:port with a non-zero port"))?;
+        if let Ok(ip) = host.parse::<std::net::IpAddr>()
+            && !direct_ip_allowed(ip)
+        {
+            return Err(refuse(
+                "expected the agent's own address, got an unspecified, link-local, multicast or broadcast address",
+            ));
+        }
+        if self.names.is_reserved(host) {
+            return Err(refuse("it is an address of the cluster's Proxy or Auth Service"));
+        }
         Ok(())
     }
 
@@ -350,6 +409,10 @@ impl AuthService {
     /// node name (or host ID, or UUID), whose host ID the proxy then dials, or a [`RouteError`]
     /// naming the node and the reason.
     ///
+    /// A deleted or locked user, and a locked node, are refused ([`RouteError::Revoked`]);
+    /// proxies and nodes ask again periodically during a session, so a lock or a deletion also
+    /// ends open sessions.
+    ///
     /// Asked by a proxy (host role `proxy`) before it dials, and by a node (host role `node`)
     /// about itself (`node` is its own host ID) before it starts a session: the node's check is
     /// the second line of defence, against its own announced labels. Anyone else is refused.
@@ -375,6 +438,9 @@ impl AuthService {
             _ => return Err(refused()),
         };
         let user = self.verifier.verify_user_ssh(user_cert, self.now())?;
+        if let Some(refusal) = self.user_revoked(&user.username).await? {
+            return Ok(Err(RouteError::Revoked(refusal)));
+        }
         let granted = user.logins.clone();
         let Caller::User { identity, roles } = self.caller(crate::identity::Identity::User(user)).await?
         else {
@@ -412,6 +478,19 @@ impl AuthService {
                 name: node.to_owned(),
             }));
         };
+        let uuid = route.server_id.split_once('.').map(|(uuid, _)| uuid);
+        let names: Vec<&str> = [
+            Some(route.server_id.as_str()),
+            uuid,
+            Some(route.resource.name.as_str()),
+            Some(route.hostname.as_str()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if let Some(refusal) = self.node_locked(&names).await? {
+            return Ok(Err(RouteError::Revoked(refusal)));
+        }
         let shown = if itself.is_some() {
             route.resource.name.as_str()
         } else {

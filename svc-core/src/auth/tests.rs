@@ -1211,3 +1211,265 @@ fn with_logins(mut user: User, logins: &[&str]) -> User {
         .insert("logins".into(), logins.iter().map(|l| (*l).to_owned()).collect());
     user
 }
+
+#[tokio::test]
+async fn locks_deleted_users_and_removed_roles_revoke_node_access() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let dev_role = "kind: role\nversion: v7\nmetadata:\n  name: dev\nspec:\n  allow:\n    logins: [ubuntu]\n    node_labels:\n      env: dev\n";
+    f.auth
+        .put_resources(&admin, parse_resources(dev_role).unwrap(), false)
+        .await
+        .unwrap();
+    for (name, roles) in [
+        ("dana", vec!["dev"]),
+        ("erin", vec!["access"]),
+        ("gus", vec!["access"]),
+    ] {
+        f.auth
+            .create_user(
+                &admin,
+                with_logins(User::new(name, roles), &["root"]),
+                &Secret::new("correct horse".into()),
+            )
+            .await
+            .unwrap();
+    }
+    let dev = node_host(&f.auth, "dev-1");
+    announce(&f, &dev, &[("env", "dev")]).await.unwrap();
+    let proxy = proxy(&f.auth);
+    let (dana, erin, gus) = (
+        user_ssh_cert(&f, "dana", "correct horse").await,
+        user_ssh_cert(&f, "erin", "correct horse").await,
+        user_ssh_cert(&f, "gus", "correct horse").await,
+    );
+    let ask = |cert: &Certificate, login: &str| {
+        let (auth, proxy, cert, login) = (&f.auth, proxy.clone(), cert.clone(), login.to_owned());
+        async move {
+            auth.authorize_node(&proxy, &cert, "dev-1", &login)
+                .await
+                .unwrap()
+                .map(|r| r.hostname)
+                .map_err(|e| e.to_string())
+        }
+    };
+    assert_eq!(ask(&erin, "root").await.unwrap(), "dev-1");
+
+    // A user lock: every session and every API call of the user is refused.
+    // A message that would drive the user's terminal is refused.
+    let lock = Resource::Lock(crate::resource::Lock::user(
+        "erin",
+        Some("incident\x1b[2J 42".into()),
+    ));
+    assert_eq!(
+        parse_resources(&lock.to_yaml().unwrap()).unwrap_err().to_string(),
+        "spec.message: expected text without control characters"
+    );
+    let lock = Resource::Lock(crate::resource::Lock::user("erin", Some("incident 42".into())));
+    f.auth.put_resources(&admin, vec![lock], false).await.unwrap();
+    assert_eq!(
+        ask(&erin, "root").await.unwrap_err(),
+        "access refused: user \"erin\" is locked: incident 42"
+    );
+    let again = f
+        .auth
+        .caller(Identity::User(
+            f.auth.verifier().verify_user_ssh(&erin, f.auth.now()).unwrap(),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        again.to_string(),
+        "access refused: user \"erin\" is locked: incident 42"
+    );
+    // Signing in again does not help.
+    assert_eq!(
+        login(&f, "erin", "correct horse").await.unwrap_err().to_string(),
+        "access refused: user \"erin\" is locked: incident 42"
+    );
+    // Unlock: access returns.
+    f.auth
+        .delete_resource(&admin, Kind::Lock, "user-erin")
+        .await
+        .unwrap();
+    assert_eq!(ask(&erin, "root").await.unwrap(), "dev-1");
+
+    // A node lock refuses every user's session to that node, whatever name it is asked by.
+    let lock = Resource::Lock(crate::resource::Lock::node("dev-1", None));
+    f.auth.put_resources(&admin, vec![lock], false).await.unwrap();
+    assert_eq!(
+        ask(&gus, "root").await.unwrap_err(),
+        "access refused: node \"dev-1\" is locked"
+    );
+    let Caller::Host(dev_host) = &dev else {
+        panic!("a host")
+    };
+    assert_eq!(
+        f.auth
+            .authorize_node(&dev, &gus, &dev_host.host_id, "root")
+            .await
+            .unwrap()
+            .unwrap_err()
+            .to_string(),
+        "access refused: node \"dev-1\" is locked"
+    );
+    f.auth
+        .delete_resource(&admin, Kind::Lock, "node-dev-1")
+        .await
+        .unwrap();
+    // An expired lock locks nothing.
+    let mut expired = crate::resource::Lock::user("gus", None);
+    expired.metadata.expires = Some(time::OffsetDateTime::from(f.auth.now()) - time::Duration::minutes(1));
+    f.auth
+        .put_resources(&admin, vec![Resource::Lock(expired)], false)
+        .await
+        .unwrap();
+    assert_eq!(ask(&gus, "root").await.unwrap(), "dev-1");
+
+    // A deleted user's certificates stop working.
+    f.auth.delete_resource(&admin, Kind::User, "gus").await.unwrap();
+    assert_eq!(
+        ask(&gus, "root").await.unwrap_err(),
+        "access refused: user \"gus\" no longer exists: their certificates are revoked"
+    );
+
+    // A removed role grants nothing any more, to certificates issued before.
+    assert_eq!(ask(&dana, "ubuntu").await.unwrap(), "dev-1");
+    f.auth.delete_resource(&admin, Kind::Role, "dev").await.unwrap();
+    let err = ask(&dana, "ubuntu").await.unwrap_err();
+    assert!(err.starts_with("access denied to node \"dev-1\""), "{err}");
+
+    // Only an editor locks: a user with the access role cannot lock or unlock anyone.
+    let erin_api = login(&f, "erin", "correct horse").await.unwrap();
+    let err = f
+        .auth
+        .put_resources(
+            &erin_api,
+            vec![Resource::Lock(crate::resource::Lock::user("dana", None))],
+            false,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "access denied to perform action \"create\" on \"lock\"");
+}
+
+#[tokio::test]
+async fn token_values_are_listed_only_with_secrets_and_never_to_a_list_only_role() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let token = f
+        .auth
+        .create_token(&admin, vec![JoinRole::Node], None)
+        .await
+        .unwrap();
+    let value = token.value().expose().clone();
+    let lister = "kind: role\nversion: v7\nmetadata:\n  name: token-lister\nspec:\n  allow:\n    rules:\n    - resources: [token]\n      verbs: [list]\n";
+    f.auth
+        .put_resources(&admin, parse_resources(lister).unwrap(), false)
+        .await
+        .unwrap();
+    f.auth
+        .create_user(
+            &admin,
+            User::new("lister", ["token-lister"]),
+            &Secret::new("correct horse".into()),
+        )
+        .await
+        .unwrap();
+    let lister = login(&f, "lister", "correct horse").await.unwrap();
+    let shown = |list: Vec<Resource>| {
+        list.iter()
+            .map(|r| r.to_yaml().unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n")
+    };
+    // Without --with-secrets, even the administrator sees no token value.
+    let plain = shown(f.auth.list_resources(&admin, Kind::Token, false).await.unwrap());
+    assert!(plain.contains("name: '***'"), "{plain}");
+    assert!(!plain.contains(&value), "{plain}");
+    assert!(shown(f.auth.list_resources(&admin, Kind::Token, true).await.unwrap()).contains(&value));
+    // A role that may only list tokens sees how many there are, never a value ...
+    let listed = shown(f.auth.list_resources(&lister, Kind::Token, false).await.unwrap());
+    assert!(!listed.contains(&value), "{listed}");
+    // ... and asking for secrets needs `read`.
+    assert_eq!(
+        f.auth
+            .list_resources(&lister, Kind::Token, true)
+            .await
+            .unwrap_err()
+            .to_string(),
+        "access denied to perform action \"read\" on \"token\""
+    );
+    assert_eq!(
+        f.auth
+            .get_resource(&lister, Kind::Token, &value, false)
+            .await
+            .unwrap_err()
+            .to_string(),
+        "access denied to perform action \"read\" on \"token\""
+    );
+}
+
+#[tokio::test]
+async fn an_agent_cannot_announce_a_metadata_or_cluster_address_as_its_listener() {
+    let mut f = fixture().await;
+    f.auth.set_host_name_policy(HostNamePolicy {
+        reserved: vec!["proxy.example.com".into(), "10.0.0.5".into()],
+        allowed: vec![],
+    });
+    let agent = node_host(&f.auth, "edge-1");
+    let beat = |addr: &str| {
+        let mut node = ServedResource::new(ServedKind::Node, "edge-1");
+        node.direct_addr = addr.into();
+        Heartbeat {
+            hostname: "edge-1".into(),
+            resources: vec![node],
+            ..Default::default()
+        }
+    };
+    for (addr, why) in [
+        ("169.254.169.254:80", "link-local"),
+        ("[fe80::1]:22", "link-local"),
+        ("[::ffff:169.254.169.254]:80", "link-local"),
+        ("0.0.0.0:3022", "unspecified"),
+        ("224.0.0.1:3022", "multicast"),
+        (
+            "proxy.example.com:3080",
+            "an address of the cluster's Proxy or Auth Service",
+        ),
+        (
+            "10.0.0.5:3025",
+            "an address of the cluster's Proxy or Auth Service",
+        ),
+        ("edge-1", "expected host:port"),
+        ("edge-1:0", "expected host:port"),
+    ] {
+        let err = f
+            .auth
+            .heartbeat(&agent, beat(addr))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(&format!(
+                "invalid request: served node \"edge-1\": direct_addr \"{addr}\": "
+            )),
+            "{addr}: {err}"
+        );
+        assert!(err.contains(why), "{addr}: {err}");
+        // Nothing was stored: the proxy has no route to dial.
+        assert_eq!(
+            f.auth
+                .direct_route(&proxy(&f.auth), "edge-1", ServedKind::Node)
+                .await
+                .unwrap(),
+            None,
+            "{addr}"
+        );
+    }
+    f.auth.heartbeat(&agent, beat("10.0.0.7:3022")).await.unwrap();
+    f.auth.heartbeat(&agent, beat("edge-1:3022")).await.unwrap();
+    assert!(direct_ip_allowed("10.1.2.3".parse().unwrap()));
+    assert!(!direct_ip_allowed("169.254.0.1".parse().unwrap()));
+}

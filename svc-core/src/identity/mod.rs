@@ -47,7 +47,7 @@ use crate::backend::BackendError;
 
 pub use ca::{CertAuthority, TrustedCa};
 pub use claims::Claims;
-pub use verify::{Verifier, VerifyError};
+pub use verify::{Verifier, VerifyError, auth_server_identity};
 pub use x509::IDENTITY_EXTENSION_OID;
 
 /// The OpenSSH certificate extension holding the identity claims (JSON).

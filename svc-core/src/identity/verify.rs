@@ -432,6 +432,44 @@ impl Verifier {
     }
 }
 
+/// Before an agent joins: the identity the Auth Service's certificate `leaf` states, which must
+/// be a host certificate of the cluster the CA certificate `ca` belongs to (its common name),
+/// with the `auth` role. Another host of the cluster (a node, a proxy) holds a certificate that
+/// chains to the same pinned CA; this is what refuses it the join token.
+///
+/// The caller must already have checked that `leaf` chains to `ca` and that `ca` is pinned:
+/// this reads and checks the claims only.
+pub fn auth_server_identity(
+    leaf: &CertificateDer<'_>,
+    ca: &CertificateDer<'_>,
+) -> Result<HostIdentity, VerifyError> {
+    let ca = x509::parse(ca)?;
+    let cluster = ca
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .ok_or_else(|| VerifyError::Malformed("the CA certificate has no common name".into()))?
+        .to_owned();
+    let parsed = x509::parse(leaf)?;
+    let validity = x509::validity(&parsed)?;
+    let claims = x509::read_claims(&parsed)?;
+    let found = claims.kind()?;
+    if found != IdentityKind::Host {
+        return Err(VerifyError::WrongKind {
+            expected: IdentityKind::Host,
+            found,
+        });
+    }
+    if claims.cluster != cluster {
+        return Err(VerifyError::WrongCluster {
+            expected: cluster,
+            found: claims.cluster,
+        });
+    }
+    require_role(claims.into_host(validity)?, Some(SystemRole::Auth))
+}
+
 fn other_kind(kind: IdentityKind) -> IdentityKind {
     match kind {
         IdentityKind::Host => IdentityKind::User,

@@ -11,6 +11,7 @@
 //! Each kind lives in its own file.
 
 mod github;
+mod lock;
 mod maintenance_config;
 mod oidc;
 mod role;
@@ -24,6 +25,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer, de::DeserializeOwn
 use time::OffsetDateTime;
 
 pub use github::{GithubConnector, GithubSpec, TeamRolesMapping};
+pub use lock::{Lock, LockSpec, LockTarget};
 pub use maintenance_config::{
     CLUSTER_MAINTENANCE_CONFIG_NAME, ClusterMaintenanceConfig, MaintenanceConfigSpec,
 };
@@ -34,6 +36,9 @@ pub use token::{JoinMethod, JoinRole, Token, TokenSpec};
 pub use user::{LOGINS_TRAIT, User, UserSpec};
 
 use crate::Secret;
+
+/// What a join token's name (its secret value) reads as in a copy without secrets.
+pub const REDACTED_TOKEN_NAME: &str = "***";
 
 /// The kind of a resource, as written in its `kind` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -53,11 +58,13 @@ pub enum Kind {
     Oidc,
     /// `token` (join token)
     Token,
+    /// `lock` (a locked user or node)
+    Lock,
 }
 
 impl Kind {
     /// Every kind, in the order error messages list them.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Role,
         Kind::ClusterMaintenanceConfig,
         Kind::User,
@@ -65,6 +72,7 @@ impl Kind {
         Kind::Saml,
         Kind::Oidc,
         Kind::Token,
+        Kind::Lock,
     ];
 
     /// The name written in `kind` and used in RBAC rules.
@@ -77,6 +85,7 @@ impl Kind {
             Kind::Saml => "saml",
             Kind::Oidc => "oidc",
             Kind::Token => "token",
+            Kind::Lock => "lock",
         }
     }
 
@@ -85,7 +94,7 @@ impl Kind {
         match self {
             Kind::Role => "v7",
             Kind::ClusterMaintenanceConfig => "v1",
-            Kind::User | Kind::Saml | Kind::Token => "v2",
+            Kind::User | Kind::Saml | Kind::Token | Kind::Lock => "v2",
             Kind::Github | Kind::Oidc => "v3",
         }
     }
@@ -495,6 +504,8 @@ pub enum Resource {
     Oidc(OidcConnector),
     /// A join token (`token`).
     Token(Token),
+    /// A lock on a user or a node (`lock`).
+    Lock(Lock),
 }
 
 macro_rules! each_kind {
@@ -507,6 +518,7 @@ macro_rules! each_kind {
             Resource::Saml($r) => $body,
             Resource::Oidc($r) => $body,
             Resource::Token($r) => $body,
+            Resource::Lock($r) => $body,
         }
     };
 }
@@ -522,6 +534,7 @@ macro_rules! meta_field {
             Resource::Github(r) => &r.metadata.$field,
             Resource::Saml(r) => &r.metadata.$field,
             Resource::Oidc(r) => &r.metadata.$field,
+            Resource::Lock(r) => &r.metadata.$field,
         }
     };
 }
@@ -537,6 +550,7 @@ impl Resource {
             Resource::Saml(_) => Kind::Saml,
             Resource::Oidc(_) => Kind::Oidc,
             Resource::Token(_) => Kind::Token,
+            Resource::Lock(_) => Kind::Lock,
         }
     }
 
@@ -573,19 +587,21 @@ impl Resource {
         self.expires().is_some_and(|e| e <= OffsetDateTime::from(now))
     }
 
-    /// A copy with every secret removed: connector client secrets and signing private keys.
-    /// This is what `tctl get` prints without `--with-secrets`. A join token is its own name, so
-    /// it is kept: only callers allowed to read tokens see them.
+    /// A copy with every secret removed: connector client secrets and signing private keys,
+    /// and a join token's name (its secret value), replaced by [`REDACTED_TOKEN_NAME`]. This is
+    /// what `tctl get` prints without `--with-secrets`, and all a caller who may only `list`
+    /// tokens ever gets.
     pub fn without_secrets(&self) -> Resource {
         let mut copy = self.clone();
         match &mut copy {
             Resource::Github(c) => c.strip_secrets(),
             Resource::Saml(c) => c.strip_secrets(),
             Resource::Oidc(c) => c.strip_secrets(),
+            Resource::Token(t) => t.metadata.name = Secret::new(REDACTED_TOKEN_NAME.to_owned()),
             Resource::Role(_)
             | Resource::ClusterMaintenanceConfig(_)
             | Resource::User(_)
-            | Resource::Token(_) => {}
+            | Resource::Lock(_) => {}
         }
         copy
     }
@@ -611,6 +627,7 @@ impl Resource {
             Kind::Saml => Resource::Saml(decode_kind(value)?),
             Kind::Oidc => Resource::Oidc(decode_kind(value)?),
             Kind::Token => Resource::Token(decode_kind(value)?),
+            Kind::Lock => Resource::Lock(decode_kind(value)?),
         })
     }
 }
@@ -804,7 +821,7 @@ mod tests {
             .to_string();
         assert_eq!(
             err,
-            "kind: missing field, expected one of: role, cluster_maintenance_config, user, github, saml, oidc, token"
+            "kind: missing field, expected one of: role, cluster_maintenance_config, user, github, saml, oidc, token, lock"
         );
         let err = parse_resources("kind: node\n").unwrap_err().to_string();
         assert!(

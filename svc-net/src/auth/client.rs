@@ -46,6 +46,14 @@ pub enum ClientError {
     /// The server answered something this client cannot use.
     #[error("unexpected answer from the Auth Service: {0}")]
     Invalid(String),
+    /// A join without a CA pin and without explicit trust on first use: nothing was sent.
+    #[error(
+        "refusing to join the cluster at {addr} without a CA pin: expected svc.ca_pin (the CA pin `tctl status` prints), or explicit trust on first use (svc start --insecure)"
+    )]
+    NoCaPin {
+        /// The address the join would have gone to.
+        addr: String,
+    },
 }
 
 impl ClientError {
@@ -349,8 +357,13 @@ impl AuthClient {
 pub struct JoinParams {
     /// The join token from `tctl tokens add`.
     pub token: Secret,
-    /// The CA pin from `tctl status` (`sha256:…`); `None` trusts the first CA seen.
+    /// The CA pin from `tctl status` (`sha256:…`). `None` is refused unless
+    /// `trust_on_first_use` says otherwise.
     pub ca_pin: Option<String>,
+    /// Without a pin, trust whatever CA the server presents (`svc start --insecure`): a network
+    /// attacker could then receive the token and issue the agent's identity. Ignored when
+    /// `ca_pin` is set.
+    pub trust_on_first_use: bool,
     /// The agent's node name.
     pub node_name: String,
     /// The services the agent runs.
@@ -373,6 +386,11 @@ pub async fn join_via(
     params: JoinParams,
     dialer: Option<&ProxyDialer>,
 ) -> Result<ClientIdentity, ClientError> {
+    if params.ca_pin.is_none() && !params.trust_on_first_use {
+        return Err(ClientError::NoCaPin {
+            addr: addr.to_owned(),
+        });
+    }
     let config = client_config(Some(""), ServerCheck::Pin(params.ca_pin.clone()), None).map_err(|e| {
         ClientError::Connect {
             addr: addr.to_owned(),

@@ -252,7 +252,8 @@ fn status(e: AuthError) -> Status {
         AuthError::JoinRefused(_)
         | AuthError::Limited { .. }
         | AuthError::NodeNameTaken { .. }
-        | AuthError::NameRefused { .. } => Status::permission_denied(msg),
+        | AuthError::NameRefused { .. }
+        | AuthError::Revoked(_) => Status::permission_denied(msg),
         AuthError::Busy(_) => Status::resource_exhausted(msg),
         _ => {
             tracing::error!(error = %msg, "auth: internal error");

@@ -102,6 +102,13 @@ impl ServerCertVerifier for AuthServerVerifier {
                     None,
                 )
                 .map_err(|e| rustls::Error::General(format!("the Auth Service's certificate: {e}")))?;
+                // Any host of the cluster chains to the pinned CA; only the Auth Service may
+                // receive a join token.
+                svc_core::identity::auth_server_identity(end_entity, ca).map_err(|e| {
+                    rustls::Error::General(format!(
+                        "the server answering the join is not the Auth Service: {e}"
+                    ))
+                })?;
             }
         }
         Ok(ServerCertVerified::assertion())

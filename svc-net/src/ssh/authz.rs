@@ -9,7 +9,7 @@
 //! roles and the node's announced labels. When the question cannot be answered (the Auth
 //! Service is unreachable), the answer is a refusal: fail closed.
 
-use std::{future::Future, pin::Pin, sync::Arc};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use russh::keys::Certificate;
 use svc_core::auth::ResourceRoute;
@@ -100,5 +100,36 @@ impl AuthNodeAuthorizer {
 impl NodeAuthorizer for AuthNodeAuthorizer {
     fn authorize(self: Arc<Self>, user_cert: Certificate, node: String, login: String) -> NodeDecisionFuture {
         Box::pin(async move { self.ask(&user_cert, &node, &login).await })
+    }
+}
+
+/// How often an open session asks its [`NodeAuthorizer`] again by default. The node ends a
+/// refused session at its next check; the proxy's SSH entry gives the node one more interval
+/// and then closes the pipe itself: a lock, a deleted user or a removed role ends an open
+/// session within two intervals (40 seconds), well within a minute.
+pub const DEFAULT_RECHECK_INTERVAL: Duration = Duration::from_secs(20);
+
+/// Asks `authorizer` again every `every` whether the user holding `user_cert` may still be on
+/// `node` as `login`; returns the refusal text when the answer becomes a refusal (a lock, a
+/// deleted user, a removed role, or an Auth Service that cannot be reached: fail closed).
+/// Never returns while access is granted: callers select it against the session.
+pub(crate) async fn refused_later(
+    authorizer: Arc<dyn NodeAuthorizer>,
+    user_cert: Certificate,
+    node: String,
+    login: String,
+    every: Duration,
+) -> String {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let answer = authorizer
+            .clone()
+            .authorize(user_cert.clone(), node.clone(), login.clone())
+            .await;
+        if let Err(refusal) = answer {
+            return refusal;
+        }
     }
 }

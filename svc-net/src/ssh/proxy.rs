@@ -8,10 +8,15 @@
 //! may log in to the node named (node name, host ID or UUID) as the SSH user they gave the
 //! proxy; the answer names the one agent holding that node name, and the proxy dials that
 //! agent's host ID — never "whichever tunnel claims the name". A refusal reaches the client on
-//! stderr, naming the node and the reason.
+//! stderr, naming the node and the reason. While the pipe is open the entry asks again every
+//! [`ProxySshConfig::recheck_interval`]: on a refusal (a lock, a deleted user, a removed role)
+//! it gives the node one more interval to end the session itself (the node re-checks too, and
+//! its reason reaches the user inside the session), then closes the pipe, with the reason on
+//! the channel's stderr. An open session so ends within two intervals.
 
 use std::{
     collections::HashMap,
+    future::Future,
     net::SocketAddr,
     sync::Arc,
     task::{Context, Poll},
@@ -55,6 +60,10 @@ pub struct ProxySshConfig {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Window and packet sizes.
     pub tunables: Tunables,
+    /// How often an open session's access is asked again (default
+    /// [`DEFAULT_RECHECK_INTERVAL`](super::authz::DEFAULT_RECHECK_INTERVAL)); a refusal closes
+    /// the session with the reason on stderr.
+    pub recheck_interval: std::time::Duration,
 }
 
 impl ProxySshConfig {
@@ -74,6 +83,7 @@ impl ProxySshConfig {
             authorizer,
             tls: None,
             tunables: Tunables::default(),
+            recheck_interval: super::authz::DEFAULT_RECHECK_INTERVAL,
         }
     }
 
@@ -92,6 +102,7 @@ struct Inner {
     tls: Option<Arc<rustls::ServerConfig>>,
     handshake_timeout: std::time::Duration,
     auth_timeout: std::time::Duration,
+    recheck_interval: std::time::Duration,
 }
 
 /// The proxy's SSH entry. Cheap to clone.
@@ -138,6 +149,7 @@ impl ProxySsh {
                 tls: config.tls,
                 handshake_timeout: config.tunables.handshake_timeout,
                 auth_timeout: config.tunables.auth_timeout,
+                recheck_interval: config.recheck_interval,
             }),
         }
     }
@@ -283,6 +295,24 @@ impl EntryHandler {
         }
     }
 
+    /// Resolves when the user's access to `host` is refused on a periodic re-check (a lock, a
+    /// deleted user, a removed role): the refusal text.
+    fn refused_later(&self, host: &str) -> impl Future<Output = String> + Send + 'static {
+        let (cert, login) = match &self.user {
+            Some((_, cert, login)) => (Some(cert.clone()), login.clone()),
+            None => (None, String::new()),
+        };
+        let authorizer = self.inner.authorizer.clone();
+        let every = self.inner.recheck_interval;
+        let host = host.to_owned();
+        async move {
+            match cert {
+                Some(cert) => super::authz::refused_later(authorizer, cert, host, login, every).await,
+                None => "not authenticated".to_owned(),
+            }
+        }
+    }
+
     fn request(&self, server_id: &str, host: &str, port: u16) -> DialRequest {
         DialRequest {
             address: format!("{host}:{}", if port == 0 { 3022 } else { port }),
@@ -359,9 +389,31 @@ impl russh::server::Handler for EntryHandler {
         match self.inner.dialer.dial(req).await {
             Ok(mut stream) => {
                 session.channel_success(channel)?;
+                let refused = self.refused_later(&host);
+                let grace = self.inner.recheck_interval;
+                let handle = session.handle();
+                let (peer, node) = (self.peer, host.clone());
                 tokio::spawn(async move {
                     let mut ch = ch.into_stream();
-                    let _ = copy_bidirectional_with_sizes(&mut ch, &mut stream, 64 * 1024, 64 * 1024).await;
+                    let pipe = copy_bidirectional_with_sizes(&mut ch, &mut stream, 64 * 1024, 64 * 1024);
+                    tokio::pin!(pipe);
+                    tokio::select! {
+                        _ = &mut pipe => {}
+                        denied = refused => {
+                            // The node asks on its own schedule and closes the session with the
+                            // reason inside it, where the user sees it: give it one interval,
+                            // then close the pipe regardless.
+                            if tokio::time::timeout(grace, &mut pipe).await.is_ok() {
+                                return;
+                            }
+                            tracing::warn!(%peer, %node, reason = %denied, "open SSH session closed at the proxy: access revoked");
+                            let text = format!("\r\nsvc: session closed: {denied}\r\n");
+                            let _ = handle.extended_data(channel, 1, Bytes::from(text)).await;
+                            let _ = handle.exit_status_request(channel, 1).await;
+                            let _ = handle.eof(channel).await;
+                            let _ = handle.close(channel).await;
+                        }
+                    }
                 });
             }
             Err(e) => {
@@ -383,7 +435,7 @@ impl russh::server::Handler for EntryHandler {
         _originator_address: &str,
         _originator_port: u32,
         reply: ChannelOpenHandle,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<(), Self::Error> {
         let port = u16::try_from(port_to_connect).unwrap_or(0);
         let req = match self.authorized_request(host_to_connect, port).await {
@@ -401,9 +453,25 @@ impl russh::server::Handler for EntryHandler {
         match self.inner.dialer.dial(req).await {
             Ok(mut stream) => {
                 reply.accept().await;
+                let refused = self.refused_later(host_to_connect);
+                let grace = self.inner.recheck_interval;
+                let handle = session.handle();
+                let (peer, node, id) = (self.peer, host_to_connect.to_owned(), channel.id());
                 tokio::spawn(async move {
                     let mut ch = channel.into_stream();
-                    let _ = copy_bidirectional_with_sizes(&mut ch, &mut stream, 64 * 1024, 64 * 1024).await;
+                    let pipe = copy_bidirectional_with_sizes(&mut ch, &mut stream, 64 * 1024, 64 * 1024);
+                    tokio::pin!(pipe);
+                    tokio::select! {
+                        _ = &mut pipe => {}
+                        denied = refused => {
+                            // As for the subsystem: the node gets one interval to say why.
+                            if tokio::time::timeout(grace, &mut pipe).await.is_ok() {
+                                return;
+                            }
+                            tracing::warn!(%peer, %node, reason = %denied, "open SSH tunnel closed at the proxy: access revoked");
+                            let _ = handle.close(id).await;
+                        }
+                    }
                 });
             }
             Err(e) => {

@@ -11,8 +11,19 @@
 //! itself is accepted only so the refusal can be shown; other channel types are not served). When the authorizer cannot decide, the answer
 //! is a refusal. The server presents the agent's host certificate. Sessions: `exec` and `shell`, with a PTY when asked (`pty-process`),
 //! `env`, `window-change`, exit status; closing the channel kills the child.
+//!
+//! While programs run, the server asks its authorizer again every
+//! [`SshServerConfig::recheck_interval`]: when the answer becomes a refusal (the user or the
+//! node was locked, the user deleted, a role removed), every program of the connection is
+//! killed and its channel gets `svc: session closed: <reason>` and exit status 1.
 
-use std::{collections::HashMap, net::SocketAddr, process::Stdio, sync::Arc, time::SystemTime};
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    process::Stdio,
+    sync::{Arc, OnceLock},
+    time::{Duration, SystemTime},
+};
 
 use bytes::Bytes;
 use russh::{
@@ -49,6 +60,10 @@ pub struct SshServerConfig {
     pub authorizer: Arc<dyn NodeAuthorizer>,
     /// Window and packet sizes.
     pub tunables: Tunables,
+    /// How often an open session's access is asked again (default
+    /// [`DEFAULT_RECHECK_INTERVAL`](super::authz::DEFAULT_RECHECK_INTERVAL)); a refusal ends
+    /// every program of the connection, with the reason on stderr.
+    pub recheck_interval: Duration,
 }
 
 impl SshServerConfig {
@@ -67,6 +82,7 @@ impl SshServerConfig {
             host_id: host_id.into(),
             authorizer,
             tunables: Tunables::default(),
+            recheck_interval: super::authz::DEFAULT_RECHECK_INTERVAL,
         }
     }
 }
@@ -79,6 +95,7 @@ pub struct SshServer {
     verifier: Arc<Verifier>,
     host_id: Arc<str>,
     authorizer: Arc<dyn NodeAuthorizer>,
+    recheck_interval: Duration,
 }
 
 impl std::fmt::Debug for SshServer {
@@ -97,6 +114,7 @@ impl SshServer {
             verifier: config.verifier,
             host_id: config.host_id.into(),
             authorizer: config.authorizer,
+            recheck_interval: config.recheck_interval,
         }
     }
 
@@ -109,9 +127,14 @@ impl SshServer {
             verifier: self.verifier.clone(),
             host_id: self.host_id.clone(),
             authorizer: self.authorizer.clone(),
+            recheck_interval: self.recheck_interval,
             peer,
             denied: None,
             user: None,
+            asked: None,
+            conn: CancellationToken::new(),
+            revoked: Arc::new(OnceLock::new()),
+            watching: false,
             channels: HashMap::new(),
         };
         let started =
@@ -179,7 +202,6 @@ impl SshServer {
     }
 }
 
-#[derive(Default)]
 struct ChanState {
     channel: Option<Channel<Msg>>,
     pty: Option<(String, u16, u16)>,
@@ -194,10 +216,20 @@ struct NodeHandler {
     verifier: Arc<Verifier>,
     host_id: Arc<str>,
     authorizer: Arc<dyn NodeAuthorizer>,
+    recheck_interval: Duration,
     peer: Option<SocketAddr>,
     /// Node RBAC refused the authenticated user: the text every session request gets.
     denied: Option<String>,
     user: Option<(UserIdentity, passwd::Account)>,
+    /// The certificate and login that were authorized: what the periodic re-check asks about.
+    asked: Option<(Certificate, String)>,
+    /// Cancelled when the connection ends or its access is revoked: every channel's `kill`
+    /// is a child of it.
+    conn: CancellationToken,
+    /// Why access was revoked, once it was: the programs' last words.
+    revoked: Arc<OnceLock<String>>,
+    /// Whether the periodic re-check runs.
+    watching: bool,
     channels: HashMap<ChannelId, ChanState>,
 }
 
@@ -216,6 +248,34 @@ fn dim(v: u32) -> u16 {
 }
 
 impl NodeHandler {
+    /// Starts the periodic re-check of the connection's access, once: a refusal records the
+    /// reason and ends every program (their channels get it on stderr).
+    fn watch(&mut self) {
+        if self.watching {
+            return;
+        }
+        let Some((cert, login)) = self.asked.clone() else {
+            return;
+        };
+        self.watching = true;
+        let (authorizer, node, every) = (
+            self.authorizer.clone(),
+            self.host_id.to_string(),
+            self.recheck_interval,
+        );
+        let (conn, revoked, peer) = (self.conn.clone(), self.revoked.clone(), self.peer);
+        tokio::spawn(async move {
+            tokio::select! {
+                denied = super::authz::refused_later(authorizer, cert, node, login, every) => {
+                    tracing::warn!(?peer, reason = %denied, "open SSH session closed: access revoked");
+                    let _ = revoked.set(denied);
+                    conn.cancel();
+                }
+                _ = conn.cancelled() => {}
+            }
+        });
+    }
+
     fn start(&mut self, id: ChannelId, command: Option<String>) -> Result<(), String> {
         if let Some(denied) = &self.denied {
             return Err(denied.clone());
@@ -281,7 +341,15 @@ impl NodeHandler {
             let (resize_tx, resize_rx) = mpsc::unbounded_channel();
             state.resize = Some(resize_tx);
             let (read, write) = pty.into_split();
-            tokio::spawn(run_pty(channel, child, read, write, resize_rx, kill));
+            tokio::spawn(run_pty(
+                channel,
+                child,
+                read,
+                write,
+                resize_rx,
+                kill,
+                self.revoked.clone(),
+            ));
         } else {
             let mut cmd = tokio::process::Command::new(&shell);
             cmd.args(&args)
@@ -298,7 +366,7 @@ impl NodeHandler {
             let child = cmd
                 .spawn()
                 .map_err(|e| format!("starting {}: {e}", shell.display()))?;
-            tokio::spawn(run_piped(channel, child, kill));
+            tokio::spawn(run_piped(channel, child, kill, self.revoked.clone()));
         }
         Ok(())
     }
@@ -333,7 +401,12 @@ async fn pump<R: AsyncRead + Unpin>(mut from: R, to: &mut (impl AsyncWrite + Unp
 
 /// A command with pipes: stdin from the channel, stdout and stderr to it, then the exit
 /// status; a closed channel kills the child.
-async fn run_piped(channel: Channel<Msg>, mut child: tokio::process::Child, kill: CancellationToken) {
+async fn run_piped(
+    channel: Channel<Msg>,
+    mut child: tokio::process::Child,
+    kill: CancellationToken,
+    revoked: Arc<OnceLock<String>>,
+) {
     let (mut rd, wr) = channel.split();
     let mut stdin = child.stdin.take();
     let stdout = child.stdout.take();
@@ -382,6 +455,14 @@ async fn run_piped(channel: Channel<Msg>, mut child: tokio::process::Child, kill
         }
         None => {
             let _ = child.kill().await;
+            if let Some(reason) = revoked.get() {
+                let _ = err_w
+                    .write_all(format!("\nsvc: session closed: {reason}\n").as_bytes())
+                    .await;
+                let _ = err_w.flush().await;
+                let _ = wr.exit_status(1).await;
+                let _ = wr.eof().await;
+            }
             let _ = wr.close().await;
         }
     }
@@ -395,6 +476,7 @@ async fn run_pty(
     mut write: pty_process::OwnedWritePty,
     mut resize: mpsc::UnboundedReceiver<(u16, u16)>,
     kill: CancellationToken,
+    revoked: Arc<OnceLock<String>>,
 ) {
     let (mut rd, wr) = channel.split();
     let mut out_w = wr.make_writer();
@@ -434,6 +516,15 @@ async fn run_pty(
         }
         None => {
             let _ = child.kill().await;
+            if let Some(reason) = revoked.get() {
+                // A PTY has no separate stderr: the reason goes to the terminal.
+                let _ = out_w
+                    .write_all(format!("\r\nsvc: session closed: {reason}\r\n").as_bytes())
+                    .await;
+                let _ = out_w.flush().await;
+                let _ = wr.exit_status(1).await;
+                let _ = wr.eof().await;
+            }
             let _ = wr.close().await;
         }
     }
@@ -484,6 +575,7 @@ impl russh::server::Handler for NodeHandler {
             self.denied = Some(denied);
         } else {
             tracing::info!(peer = ?self.peer, login, user = %user.username, "SSH login");
+            self.asked = Some((certificate.clone(), login.to_owned()));
         }
         self.user = Some((user, account));
         if let Some(tx) = self.authenticated.take() {
@@ -503,7 +595,10 @@ impl russh::server::Handler for NodeHandler {
             id,
             ChanState {
                 channel: Some(channel),
-                ..Default::default()
+                pty: None,
+                env: Vec::new(),
+                resize: None,
+                kill: self.conn.child_token(),
             },
         );
         reply.accept().await;
@@ -550,7 +645,10 @@ impl russh::server::Handler for NodeHandler {
 
     async fn shell_request(&mut self, channel: ChannelId, session: &mut Session) -> Result<(), Self::Error> {
         match self.start(channel, None) {
-            Ok(()) => session.channel_success(channel),
+            Ok(()) => {
+                self.watch();
+                session.channel_success(channel)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "starting a shell failed");
                 end_with_error(session, channel, format!("svc: {e}\r\n"))
@@ -566,7 +664,10 @@ impl russh::server::Handler for NodeHandler {
     ) -> Result<(), Self::Error> {
         let command = String::from_utf8_lossy(data).into_owned();
         match self.start(channel, Some(command)) {
-            Ok(()) => session.channel_success(channel),
+            Ok(()) => {
+                self.watch();
+                session.channel_success(channel)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "starting a command failed");
                 end_with_error(session, channel, format!("svc: {e}\n"))
@@ -599,9 +700,7 @@ impl russh::server::Handler for NodeHandler {
 
 impl Drop for NodeHandler {
     fn drop(&mut self) {
-        // The connection is gone: end every program it started.
-        for state in self.channels.values() {
-            state.kill.cancel();
-        }
+        // The connection is gone: end every program it started, and the re-check.
+        self.conn.cancel();
     }
 }

@@ -1,6 +1,12 @@
 //! Direct join: an agent that joined the Auth Service directly (no `svc.proxy_server`) is
 //! reached on its own listeners instead of a reverse tunnel.
 //!
+//! Address rule: the Auth Service refuses an announced address that is unspecified,
+//! link-local, multicast or a name of the cluster's own Proxy or Auth Service, and the proxy
+//! dials only resolved addresses that are none of the first three. For SSH the proxy does not
+//! check the node's host certificate itself (the client's SSH session runs end to end and the
+//! client checks it, as through a tunnel); it only dials addresses that pass this rule.
+//!
 //! Data flow: the agent binds its listeners and announces their addresses in its heartbeats
 //! (`ServedResource::direct_addr`). When the proxy's [`TunnelDialer`](super::TunnelDialer) has
 //! no tunnel for a dial request's server, it asks a [`DirectLookup`] (the Auth Service) for the
@@ -209,12 +215,7 @@ impl DirectDialer {
     }
 
     async fn dial_target(&self, mut req: DialRequest, target: DirectTarget) -> Result<BoxIo, TunnelError> {
-        let tcp = TcpStream::connect(&target.addr)
-            .await
-            .map_err(|source| TunnelError::Io {
-                what: "connecting to the agent's listener",
-                source,
-            })?;
+        let tcp = connect_announced(&target, &req.address).await?;
         let _ = tcp.set_nodelay(true);
         if req.conn_type == ConnType::Node {
             return Ok(Box::new(tcp));
@@ -252,6 +253,42 @@ impl DirectDialer {
             })
         }
     }
+}
+
+/// Connects to an agent's announced listener, only at addresses the proxy may dial for users
+/// ([`direct_ip_allowed`](svc_core::auth::direct_ip_allowed)): a name that resolves to the
+/// cloud metadata service or another link-local, unspecified or multicast address is refused
+/// here even though the Auth Service accepted the name.
+async fn connect_announced(target: &DirectTarget, address: &str) -> Result<TcpStream, TunnelError> {
+    let resolved: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&target.addr)
+        .await
+        .map_err(|source| TunnelError::Io {
+            what: "resolving the agent's listener",
+            source,
+        })?
+        .collect();
+    let allowed: Vec<std::net::SocketAddr> = resolved
+        .iter()
+        .copied()
+        .filter(|a| svc_core::auth::direct_ip_allowed(a.ip()))
+        .collect();
+    if allowed.is_empty() {
+        tracing::warn!(host_id = %target.host_id, addr = %target.addr, ?resolved, "refusing to dial an agent's announced listener");
+        return Err(TunnelError::DialRefused {
+            server: target.host_id.clone(),
+            address: address.to_owned(),
+            reason: format!(
+                "the agent's announced listener {} resolves to no address the proxy dials (link-local, unspecified or multicast)",
+                target.addr
+            ),
+        });
+    }
+    TcpStream::connect(&allowed[..])
+        .await
+        .map_err(|source| TunnelError::Io {
+            what: "connecting to the agent's listener",
+            source,
+        })
 }
 
 /// Checks a directly joined agent's certificate: a host certificate of this cluster whose
@@ -319,5 +356,38 @@ impl ServerCertVerifier for AgentVerifier {
         self.provider
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn metadata_and_link_local_listeners_are_never_dialed() {
+        for addr in [
+            "169.254.169.254:80",
+            "[fe80::1]:22",
+            "0.0.0.0:3022",
+            "[::ffff:169.254.169.254]:80",
+        ] {
+            let target = DirectTarget {
+                host_id: "rogue.example.com".into(),
+                addr: addr.into(),
+            };
+            let err = connect_announced(&target, "node-1:3022").await.unwrap_err();
+            assert!(
+                matches!(&err, TunnelError::DialRefused { reason, .. } if reason.contains("resolves to no address the proxy dials")),
+                "{addr}: {err}"
+            );
+        }
+        // A loopback listener of this test is dialed (the rule refuses classes of addresses,
+        // it does not replace the Auth Service's check of who announced them).
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = DirectTarget {
+            host_id: "edge.example.com".into(),
+            addr: listener.local_addr().unwrap().to_string(),
+        };
+        connect_announced(&target, "edge:3022").await.unwrap();
     }
 }

@@ -54,6 +54,23 @@ pub enum SkipReason {
         /// The major version the channel is pinned to.
         channel_major: u64,
     },
+    /// The target is older than the running version: refused, critical or not (as the Linux
+    /// updater refuses an unforced downgrade). An operator who wants the older version sets
+    /// the image themselves.
+    Downgrade {
+        /// The running version.
+        current: Version,
+        /// The version the server offered.
+        target: Version,
+    },
+    /// The target is more than one major version away from the running one: refused (as the
+    /// Linux updater refuses it), whatever the channel says.
+    MajorJump {
+        /// The running version.
+        current: Version,
+        /// The version the server offered.
+        target: Version,
+    },
     /// Non-critical, no open window, agent healthy: wait for the next window.
     OutsideWindow {
         /// The version that will be installed in the next window.
@@ -70,6 +87,16 @@ impl fmt::Display for SkipReason {
             } => write!(
                 f,
                 "refusing {target}: expected major version {channel_major} as the channel serves, got {}",
+                target.major()
+            ),
+            Self::Downgrade { current, target } => write!(
+                f,
+                "refusing to downgrade from {current} to {target}: the version server advertises an older version; set the image yourself to install it"
+            ),
+            Self::MajorJump { current, target } => write!(
+                f,
+                "refusing to move from {current} to {target}: expected a target at most one major version away from the running one (major {} to {}); update one major version at a time",
+                current.major(),
                 target.major()
             ),
             Self::OutsideWindow { target } => write!(
@@ -99,9 +126,10 @@ pub struct DecisionInput<'a> {
 /// Decides what to do with the workload.
 ///
 /// Order: no advertised version or an equal version → [`Decision::NoNewVersion`]; a target of
-/// another major than the channel's → refused; then critical, open window, unhealthy pods →
-/// update; else skip until the next window. Any other difference from the current version —
-/// newer or older — is an update (REFERENCE.md "Comparison").
+/// another major than the channel's → refused; a target older than the running version, or
+/// more than one major away from it → refused, critical or not (the Linux updater's rules);
+/// then critical, open window, unhealthy pods → update; else skip until the next window. When
+/// the running version is unknown (`latest`, a digest) the target is an update.
 pub fn decide(input: DecisionInput<'_>) -> Decision {
     let Some(target) = input.target.version.as_ref() else {
         return Decision::NoNewVersion;
@@ -116,6 +144,20 @@ pub fn decide(input: DecisionInput<'_>) -> Decision {
             target: target.clone(),
             channel_major,
         });
+    }
+    if let Some(current) = input.current {
+        if target.major().abs_diff(current.major()) > 1 {
+            return Decision::Skip(SkipReason::MajorJump {
+                current: current.clone(),
+                target: target.clone(),
+            });
+        }
+        if target < current {
+            return Decision::Skip(SkipReason::Downgrade {
+                current: current.clone(),
+                target: target.clone(),
+            });
+        }
     }
     let reason = if input.target.critical {
         UpdateReason::Critical
@@ -238,12 +280,42 @@ mod tests {
     }
 
     #[test]
-    fn downgrade_and_unknown_current_are_updates() {
+    fn downgrades_and_major_jumps_are_refused_even_when_critical() {
         let t = target(Some("v17.0.5"), true);
+        let d = run(Some("17.1.0"), &t, None, true, true);
+        let Decision::Skip(reason) = d else {
+            panic!("a downgrade was not refused: {d:?}")
+        };
+        assert_eq!(
+            reason.to_string(),
+            "refusing to downgrade from v17.1.0 to v17.0.5: the version server advertises an older version; set the image yourself to install it"
+        );
+        let t = target(Some("v19.0.0"), true);
+        let d = run(Some("17.1.0"), &t, None, true, true);
+        let Decision::Skip(reason) = d else {
+            panic!("a major jump was not refused: {d:?}")
+        };
+        assert_eq!(
+            reason.to_string(),
+            "refusing to move from v17.1.0 to v19.0.0: expected a target at most one major version away from the running one (major 17 to 19); update one major version at a time"
+        );
+        // A major older than the running one is a downgrade, too.
+        let t = target(Some("v16.4.0"), true);
+        assert!(matches!(
+            run(Some("17.1.0"), &t, None, true, true),
+            Decision::Skip(SkipReason::Downgrade { .. })
+        ));
+        // One major ahead is the normal cluster upgrade.
+        let t = target(Some("v18.0.0"), true);
         assert_eq!(
             run(Some("17.1.0"), &t, None, false, false),
-            Decision::Update(v("17.0.5"), UpdateReason::Critical)
+            Decision::Update(v("18.0.0"), UpdateReason::Critical)
         );
+    }
+
+    #[test]
+    fn unknown_current_is_an_update() {
+        let t = target(Some("v17.0.5"), true);
         assert_eq!(
             run(None, &t, None, false, false),
             Decision::Update(v("17.0.5"), UpdateReason::Critical)

@@ -127,8 +127,9 @@ impl AgentNode {
         self
     }
 
-    /// Accepts any TLS certificate from the proxy (`svc start --insecure`). SSH inside the
-    /// tunnel still checks the proxy's host certificate.
+    /// Accepts any TLS certificate from the proxy (`svc start --insecure`), and joins without
+    /// `svc.ca_pin` by trusting the first CA seen. SSH inside the tunnel still checks the
+    /// proxy's host certificate.
     pub fn insecure(mut self, insecure: bool) -> Self {
         self.insecure = insecure;
         self
@@ -184,7 +185,7 @@ impl AgentNode {
         };
         let identity = match self.identity.clone() {
             Some(identity) => identity,
-            None => agent_identity(&self.config, &dialer).await?,
+            None => agent_identity(&self.config, &dialer, self.insecure).await?,
         };
         let proxy = self
             .proxy
@@ -528,8 +529,13 @@ fn auth_target(config: &Config) -> Result<Addr, NodeError> {
 
 /// The agent's identity: the one saved in the data directory when it was issued for the same
 /// services and has not expired, else a fresh join with `svc.auth_token` (saved for the next
-/// start, so the token is needed once).
-pub async fn agent_identity(config: &Config, dialer: &ProxyDialer) -> Result<ClientIdentity, NodeError> {
+/// start, so the token is needed once), checking the Auth Service against `svc.ca_pin`. A join
+/// without a pin is refused unless `trust_on_first_use` (`svc start --insecure`).
+pub async fn agent_identity(
+    config: &Config,
+    dialer: &ProxyDialer,
+    trust_on_first_use: bool,
+) -> Result<ClientIdentity, NodeError> {
     let roles = agent_roles(config);
     let data_dir = &config.svc.data_dir;
     let path = data_dir.join(HOST_IDENTITY_FILE);
@@ -563,6 +569,7 @@ pub async fn agent_identity(config: &Config, dialer: &ProxyDialer) -> Result<Cli
     let params = JoinParams {
         token,
         ca_pin: config.svc.ca_pins.first().cloned(),
+        trust_on_first_use,
         node_name: config.svc.nodename.clone(),
         roles: roles.clone(),
         additional_names: Vec::new(),
