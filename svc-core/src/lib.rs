@@ -26,7 +26,17 @@
 #![warn(clippy::unwrap_used)]
 
 pub mod addr;
+#[cfg(feature = "auth")]
 pub mod auth;
+// The sign-in limits' numbers are configuration (`authentication:`), so the config model needs
+// them even when the Auth Service's logic (`auth` feature) is not built.
+// Only the defaults are read there; the limiter itself is the Auth Service's.
+#[cfg(not(feature = "auth"))]
+#[allow(dead_code, unreachable_pub)]
+#[path = "auth/limit.rs"]
+mod login_limit;
+#[cfg(feature = "auth")]
+use auth::limit as login_limit;
 pub mod backend;
 pub mod channel;
 pub mod clock;

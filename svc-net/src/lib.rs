@@ -7,15 +7,20 @@
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
+#[cfg(feature = "auth")]
 pub mod auth;
 pub mod diag;
 pub mod dial;
 pub mod listen;
+#[cfg(feature = "node")]
 pub mod node;
 pub mod proxy;
 pub mod route;
+#[cfg(feature = "services")]
 pub mod services;
+#[cfg(feature = "tunnel")]
 pub mod ssh;
 pub mod tls;
+#[cfg(feature = "tunnel")]
 pub mod tunnel;
 pub mod web;
