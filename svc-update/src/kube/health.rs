@@ -46,7 +46,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// Renders the Prometheus text exposition format (version 0.0.4).
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, value: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");

@@ -22,10 +22,10 @@ use serde::{Deserialize, Serialize};
 use svc_core::{Version, maintenance::Window};
 
 /// The default state file.
-pub const DEFAULT_STATE_FILE: &str = "/var/lib/svc-upgrade/state.json";
+pub(crate) const DEFAULT_STATE_FILE: &str = "/var/lib/svc-upgrade/state.json";
 
 /// The environment variable that overrides [`DEFAULT_STATE_FILE`].
-pub const STATE_ENV: &str = "SVC_UPGRADE_STATE";
+pub(crate) const STATE_ENV: &str = "SVC_UPGRADE_STATE";
 
 /// Why the state file could not be read or written.
 #[derive(Debug, thiserror::Error)]
