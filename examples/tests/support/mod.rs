@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The example binary, next to this test's directory (`cargo build -p svc-examples --examples`
 /// builds it; `.ci/run` does so before the tests).
-pub fn example(name: &str) -> Result<PathBuf> {
+pub(crate) fn example(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe
         .parent()
@@ -32,16 +32,16 @@ pub fn example(name: &str) -> Result<PathBuf> {
 }
 
 /// A running example whose stdout lines arrive on a channel; killed when dropped.
-pub struct Running {
+pub(crate) struct Running {
     /// The process.
-    pub child: Child,
+    pub(crate) child: Child,
     /// Its stdout, line by line.
-    pub lines: Receiver<String>,
+    pub(crate) lines: Receiver<String>,
 }
 
 impl Running {
     /// Starts `cmd` with stdout piped.
-    pub fn spawn(mut cmd: Command) -> Result<Self> {
+    pub(crate) fn spawn(mut cmd: Command) -> Result<Self> {
         let mut child = cmd.stdout(Stdio::piped()).spawn()?;
         let stdout = child.stdout.take().context("no stdout")?;
         let (tx, lines) = std::sync::mpsc::channel();
@@ -56,7 +56,7 @@ impl Running {
     }
 
     /// The next stdout line, within `deadline`.
-    pub fn line(&self, deadline: Duration, what: &str) -> Result<String> {
+    pub(crate) fn line(&self, deadline: Duration, what: &str) -> Result<String> {
         self.lines
             .recv_timeout(deadline)
             .with_context(|| format!("the example printed no line within {deadline:?} ({what})"))
@@ -71,7 +71,7 @@ impl Drop for Running {
 }
 
 /// `METHOD path` over one plain HTTP/1.1 connection to `addr`: (status, body), within 10 s.
-pub async fn http(addr: &str, method: &str, path: &str) -> Result<(u16, String)> {
+pub(crate) async fn http(addr: &str, method: &str, path: &str) -> Result<(u16, String)> {
     let exchange = async {
         let mut tcp = tokio::net::TcpStream::connect(addr).await?;
         let req = format!(
