@@ -118,7 +118,7 @@ pub struct UpgradeConfig {
 impl UpgradeConfig {
     /// The configuration directory: `SVC_UPGRADE_CONFIG` when set and not empty, else
     /// [`DEFAULT_DIR`]. `env` looks up an environment variable (`|k| std::env::var(k).ok()`).
-    pub(crate) fn dir_from_env(env: impl Fn(&str) -> Option<String>) -> PathBuf {
+    pub fn dir_from_env(env: impl Fn(&str) -> Option<String>) -> PathBuf {
         svc_net::node::agent::export::upgrade_dir_from_env(env)
     }
 

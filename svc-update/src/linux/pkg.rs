@@ -360,7 +360,7 @@ pub struct Apt {
 }
 
 /// The sources file the install script writes for the svc repository.
-pub(crate) const APT_SOURCES_FILE: &str = "/etc/apt/sources.list.d/svc.list";
+pub const APT_SOURCES_FILE: &str = "/etc/apt/sources.list.d/svc.list";
 
 impl Apt {
     /// The system's apt. Before an install it refreshes only the svc repository's list

@@ -41,7 +41,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) const AGENT_UNIT: &str = "svc.service";
 
 /// Present when systemd is the running init system (`sd_booted(3)`'s test).
-pub(crate) const SYSTEMD_RUN_DIR: &str = "/run/systemd/system";
+pub const SYSTEMD_RUN_DIR: &str = "/run/systemd/system";
 
 /// Why a run stopped without finishing.
 #[derive(Debug, thiserror::Error)]

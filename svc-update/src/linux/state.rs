@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use svc_core::{Version, maintenance::Window};
 
 /// The default state file.
-pub(crate) const DEFAULT_STATE_FILE: &str = "/var/lib/svc-upgrade/state.json";
+pub const DEFAULT_STATE_FILE: &str = "/var/lib/svc-upgrade/state.json";
 
 /// The environment variable that overrides [`DEFAULT_STATE_FILE`].
 pub(crate) const STATE_ENV: &str = "SVC_UPGRADE_STATE";
