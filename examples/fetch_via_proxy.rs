@@ -1,21 +1,29 @@
 //! Fetch a URL through the environment's HTTP CONNECT proxy, the way svc's updaters and the
 //! proxy's outbound fetches do: `ProxyDialer` picks direct or proxied from `HTTPS_PROXY`,
-//! `HTTP_PROXY` and `NO_PROXY`, and a hyper client speaks HTTP over the stream it returns
-//! (with TLS on top for `https://` URLs).
+//! `HTTP_PROXY` and `NO_PROXY`.
+//!
+//! For `http://` URLs the dialer *is* the hyper-util connector: it is a
+//! `tower::Service<Uri>` returning a stream hyper-util's legacy `Client` pools, so
+//! `Client::builder(..).build(dialer)` is the whole integration. For `https://` URLs the
+//! example dials with the same dialer and runs TLS (rustls, public web roots) over the stream
+//! before speaking HTTP.
 //!
 //! ```text
 //! HTTPS_PROXY=http://user:pass@proxy.corp:3128 \
 //!   cargo run -p svc-examples --example fetch_via_proxy -- https://example.com/
 //! ```
 //! `SVC_PROXY_CA=/path/ca.pem` adds a CA for an `https://` proxy. `RUST_LOG=svc_net=debug` shows
-//! the route each dial takes.
+//! the route each dial takes. The route goes to stderr, the body to stdout.
 
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use http_body_util::{BodyExt, Empty};
 use hyper::{Request, body::Bytes};
-use hyper_util::rt::TokioIo;
+use hyper_util::{
+    client::legacy::Client,
+    rt::{TokioExecutor, TokioIo},
+};
 use rustls::{ClientConfig, RootCertStore, pki_types::ServerName};
 use svc_net::dial::{ProxyDialer, target_from_uri};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -46,8 +54,21 @@ async fn main() -> anyhow::Result<()> {
         svc_core::proxy_env::Route::Direct => eprintln!("{target}: direct"),
         svc_core::proxy_env::Route::Proxy(p) => eprintln!("{target}: via proxy {p}"),
     }
-    let stream = dialer.dial(&target).await?;
 
+    if url.scheme_str() == Some("http") {
+        // The dialer as a hyper-util connector.
+        let client = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(dialer);
+        let req = Request::get(url)
+            .header(hyper::header::USER_AGENT, "svc-fetch-via-proxy")
+            .body(Empty::new())?;
+        let res = client.request(req).await?;
+        eprintln!("{}", res.status());
+        let body = res.into_body().collect().await?.to_bytes();
+        println!("{}", String::from_utf8_lossy(&body));
+        return Ok(());
+    }
+
+    let stream = dialer.dial(&target).await?;
     let io: Box<dyn Io> = if url.scheme_str() == Some("https") {
         let roots = RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),

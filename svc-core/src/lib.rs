@@ -22,11 +22,39 @@
 //! | [`backend`] | storage: the [`Backend`](backend::Backend) trait, in-memory and embedded (redb) backends |
 //! | [`auth`] | the Auth Service's domain logic: RBAC-checked calls over the backend and the CAs |
 //! | [`identity`] | certificate authorities, X.509 and OpenSSH certificates, identity verification |
+//!
+//! # Features
+//!
+//! Both on by default. `auth`: the [`auth`] module (the Auth Service's logic, argon2 password
+//! hashing). `storage`: the embedded backend (`backend::EmbeddedBackend`, redb); the
+//! [`Backend`](backend::Backend) trait and the in-memory backend are always built. Without
+//! them this crate is the model, the configuration, RBAC and identities alone.
+//!
+//! # Example
+//!
+//! ```
+//! use svc_core::{Compatibility, Version};
+//!
+//! let agent: Version = "v16.4.1".parse()?;
+//! let cluster: Version = "v17.2.0".parse()?;
+//! assert_eq!(agent.agent_compatibility(&cluster), Compatibility::Compatible);
+//! # Ok::<(), svc_core::VersionError>(())
+//! ```
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
 pub mod addr;
+#[cfg(feature = "auth")]
 pub mod auth;
+// The sign-in limits' numbers are configuration (`authentication:`), so the config model needs
+// them even when the Auth Service's logic (`auth` feature) is not built.
+// Only the defaults are read there; the limiter itself is the Auth Service's.
+#[cfg(not(feature = "auth"))]
+#[allow(dead_code, unreachable_pub)]
+#[path = "auth/limit.rs"]
+mod login_limit;
+#[cfg(feature = "auth")]
+use auth::limit as login_limit;
 pub mod backend;
 pub mod channel;
 pub mod clock;

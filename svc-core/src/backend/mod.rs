@@ -26,6 +26,7 @@
 //!   [`Backend::purge_expired`] removes expired items and emits their [`Event::Delete`]s (etcd
 //!   does the same with leases), so the server calls it periodically.
 
+#[cfg(feature = "storage")]
 mod embedded;
 mod memory;
 mod watch;
@@ -38,6 +39,7 @@ use async_trait::async_trait;
 
 use crate::clock::{Clock, SystemClock};
 
+#[cfg(feature = "storage")]
 pub use embedded::EmbeddedBackend;
 pub use memory::MemoryBackend;
 pub use watch::{WatchError, Watcher};
@@ -323,6 +325,8 @@ pub enum BackendError {
 }
 
 impl BackendError {
+    // Only the embedded backend (feature `storage`) has a storage engine to fail.
+    #[cfg_attr(not(feature = "storage"), allow(dead_code))]
     pub(crate) fn storage(
         context: &'static str,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,

@@ -180,7 +180,7 @@ pub struct AuthenticationConfig {
 
 impl Default for AuthenticationConfig {
     fn default() -> Self {
-        let d = crate::auth::LoginLimits::default();
+        let d = crate::login_limit::LoginLimits::default();
         Self {
             max_login_attempts: d.max_user_failures,
             max_source_attempts: d.max_source_failures,
@@ -191,6 +191,7 @@ impl Default for AuthenticationConfig {
 
 impl AuthenticationConfig {
     /// The limits for [`AuthService::with_login_limits`](crate::auth::AuthService::with_login_limits).
+    #[cfg(feature = "auth")]
     pub fn limits(&self) -> crate::auth::LoginLimits {
         crate::auth::LoginLimits::new(
             self.max_login_attempts,

@@ -6,6 +6,7 @@
 //! ([`login`]), the version server ([`version`]) — and JSON errors `{"error":{"message":…}}`
 //! for everything else.
 
+#[cfg(feature = "login")]
 pub mod login;
 pub mod ping;
 pub mod version;

@@ -514,8 +514,8 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLogs {
     }
 }
 
-/// The path of an example binary of this package (built by `cargo test`, or by
-/// `cargo build -p svc-net --examples`).
+/// The path of an example binary from the workspace's `examples/` (`svc-examples`), built by
+/// `cargo build -p svc-examples --examples` (`.ci/run` does so before the tests).
 pub fn example_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     // target/<profile>/deps/<test> → target/<profile>/examples/<name>
@@ -523,8 +523,8 @@ pub fn example_bin(name: &str) -> PathBuf {
     let path = dir.join(name);
     assert!(
         path.exists(),
-        "the example binary {} is missing: build it with `cargo build -p svc-net --examples` \
-         (a plain `cargo test -p svc-net` builds it too)",
+        "the example binary {} is missing: build it with \
+         `cargo build -p svc-examples --examples`",
         path.display()
     );
     path

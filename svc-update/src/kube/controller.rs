@@ -49,15 +49,15 @@ use super::{
 };
 
 /// Default period between reconciles when nothing happens (specification §8: 30 minutes).
-pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30 * 60);
+pub(crate) const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30 * 60);
 /// Default bound on one reconcile.
-pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Default delay before retrying a failed reconcile.
-pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(10);
 /// Default time a pod must stay not ready before the agent counts as unhealthy.
-pub const DEFAULT_UNHEALTHY_AFTER: Duration = Duration::from_secs(10 * 60);
+pub(crate) const DEFAULT_UNHEALTHY_AFTER: Duration = Duration::from_secs(10 * 60);
 /// Label the StatefulSet controller puts on each pod: the revision it was created from.
-pub const REVISION_LABEL: &str = "controller-revision-hash";
+pub(crate) const REVISION_LABEL: &str = "controller-revision-hash";
 
 /// Which kind of workload runs the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,7 +122,7 @@ impl UpdaterConfig {
     }
 
     /// The full image for `version`: `<base-image>:<version without v>`.
-    pub fn image_for(&self, version: &Version) -> String {
+    pub(crate) fn image_for(&self, version: &Version) -> String {
         format!("{}:{}", self.base_image, version.without_v())
     }
 }
@@ -409,7 +409,7 @@ async fn unstick_rollout(ctx: &Context, pods: &[Pod], update_revision: &str) -> 
 
 /// The equality-based selector string of `matchLabels` (`a=b,c=d`); `None` when empty.
 /// `matchExpressions` are not used by the chart and are ignored here.
-pub fn selector_string(selector: &LabelSelector) -> Option<String> {
+pub(crate) fn selector_string(selector: &LabelSelector) -> Option<String> {
     let labels = selector.match_labels.as_ref()?;
     if labels.is_empty() {
         return None;
@@ -433,7 +433,7 @@ pub fn image_version(image: &str) -> Option<Version> {
 }
 
 /// Whether the pod's `Ready` condition is `True`.
-pub fn pod_ready(pod: &Pod) -> bool {
+pub(crate) fn pod_ready(pod: &Pod) -> bool {
     ready_condition(pod).is_some_and(|c| c.status == "True")
 }
 
@@ -451,7 +451,7 @@ fn ready_condition(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::PodConditio
 /// "Not ready since" is the `Ready` condition's `lastTransitionTime`, or the pod's creation time
 /// when it has no `Ready` condition yet (stuck pulling its image, unschedulable). Pods being
 /// deleted and pods whose times are unknown do not count.
-pub fn pod_unhealthy(pod: &Pod, now: SystemTime, after: Duration) -> bool {
+pub(crate) fn pod_unhealthy(pod: &Pod, now: SystemTime, after: Duration) -> bool {
     if pod.metadata.deletion_timestamp.is_some() || pod_ready(pod) {
         return false;
     }

@@ -26,15 +26,15 @@ pub use decision::{Decision, SkipReason, UpdateReason, decide};
 pub use target::{Target, TargetError, TargetSource, VersionClient};
 
 /// Annotation that suspends automatic updates of the workload when set to `"true"` (§6.3).
-pub const SKIP_RECONCILE_ANNOTATION: &str = "svc.dev/skipreconcile";
+pub(crate) const SKIP_RECONCILE_ANNOTATION: &str = "svc.dev/skipreconcile";
 
 /// Annotation whose change is just a watch event, and so an immediate reconcile (§6.2).
 pub const TRIGGER_EVENT_ANNOTATION: &str = "debug.svc.dev/trigger-event";
 
 /// Key of the agent's shared-state Secret that holds the maintenance schedule JSON.
-pub const SCHEDULE_SECRET_KEY: &str = "agent-maintenance-schedule";
+pub(crate) const SCHEDULE_SECRET_KEY: &str = "agent-maintenance-schedule";
 
 /// The default name of the agent's shared-state Secret: `<agent-name>-shared-state`.
-pub fn default_shared_state_secret(agent_name: &str) -> String {
+pub(crate) fn default_shared_state_secret(agent_name: &str) -> String {
     format!("{agent_name}-shared-state")
 }

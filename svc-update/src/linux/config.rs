@@ -30,7 +30,7 @@ pub use svc_net::node::agent::export::DEFAULT_UPGRADE_DIR as DEFAULT_DIR;
 pub use svc_net::node::agent::export::UPGRADE_DIR_ENV as DIR_ENV;
 
 /// The package updated when the `package` file is absent.
-pub const DEFAULT_PACKAGE: &str = "svc";
+pub(crate) const DEFAULT_PACKAGE: &str = "svc";
 
 /// What the updater does to the running agent after installing a new version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -170,12 +170,12 @@ impl UpgradeConfig {
     }
 
     /// The maintenance schedule file the agent exports (`<dir>/schedule`).
-    pub fn schedule_path(&self) -> PathBuf {
+    pub(crate) fn schedule_path(&self) -> PathBuf {
         self.dir.join("schedule")
     }
 
     /// The endpoint file, which the agent fills in when it is empty.
-    pub fn endpoint_path(&self) -> PathBuf {
+    pub(crate) fn endpoint_path(&self) -> PathBuf {
         self.dir.join("endpoint")
     }
 }

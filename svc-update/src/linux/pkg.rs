@@ -193,7 +193,7 @@ pub fn package_manager(installer: Option<InstallerKind>) -> Result<Box<dyn Packa
 }
 
 /// The installer whose program `exists`, in order: `apt-get`, `dnf`, `yum`, `zypper`.
-pub fn detect_installer(exists: impl Fn(&str) -> bool) -> Option<InstallerKind> {
+pub(crate) fn detect_installer(exists: impl Fn(&str) -> bool) -> Option<InstallerKind> {
     [
         ("apt-get", InstallerKind::Apt),
         ("dnf", InstallerKind::Yum),
@@ -206,7 +206,7 @@ pub fn detect_installer(exists: impl Fn(&str) -> bool) -> Option<InstallerKind> 
 }
 
 /// The path of `program` in one of the `PATH` directories.
-pub fn find_program(program: &str) -> Option<PathBuf> {
+pub(crate) fn find_program(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
@@ -612,7 +612,7 @@ impl PackageManager for Dnf {
 /// `conf` (dnf.conf / yum.conf syntax) with `package` added to or removed from `exclude=` in
 /// the `[main]` section. Other lines are kept as they are; `excludepkgs=` (dnf's name for the
 /// same option) is edited when present; an emptied option line is dropped.
-pub fn set_excluded(conf: &str, package: &str, excluded: bool) -> String {
+pub(crate) fn set_excluded(conf: &str, package: &str, excluded: bool) -> String {
     let mut lines: Vec<String> = conf.lines().map(str::to_owned).collect();
     let main_start = lines.iter().position(|l| l.trim() == "[main]");
     let Some(main_start) = main_start else {

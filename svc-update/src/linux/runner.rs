@@ -38,7 +38,7 @@ use crate::target::{TargetError, Trust, VersionClient};
 use tower::BoxError;
 
 /// The agent's systemd unit, restarted after an install.
-pub const AGENT_UNIT: &str = "svc.service";
+pub(crate) const AGENT_UNIT: &str = "svc.service";
 
 /// Present when systemd is the running init system (`sd_booted(3)`'s test).
 pub const SYSTEMD_RUN_DIR: &str = "/run/systemd/system";
@@ -319,7 +319,7 @@ impl Runner {
     }
 
     /// The installed version: the package's, else the one `svc version` prints.
-    pub async fn current_version(&self, pm: &dyn PackageManager) -> Result<Version, RunError> {
+    pub(crate) async fn current_version(&self, pm: &dyn PackageManager) -> Result<Version, RunError> {
         let package = &self.config.package;
         if let Some(v) = pm.installed_version(package).await? {
             return Ok(v);
@@ -423,7 +423,7 @@ pub fn version_client(config: &UpgradeConfig, trust: Trust<'_>) -> Result<Versio
 }
 
 /// The version in `svc version`'s output (`svc v17.0.0`).
-pub fn parse_svc_version(output: &str) -> Option<Version> {
+pub(crate) fn parse_svc_version(output: &str) -> Option<Version> {
     output
         .lines()
         .find_map(|line| line.trim().strip_prefix("svc "))

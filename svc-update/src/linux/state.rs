@@ -25,7 +25,7 @@ use svc_core::{Version, maintenance::Window};
 pub const DEFAULT_STATE_FILE: &str = "/var/lib/svc-upgrade/state.json";
 
 /// The environment variable that overrides [`DEFAULT_STATE_FILE`].
-pub const STATE_ENV: &str = "SVC_UPGRADE_STATE";
+pub(crate) const STATE_ENV: &str = "SVC_UPGRADE_STATE";
 
 /// Why the state file could not be read or written.
 #[derive(Debug, thiserror::Error)]
