@@ -2,34 +2,17 @@
 //! `svc start` runs) in this process, a join token from its Auth API, then the example binary
 //! joining with it. The agent must appear in the inventory and stop on SIGTERM.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use support::example;
 use svc_core::config::Config;
 use svc_net::auth::{AuthClient, ClientIdentity};
 use svc_net::node::Cluster;
-
-/// The example binary, next to this test's directory (`cargo build --examples` builds it;
-/// `.ci/run` does so before the tests).
-fn example(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("the test binary has no target directory")?
-        .join("examples");
-    let path = dir.join(name);
-    if !path.exists() {
-        bail!(
-            "the example binary {} is missing: build it with `cargo build -p svc-examples --examples`",
-            path.display()
-        );
-    }
-    Ok(path)
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_embedded_agent_joins_heartbeats_and_stops() -> Result<()> {
