@@ -35,6 +35,6 @@ pub const TRIGGER_EVENT_ANNOTATION: &str = "debug.svc.dev/trigger-event";
 pub(crate) const SCHEDULE_SECRET_KEY: &str = "agent-maintenance-schedule";
 
 /// The default name of the agent's shared-state Secret: `<agent-name>-shared-state`.
-pub(crate) fn default_shared_state_secret(agent_name: &str) -> String {
+pub fn default_shared_state_secret(agent_name: &str) -> String {
     format!("{agent_name}-shared-state")
 }

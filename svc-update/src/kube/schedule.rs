@@ -163,9 +163,9 @@ impl std::fmt::Debug for SecretSink {
 }
 
 /// Set by the chart: the namespace of the agent's shared-state Secret.
-pub(crate) const NAMESPACE_ENV: &str = "SVC_KUBE_NAMESPACE";
+pub const NAMESPACE_ENV: &str = "SVC_KUBE_NAMESPACE";
 /// Set by the chart: the name of the agent's shared-state Secret.
-pub(crate) const SECRET_ENV: &str = "SVC_KUBE_SHARED_STATE_SECRET";
+pub const SECRET_ENV: &str = "SVC_KUBE_SHARED_STATE_SECRET";
 
 impl SecretSink {
     /// The sink the chart asks for through [`NAMESPACE_ENV`] and [`SECRET_ENV`] (`env` looks a
