@@ -67,21 +67,7 @@ async fn closed_at(mut tcp: TcpStream, banner: bool) -> Instant {
 #[test]
 fn a_flood_of_silent_peers_is_cut_at_the_deadline_while_tsh_ssh_works() -> Result<()> {
     raise_fd_limit(8192)?;
-    let cluster = Cluster::start("info");
-    cluster
-        .tctl_admin(
-            &[
-                "users",
-                "add",
-                "alice",
-                "--roles=access",
-                "--logins=root",
-                "--password-stdin",
-            ],
-            Some(PASSWORD),
-        )
-        .ok();
-    cluster.login("alice", PASSWORD).ok();
+    let cluster = Cluster::signed_in(PASSWORD);
     let target = format!(
         "root@{}",
         svc_core::config::Config::all_in_one_default().svc.nodename

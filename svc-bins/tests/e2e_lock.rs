@@ -43,20 +43,6 @@ fn tctl_as(user: &User, args: &[&str]) -> Run {
         .into()
 }
 
-fn assert_refused(run: &Run, text: &str, what: &str, cluster: &Cluster) {
-    assert!(
-        !run.status.success(),
-        "{what}: expected a refusal, it succeeded: {}",
-        run.stdout
-    );
-    assert!(
-        run.stderr.contains(text),
-        "{what}: expected {text:?} on stderr, found: {}\nsvc: {}",
-        run.stderr,
-        cluster.stderr()
-    );
-}
-
 #[test]
 fn tctl_lock_ends_an_open_session_and_deleted_users_are_refused() {
     let cluster = Cluster::start("info");
@@ -121,8 +107,7 @@ fn tctl_lock_ends_an_open_session_and_deleted_users_are_refused() {
 
     // The insider without rights on locks can neither lock someone nor unlock themselves.
     let denied = tctl_as(&mallory, &["lock", "--user=dana"]);
-    assert_refused(
-        &denied,
+    denied.refused(
         "access denied to perform action",
         "a user without rights on locks locking another",
         &cluster,
@@ -167,24 +152,21 @@ fn tctl_lock_ends_an_open_session_and_deleted_users_are_refused() {
 
     // New sessions and sign-ins are refused while the lock exists.
     let refused = tsh(&alice, &["ssh", &target, "echo should-not-run"]);
-    assert_refused(
-        &refused,
+    refused.refused(
         "user \"alice\" is locked: incident 7",
         "a locked user's new session",
         &cluster,
     );
     assert!(!refused.stdout.contains("should-not-run"));
     let relogin = cluster.login("alice", PASSWORD);
-    assert_refused(
-        &relogin,
+    relogin.refused(
         "user \"alice\" is locked",
         "a locked user signing in again",
         &cluster,
     );
     // The other user without rights cannot lift it either.
     let denied = tctl_as(&mallory, &["rm", "lock/user-alice"]);
-    assert_refused(
-        &denied,
+    denied.refused(
         "access denied to perform action \"delete\" on \"lock\"",
         "a user without rights on locks unlocking",
         &cluster,
@@ -199,8 +181,7 @@ fn tctl_lock_ends_an_open_session_and_deleted_users_are_refused() {
         .tctl_admin(&["lock", &format!("--node={node}")], None)
         .ok();
     let refused = tsh(&dana, &["ssh", &target, "echo should-not-run"]);
-    assert_refused(
-        &refused,
+    refused.refused(
         &format!("node \"{node}\" is locked"),
         "a session to a locked node",
         &cluster,
@@ -214,15 +195,13 @@ fn tctl_lock_ends_an_open_session_and_deleted_users_are_refused() {
     // A deleted user's certificates stop working at once, for sessions and the API.
     cluster.tctl_admin(&["users", "rm", "dana"], None).ok();
     let refused = tsh(&dana, &["ssh", &target, "echo should-not-run"]);
-    assert_refused(
-        &refused,
+    refused.refused(
         "user \"dana\" no longer exists",
         "a deleted user's session",
         &cluster,
     );
     let refused = tctl_as(&dana, &["get", "role"]);
-    assert_refused(
-        &refused,
+    refused.refused(
         "user \"dana\" no longer exists",
         "a deleted user's API call",
         &cluster,

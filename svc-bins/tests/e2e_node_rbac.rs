@@ -155,20 +155,6 @@ fn svc_agent(config: &Path) -> Command {
     command
 }
 
-fn assert_refused(run: &Run, text: &str, what: &str, cluster: &Cluster) {
-    assert!(
-        !run.status.success(),
-        "{what}: expected a refusal, the session ran: {}",
-        run.stdout
-    );
-    assert!(
-        run.stderr.contains(text),
-        "{what}: expected {text:?} on stderr, found: {}\nsvc: {}",
-        run.stderr,
-        cluster.stderr()
-    );
-}
-
 #[test]
 fn node_rbac_refuses_a_dev_user_on_a_prod_node_through_every_entry() {
     require_openssh();
@@ -197,15 +183,14 @@ fn node_rbac_refuses_a_dev_user_on_a_prod_node_through_every_entry() {
 
     // The web port (`tsh ssh`): the proxy refuses before it dials.
     let web = tsh(&dana, &["ssh", "root@prod-db", "echo should-not-run"]);
-    assert_refused(&web, dana_denied, "tsh ssh through the web port", &cluster);
+    web.refused(dana_denied, "tsh ssh through the web port", &cluster);
     assert!(!web.stdout.contains("should-not-run"));
     // By host ID too: names do not matter, the node's labels do.
     let by_id = tsh(
         &dana,
         &["ssh", &format!("root@{}", prod.host_id), "echo should-not-run"],
     );
-    assert_refused(
-        &by_id,
+    by_id.refused(
         "the roles of user dana do not allow its labels",
         "tsh ssh by host ID",
         &cluster,
@@ -218,12 +203,7 @@ fn node_rbac_refuses_a_dev_user_on_a_prod_node_through_every_entry() {
         "root@prod-db",
         "echo should-not-run",
     );
-    assert_refused(
-        &openssh_proxy,
-        dana_denied,
-        "OpenSSH with tsh proxy ssh",
-        &cluster,
-    );
+    openssh_proxy.refused(dana_denied, "OpenSSH with tsh proxy ssh", &cluster);
     let openssh_dev = openssh(
         &dana,
         &via_tsh_proxy(&dana),
@@ -255,8 +235,7 @@ fn node_rbac_refuses_a_dev_user_on_a_prod_node_through_every_entry() {
         &format!("root@{host}"),
         "echo should-not-run",
     );
-    assert_refused(
-        &direct,
+    direct.refused(
         &format!("svc: {dana_denied}"),
         "OpenSSH to the node's own listener",
         &cluster,
@@ -270,8 +249,7 @@ fn node_rbac_refuses_a_dev_user_on_a_prod_node_through_every_entry() {
     // Deny beats allow: `access` allows every node, `no-prod` denies env=prod.
     let erin = User::login(&cluster, "erin");
     let denied = tsh(&erin, &["ssh", "root@prod-db", "echo should-not-run"]);
-    assert_refused(
-        &denied,
+    denied.refused(
         "access denied to node \"prod-db\": role no-prod of user erin denies its labels",
         "deny beats allow",
         &cluster,
@@ -282,8 +260,7 @@ fn node_rbac_refuses_a_dev_user_on_a_prod_node_through_every_entry() {
         &format!("root@{host}"),
         "echo should-not-run",
     );
-    assert_refused(
-        &direct,
+    direct.refused(
         "role no-prod of user erin denies its labels",
         "deny on the node itself",
         &cluster,
@@ -296,14 +273,11 @@ fn node_rbac_refuses_a_dev_user_on_a_prod_node_through_every_entry() {
         &dana,
         &["ssh", &format!("nobody@{dev_node}"), "echo should-not-run"],
     );
-    assert_refused(
-        &login,
-        &format!(
+    login.refused(&format!(
             "access denied to node \"{dev_node}\" as login \"nobody\": the roles of user dana do not allow this login"
         ),
         "a login outside the roles' logins",
-        &cluster,
-    );
+        &cluster,);
 
     // An allowed user reaches the prod node through the proxy's dial of its listener.
     let alice = User::login(&cluster, "alice");
@@ -390,8 +364,7 @@ fn node_rbac_refuses_on_the_proxy_ssh_port_in_separate_mode() {
     );
     let node = nodename();
     let refused = tsh(&dana, &["ssh", &format!("root@{node}"), "echo should-not-run"]);
-    assert_refused(
-        &refused,
+    refused.refused(
         &format!("access denied to node \"{node}\": the roles of user dana do not allow its labels"),
         "tsh ssh through the proxy's SSH port",
         &cluster,
@@ -462,8 +435,7 @@ fn a_node_that_cannot_ask_the_auth_service_refuses() {
     // The Auth Service goes away: the node cannot decide, so it refuses (fail closed).
     cluster.kill9();
     let refused = openssh(&alice, &route, &format!("root@{host}"), "echo should-not-run");
-    assert_refused(
-        &refused,
+    refused.refused(
         "cannot be authorized now (refused)",
         "a node without its Auth Service",
         &cluster,

@@ -17,28 +17,9 @@ fn nodename() -> String {
     svc_core::config::Config::all_in_one_default().svc.nodename
 }
 
-fn signed_in_cluster() -> Cluster {
-    let cluster = Cluster::start("info");
-    cluster
-        .tctl_admin(
-            &[
-                "users",
-                "add",
-                "alice",
-                "--roles=access",
-                "--logins=root",
-                "--password-stdin",
-            ],
-            Some(PASSWORD),
-        )
-        .ok();
-    cluster.login("alice", PASSWORD).ok();
-    cluster
-}
-
 #[test]
 fn tsh_ssh_runs_a_command_on_the_node_and_returns_its_status() {
-    let cluster = signed_in_cluster();
+    let cluster = Cluster::signed_in(PASSWORD);
     let target = format!("root@{}", nodename());
     let out = cluster.tsh(&["ssh", &target, "echo hello; echo oops >&2; exit 3"], None);
     assert_eq!(
@@ -70,7 +51,7 @@ fn tsh_ssh_runs_a_command_on_the_node_and_returns_its_status() {
 
 #[test]
 fn tsh_ssh_without_a_command_runs_a_shell_fed_by_standard_input() {
-    let cluster = signed_in_cluster();
+    let cluster = Cluster::signed_in(PASSWORD);
     let target = format!("root@{}", nodename());
     let out = cluster.tsh(&["ssh", &target], Some("echo from-stdin\nexit 5\n"));
     assert_eq!(out.stdout, "from-stdin\n", "stderr: {}", out.stderr);
@@ -80,7 +61,7 @@ fn tsh_ssh_without_a_command_runs_a_shell_fed_by_standard_input() {
 #[tokio::test]
 async fn tsh_ssh_gives_a_terminal_an_interactive_shell_with_a_pty() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let cluster = signed_in_cluster();
+    let cluster = Cluster::signed_in(PASSWORD);
     let (mut pty, pts) = pty_process::open().expect("allocating a PTY");
     pty.resize(pty_process::Size::new(24, 80)).expect("PTY size");
     let mut child = pty_process::Command::new(TSH)
@@ -146,7 +127,7 @@ fn openssh_reaches_the_node_through_tsh_proxy_ssh() {
         Command::new("ssh").arg("-V").output().is_ok(),
         "OpenSSH's ssh is missing: apt-get install openssh-client"
     );
-    let cluster = signed_in_cluster();
+    let cluster = Cluster::signed_in(PASSWORD);
     // `tsh login` wrote the key, its certificate and a known_hosts trusting the host CA.
     let keys = cluster.home.join("keys");
     let (key, cert, known_hosts) = (
@@ -243,7 +224,7 @@ fn tsh_login_with_cacert_keeps_the_trust_and_ssh_goes_inside_tls() {
 
 #[test]
 fn tsh_ls_lists_the_nodes_the_roles_allow() {
-    let cluster = signed_in_cluster();
+    let cluster = Cluster::signed_in(PASSWORD);
     let out = cluster.tsh(&["ls", "--format", "json"], None).ok();
     let nodes: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
     let names: Vec<&str> = nodes

@@ -46,6 +46,24 @@ impl Run {
     }
 }
 
+impl Run {
+    /// Asserts a refusal: a failed command whose stderr carries `text` (`what` names the
+    /// attempt; svc's own log is shown when it does not hold).
+    pub fn refused(&self, text: &str, what: &str, cluster: &Cluster) {
+        assert!(
+            !self.status.success(),
+            "{what}: expected a refusal, it succeeded: {}",
+            self.stdout
+        );
+        assert!(
+            self.stderr.contains(text),
+            "{what}: expected {text:?} on stderr, found: {}\nsvc: {}",
+            self.stderr,
+            cluster.stderr()
+        );
+    }
+}
+
 impl From<Output> for Run {
     fn from(o: Output) -> Self {
         Run {
@@ -57,6 +75,27 @@ impl From<Output> for Run {
 }
 
 impl Cluster {
+    /// A cluster (log level `info`) where `alice` (role `access`, login `root`) is signed in
+    /// with `password`.
+    pub fn signed_in(password: &str) -> Cluster {
+        let cluster = Cluster::start("info");
+        cluster
+            .tctl_admin(
+                &[
+                    "users",
+                    "add",
+                    "alice",
+                    "--roles=access",
+                    "--logins=root",
+                    "--password-stdin",
+                ],
+                Some(password),
+            )
+            .ok();
+        cluster.login("alice", password).ok();
+        cluster
+    }
+
     /// Starts `svc start --config` in a fresh directory.
     pub fn start(severity: &str) -> Cluster {
         Self::start_in(tempfile::tempdir().expect("tempdir"), severity)

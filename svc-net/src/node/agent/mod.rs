@@ -221,14 +221,7 @@ impl AgentNode {
         let cert = identity.ssh_certificate()?;
         let verifier = Arc::new(identity.verifier()?);
         let ssh = if config.ssh.enabled {
-            SshServer::new(SshServerConfig::new(
-                key.clone(),
-                cert.clone(),
-                verifier.clone(),
-                identity.name.clone(),
-                AuthNodeAuthorizer::new(identity.clone(), Some(dialer.clone())),
-            ))
-            .dial_service()
+            ssh_server(&identity, &dialer)?.dial_service()
         } else {
             refuse_ssh()
         };
@@ -355,18 +348,8 @@ impl AgentNode {
         let mut tasks = Vec::new();
         let mut listeners = Vec::new();
         let mut resources = served_resources(config);
-        let key = identity.ssh_private_key()?;
-        let cert = identity.ssh_certificate()?;
         let verifier = Arc::new(identity.verifier()?);
-        // The node decides again on its own who may log in (defence in depth: the proxy asked
-        // first), asking the Auth Service about itself.
-        let ssh = SshServer::new(SshServerConfig::new(
-            key,
-            cert,
-            verifier.clone(),
-            identity.name.clone(),
-            AuthNodeAuthorizer::new(identity.clone(), Some(dialer.clone())),
-        ));
+        let ssh = ssh_server(&identity, &dialer)?;
         if config.ssh.enabled {
             let (listener, bound) = bind("ssh_service.listen_addr", &config.ssh.listen_addr).await?;
             let addr = announced(bound, config.ssh.public_addrs.first(), &name);
@@ -584,6 +567,18 @@ pub async fn agent_identity(
     svc_core::fs::write_private_file(&roles_path, format!("{}\n", roles_line(&roles)).as_bytes())?;
     tracing::info!(host_id = %identity.name, cluster = %identity.cluster, "joined the cluster");
     Ok(identity)
+}
+
+/// The node's SSH Service with its host certificate. It decides on its own who may log in
+/// (defence in depth: the proxy asked first), asking the Auth Service about itself.
+fn ssh_server(identity: &ClientIdentity, dialer: &ProxyDialer) -> Result<SshServer, NodeError> {
+    Ok(SshServer::new(SshServerConfig::new(
+        identity.ssh_private_key()?,
+        identity.ssh_certificate()?,
+        Arc::new(identity.verifier()?),
+        identity.name.clone(),
+        AuthNodeAuthorizer::new(identity.clone(), Some(dialer.clone())),
+    )))
 }
 
 fn refuse_ssh() -> DialService {
