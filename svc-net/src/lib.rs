@@ -10,6 +10,7 @@
 //! | what | type | feature |
 //! |---|---|---|
 //! | dial direct or through `HTTPS_PROXY` (also a hyper-util connector) | [`ProxyDialer`] | — |
+//! | HTTP(S) requests over TLS and the dialer, with deadlines and a body cap | [`http::HttpClient`] | — |
 //! | peek the ClientHello and route by ALPN/SNI | [`Router`] | — |
 //! | the accept loop | [`listen::serve`] | — |
 //! | the web API: routes, ping, version server | [`WebApi`], [`web::ping::PingService`], [`web::version`] | — |
@@ -21,7 +22,7 @@
 //! # Features
 //!
 //! The default feature `full` builds everything. With default features off, this crate is the
-//! dialer, the router, the listeners, TLS, the web API (ping and version server), the proxy
+//! dialer, the HTTP client, the router, the listeners, TLS, the web API (ping and version server), the proxy
 //! assembly and diagnostics, without tonic, prost, protox (the build script generates nothing),
 //! russh, pty-process, redb or argon2. `auth` adds the gRPC API, `tunnel`/`ssh` the SSH
 //! transport, `services` Kubernetes and database access, `login` web sign-in, `node` the
@@ -52,6 +53,7 @@
 pub mod auth;
 pub mod diag;
 pub mod dial;
+pub mod http;
 pub mod listen;
 #[cfg(feature = "node")]
 pub mod node;

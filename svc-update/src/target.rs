@@ -31,13 +31,10 @@ use std::sync::Arc;
 use http::Uri;
 use svc_core::{SystemClock, Version};
 use svc_net::dial::ProxyDialer;
-use tower::Service;
 
 use svc_net::web::version::forward::{
     FETCH_TIMEOUT, FetchError, Fetcher, parse_critical_body, parse_version_body,
 };
-
-use tower::BoxError;
 
 /// How long one request to the version server may take.
 pub const TIMEOUT: std::time::Duration = FETCH_TIMEOUT;
@@ -168,10 +165,7 @@ pub fn tls_config(trust: Trust<'_>) -> Result<Arc<rustls::ClientConfig>, TargetE
 
 impl<C> VersionClient<C>
 where
-    C: Service<Uri> + Clone + Send + Sync + 'static,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send,
+    C: svc_net::http::Connector,
 {
     /// A client of `base_url` over `connector` (any hyper-util style connector: `ProxyDialer`,
     /// `HttpConnector` with `enforce_http(false)`, a test's), verifying `https://` servers with

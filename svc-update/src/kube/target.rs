@@ -9,12 +9,7 @@
 
 use std::{future::Future, pin::Pin};
 
-use http::Uri;
-use tower::Service;
-
 pub use crate::target::{CHANNEL_PATH_PREFIX, Target, TargetError, VersionClient};
-
-use tower::BoxError;
 
 /// A source of the channel's target.
 pub trait TargetSource: Send + Sync + 'static {
@@ -24,10 +19,7 @@ pub trait TargetSource: Send + Sync + 'static {
 
 impl<C> TargetSource for VersionClient<C>
 where
-    C: Service<Uri> + Clone + Send + Sync + 'static,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send,
+    C: svc_net::http::Connector,
 {
     fn fetch(&self) -> Pin<Box<dyn Future<Output = Result<Target, TargetError>> + Send + '_>> {
         Box::pin(self.target())

@@ -23,9 +23,7 @@ use std::{
     process::Stdio,
 };
 
-use http::Uri;
 use svc_core::{Clock, Version, maintenance::parse_schedule_file};
-use tower::Service;
 
 use super::{
     config::{RestartMode, UpgradeConfig},
@@ -34,8 +32,6 @@ use super::{
     state::{InstallRecord, StateError, UpgradeState},
 };
 use crate::target::{TargetError, Trust, VersionClient};
-
-use tower::BoxError;
 
 /// The agent's systemd unit, restarted after an install.
 pub(crate) const AGENT_UNIT: &str = "svc.service";
@@ -159,10 +155,7 @@ impl Runner {
         out: &mut dyn Write,
     ) -> Result<RunReport, RunError>
     where
-        C: Service<Uri> + Clone + Send + Sync + 'static,
-        C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
-        C::Error: Into<BoxError>,
-        C::Future: Send,
+        C: svc_net::http::Connector,
     {
         let _lock = match mode {
             Mode::DryRun => None,

@@ -1,9 +1,9 @@
 //! `forward_url` channels: fetching an upstream version server, with a cache.
 //!
 //! Sits under the [`VersionResolver`](super::VersionResolver): `GET <url>/version` and
-//! `GET <url>/critical` with a 10 s timeout, over any connector (`tower::Service<Uri>` yielding
-//! a hyper IO, such as hyper-util's `HttpConnector` or the environment-aware proxy dialer), with
-//! TLS added for `https://` URLs. Results — errors included — are cached for one minute and
+//! `GET <url>/critical` with a 10 s timeout, through svc's [`HttpClient`] over any connector
+//! (such as hyper-util's `HttpConnector` or the environment-aware proxy dialer), with TLS for
+//! `https://` URLs. Results — errors included — are cached for one minute and
 //! concurrent misses share one fetch, so thousands of agents never stampede the upstream.
 
 use std::{
@@ -12,12 +12,11 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use bytes::Bytes;
-use http::{Request, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::{client::legacy::connect::HttpConnector, rt::TokioIo};
+use http::StatusCode;
+use hyper_util::client::legacy::connect::HttpConnector;
 use svc_core::{Clock, SystemClock, Version, VersionError};
-use tower::{Service, ServiceExt};
+
+use crate::http::{Connector, HttpClient, HttpErrorKind};
 
 /// How long one upstream fetch may take.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -25,8 +24,6 @@ pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 pub const CACHE_TTL: Duration = Duration::from_secs(60);
 /// The most body bytes read from an upstream answer.
 const MAX_BODY: usize = 4096;
-
-use tower::BoxError;
 
 /// Why an upstream answer could not be had. Cloneable so a cached error can be served again.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -106,10 +103,9 @@ pub fn parse_critical_body(url: &str, body: &str) -> Result<bool, FetchError> {
 
 type Slot = Arc<tokio::sync::Mutex<Option<(SystemTime, Result<String, FetchError>)>>>;
 
-/// Fetches upstream bodies through connector `C`, caching per URL.
+/// Fetches upstream bodies with an [`HttpClient`] over connector `C`, caching per URL.
 pub struct Fetcher<C = HttpConnector> {
-    connector: C,
-    tls: tokio_rustls::TlsConnector,
+    client: HttpClient<C>,
     clock: Arc<dyn Clock>,
     ttl: Duration,
     cache: Mutex<HashMap<String, Slot>>,
@@ -120,25 +116,38 @@ impl Fetcher<HttpConnector> {
     /// `https://` upstreams.
     pub fn direct(tls: Arc<rustls::ClientConfig>) -> Self {
         let mut http = HttpConnector::new();
-        // TLS is added by the fetcher itself, so https:// URIs reach the connector too.
+        // TLS is added by the client above it, so https:// URIs reach the connector too.
         http.enforce_http(false);
         http.set_nodelay(true);
         Self::new(http, tls, Arc::new(SystemClock))
     }
 }
 
-impl<C> Fetcher<C>
-where
-    C: Service<Uri> + Clone + Send + Sync + 'static,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send,
-{
-    /// A fetcher over any connector (e.g. the environment-aware proxy dialer).
+impl<C: Connector> Fetcher<C> {
+    /// A fetcher over any connector (e.g. the environment-aware proxy dialer): an
+    /// [`HttpClient`] with [`FETCH_TIMEOUT`] for connecting and for the whole request, and
+    /// bodies of at most 4 KiB.
     pub fn new(connector: C, tls: Arc<rustls::ClientConfig>, clock: Arc<dyn Clock>) -> Self {
+        let client = HttpClient::builder(tls)
+            .connect_timeout(FETCH_TIMEOUT)
+            .timeout(FETCH_TIMEOUT)
+            .max_body(MAX_BODY)
+            .user_agent(http::HeaderValue::from_static(concat!(
+                "svc-proxy/",
+                env!("CARGO_PKG_VERSION")
+            )))
+            // One request per URL a minute at most: a kept connection would only hold the
+            // upstream's slot.
+            .pool_max_idle_per_host(0)
+            .build(connector);
+        Self::with_client(client, clock)
+    }
+
+    /// A fetcher asking through `client` (its own deadlines and body cap apply; a deadline
+    /// that runs out is [`FetchError::Timeout`]).
+    pub fn with_client(client: HttpClient<C>, clock: Arc<dyn Clock>) -> Self {
         Self {
-            connector,
-            tls: tokio_rustls::TlsConnector::from(tls),
+            client,
             clock,
             ttl: CACHE_TTL,
             cache: Mutex::new(HashMap::new()),
@@ -174,17 +183,9 @@ where
         }
         // The fetch runs in its own task: a requester that gives up (the 5 s request timeout)
         // does not cancel it, so its result — or its error — still lands in the cache.
-        let (connector, tls, clock, owned_url) = (
-            self.connector.clone(),
-            self.tls.clone(),
-            self.clock.clone(),
-            url.to_owned(),
-        );
+        let (client, clock, owned_url) = (self.client.clone(), self.clock.clone(), url.to_owned());
         let task = tokio::spawn(async move {
-            let result = match tokio::time::timeout(FETCH_TIMEOUT, fetch(connector, tls, &owned_url)).await {
-                Ok(r) => r,
-                Err(_) => Err(FetchError::Timeout { url: owned_url }),
-            };
+            let result = fetch(&client, &owned_url).await;
             if let Err(e) = &result {
                 tracing::warn!(error = %e, "version channel upstream failed; the error is cached for a minute");
             }
@@ -201,78 +202,23 @@ where
     }
 }
 
-async fn fetch<C>(connector: C, tls: tokio_rustls::TlsConnector, url: &str) -> Result<String, FetchError>
-where
-    C: Service<Uri> + Send + 'static,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send,
-{
-    let transport = |reason: String| FetchError::Transport {
-        url: url.to_owned(),
-        reason,
-    };
-    let uri: Uri = url.parse().map_err(|_| FetchError::Url { url: url.to_owned() })?;
-    let (https, host) = match (uri.scheme_str(), uri.host()) {
-        (Some("https"), Some(h)) => (true, h.to_owned()),
-        (Some("http"), Some(h)) => (false, h.to_owned()),
-        _ => return Err(FetchError::Url { url: url.to_owned() }),
-    };
-    let io = connector
-        .oneshot(uri.clone())
-        .await
-        .map_err(|e| transport(format!("connecting: {}", e.into())))?;
-    let req = Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
-        .header(
-            header::HOST,
-            uri.authority().map_or(host.as_str(), |a| a.as_str()),
-        )
-        .header(
-            header::USER_AGENT,
-            concat!("svc-proxy/", env!("CARGO_PKG_VERSION")),
-        )
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| transport(e.to_string()))?;
-    let resp = if https {
-        let name = rustls::pki_types::ServerName::try_from(
-            host.trim_start_matches('[').trim_end_matches(']').to_owned(),
-        )
-        .map_err(|e| transport(format!("server name: {e}")))?;
-        let tls = tls
-            .connect(name, TokioIo::new(io))
-            .await
-            .map_err(|e| transport(format!("TLS: {e}")))?;
-        send(TokioIo::new(tls), req).await
-    } else {
-        send(io, req).await
-    }
-    .map_err(transport)?;
-    if resp.0 != StatusCode::OK {
+/// `GET url` through `client`: the body of a 200 answer, else the error naming `url`.
+async fn fetch<C: Connector>(client: &HttpClient<C>, url: &str) -> Result<String, FetchError> {
+    let resp = client.get(url).await.map_err(|e| match e.kind() {
+        HttpErrorKind::Url => FetchError::Url { url: url.to_owned() },
+        _ if e.is_timeout() => FetchError::Timeout { url: url.to_owned() },
+        kind => FetchError::Transport {
+            url: url.to_owned(),
+            reason: kind.to_string(),
+        },
+    })?;
+    if resp.status() != StatusCode::OK {
         return Err(FetchError::Status {
             url: url.to_owned(),
-            status: resp.0.as_u16(),
+            status: resp.status().as_u16(),
         });
     }
-    Ok(resp.1)
-}
-
-async fn send<T>(io: T, req: Request<Empty<Bytes>>) -> Result<(StatusCode, String), String>
-where
-    T: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
-{
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| e.to_string())?;
-    let driver = tokio::spawn(conn);
-    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-    let status = resp.status();
-    let body = Limited::new(resp.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map_err(|e| format!("reading the body: {e}"))?
-        .to_bytes();
-    driver.abort();
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    Ok(String::from_utf8_lossy(resp.body()).into_owned())
 }
 
 #[cfg(test)]

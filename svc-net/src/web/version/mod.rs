@@ -19,7 +19,6 @@ use std::{
     task::{Context, Poll},
 };
 
-use ::http::Uri;
 use svc_core::{
     Version,
     channel::{ChannelSpec, Channels},
@@ -27,8 +26,6 @@ use svc_core::{
 use tower::Service;
 
 pub use forward::{FetchError, Fetcher};
-
-use tower::BoxError;
 
 /// A channel's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,13 +64,7 @@ pub trait UpstreamFetch: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = Result<String, FetchError>> + Send + 'a>>;
 }
 
-impl<C> UpstreamFetch for Fetcher<C>
-where
-    C: Service<Uri> + Clone + Send + Sync + 'static,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send,
-{
+impl<C: crate::http::Connector> UpstreamFetch for Fetcher<C> {
     fn fetch<'a>(
         &'a self,
         url: &'a str,
