@@ -240,24 +240,16 @@ impl HttpClientBuilder {
 
     /// The client over `connector` (a [`ProxyDialer`] built by hand, a plain TCP connector).
     pub fn build<C: Connector>(self, connector: C) -> HttpClient<C> {
+        // ALPN is set here, whatever the given configuration says: svc's proxy routes TLS by
+        // ALPN, and an HTTP/1 client must not inherit `h2` from a shared configuration.
         let mut tls = (*self.tls).clone();
-        let https = hyper_rustls::HttpsConnectorBuilder::new();
-        let https = if self.http2 {
-            https
-                .with_tls_config(tls)
-                .https_or_http()
-                .enable_all_versions()
-                .wrap_connector(connector)
+        tls.alpn_protocols = if self.http2 {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
         } else {
-            // Said explicitly: svc's proxy routes TLS by ALPN, and an HTTP/1 client must not
-            // inherit `h2` from a shared configuration.
-            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-            https
-                .with_tls_config(tls)
-                .https_or_http()
-                .enable_http1()
-                .wrap_connector(connector)
+            vec![b"http/1.1".to_vec()]
         };
+        // `https://` through rustls, `http://` straight over the connector.
+        let https = HttpsConnector::from((connector, tls));
         let connector = TimedConnect {
             inner: https,
             after: self.connect_timeout,

@@ -16,7 +16,6 @@ use std::{
 };
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
 use russh::{
     Channel,
     client::{ChannelOpenHandle, DisconnectReason, Msg, Session},
@@ -160,6 +159,8 @@ struct Shared {
     config: AgentConfig,
     ssh: Arc<russh::client::Config>,
     tls: TlsConnector,
+    /// The client of the proxy's `/webapi/ping` (same trust as the tunnel, same dialer).
+    ping: crate::http::HttpClient,
     key: Arc<PrivateKey>,
     service: DialService,
     status: watch::Sender<AgentStatus>,
@@ -237,11 +238,20 @@ impl TunnelAgent {
         };
         let mut ssh = crate::ssh::client_config(&config.tunables);
         ssh.client_id = russh::SshId::Standard(format!("SSH-2.0-svc_agent_{}", config.version).into());
+        let tls = Arc::new(tls);
+        let after = config.tunables.handshake_timeout;
+        // One ping before each dial: no connection is kept between them.
+        let ping = crate::http::HttpClient::builder(tls.clone())
+            .connect_timeout(after)
+            .timeout(after)
+            .pool_max_idle_per_host(0)
+            .build(config.dialer.clone());
         Ok(Self {
             shared: Arc::new(Shared {
                 key: Arc::new(config.host_key.clone()),
                 ssh: Arc::new(ssh),
-                tls: TlsConnector::from(Arc::new(tls)),
+                tls: TlsConnector::from(tls),
+                ping,
                 config,
                 service: BoxCloneSyncService::new(service.map_err(Into::into)),
                 status: watch::channel(AgentStatus::default()).0,
@@ -331,53 +341,26 @@ impl Shared {
     }
 
     async fn fetch_ping(&self) -> Result<serde_json::Value, TunnelError> {
-        let addr = &self.config.proxy_addr;
-        let url = format!("https://{addr}/webapi/ping");
+        let url = format!("https://{}/webapi/ping", self.config.proxy_addr);
         let err = |reason: String| TunnelError::Ping {
             url: url.clone(),
             reason,
         };
-        let after = self.config.tunables.handshake_timeout;
-        let fetch = async {
-            let tcp = self
-                .config
-                .dialer
-                .dial(addr)
-                .await
-                .map_err(|e| err(e.to_string()))?;
-            let mut tls_config = (**self.tls.config()).clone();
-            tls_config.alpn_protocols = vec![alpn::HTTP1.as_bytes().to_vec()];
-            let tls = TlsConnector::from(Arc::new(tls_config))
-                .connect(server_name(addr)?, tcp)
-                .await
-                .map_err(|e| err(e.to_string()))?;
-            let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-                .await
-                .map_err(|e| err(e.to_string()))?;
-            tokio::spawn(conn);
-            let req = http::Request::get("/webapi/ping")
-                .header(http::header::HOST, addr.to_string())
-                .body(Empty::<Bytes>::new())
-                .map_err(|e| err(e.to_string()))?;
-            let resp = send.send_request(req).await.map_err(|e| err(e.to_string()))?;
-            let status = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| err(e.to_string()))?
-                .to_bytes();
-            if !status.is_success() {
-                return Err(err(format!("status {status}")));
+        let resp = self.ping.get(&url).await.map_err(|e| {
+            if e.is_timeout() {
+                TunnelError::Timeout {
+                    what: "fetching the proxy's ping",
+                    after: self.config.tunables.handshake_timeout,
+                }
+            } else {
+                err(e.kind().to_string())
             }
-            serde_json::from_slice(&body).map_err(|e| err(format!("not JSON: {e}")))
-        };
-        tokio::time::timeout(after, fetch)
-            .await
-            .map_err(|_| TunnelError::Timeout {
-                what: "fetching the proxy's ping",
-                after,
-            })?
+        })?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(err(format!("status {status}")));
+        }
+        serde_json::from_slice(resp.body()).map_err(|e| err(format!("not JSON: {e}")))
     }
 }
 

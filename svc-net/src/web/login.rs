@@ -13,13 +13,13 @@ use base64::Engine;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
-use rustls::pki_types::ServerName;
 use serde::{Deserialize, Serialize};
 use svc_core::Secret;
 
 use super::{Body, ResponseBody, WebService, full, json_error, web_service};
 use crate::auth::{AuthClient, ClientError, ClientIdentity, KeyMaterial, proto};
 use crate::dial::ProxyDialer;
+use crate::http::HttpClient;
 
 /// The path the handler is mounted at.
 pub const LOGIN_PATH: &str = "/webapi/login";
@@ -260,8 +260,8 @@ pub async fn ping_via_proxy(
     serde_json::from_slice(&bytes).map_err(|e| LoginError::Invalid(e.to_string()))
 }
 
-/// One HTTPS/1.1 request to the proxy's web API; the body of a 2xx answer, else the JSON
-/// error's message as [`LoginError::Refused`].
+/// One HTTPS request to the proxy's web API, through svc's [`HttpClient`]; the body of a 2xx
+/// answer, else the JSON error's message as [`LoginError::Refused`].
 async fn proxy_request(
     proxy: &str,
     insecure: bool,
@@ -275,61 +275,37 @@ async fn proxy_request(
         addr: proxy.to_owned(),
         reason,
     };
-    let mut config = if insecure {
-        crate::tls::insecure_client_config().map_err(|e| connect(e.to_string()))?
+    let config = if insecure {
+        Arc::new(crate::tls::insecure_client_config().map_err(|e| connect(e.to_string()))?)
     } else {
-        crate::tls::client_config(extra_ca_pem)
-            .map_err(|e| connect(e.to_string()))?
-            .as_ref()
-            .clone()
+        crate::tls::client_config(extra_ca_pem).map_err(|e| connect(e.to_string()))?
     };
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let target = svc_core::Addr::parse(proxy).map_err(|e| connect(e.to_string()))?;
-    let host = target
-        .host_str()
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    let name = ServerName::try_from(host.clone()).map_err(|e| connect(e.to_string()))?;
-    let direct;
     let dialer = match dialer {
-        Some(d) => d,
-        None => {
-            direct = ProxyDialer::builder(svc_core::proxy_env::ProxyEnv::default())
-                .build()
-                .map_err(|e| connect(e.to_string()))?;
-            &direct
-        }
+        Some(d) => d.clone(),
+        None => ProxyDialer::builder(svc_core::proxy_env::ProxyEnv::default())
+            .build()
+            .map_err(|e| connect(e.to_string()))?,
     };
-    let stream = dialer.dial(&target).await.map_err(|e| connect(e.to_string()))?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, stream)
-        .await
-        .map_err(|e| connect(e.to_string()))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-        .await
-        .map_err(|e| connect(e.to_string()))?;
-    tokio::spawn(conn);
+    // One request per sign-in: no connection is kept.
+    let client = HttpClient::builder(config)
+        .pool_max_idle_per_host(0)
+        .build(dialer);
     let mut req = Request::builder()
         .method(method)
-        .uri(path)
-        .header(header::HOST, host);
+        .uri(format!("https://{target}{path}"));
     if body.is_some() {
         req = req.header(header::CONTENT_TYPE, "application/json");
     }
     let req = req
         .body(Full::new(body.unwrap_or_default()))
         .map_err(|e| LoginError::Invalid(e.to_string()))?;
-    let resp = sender
-        .send_request(req)
+    let resp = client
+        .send(req)
         .await
-        .map_err(|e| connect(e.to_string()))?;
+        .map_err(|e| connect(e.kind().to_string()))?;
     let status = resp.status();
-    let bytes = Limited::new(resp.into_body(), 1024 * 1024)
-        .collect()
-        .await
-        .map_err(|e| connect(e.to_string()))?
-        .to_bytes();
+    let bytes = resp.into_body();
     if !status.is_success() {
         let message = serde_json::from_slice::<serde_json::Value>(&bytes)
             .ok()
