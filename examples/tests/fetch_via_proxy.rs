@@ -1,5 +1,6 @@
-//! Runs `examples/fetch_via_proxy.rs`: svc's `ProxyDialer` as hyper-util's connector fetches a
-//! page from an in-process HTTP server, and a proxy setting the dialer refuses (a loopback
+//! Runs `examples/fetch_via_proxy.rs`: svc's `HttpClient` over the `ProxyDialer` fetches a page
+//! from an in-process HTTP server and from an HTTPS server whose certificate comes from svc's
+//! generated CA (trusted through `SVC_CA`), and a proxy setting the dialer refuses (a loopback
 //! proxy host, with credentials) stops the example with the reason and without the password.
 
 mod support;
@@ -75,6 +76,66 @@ async fn the_dialer_as_a_hyper_util_connector_fetches_the_page() -> Result<()> {
     // Loopback targets are never proxied, and the example says which route it took.
     assert!(stderr.contains(&format!("{addr}: direct")), "{stderr}");
     assert!(stderr.contains("200 OK"), "{stderr}");
+    Ok(())
+}
+
+/// An HTTPS server on loopback with a certificate from svc's generated CA; returns its address
+/// and the CA's PEM file.
+async fn tls_target(dir: &std::path::Path) -> Result<(std::net::SocketAddr, std::path::PathBuf)> {
+    let identity = svc_net::tls::ServerIdentity::load(
+        &svc_net::tls::TlsSource::Generated {
+            data_dir: dir.to_owned(),
+        },
+        &[],
+    )?;
+    let ca = identity
+        .ca_file
+        .clone()
+        .context("a generated identity has a CA file")?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(identity.server_config(&["http/1.1"])?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+                    let body = format!("hello over TLS at {}", req.uri().path());
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    Ok((addr, ca))
+}
+
+#[tokio::test]
+async fn https_is_verified_against_the_cluster_ca() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (addr, ca) = tls_target(dir.path()).await?;
+    let url = format!("https://{addr}/hello");
+    let ca = ca.display().to_string();
+    let out = run(&url, &[("SVC_CA", ca.as_str())]).await?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "fetch_via_proxy failed: {stderr}");
+    assert_eq!(stdout.trim_end(), "hello over TLS at /hello");
+    assert!(stderr.contains("200 OK"), "{stderr}");
+
+    // Without the cluster CA the server's certificate is refused, naming the URL.
+    let out = run(&url, &[]).await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an unknown CA must be refused");
+    assert!(stderr.contains(&format!("GET {url}: connecting: ")), "{stderr}");
+    assert!(stderr.contains("certificate"), "{stderr}");
     Ok(())
 }
 

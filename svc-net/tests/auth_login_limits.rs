@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use svc_core::Secret;
 use svc_core::SystemClock;
 use svc_core::auth::{AuthService, LoginLimits};
@@ -18,6 +18,7 @@ use svc_core::identity::{HostCertRequest, SystemRole};
 use svc_core::resource::User;
 use svc_net::auth::proto;
 use svc_net::auth::{AuthClient, ClientIdentity, KeyMaterial};
+use svc_net::http::HttpClient;
 use svc_net::proxy::{ProxyBuilder, ProxySettings};
 use svc_net::tls::TlsSource;
 use svc_net::web::login::{LOGIN_PATH, login_service};
@@ -53,23 +54,23 @@ fn login_request(user: &str, password: &str, client_addr: &str) -> proto::LoginR
     }
 }
 
-/// `POST /webapi/login` over TLS after a PROXY v1 header naming `client` as the source.
+/// `POST /webapi/login` over TLS after a PROXY v1 header naming `client` as the source: svc's
+/// `HttpClient` over a connector that writes the header once TCP is up.
 async fn web_login_as(web: &str, client: &str, user: &str, password: &str) -> (u16, String) {
-    let mut tcp = tokio::net::TcpStream::connect(web).await.unwrap();
-    let port = web.rsplit_once(':').unwrap().1;
-    tcp.write_all(format!("PROXY TCP4 {client} 127.0.0.1 40000 {port}\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut config = svc_net::tls::insecure_client_config().unwrap();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect("localhost".try_into().unwrap(), tcp)
-        .await
-        .unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let (web, client) = (web.to_owned(), client.to_owned());
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let (web, client) = (web.clone(), client.clone());
+        async move {
+            let mut tcp = tokio::net::TcpStream::connect(&web).await?;
+            let port = web.rsplit_once(':').map_or("", |(_, p)| p);
+            tcp.write_all(format!("PROXY TCP4 {client} 127.0.0.1 40000 {port}\r\n").as_bytes())
+                .await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tcp))
+        }
+    });
+    let http = HttpClient::builder(Arc::new(svc_net::tls::insecure_client_config().unwrap()))
+        .pool_max_idle_per_host(0)
+        .build(connector);
     let keys = KeyMaterial::generate().unwrap();
     let body = serde_json::json!({
         "user": user,
@@ -77,17 +78,14 @@ async fn web_login_as(web: &str, client: &str, user: &str, password: &str) -> (u
         "tls_public_key": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, keys.tls_public_key()),
         "ssh_public_key": keys.ssh_public_key_line().unwrap(),
     });
-    let req = http::Request::post(LOGIN_PATH)
-        .header(http::header::HOST, "localhost")
+    let req = http::Request::post(format!("https://localhost{LOGIN_PATH}"))
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body.to_string())))
         .unwrap();
-    let resp = sender.send_request(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let resp = http.send(req).await.unwrap();
+    let json: serde_json::Value = serde_json::from_slice(resp.body()).unwrap();
     (
-        status,
+        resp.status().as_u16(),
         json["error"]["message"].as_str().unwrap_or_default().to_owned(),
     )
 }

@@ -12,7 +12,6 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use http_body_util::{BodyExt, Empty};
 use support::{STEP, within};
 use svc_net::{
     proxy::{ProxyBuilder, ProxySettings},
@@ -65,20 +64,11 @@ async fn in_flight_request_completes_during_shutdown() -> Result<()> {
     let addr = proxy.addrs().web;
     let ca = std::fs::read(proxy.ca_file().context("ca")?)?;
     let config = svc_net::tls::client_config(Some(&ca))?;
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let tls = tokio_rustls::TlsConnector::from(config)
-        .connect("localhost".try_into()?, tcp)
-        .await?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await?;
-    tokio::spawn(conn);
+    let client = svc_net::http::HttpClient::builder(config).build(svc_net::dial::TcpConnector::new());
+    let url = format!("https://{addr}/slow");
     let request = tokio::spawn(async move {
-        let req = http::Request::get("/slow")
-            .header("host", "localhost")
-            .body(Empty::<bytes::Bytes>::new())?;
-        let resp = send.send_request(req).await?;
-        let status = resp.status();
-        let body = resp.into_body().collect().await?.to_bytes();
-        anyhow::Ok((status, body))
+        let resp = client.get(&url).await?;
+        anyhow::Ok((resp.status(), resp.into_body()))
     });
 
     within(

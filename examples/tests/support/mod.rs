@@ -1,5 +1,5 @@
 //! What the example tests share: finding the built example binaries, reading their first line
-//! and plain HTTP/1.1 requests, every wait with a deadline.
+//! and plain HTTP requests (through svc's `HttpClient`), every wait with a deadline.
 
 #![allow(dead_code)]
 
@@ -10,7 +10,6 @@ use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The example binary, next to this test's directory (`cargo build -p svc-examples --examples`
 /// builds it; `.ci/run` does so before the tests).
@@ -70,28 +69,16 @@ impl Drop for Running {
     }
 }
 
-/// `METHOD path` over one plain HTTP/1.1 connection to `addr`: (status, body), within 10 s.
+/// `METHOD path` to `addr` over plain HTTP with svc's `HttpClient`: (status, body), within 10 s.
 pub(crate) async fn http(addr: &str, method: &str, path: &str) -> Result<(u16, String)> {
-    let exchange = async {
-        let mut tcp = tokio::net::TcpStream::connect(addr).await?;
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-        );
-        tcp.write_all(req.as_bytes()).await?;
-        let mut raw = Vec::new();
-        tcp.read_to_end(&mut raw).await?;
-        anyhow::Ok(String::from_utf8(raw)?)
-    };
-    let raw = tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .with_context(|| format!("{method} {path}: no complete answer from {addr} within 10 s"))??;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("{method} {path}: no HTTP head in {raw:?}"))?;
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .with_context(|| format!("{method} {path}: no status in {head:?}"))?;
-    Ok((status, body.to_owned()))
+    let client = svc_net::http::HttpClient::builder(svc_net::tls::client_config(None)?)
+        .timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(0)
+        .build(svc_net::dial::TcpConnector::new());
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .body(svc_net::http::RequestBody::default())?;
+    let res = client.send(req).await?;
+    Ok((res.status().as_u16(), String::from_utf8(res.body().to_vec())?))
 }
