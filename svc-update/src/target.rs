@@ -4,8 +4,9 @@
 //! First network step of every updater run (`svc-upgrade` on Linux, the Kubernetes controller):
 //! `GET <base>/version` and `GET <base>/critical` on the cluster's own Proxy Service, where
 //! `<base>` is `https://<proxy>/v1/webapi/automaticupgrades/channel/<channel>`. The requests go
-//! through [`channel::Fetcher`](svc_net::web::version::Fetcher) — the same HTTP(S) client the proxy
-//! uses for `forward_url` channels — over any connector; the default, [`ProxyDialer`], honours
+//! through [`Fetcher`] over svc's
+//! [`HttpClient`](svc_net::http::HttpClient) — the same HTTP(S) client the proxy uses for
+//! `forward_url` channels — over any connector; the default, [`ProxyDialer`], honours
 //! `HTTPS_PROXY` / `NO_PROXY`, so an agent behind a corporate proxy reaches its cluster the same
 //! way its tunnel does.
 //!
