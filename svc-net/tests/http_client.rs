@@ -1,7 +1,8 @@
 //! `svc_net::http::HttpClient` end to end: HTTPS to a server with svc's generated cluster CA
 //! through a real HTTP CONNECT proxy (squid, which resolves `sink.test` from its own hosts
 //! file), `NO_PROXY` bypassing the proxy, and the typed errors: a proxy refusal naming the URL
-//! without credentials, the connect and whole-request deadlines, the body cap.
+//! without credentials, an untrusted certificate, the connect and whole-request deadlines, the
+//! body cap.
 #![allow(clippy::unwrap_used)]
 
 mod support;
@@ -159,6 +160,18 @@ async fn deadlines_and_the_body_cap_are_typed_errors_naming_the_url() {
         .unwrap_err();
     assert_eq!(err.kind(), &HttpErrorKind::BodyTooLarge(4096));
     assert_eq!(err.url(), big);
+
+    // Without the cluster CA the server's certificate is refused: a TLS error.
+    let client = HttpClient::builder(svc_net::tls::client_config(None).unwrap()).build(direct());
+    let err = within(STEP, "the refused handshake", client.get(&big))
+        .await
+        .unwrap_err();
+    assert!(matches!(err.kind(), HttpErrorKind::Tls(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .starts_with(&format!("GET {big}: TLS: invalid peer certificate")),
+        "{err}"
+    );
 
     // A server that accepts and never answers: the whole-request deadline.
     let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();

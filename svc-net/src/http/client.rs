@@ -327,14 +327,17 @@ impl<C: Connector> HttpClient<C> {
     }
 }
 
-/// Sorts a hyper-util client error: the connect deadline, a failed connect, or a failed
-/// exchange; the message is the chain of causes (hyper-util's own "client error (Connect)" left
+/// Sorts a hyper-util client error: the connect deadline, a failed TLS handshake, a failed
+/// connect, or a failed exchange; the message is the chain of causes (hyper-util's own "client error (Connect)" left
 /// out).
 fn classify(e: &hyper_util::client::legacy::Error) -> HttpErrorKind {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(c) = cause {
         if let Some(ConnectTimedOut(after)) = c.downcast_ref::<ConnectTimedOut>() {
             return HttpErrorKind::ConnectTimeout(*after);
+        }
+        if let Some(tls) = rustls_error(c) {
+            return HttpErrorKind::Tls(tls.to_string());
         }
         cause = c.source();
     }
@@ -344,6 +347,16 @@ fn classify(e: &hyper_util::client::legacy::Error) -> HttpErrorKind {
     } else {
         HttpErrorKind::Request(reason)
     }
+}
+
+/// The rustls error inside `e`: hyper-rustls and tokio-rustls report a failed handshake as an
+/// `io::Error` around an `io::Error` around it (`io::Error::source` skips the wrapped error).
+fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+        return Some(tls);
+    }
+    let inner: &(dyn std::error::Error + 'static) = e.downcast_ref::<std::io::Error>()?.get_ref()?;
+    rustls_error(inner)
 }
 
 impl<C: Connector> Service<Request<RequestBody>> for HttpClient<C> {

@@ -24,9 +24,12 @@ pub enum HttpErrorKind {
     /// No connection (TCP, the proxy's CONNECT and TLS) within the connect deadline.
     #[error("no connection within {0:?}")]
     ConnectTimeout(Duration),
-    /// Connecting failed: refused, unresolvable, the proxy refused CONNECT, TLS failed.
+    /// Connecting failed: refused, unresolvable, the proxy refused CONNECT.
     #[error("connecting: {0}")]
     Connect(String),
+    /// The TLS handshake with the server failed (e.g. its certificate is not trusted).
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The whole request (connecting, sending, the answer and its body) took too long.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
