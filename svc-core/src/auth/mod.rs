@@ -22,6 +22,7 @@
 //! writes for `tctl` on its own host) may do everything; other hosts may only heartbeat (and a
 //! proxy may sign users in); users get exactly what their roles allow.
 
+pub mod direct;
 pub mod limit;
 mod password;
 mod served;
@@ -45,6 +46,7 @@ use crate::rbac::{AccessDenied, RoleSet, Verb, preset_roles};
 use crate::resource::{JoinRole, Kind, Lock, Resource, ResourceError, Token, User};
 use crate::{Secret, Version};
 
+pub use direct::{Announcer, DirectAddrRefused, DirectDialPolicy, check_direct_addr};
 pub use limit::{LoginLimiter, LoginLimits, Refusal, Subject};
 use password::PasswordPool;
 pub use password::{hash_password, verify_password};
@@ -324,6 +326,9 @@ pub struct Heartbeat {
     /// The applications, databases, Kubernetes clusters and desktops the agent serves; each
     /// kind needs the matching role in the agent's certificate.
     pub resources: Vec<ServedResource>,
+    /// The TCP peer address the heartbeat came from, as the Auth API saw it (`None` when
+    /// unknown): an announced `direct_addr` that is an IP address must be this one.
+    pub source: Option<std::net::IpAddr>,
 }
 
 /// The Auth Service over a backend: CAs, users, roles, tokens, inventory.
@@ -337,6 +342,8 @@ pub struct AuthService {
     limiter: Arc<LoginLimiter>,
     passwords: PasswordPool,
     names: HostNamePolicy,
+    direct: std::sync::RwLock<DirectDialPolicy>,
+    refused_direct: std::sync::Mutex<Vec<served::RefusedDirect>>,
 }
 
 /// Which names a joining agent may put in its certificate besides its host ID and node name
@@ -429,6 +436,8 @@ impl AuthService {
             verifier,
             version: crate::version::current().clone(),
             names: HostNamePolicy::default(),
+            direct: std::sync::RwLock::new(DirectDialPolicy::default()),
+            refused_direct: std::sync::Mutex::new(Vec::new()),
         };
         for role in preset_roles(Vec::<String>::new()) {
             let resource = Resource::Role(role);
@@ -469,6 +478,37 @@ impl AuthService {
     /// Sets which names joining agents may (not) put in their certificates.
     pub fn set_host_name_policy(&mut self, policy: HostNamePolicy) {
         self.names = policy;
+    }
+
+    /// Sets which listeners directly joined agents may announce (`auth_service.direct_dial`,
+    /// and the addresses the cluster's services listen on).
+    pub fn set_direct_dial_policy(&self, policy: DirectDialPolicy) {
+        *self
+            .direct
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = policy;
+    }
+
+    /// Adds addresses the cluster's own services listen on (the proxy's, once bound): agents
+    /// may never announce them.
+    pub fn add_service_addrs(&self, addrs: impl IntoIterator<Item = std::net::SocketAddr>) {
+        let mut policy = self
+            .direct
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for addr in addrs {
+            if !policy.service_addrs.contains(&addr) {
+                policy.service_addrs.push(addr);
+            }
+        }
+    }
+
+    /// The policy for announced listeners now in force.
+    pub fn direct_dial_policy(&self) -> DirectDialPolicy {
+        self.direct
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The cluster name.
@@ -973,7 +1013,8 @@ impl AuthService {
             .unwrap_or(&host.host_id)
             .to_owned();
         self.claim_node_name(host).await?;
-        self.store_served(host, &beat.hostname, beat.resources).await?;
+        self.store_served(host, &beat.hostname, beat.source, beat.resources)
+            .await?;
         let row = InventoryRow {
             server_id,
             hostname: beat.hostname,
