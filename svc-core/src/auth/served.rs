@@ -180,6 +180,11 @@ pub enum RouteError {
     /// the text names who and why.
     #[error("access refused: {0}")]
     Revoked(String),
+    /// The agent announced a listener the Auth Service refused (see
+    /// [`check_direct_addr`](super::check_direct_addr)); the text names the node, the address
+    /// and why, and the proxy does not dial it.
+    #[error("{0}")]
+    Unreachable(String),
     /// No live agent serves it.
     #[error("{kind} \"{name}\" not found: no connected agent serves it")]
     NotServed {
@@ -538,6 +543,12 @@ impl AuthService {
                 })
             });
         let Some(route) = found else {
+            // An agent whose announced listener was refused: say so rather than "not found".
+            if itself.is_none()
+                && let Some(refusal) = self.direct_refusal(caller, node, ServedKind::Node)
+            {
+                return Ok(Err(RouteError::Unreachable(refusal)));
+            }
             return Ok(Err(RouteError::NotServed {
                 kind: ServedKind::Node,
                 name: node.to_owned(),
