@@ -470,3 +470,41 @@ windows_desktop_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n  hosts:\
     let after = cluster.tsh(&["ssh", "root@edge", "echo after"], None);
     assert_eq!(after.stdout, "after\n", "{}", after.stderr);
 }
+
+/// `tctl tokens add --extra-names`: a token may grant exact extra certificate names, never a
+/// wildcard or a name of the cluster itself; what it grants is shown with the token.
+#[test]
+fn tctl_grants_exact_extra_names_only() {
+    let cluster = Cluster::start("info");
+    for (names, why) in [
+        ("*.internal", "wildcard certificate names are not allowed"),
+        ("e2e.test", "it is a name of the cluster's Proxy or Auth Service"),
+    ] {
+        let out = cluster.tctl_admin(
+            &["tokens", "add", "--type=node", &format!("--extra-names={names}")],
+            None,
+        );
+        out.refused(why, &format!("tctl tokens add --extra-names={names}"), &cluster);
+    }
+    let out = cluster
+        .tctl_admin(
+            &[
+                "tokens",
+                "add",
+                "--type=node",
+                "--extra-names=edge-1.internal",
+                "--format",
+                "json",
+            ],
+            None,
+        )
+        .ok();
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("token json");
+    assert_eq!(json["extra_names"], serde_json::json!(["edge-1.internal"]));
+    let listed = cluster.tctl_admin(&["get", "token", "--with-secrets"], None).ok();
+    assert!(
+        listed.stdout.contains("extra_names") && listed.stdout.contains("edge-1.internal"),
+        "{}",
+        listed.stdout
+    );
+}

@@ -366,6 +366,17 @@ impl HostNamePolicy {
 
     /// Checks a join request's node name and extra names.
     pub fn check(&self, node_name: &str, additional: &[String]) -> Result<(), AuthError> {
+        self.check_with(node_name, additional, &[])
+    }
+
+    /// [`check`](Self::check), with `granted` (the join token's `extra_names`) allowed besides
+    /// the configuration's `allowed`; a reserved name or a wildcard stays refused either way.
+    pub fn check_with(
+        &self,
+        node_name: &str,
+        additional: &[String],
+        granted: &[String],
+    ) -> Result<(), AuthError> {
         let refuse = |name: &str, reason| AuthError::NameRefused {
             name: name.to_owned(),
             reason,
@@ -395,10 +406,15 @@ impl HostNamePolicy {
                     "it is a name of the cluster's Proxy or Auth Service",
                 ));
             }
-            if !self.allowed.iter().any(|a| a.eq_ignore_ascii_case(name)) {
+            if !self
+                .allowed
+                .iter()
+                .chain(granted)
+                .any(|a| a.eq_ignore_ascii_case(name))
+            {
                 return Err(refuse(
                     name,
-                    "not an extra name the Auth Service grants to agents",
+                    "not an extra name the join token or the Auth Service grants to agents",
                 ));
             }
         }
@@ -797,13 +813,37 @@ impl AuthService {
         roles: Vec<JoinRole>,
         ttl: Option<Duration>,
     ) -> Result<Token, AuthError> {
+        self.create_token_with_names(caller, roles, ttl, Vec::new()).await
+    }
+
+    /// [`create_token`](Self::create_token) granting `extra_names`: the extra certificate names
+    /// an agent joining with it may ask for (`tctl tokens add --extra-names`). Wildcards and the
+    /// names of the cluster's Proxy and Auth Service are refused here, before any token exists.
+    pub async fn create_token_with_names(
+        &self,
+        caller: &Caller,
+        roles: Vec<JoinRole>,
+        ttl: Option<Duration>,
+        extra_names: Vec<String>,
+    ) -> Result<Token, AuthError> {
         caller.check(Verb::Create, Kind::Token.as_str())?;
+        for name in &extra_names {
+            if let Some(why) = crate::resource::extra_name_problem(name) {
+                return Err(AuthError::Invalid(format!("extra name {name:?}: {why}")));
+            }
+            if self.names.is_reserved(name) {
+                return Err(AuthError::Invalid(format!(
+                    "extra name {name:?}: it is a name of the cluster's Proxy or Auth Service"
+                )));
+            }
+        }
         if roles.is_empty() {
             return Err(AuthError::Invalid("a token needs at least one role".into()));
         }
         let value = Secret::new(hex::encode(password::random_bytes::<16>()?));
         let expires = self.now() + ttl.unwrap_or(TOKEN_TTL);
-        let token = Token::new(value, roles, Some(time::OffsetDateTime::from(expires)));
+        let token =
+            Token::new(value, roles, Some(time::OffsetDateTime::from(expires))).with_extra_names(extra_names);
         self.store().create(&Resource::Token(token.clone())).await?;
         Ok(token)
     }
@@ -866,7 +906,8 @@ impl AuthService {
                 ));
             }
         }
-        self.names.check(&req.node_name, &req.additional_names)?;
+        self.names
+            .check_with(&req.node_name, &req.additional_names, &token.spec.extra_names)?;
         if let Some(holder) = self.node_name_holder(&req.node_name).await? {
             return Err(AuthError::NodeNameTaken {
                 name: req.node_name.clone(),

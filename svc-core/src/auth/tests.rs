@@ -1159,7 +1159,7 @@ async fn extra_certificate_names_are_checked_at_join() {
         (
             &["github.com"][..],
             "db-1",
-            "join refused: certificate name \"github.com\": not an extra name the Auth Service grants to agents",
+            "join refused: certificate name \"github.com\": not an extra name the join token or the Auth Service grants to agents",
         ),
         (
             &[][..],
@@ -1183,6 +1183,73 @@ async fn extra_certificate_names_are_checked_at_join() {
         .verify_host_ssh(&certs.ssh_cert, auth.clock.now(), Some(SystemRole::Node))
         .unwrap();
     assert_eq!(host.additional_names, ["db.internal"]);
+}
+
+#[tokio::test]
+async fn a_token_grants_extra_names_from_its_allow_list_only() {
+    let f = fixture().await;
+    let mut auth = f.auth;
+    auth.set_host_name_policy(HostNamePolicy {
+        reserved: vec!["proxy.example.com".into()],
+        allowed: vec![],
+    });
+    let admin = admin(&auth);
+    // Creating a token that grants a wildcard or a cluster name is refused at once.
+    for (name, why) in [
+        ("*.example.com", "wildcard certificate names are not allowed"),
+        (
+            "Proxy.Example.com",
+            "it is a name of the cluster's Proxy or Auth Service",
+        ),
+        ("a b", "expected a host name"),
+        ("", "expected a host name"),
+    ] {
+        let err = auth
+            .create_token_with_names(&admin, vec![JoinRole::Node], None, vec![name.into()])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("extra name {name:?}")) && err.contains(why),
+            "{name}: {err}"
+        );
+    }
+    let token = auth
+        .create_token_with_names(&admin, vec![JoinRole::Node], None, vec!["edge-1.internal".into()])
+        .await
+        .unwrap();
+    assert_eq!(token.spec.extra_names, ["edge-1.internal"]);
+    let (tls, ssh) = keys();
+    let mut req = JoinRequest {
+        source: None,
+        token: token.value().clone(),
+        node_name: "edge-1".into(),
+        roles: vec![SystemRole::Node],
+        additional_names: vec!["edge-2.internal".into()],
+        tls_public_key: tls,
+        ssh_public_key: ssh,
+    };
+    assert_eq!(
+        auth.join(&req).await.unwrap_err().to_string(),
+        "join refused: certificate name \"edge-2.internal\": not an extra name the join token or the Auth Service grants to agents"
+    );
+    // Another token's grant does not carry over: a plain token grants nothing.
+    let plain = auth
+        .create_token(&admin, vec![JoinRole::Node], None)
+        .await
+        .unwrap();
+    let mut other = req.clone();
+    other.token = plain.value().clone();
+    other.additional_names = vec!["edge-1.internal".into()];
+    assert!(auth.join(&other).await.is_err());
+    // The name the token grants joins (case-insensitively), and is in the certificate.
+    req.additional_names = vec!["EDGE-1.internal".into()];
+    let certs = auth.join(&req).await.unwrap();
+    let host = auth
+        .verifier()
+        .verify_host_ssh(&certs.ssh_cert, auth.clock.now(), Some(SystemRole::Node))
+        .unwrap();
+    assert_eq!(host.additional_names, ["EDGE-1.internal"]);
 }
 
 #[tokio::test]

@@ -510,7 +510,7 @@ impl proto::auth_server::Auth for AuthGrpc {
         let ttl = (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds));
         let token = self
             .auth
-            .create_token(&caller, roles, ttl)
+            .create_token_with_names(&caller, roles, ttl, r.extra_names)
             .await
             .map_err(status)?;
         let expires = token.metadata.expires.map(|e| e.unix_timestamp()).unwrap_or(0);
