@@ -293,7 +293,7 @@ ssh_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n  public_addr: 127.0.
     let refused = cluster.tsh(&["ssh", "root@rogue", "echo reached"], None);
     refused.refused(
         &format!(
-            "node \"rogue\" announced the listener 127.0.0.1:{trap_port} and the Auth Service refused it"
+            "the proxy could not reach rogue: node \"rogue\" announced the listener 127.0.0.1:{trap_port} and the Auth Service refused it"
         ),
         "tsh ssh to a node whose announced listener was refused",
         &cluster,
