@@ -477,3 +477,131 @@ app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1
         cluster.stderr()
     );
 }
+
+/// The header-echoing app (`tests/apps/echo_headers.py`) on a port it picks; returns its port.
+fn echo_headers_app() -> (Proc, u16) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/apps/echo_headers.py");
+    let mut child = Command::new(require("python3", "python3"))
+        .arg(&script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let proc = Proc(child);
+    let port = common::wait::first_line(out, common::wait::STEP, |l| l.trim().parse::<u16>().ok())
+        .unwrap_or_else(|e| panic!("{} printed no port: {e}", script.display()));
+    (proc, port)
+}
+
+/// The header values the app saw for `name` (case-insensitive), from its JSON answer.
+fn seen(headers: &serde_json::Value, name: &str) -> Vec<String> {
+    headers
+        .as_array()
+        .expect("a list of headers")
+        .iter()
+        .filter(|h| h[0].as_str().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+        .map(|h| h[1].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// A user forges svc's identity headers with curl through `tsh proxy app`: the app sees svc's
+/// values (the certificate's user and roles, the client address the proxy saw), never the
+/// forged ones, and other headers unchanged; an upgrade (`101 Switching Protocols`) still
+/// carries bytes both ways.
+#[test]
+fn app_access_replaces_forged_identity_headers_and_keeps_upgrades() {
+    let (_app, app_port) = echo_headers_app();
+    let services = format!(
+        "app_service:\n  enabled: true\n  apps:\n  - name: echo\n    uri: http://127.0.0.1:{app_port}\n"
+    );
+    let cluster = Cluster::start_extra("info", &services);
+    cluster
+        .tctl_admin(
+            &["users", "add", "alice", "--roles=access", "--password-stdin"],
+            Some(PASSWORD),
+        )
+        .ok();
+    let alice = User::login(&cluster, "alice");
+    let (_proxy, port, tsh_err) = alice.proxy("app", "echo").expect("tsh proxy app");
+    let url = format!("http://127.0.0.1:{port}/");
+    for round in 0..2 {
+        // Twice on one connection (keep-alive), then on a new one.
+        let out = Command::new(require("curl", "curl"))
+            .args(["-sS", "--max-time", "30"])
+            .args(["-H", "X-Svc-User: admin", "-H", "X-Svc-Roles: editor"])
+            .args([
+                "-H",
+                "Svc-Jwt-Assertion: forged",
+                "-H",
+                "X-Forwarded-For: 10.9.9.9",
+            ])
+            .args([
+                "-H",
+                "X-Forwarded-Host: evil.example.com",
+                "-H",
+                "Forwarded: for=10.9.9.9",
+            ])
+            .args(["-H", "X-Real-IP: 10.9.9.9", "-H", "X-Custom: kept"])
+            .arg(&url)
+            .args(["--next", "-sS", "--max-time", "30", "-H", "x-svc-user: root"])
+            .arg(&url)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "curl round {round}: {}\ntsh: {}\nsvc: {}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&tsh_err).unwrap_or_default(),
+            cluster.stderr()
+        );
+        // Two JSON documents back to back.
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let docs: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&text)
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(docs.len(), 2, "{text}");
+        for headers in &docs {
+            assert_eq!(seen(headers, "x-svc-user"), ["alice"], "{headers}");
+            assert_eq!(seen(headers, "x-svc-roles"), ["access"], "{headers}");
+            assert_eq!(seen(headers, "x-forwarded-for"), ["127.0.0.1"], "{headers}");
+            for forged in ["svc-jwt-assertion", "x-forwarded-host", "forwarded", "x-real-ip"] {
+                assert!(
+                    seen(headers, forged).is_empty(),
+                    "{forged} reached the app: {headers}"
+                );
+            }
+            assert!(
+                !text.contains("admin") && !text.contains("10.9.9.9") && !text.contains("forged"),
+                "{text}"
+            );
+        }
+        assert_eq!(seen(&docs[0], "x-custom"), ["kept"], "{}", docs[0]);
+    }
+
+    // An upgrade through the relay: the request is answered 101, then bytes flow both ways.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"GET /ws HTTP/1.1\r\nHost: echo\r\nConnection: Upgrade\r\nUpgrade: echo\r\nX-Svc-User: admin\r\n\r\n")
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = s.read(&mut byte).unwrap_or_else(|e| {
+            panic!(
+                "reading the upgrade answer: {e}; so far {:?}\nsvc: {}",
+                String::from_utf8_lossy(&head),
+                cluster.stderr()
+            )
+        });
+        assert_eq!(n, 1, "closed after {:?}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    s.write_all(b"websocket-ish bytes").unwrap();
+    let mut buf = [0u8; 19];
+    s.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"websocket-ish bytes");
+}

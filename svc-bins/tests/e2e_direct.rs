@@ -38,7 +38,7 @@ fn a_directly_joined_agent_serves_ssh_kubernetes_and_desktops_on_its_own_listene
     let (api_port, ca_file, token_file) = (api.port, &api.ca_file, &api.token_file);
     let (_echo, echo_port) = echo_server();
 
-    let cluster = Cluster::start("info");
+    let cluster = Cluster::start_lab("info");
     cluster
         .tctl_admin(
             &[
@@ -160,7 +160,7 @@ windows_desktop_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n  hosts:\
 #[test]
 fn a_direct_listener_refuses_anyone_but_the_clusters_proxy() {
     let (_echo, echo_port) = echo_server();
-    let cluster = Cluster::start("info");
+    let cluster = Cluster::start_lab("info");
     let join = cluster
         .tctl_admin(
             &["tokens", "add", "--type=windows_desktop", "--format", "json"],
@@ -229,6 +229,87 @@ windows_desktop_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n  hosts:\
     );
 }
 
+/// A TCP listener on 127.0.0.1 that counts the connections it accepts and the bytes it reads.
+fn trap() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            // A connection is a failure of the rule even before a byte arrives.
+            count.fetch_add(1, Ordering::SeqCst);
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = conn.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                count.fetch_add(n, Ordering::SeqCst);
+            }
+        }
+    });
+    (port, seen)
+}
+
+/// The attacker: an agent holding a valid token announces, as its SSH listener, a local
+/// service of the Auth/proxy host (here a listener on 127.0.0.1). Without the lab opt-in the
+/// Auth Service refuses the announcement (and logs it), the listener never receives a
+/// connection, and a user's `tsh ssh` to the node is refused with the node and the reason.
+#[test]
+fn a_rogue_direct_addr_pointing_at_a_local_listener_gets_no_bytes() {
+    use std::sync::atomic::Ordering;
+    let (trap_port, seen) = trap();
+    let cluster = Cluster::signed_in(PASSWORD);
+    let join = cluster
+        .tctl_admin(&["tokens", "add", "--type=node", "--format", "json"], None)
+        .ok();
+    let join: serde_json::Value = serde_json::from_str(&join.stdout).expect("token json");
+    let config = cluster.write(
+        "rogue.yaml",
+        &format!(
+            "version: v1\nsvc:\n  nodename: rogue\n  data_dir: {data}\n  auth_server: {auth}\n  auth_token: {token}\n  ca_pin: {pin}\n\
+auth_service:\n  enabled: false\nproxy_service:\n  enabled: false\n\
+ssh_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n  public_addr: 127.0.0.1:{trap_port}\n",
+            data = cluster.path().join("rogue-data").display(),
+            auth = cluster.auth_addr,
+            token = join["token"].as_str().unwrap(),
+            pin = join["ca_pin"].as_str().unwrap(),
+        ),
+    );
+    let agent = start_agent(&config, cluster.path().join("rogue.stderr"));
+    common::wait::wait_until(
+        Duration::from_secs(60),
+        "the Auth Service logging the refused announcement",
+        || cluster.stderr().contains("refused an agent's announced listener"),
+    );
+    let log = cluster.stderr();
+    assert!(
+        log.contains(&format!("127.0.0.1:{trap_port}")) && log.contains("loopback"),
+        "the log names the address and the reason: {log}"
+    );
+    let refused = cluster.tsh(&["ssh", "root@rogue", "echo reached"], None);
+    refused.refused(
+        &format!(
+            "the proxy could not reach rogue: node \"rogue\" announced the listener 127.0.0.1:{trap_port} and the Auth Service refused it"
+        ),
+        "tsh ssh to a node whose announced listener was refused",
+        &cluster,
+    );
+    refused.refused("loopback", "the refusal names the reason", &cluster);
+    assert!(!refused.stdout.contains("reached"), "{}", refused.stdout);
+    // Give a stray dial time to land before looking.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        0,
+        "the local listener received a connection or bytes\nagent: {}",
+        agent.log()
+    );
+}
+
 #[test]
 fn the_application_service_refuses_a_direct_join() {
     let dir = tempfile::tempdir().unwrap();
@@ -256,5 +337,174 @@ app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1
         err.contains("is reachable only through a reverse tunnel via the Proxy Service")
             && err.contains("svc.auth_server without svc.proxy_server"),
         "{err}"
+    );
+}
+
+/// Reads until the server closes `tcp`; returns when that happened.
+async fn closed_at(mut tcp: tokio::net::TcpStream) -> tokio::time::Instant {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 512];
+    loop {
+        match tcp.read(&mut buf).await {
+            Ok(0) | Err(_) => return tokio::time::Instant::now(),
+            Ok(_) => {}
+        }
+    }
+}
+
+/// The directly joined agent's listeners run the shared accept loop: silent peers on its SSH
+/// listener (3022) are cut at the SSH deadline (10 s) and on its Windows Desktop listener
+/// (3028) at the TLS deadline (15 s), while an honest `tsh ssh` to the node works during the
+/// flood.
+#[test]
+fn silent_peers_on_the_direct_listeners_are_cut_while_tsh_ssh_works() {
+    use anyhow::Context;
+    /// `Tunables::auth_timeout` and `tunnel::DIRECT_DIAL_TIMEOUT`.
+    const SSH_AUTH: Duration = Duration::from_secs(10);
+    const TLS: Duration = Duration::from_secs(15);
+    /// Slack for a loaded 2-core machine.
+    const SLACK: Duration = Duration::from_secs(25);
+    let (_echo, echo_port) = echo_server();
+    let cluster = Cluster::start_lab("info");
+    cluster
+        .tctl_admin(
+            &[
+                "users",
+                "add",
+                "alice",
+                "--roles=access",
+                "--logins=root",
+                "--password-stdin",
+            ],
+            Some(PASSWORD),
+        )
+        .ok();
+    let join = cluster
+        .tctl_admin(
+            &["tokens", "add", "--type=node,windows_desktop", "--format", "json"],
+            None,
+        )
+        .ok();
+    let join: serde_json::Value = serde_json::from_str(&join.stdout).expect("token json");
+    let config = cluster.write(
+        "direct.yaml",
+        &format!(
+            "version: v1\nsvc:\n  nodename: edge\n  data_dir: {data}\n  auth_server: {auth}\n  auth_token: {token}\n  ca_pin: {pin}\n\
+auth_service:\n  enabled: false\nproxy_service:\n  enabled: false\n\
+ssh_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n\
+windows_desktop_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n  hosts:\n  - name: win\n    addr: 127.0.0.1:{echo_port}\n",
+            data = cluster.path().join("direct-data").display(),
+            auth = cluster.auth_addr,
+            token = join["token"].as_str().unwrap(),
+            pin = join["ca_pin"].as_str().unwrap(),
+        ),
+    );
+    let agent = start_agent(&config, cluster.path().join("direct.stderr"));
+    let ssh = agent.listeners["ssh_service"].clone();
+    let desk = agent.listeners["windows_desktop_service"].clone();
+    cluster.login("alice", PASSWORD).ok();
+    let warm = cluster.tsh(&["ssh", "root@edge", "echo warm"], None);
+    assert_eq!(warm.stdout, "warm\n", "{}\nagent: {}", warm.stderr, agent.log());
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (at_ssh, at_desk, connected) = rt
+        .block_on(async {
+            let (mut at_ssh, mut at_desk) = (Vec::new(), Vec::new());
+            for i in 0..300 {
+                let tcp = tokio::net::TcpStream::connect(&ssh)
+                    .await
+                    .with_context(|| format!("SSH flood peer {i} connecting to {ssh}"))?;
+                at_ssh.push(tokio::spawn(closed_at(tcp)));
+                let tcp = tokio::net::TcpStream::connect(&desk)
+                    .await
+                    .with_context(|| format!("desktop flood peer {i} connecting to {desk}"))?;
+                at_desk.push(tokio::spawn(closed_at(tcp)));
+            }
+            anyhow::Ok((at_ssh, at_desk, tokio::time::Instant::now()))
+        })
+        .unwrap();
+
+    // The honest client during the flood, through the proxy to the node's own listener.
+    let honest = cluster.tsh(&["ssh", "root@edge", "echo honest"], None);
+    assert_eq!(
+        honest.stdout,
+        "honest\n",
+        "tsh ssh during the flood: {}\nagent: {}",
+        honest.stderr,
+        agent.log()
+    );
+
+    rt.block_on(async {
+        for (what, peers, deadline) in [
+            (
+                "silent peers on the direct SSH listener",
+                at_ssh,
+                connected + SSH_AUTH,
+            ),
+            (
+                "silent peers on the direct desktop listener",
+                at_desk,
+                connected + TLS,
+            ),
+        ] {
+            let n = peers.len();
+            let ends = tokio::time::timeout_at(deadline + SLACK, futures_util::future::join_all(peers))
+                .await
+                .with_context(|| format!("{what}: not all {n} were closed by their deadline + {SLACK:?}"))?;
+            for end in ends {
+                let end = end?;
+                assert!(
+                    end <= deadline + SLACK,
+                    "{what}: one was closed {:?} after its deadline",
+                    end - deadline
+                );
+            }
+        }
+        anyhow::Ok(())
+    })
+    .unwrap();
+    let after = cluster.tsh(&["ssh", "root@edge", "echo after"], None);
+    assert_eq!(after.stdout, "after\n", "{}", after.stderr);
+}
+
+/// `tctl tokens add --extra-names`: a token may grant exact extra certificate names, never a
+/// wildcard or a name of the cluster itself; what it grants is shown with the token.
+#[test]
+fn tctl_grants_exact_extra_names_only() {
+    let cluster = Cluster::start("info");
+    for (names, why) in [
+        ("*.internal", "wildcard certificate names are not allowed"),
+        ("e2e.test", "it is a name of the cluster's Proxy or Auth Service"),
+    ] {
+        let out = cluster.tctl_admin(
+            &["tokens", "add", "--type=node", &format!("--extra-names={names}")],
+            None,
+        );
+        out.refused(why, &format!("tctl tokens add --extra-names={names}"), &cluster);
+    }
+    let out = cluster
+        .tctl_admin(
+            &[
+                "tokens",
+                "add",
+                "--type=node",
+                "--extra-names=edge-1.internal",
+                "--format",
+                "json",
+            ],
+            None,
+        )
+        .ok();
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("token json");
+    assert_eq!(json["extra_names"], serde_json::json!(["edge-1.internal"]));
+    let listed = cluster.tctl_admin(&["get", "token", "--with-secrets"], None).ok();
+    assert!(
+        listed.stdout.contains("extra_names") && listed.stdout.contains("edge-1.internal"),
+        "{}",
+        listed.stdout
     );
 }

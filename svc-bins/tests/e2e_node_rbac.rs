@@ -158,7 +158,7 @@ fn svc_agent(config: &Path) -> Command {
 #[test]
 fn node_rbac_refuses_a_dev_user_on_a_prod_node_through_every_entry() {
     require_openssh();
-    let cluster = Cluster::start_extra("info", "ssh_service:\n  labels:\n    env: dev\n");
+    let cluster = Cluster::start_lab_extra("info", "ssh_service:\n  labels:\n    env: dev\n");
     add_users(&cluster);
     let prod = Agent::start(
         svc_agent(&direct_agent_yaml(
@@ -287,7 +287,7 @@ fn node_rbac_refuses_a_dev_user_on_a_prod_node_through_every_entry() {
 
 #[test]
 fn a_rogue_agent_cannot_take_a_live_node_name() {
-    let cluster = Cluster::start("info");
+    let cluster = Cluster::start_lab("info");
     add_users(&cluster);
     let prod = Agent::start(
         svc_agent(&direct_agent_yaml(
@@ -406,7 +406,7 @@ fn a_restarted_cluster_serves_its_own_node_at_once() {
 #[test]
 fn a_node_that_cannot_ask_the_auth_service_refuses() {
     require_openssh();
-    let mut cluster = Cluster::start("info");
+    let mut cluster = Cluster::start_lab("info");
     add_users(&cluster);
     let edge = Agent::start(
         svc_agent(&direct_agent_yaml(

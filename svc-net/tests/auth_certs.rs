@@ -335,3 +335,55 @@ async fn a_join_needs_a_pin_and_an_auth_host() {
     assert!(joined.name.ends_with(CLUSTER), "{}", joined.name);
     s.shutdown.cancel();
 }
+
+/// Extra certificate names over the real Auth API: `tctl tokens add --extra-names` grants
+/// exact names; a joining agent asking for any other name is refused with the name and the
+/// reason, and nothing is issued; a wildcard cannot even be granted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_join_gets_only_the_extra_names_its_token_grants() {
+    let s = server().await;
+    let admin = host_identity(
+        &s,
+        &s.host_ca,
+        vec![SystemRole::Auth],
+        SystemTime::now(),
+        Duration::from_secs(3600),
+    );
+    let mut client = AuthClient::connect_with(&admin).await.unwrap();
+    let err = client
+        .create_token_with_names(&["node".into()], None, &["*.internal".into()])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("wildcard certificate names are not allowed"),
+        "{err}"
+    );
+    let (token, _) = client
+        .create_token_with_names(&["node".into()], None, &["joiner.internal".into()])
+        .await
+        .unwrap();
+    let pin = Some(s.auth.ca_pin());
+
+    let mut rogue = join_params(&token, pin.clone(), false);
+    rogue.additional_names = vec!["joiner.internal".into(), "billing.internal".into()];
+    let err = svc_net::auth::join(&s.addr, rogue).await.unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "certificate name \"billing.internal\": not an extra name the join token or the Auth Service grants to agents"
+        ),
+        "{err}"
+    );
+
+    // The token was not spent; the granted name joins and is in the certificate.
+    let mut honest = join_params(&token, pin, false);
+    honest.additional_names = vec!["joiner.internal".into()];
+    let id = svc_net::auth::join(&s.addr, honest).await.unwrap();
+    let host = s
+        .auth
+        .verifier()
+        .verify_host_x509(&id.tls_parts().unwrap().0, SystemTime::now(), None)
+        .unwrap();
+    assert_eq!(host.additional_names, ["joiner.internal"]);
+    s.shutdown.cancel();
+}

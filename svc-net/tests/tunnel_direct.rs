@@ -52,9 +52,9 @@ impl DirectLookup for Fixed {
         &self,
         _server: String,
         _conn_type: ConnType,
-    ) -> Pin<Box<dyn Future<Output = Option<DirectTarget>> + Send>> {
+    ) -> Pin<Box<dyn Future<Output = Result<Option<DirectTarget>, String>> + Send>> {
         let target = self.0.clone();
-        Box::pin(async move { target })
+        Box::pin(async move { Ok(target) })
     }
 }
 
@@ -105,7 +105,10 @@ async fn the_proxy_reaches_the_agent_and_nobody_else_does() {
     };
 
     // The proxy: the dial request is answered `ok`, then bytes flow.
-    let dialer = DirectDialer::new(&proxy, Arc::new(Fixed(Some(target.clone())))).unwrap();
+    // Everything here runs on loopback: the single-host lab opt-in.
+    let dialer = DirectDialer::new(&proxy, Arc::new(Fixed(Some(target.clone()))))
+        .unwrap()
+        .with_allow_loopback(true);
     let mut io = dialer.dial(request("edge")).await.unwrap().expect("a listener");
     io.write_all(b"rdp bytes").await.unwrap();
     let mut buf = [0u8; 9];
@@ -116,7 +119,9 @@ async fn the_proxy_reaches_the_agent_and_nobody_else_does() {
     assert_eq!(&buf, b"rdp bytes");
 
     // Another cluster member without the `proxy` role: refused before any dial.
-    let intruder = DirectDialer::new(&node, Arc::new(Fixed(Some(target.clone())))).unwrap();
+    let intruder = DirectDialer::new(&node, Arc::new(Fixed(Some(target.clone()))))
+        .unwrap()
+        .with_allow_loopback(true);
     let err = intruder.dial(request("edge")).await.err().expect("refused");
     assert!(err.to_string().contains("proxy"), "{err}");
 
@@ -125,10 +130,53 @@ async fn the_proxy_reaches_the_agent_and_nobody_else_does() {
         host_id: proxy.name.clone(),
         addr,
     };
-    let misled = DirectDialer::new(&proxy, Arc::new(Fixed(Some(wrong)))).unwrap();
+    let misled = DirectDialer::new(&proxy, Arc::new(Fixed(Some(wrong))))
+        .unwrap()
+        .with_allow_loopback(true);
     assert!(misled.dial(request("edge")).await.is_err());
 
     // No announced listener: not this dialer's to answer.
     let none = DirectDialer::new(&proxy, Arc::new(Fixed(None))).unwrap();
     assert!(none.dial(request("edge")).await.unwrap().is_none());
+
+    // Without the opt-in (the default) the proxy never dials a loopback listener.
+    let strict = DirectDialer::new(&proxy, Arc::new(Fixed(Some(target.clone())))).unwrap();
+    let err = strict.dial(request("edge")).await.err().expect("refused");
+    assert!(err.to_string().contains("loopback"), "{err}");
+}
+
+/// A lookup that reports a refused announcement.
+struct Refused;
+
+impl DirectLookup for Refused {
+    fn lookup(
+        &self,
+        _server: String,
+        _conn_type: ConnType,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<DirectTarget>, String>> + Send>> {
+        Box::pin(async {
+            Err(
+                "node \"edge\" announced the listener 127.0.0.1:1 and the Auth Service refused it: loopback"
+                    .to_owned(),
+            )
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_refused_announcement_is_a_refusal_naming_the_node_and_the_reason() {
+    let auth = auth().await;
+    let proxy = identity(&auth, "proxy", vec![SystemRole::Proxy]);
+    let dialer = DirectDialer::new(&proxy, Arc::new(Refused)).unwrap();
+    let err = dialer
+        .dial(request("edge"))
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("node \"edge\" announced the listener 127.0.0.1:1"),
+        "{err}"
+    );
+    assert!(err.contains("loopback"), "{err}");
 }

@@ -118,6 +118,10 @@ enum Tokens {
         /// Lifetime (e.g. 30m, 1h).
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Option<Duration>,
+        /// Extra certificate names an agent joining with the token may ask for (exact host
+        /// names, comma-separated; no wildcards, never the Proxy's or Auth Service's names).
+        #[arg(long = "extra-names", value_delimiter = ',')]
+        extra_names: Vec<String>,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
@@ -242,8 +246,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             auth.delete_resource(Kind::User, &name).await?;
             println!("User {name:?} has been deleted");
         }
-        Command::Tokens(Tokens::Add { types, ttl, format }) => {
-            let (token, expires) = auth.create_token(&types, ttl).await?;
+        Command::Tokens(Tokens::Add {
+            types,
+            ttl,
+            extra_names,
+            format,
+        }) => {
+            let (token, expires) = auth.create_token_with_names(&types, ttl, &extra_names).await?;
             let status = auth.status().await?;
             match format {
                 Format::Json => println!(
@@ -251,6 +260,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     serde_json::json!({
                         "token": token.expose(),
                         "roles": types,
+                        "extra_names": extra_names,
                         "expires_unix": expires,
                         "ca_pin": status.ca_pin,
                     })

@@ -16,6 +16,10 @@ pub const TSH: &str = env!("CARGO_BIN_EXE_tsh");
 /// The Auth and Proxy sections of the test clusters: free loopback ports, cluster `e2e.test`.
 const LOOPBACK_CLUSTER: &str = "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n";
 
+/// [`LOOPBACK_CLUSTER`] with the single-host lab opt-in for directly joined agents: their
+/// listeners on 127.0.0.1 are accepted and dialed (`auth_service.direct_dial.allow_loopback`).
+const LAB_CLUSTER: &str = "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\n  direct_dial:\n    allow_loopback: true\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n";
+
 /// One `svc start` process on free loopback ports, with its data and `SVC_HOME` in `dir`.
 pub struct Cluster {
     pub dir: PathBuf,
@@ -99,6 +103,21 @@ impl Cluster {
     /// Starts `svc start --config` in a fresh directory.
     pub fn start(severity: &str) -> Cluster {
         Self::start_in(tempfile::tempdir().expect("tempdir"), severity)
+    }
+
+    /// Starts `svc start --config` in a fresh directory with the lab opt-in for directly joined
+    /// agents on loopback ([`LAB_CLUSTER`]).
+    pub fn start_lab(severity: &str) -> Cluster {
+        Self::start_lab_extra(severity, "")
+    }
+
+    /// [`start_lab`](Self::start_lab) with `extra` (whole top-level sections) appended.
+    pub fn start_lab_extra(severity: &str, extra: &str) -> Cluster {
+        Self::start_with(
+            tempfile::tempdir().expect("tempdir"),
+            severity,
+            &format!("{LAB_CLUSTER}{extra}"),
+        )
     }
 
     /// Starts (or restarts) `svc` on the data in `tmp` (removed when the cluster is dropped).

@@ -22,6 +22,7 @@
 //! writes for `tctl` on its own host) may do everything; other hosts may only heartbeat (and a
 //! proxy may sign users in); users get exactly what their roles allow.
 
+pub mod direct;
 pub mod limit;
 mod password;
 mod served;
@@ -45,6 +46,7 @@ use crate::rbac::{AccessDenied, RoleSet, Verb, preset_roles};
 use crate::resource::{JoinRole, Kind, Lock, Resource, ResourceError, Token, User};
 use crate::{Secret, Version};
 
+pub use direct::{Announcer, DirectAddrRefused, DirectDialPolicy, check_direct_addr};
 pub use limit::{LoginLimiter, LoginLimits, Refusal, Subject};
 use password::PasswordPool;
 pub use password::{hash_password, verify_password};
@@ -324,6 +326,9 @@ pub struct Heartbeat {
     /// The applications, databases, Kubernetes clusters and desktops the agent serves; each
     /// kind needs the matching role in the agent's certificate.
     pub resources: Vec<ServedResource>,
+    /// The TCP peer address the heartbeat came from, as the Auth API saw it (`None` when
+    /// unknown): an announced `direct_addr` that is an IP address must be this one.
+    pub source: Option<std::net::IpAddr>,
 }
 
 /// The Auth Service over a backend: CAs, users, roles, tokens, inventory.
@@ -337,6 +342,8 @@ pub struct AuthService {
     limiter: Arc<LoginLimiter>,
     passwords: PasswordPool,
     names: HostNamePolicy,
+    direct: std::sync::RwLock<DirectDialPolicy>,
+    refused_direct: std::sync::Mutex<Vec<served::RefusedDirect>>,
 }
 
 /// Which names a joining agent may put in its certificate besides its host ID and node name
@@ -359,6 +366,17 @@ impl HostNamePolicy {
 
     /// Checks a join request's node name and extra names.
     pub fn check(&self, node_name: &str, additional: &[String]) -> Result<(), AuthError> {
+        self.check_with(node_name, additional, &[])
+    }
+
+    /// [`check`](Self::check), with `granted` (the join token's `extra_names`) allowed besides
+    /// the configuration's `allowed`; a reserved name or a wildcard stays refused either way.
+    pub fn check_with(
+        &self,
+        node_name: &str,
+        additional: &[String],
+        granted: &[String],
+    ) -> Result<(), AuthError> {
         let refuse = |name: &str, reason| AuthError::NameRefused {
             name: name.to_owned(),
             reason,
@@ -388,10 +406,15 @@ impl HostNamePolicy {
                     "it is a name of the cluster's Proxy or Auth Service",
                 ));
             }
-            if !self.allowed.iter().any(|a| a.eq_ignore_ascii_case(name)) {
+            if !self
+                .allowed
+                .iter()
+                .chain(granted)
+                .any(|a| a.eq_ignore_ascii_case(name))
+            {
                 return Err(refuse(
                     name,
-                    "not an extra name the Auth Service grants to agents",
+                    "not an extra name the join token or the Auth Service grants to agents",
                 ));
             }
         }
@@ -429,6 +452,8 @@ impl AuthService {
             verifier,
             version: crate::version::current().clone(),
             names: HostNamePolicy::default(),
+            direct: std::sync::RwLock::new(DirectDialPolicy::default()),
+            refused_direct: std::sync::Mutex::new(Vec::new()),
         };
         for role in preset_roles(Vec::<String>::new()) {
             let resource = Resource::Role(role);
@@ -469,6 +494,37 @@ impl AuthService {
     /// Sets which names joining agents may (not) put in their certificates.
     pub fn set_host_name_policy(&mut self, policy: HostNamePolicy) {
         self.names = policy;
+    }
+
+    /// Sets which listeners directly joined agents may announce (`auth_service.direct_dial`,
+    /// and the addresses the cluster's services listen on).
+    pub fn set_direct_dial_policy(&self, policy: DirectDialPolicy) {
+        *self
+            .direct
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = policy;
+    }
+
+    /// Adds addresses the cluster's own services listen on (the proxy's, once bound): agents
+    /// may never announce them.
+    pub fn add_service_addrs(&self, addrs: impl IntoIterator<Item = std::net::SocketAddr>) {
+        let mut policy = self
+            .direct
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for addr in addrs {
+            if !policy.service_addrs.contains(&addr) {
+                policy.service_addrs.push(addr);
+            }
+        }
+    }
+
+    /// The policy for announced listeners now in force.
+    pub fn direct_dial_policy(&self) -> DirectDialPolicy {
+        self.direct
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The cluster name.
@@ -757,13 +813,37 @@ impl AuthService {
         roles: Vec<JoinRole>,
         ttl: Option<Duration>,
     ) -> Result<Token, AuthError> {
+        self.create_token_with_names(caller, roles, ttl, Vec::new()).await
+    }
+
+    /// [`create_token`](Self::create_token) granting `extra_names`: the extra certificate names
+    /// an agent joining with it may ask for (`tctl tokens add --extra-names`). Wildcards and the
+    /// names of the cluster's Proxy and Auth Service are refused here, before any token exists.
+    pub async fn create_token_with_names(
+        &self,
+        caller: &Caller,
+        roles: Vec<JoinRole>,
+        ttl: Option<Duration>,
+        extra_names: Vec<String>,
+    ) -> Result<Token, AuthError> {
         caller.check(Verb::Create, Kind::Token.as_str())?;
+        for name in &extra_names {
+            if let Some(why) = crate::resource::extra_name_problem(name) {
+                return Err(AuthError::Invalid(format!("extra name {name:?}: {why}")));
+            }
+            if self.names.is_reserved(name) {
+                return Err(AuthError::Invalid(format!(
+                    "extra name {name:?}: it is a name of the cluster's Proxy or Auth Service"
+                )));
+            }
+        }
         if roles.is_empty() {
             return Err(AuthError::Invalid("a token needs at least one role".into()));
         }
         let value = Secret::new(hex::encode(password::random_bytes::<16>()?));
         let expires = self.now() + ttl.unwrap_or(TOKEN_TTL);
-        let token = Token::new(value, roles, Some(time::OffsetDateTime::from(expires)));
+        let token =
+            Token::new(value, roles, Some(time::OffsetDateTime::from(expires))).with_extra_names(extra_names);
         self.store().create(&Resource::Token(token.clone())).await?;
         Ok(token)
     }
@@ -826,7 +906,8 @@ impl AuthService {
                 ));
             }
         }
-        self.names.check(&req.node_name, &req.additional_names)?;
+        self.names
+            .check_with(&req.node_name, &req.additional_names, &token.spec.extra_names)?;
         if let Some(holder) = self.node_name_holder(&req.node_name).await? {
             return Err(AuthError::NodeNameTaken {
                 name: req.node_name.clone(),
@@ -973,7 +1054,8 @@ impl AuthService {
             .unwrap_or(&host.host_id)
             .to_owned();
         self.claim_node_name(host).await?;
-        self.store_served(host, &beat.hostname, beat.resources).await?;
+        self.store_served(host, &beat.hostname, beat.source, beat.resources)
+            .await?;
         let row = InventoryRow {
             server_id,
             hostname: beat.hostname,

@@ -180,6 +180,11 @@ pub enum RouteError {
     /// the text names who and why.
     #[error("access refused: {0}")]
     Revoked(String),
+    /// The agent announced a listener the Auth Service refused (see
+    /// [`check_direct_addr`](super::check_direct_addr)); the text names the node, the address
+    /// and why, and the proxy does not dial it.
+    #[error("{0}")]
+    Unreachable(String),
     /// No live agent serves it.
     #[error("{kind} \"{name}\" not found: no connected agent serves it")]
     NotServed {
@@ -210,15 +215,16 @@ pub fn direct_ip_allowed(ip: std::net::IpAddr) -> bool {
     }
 }
 
-/// The host part of `host:port` (IPv6 in brackets), if the text has that form.
-fn host_of(addr: &str) -> Option<&str> {
-    let (host, port) = addr.rsplit_once(':')?;
-    port.parse::<u16>().ok().filter(|p| *p != 0)?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    (!host.is_empty()).then_some(host)
+/// An announcement the Auth Service refused, remembered (in memory, for a heartbeat's TTL)
+/// so that a user's session to the node is refused with the reason rather than "not found".
+#[derive(Debug, Clone)]
+pub(super) struct RefusedDirect {
+    host_id: String,
+    hostname: String,
+    kind: ServedKind,
+    addr: String,
+    reason: String,
+    until: std::time::SystemTime,
 }
 
 fn served_key(host_id: &str) -> Key {
@@ -241,6 +247,7 @@ impl AuthService {
         &self,
         host: &HostIdentity,
         hostname: &str,
+        source: Option<std::net::IpAddr>,
         resources: Vec<ServedResource>,
     ) -> Result<(), AuthError> {
         for r in &resources {
@@ -261,7 +268,7 @@ impl AuthService {
                 )));
             }
             if !r.direct_addr.is_empty() {
-                self.check_direct_addr(kind, &r.name, &r.direct_addr)?;
+                self.check_direct_addr(host, source, kind, &r.name, &r.direct_addr)?;
             }
             if !host.has_role(kind.system_role()) {
                 return Err(AccessDenied {
@@ -272,6 +279,10 @@ impl AuthService {
             }
         }
         let now = self.now();
+        self.refused_direct
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|r| r.host_id != host.host_id && r.until > now);
         let key = served_key(&host.host_id);
         if resources.is_empty() {
             return match self.backend.delete(&key).await {
@@ -295,25 +306,84 @@ impl AuthService {
         Ok(())
     }
 
-    /// An announced listener the proxy will dial for users: `host:port`, never an unspecified,
-    /// link-local, multicast or broadcast address, never a name of the cluster's Proxy or
-    /// Auth Service (the proxy would pipe users' bytes to the cluster's own services).
-    fn check_direct_addr(&self, kind: ServedKind, name: &str, addr: &str) -> Result<(), AuthError> {
-        let refuse = |why: &str| {
-            AuthError::Invalid(format!("served {kind} \"{name}\": direct_addr \"{addr}\": {why}"))
+    /// An announced listener the proxy will dial for users, checked by
+    /// [`check_direct_addr`](super::check_direct_addr): the agent's observed address or a name
+    /// its certificate carries; never a loopback (without the lab opt-in), unspecified,
+    /// link-local, multicast or broadcast address, never the cluster's Proxy or Auth Service.
+    /// A refusal is logged and remembered for [`direct_refusal`](Self::direct_refusal).
+    fn check_direct_addr(
+        &self,
+        host: &HostIdentity,
+        source: Option<std::net::IpAddr>,
+        kind: ServedKind,
+        name: &str,
+        addr: &str,
+    ) -> Result<(), AuthError> {
+        let announcer = super::Announcer {
+            identity: host,
+            observed: source,
         };
-        let host = host_of(addr).ok_or_else(|| refuse("expected host:port with a non-zero port"))?;
-        if let Ok(ip) = host.parse::<std::net::IpAddr>()
-            && !direct_ip_allowed(ip)
-        {
-            return Err(refuse(
-                "expected the agent's own address, got an unspecified, link-local, multicast or broadcast address",
-            ));
+        let policy = self.direct_dial_policy();
+        let Err(why) = super::check_direct_addr(addr, announcer, &self.names.reserved, &policy) else {
+            return Ok(());
+        };
+        tracing::warn!(
+            host_id = %host.host_id,
+            node = %host.node_name,
+            %kind,
+            resource = %name,
+            direct_addr = %addr,
+            source = ?source,
+            reason = %why,
+            "refused an agent's announced listener: the proxy will not dial it"
+        );
+        let now = self.now();
+        let mut refused = self
+            .refused_direct
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        refused.retain(|r| r.until > now && !(r.host_id == host.host_id && r.kind == kind));
+        // Bounded: one entry per agent and kind, expiring with a heartbeat.
+        if refused.len() < 65_536 {
+            refused.push(RefusedDirect {
+                host_id: host.host_id.clone(),
+                hostname: host.node_name.clone(),
+                kind,
+                addr: addr.to_owned(),
+                reason: why.to_string(),
+                until: now + HEARTBEAT_TTL,
+            });
         }
-        if self.names.is_reserved(host) {
-            return Err(refuse("it is an address of the cluster's Proxy or Auth Service"));
+        Err(AuthError::Invalid(format!(
+            "served {kind} \"{name}\": direct_addr \"{addr}\": {why}"
+        )))
+    }
+
+    /// Why the listener `server` (host ID, UUID or node name) announced for `kind` was refused
+    /// at its last heartbeat, if it was: the text names the node, the address and the reason.
+    /// Only a proxy asks, when it has no route to dial.
+    pub fn direct_refusal(&self, caller: &Caller, server: &str, kind: ServedKind) -> Option<String> {
+        if !caller.is_host_with(SystemRole::Proxy) {
+            return None;
         }
-        Ok(())
+        let now = self.now();
+        self.refused_direct
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .find(|r| {
+                r.until > now
+                    && r.kind == kind
+                    && (r.host_id == server
+                        || r.hostname == server
+                        || r.host_id.split_once('.').is_some_and(|(uuid, _)| uuid == server))
+            })
+            .map(|r| {
+                format!(
+                    "node \"{}\" announced the listener {} and the Auth Service refused it: {}",
+                    r.hostname, r.addr, r.reason
+                )
+            })
     }
 
     async fn served_entries(&self) -> Result<Vec<ServedEntry>, AuthError> {
@@ -473,6 +543,12 @@ impl AuthService {
                 })
             });
         let Some(route) = found else {
+            // An agent whose announced listener was refused: say so rather than "not found".
+            if itself.is_none()
+                && let Some(refusal) = self.direct_refusal(caller, node, ServedKind::Node)
+            {
+                return Ok(Err(RouteError::Unreachable(refusal)));
+            }
             return Ok(Err(RouteError::NotServed {
                 kind: ServedKind::Node,
                 name: node.to_owned(),

@@ -673,15 +673,17 @@ async fn a_proxy_finds_the_listener_a_directly_joined_agent_announced() {
     };
     let host_id = host.host_id.clone();
     let mut node = ServedResource::new(ServedKind::Node, "edge-1");
-    node.direct_addr = "127.0.0.1:3022".into();
+    node.direct_addr = "10.0.0.7:3022".into();
     let mut kube = ServedResource::new(ServedKind::Kube, "k8s");
-    kube.direct_addr = "127.0.0.1:3026".into();
+    kube.direct_addr = "10.0.0.7:3026".into();
     f.auth
         .heartbeat(
             &agent,
             Heartbeat {
                 hostname: "edge-1".into(),
                 resources: vec![node, kube],
+                // The agent's own address, as the Auth API sees its heartbeat.
+                source: Some("10.0.0.7".parse().unwrap()),
                 ..Default::default()
             },
         )
@@ -696,7 +698,7 @@ async fn a_proxy_finds_the_listener_a_directly_joined_agent_announced() {
                 .await
                 .unwrap()
                 .map(|r| (r.server_id, r.resource.direct_addr)),
-            Some((host_id.clone(), "127.0.0.1:3022".to_owned())),
+            Some((host_id.clone(), "10.0.0.7:3022".to_owned())),
             "{server}"
         );
     }
@@ -707,7 +709,7 @@ async fn a_proxy_finds_the_listener_a_directly_joined_agent_announced() {
             .unwrap()
             .map(|r| r.resource.direct_addr)
             .as_deref(),
-        Some("127.0.0.1:3026")
+        Some("10.0.0.7:3026")
     );
     assert_eq!(
         f.auth
@@ -1157,7 +1159,7 @@ async fn extra_certificate_names_are_checked_at_join() {
         (
             &["github.com"][..],
             "db-1",
-            "join refused: certificate name \"github.com\": not an extra name the Auth Service grants to agents",
+            "join refused: certificate name \"github.com\": not an extra name the join token or the Auth Service grants to agents",
         ),
         (
             &[][..],
@@ -1181,6 +1183,73 @@ async fn extra_certificate_names_are_checked_at_join() {
         .verify_host_ssh(&certs.ssh_cert, auth.clock.now(), Some(SystemRole::Node))
         .unwrap();
     assert_eq!(host.additional_names, ["db.internal"]);
+}
+
+#[tokio::test]
+async fn a_token_grants_extra_names_from_its_allow_list_only() {
+    let f = fixture().await;
+    let mut auth = f.auth;
+    auth.set_host_name_policy(HostNamePolicy {
+        reserved: vec!["proxy.example.com".into()],
+        allowed: vec![],
+    });
+    let admin = admin(&auth);
+    // Creating a token that grants a wildcard or a cluster name is refused at once.
+    for (name, why) in [
+        ("*.example.com", "wildcard certificate names are not allowed"),
+        (
+            "Proxy.Example.com",
+            "it is a name of the cluster's Proxy or Auth Service",
+        ),
+        ("a b", "expected a host name"),
+        ("", "expected a host name"),
+    ] {
+        let err = auth
+            .create_token_with_names(&admin, vec![JoinRole::Node], None, vec![name.into()])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("extra name {name:?}")) && err.contains(why),
+            "{name}: {err}"
+        );
+    }
+    let token = auth
+        .create_token_with_names(&admin, vec![JoinRole::Node], None, vec!["edge-1.internal".into()])
+        .await
+        .unwrap();
+    assert_eq!(token.spec.extra_names, ["edge-1.internal"]);
+    let (tls, ssh) = keys();
+    let mut req = JoinRequest {
+        source: None,
+        token: token.value().clone(),
+        node_name: "edge-1".into(),
+        roles: vec![SystemRole::Node],
+        additional_names: vec!["edge-2.internal".into()],
+        tls_public_key: tls,
+        ssh_public_key: ssh,
+    };
+    assert_eq!(
+        auth.join(&req).await.unwrap_err().to_string(),
+        "join refused: certificate name \"edge-2.internal\": not an extra name the join token or the Auth Service grants to agents"
+    );
+    // Another token's grant does not carry over: a plain token grants nothing.
+    let plain = auth
+        .create_token(&admin, vec![JoinRole::Node], None)
+        .await
+        .unwrap();
+    let mut other = req.clone();
+    other.token = plain.value().clone();
+    other.additional_names = vec!["edge-1.internal".into()];
+    assert!(auth.join(&other).await.is_err());
+    // The name the token grants joins (case-insensitively), and is in the certificate.
+    req.additional_names = vec!["EDGE-1.internal".into()];
+    let certs = auth.join(&req).await.unwrap();
+    let host = auth
+        .verifier()
+        .verify_host_ssh(&certs.ssh_cert, auth.clock.now(), Some(SystemRole::Node))
+        .unwrap();
+    assert_eq!(host.additional_names, ["EDGE-1.internal"]);
 }
 
 #[tokio::test]
@@ -1425,6 +1494,8 @@ async fn an_agent_cannot_announce_a_metadata_or_cluster_address_as_its_listener(
         Heartbeat {
             hostname: "edge-1".into(),
             resources: vec![node],
+            // The agent's heartbeat comes from 10.0.0.7.
+            source: Some("10.0.0.7".parse().unwrap()),
             ..Default::default()
         }
     };
@@ -1470,6 +1541,51 @@ async fn an_agent_cannot_announce_a_metadata_or_cluster_address_as_its_listener(
     }
     f.auth.heartbeat(&agent, beat("10.0.0.7:3022")).await.unwrap();
     f.auth.heartbeat(&agent, beat("edge-1:3022")).await.unwrap();
+    // Strict: another host's address, a name the certificate lacks, loopback without the
+    // lab opt-in; each refusal is remembered for the proxy, naming the node and the reason.
+    for (addr, why) in [
+        (
+            "10.0.0.8:3022",
+            "is not the address the agent connects from (10.0.0.7)",
+        ),
+        ("db.example.com:3022", "does not carry the name db.example.com"),
+        ("127.0.0.1:3022", "loopback"),
+    ] {
+        let err = f
+            .auth
+            .heartbeat(&agent, beat(addr))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(why), "{addr}: {err}");
+        let refusal = f
+            .auth
+            .direct_refusal(&proxy(&f.auth), "edge-1", ServedKind::Node)
+            .expect("the refusal is remembered");
+        assert!(
+            refusal.starts_with(&format!(
+                "node \"edge-1\" announced the listener {addr} and the Auth Service refused it: "
+            )),
+            "{refusal}"
+        );
+        assert!(refusal.contains(why), "{refusal}");
+        assert_eq!(
+            f.auth.direct_refusal(&agent, "edge-1", ServedKind::Node),
+            None,
+            "only a proxy reads refusals"
+        );
+    }
+    // The lab opt-in accepts a loopback listener of an agent on the same host.
+    f.auth
+        .set_direct_dial_policy(crate::auth::DirectDialPolicy::default().with_allow_loopback(true));
+    let mut lab = beat("127.0.0.1:3022");
+    lab.source = Some("127.0.0.1".parse().unwrap());
+    f.auth.heartbeat(&agent, lab).await.unwrap();
+    // An accepted heartbeat forgets the refusal.
+    assert_eq!(
+        f.auth.direct_refusal(&proxy(&f.auth), "edge-1", ServedKind::Node),
+        None
+    );
     assert!(direct_ip_allowed("10.1.2.3".parse().unwrap()));
     assert!(!direct_ip_allowed("169.254.0.1".parse().unwrap()));
 }

@@ -73,6 +73,14 @@ pub(crate) struct RawAuth {
     pub(crate) keep_alive_interval: Option<String>,
     pub(crate) keep_alive_count_max: Option<u32>,
     pub(crate) authentication: RawAuthentication,
+    pub(crate) direct_dial: RawDirectDial,
+}
+
+/// `auth_service.direct_dial`: what directly joined agents may announce.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default, expecting = "a mapping")]
+pub(crate) struct RawDirectDial {
+    pub(crate) allow_loopback: Option<bool>,
 }
 
 /// `auth_service.authentication`: sign-in and join abuse limits.

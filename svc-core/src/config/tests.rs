@@ -247,3 +247,17 @@ fn arbitrary_text_never_panics() {
         let _ = parse(text);
     }
 }
+
+#[test]
+fn direct_dial_loopback_is_an_explicit_opt_in() {
+    let c = parse("version: v1\n").unwrap();
+    assert!(!c.auth.direct_dial.allow_loopback, "off by default");
+    let c = parse("version: v1\nauth_service: {direct_dial: {allow_loopback: true}}").unwrap();
+    assert!(c.auth.direct_dial.allow_loopback);
+    let c = parse("version: v1\nauth_service: {direct_dial: {allow_loopback: false}}").unwrap();
+    assert!(!c.auth.direct_dial.allow_loopback);
+    let err = parse("version: v1\nauth_service: {direct_dial: {allow_any: true}}").unwrap_err();
+    assert!(err.to_string().contains("allow_any"), "{err}");
+    let err = parse("version: v1\nauth_service: {direct_dial: {allow_loopback: yes}}").unwrap_err();
+    assert!(err.to_string().contains("allow_loopback"), "{err}");
+}

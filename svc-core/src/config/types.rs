@@ -164,6 +164,18 @@ pub struct AuthConfig {
     pub keep_alive_count_max: u32,
     /// Sign-in and join abuse limits (`auth_service.authentication`).
     pub authentication: AuthenticationConfig,
+    /// What directly joined agents may announce (`auth_service.direct_dial`).
+    pub direct_dial: DirectDialConfig,
+}
+
+/// `auth_service.direct_dial`: the listeners directly joined agents may announce for the
+/// proxy to dial.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DirectDialConfig {
+    /// Accept loopback listeners of agents on the Auth Service's own host, and let the proxy
+    /// dial loopback addresses (default `false`; for single-host labs).
+    pub allow_loopback: bool,
 }
 
 /// `auth_service.authentication`: limits on failed sign-ins and joins.

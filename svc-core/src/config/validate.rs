@@ -366,6 +366,9 @@ fn auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
         )?,
         keep_alive_count_max,
         authentication: authentication(raw.authentication)?,
+        direct_dial: DirectDialConfig {
+            allow_loopback: raw.direct_dial.allow_loopback.unwrap_or(false),
+        },
     })
 }
 

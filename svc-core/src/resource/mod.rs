@@ -32,7 +32,7 @@ pub use maintenance_config::{
 pub use oidc::{ClaimRolesMapping, OidcConnector, OidcSpec};
 pub use role::{LabelSelector, LabelValues, Role, RoleConditions, RoleSpec, Rule};
 pub use saml::{AttributeRolesMapping, SamlConnector, SamlSpec};
-pub use token::{JoinMethod, JoinRole, Token, TokenSpec};
+pub use token::{JoinMethod, JoinRole, Token, TokenSpec, extra_name_problem};
 pub use user::{LOGINS_TRAIT, User, UserSpec};
 
 use crate::Secret;

@@ -28,6 +28,11 @@ pub struct TokenSpec {
     /// How the agent proves it holds the token.
     #[serde(default)]
     pub join_method: JoinMethod,
+    /// Extra certificate names (`additional_names`) an agent joining with this token may ask
+    /// for, exact host names compared case-insensitively; never a wildcard. Empty (the
+    /// default): none beyond what the Auth Service's configuration grants.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_names: Vec<String>,
 }
 
 /// A service an agent may join as.
@@ -124,6 +129,7 @@ impl Token {
             spec: TokenSpec {
                 roles: roles.into_iter().collect(),
                 join_method: JoinMethod::Token,
+                extra_names: Vec::new(),
             },
         }
     }
@@ -138,10 +144,39 @@ impl Token {
         self.metadata.is_expired(now)
     }
 
+    /// The token with `names` as the extra certificate names it grants
+    /// ([`TokenSpec::extra_names`]).
+    pub fn with_extra_names(mut self, names: Vec<String>) -> Self {
+        self.spec.extra_names = names;
+        self
+    }
+
     /// Whether the token lets an agent join as `role`.
     pub fn allows(&self, role: JoinRole) -> bool {
         self.spec.roles.contains(&role)
     }
+}
+
+/// Why `name` cannot be an extra certificate name a token grants, if it cannot: names are
+/// exact host names (letters, digits, `-`, `.`, `_`) or IP addresses, never wildcards.
+pub fn extra_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        return Some("expected a host name, found an empty string");
+    }
+    if name.contains('*') {
+        return Some("wildcard certificate names are not allowed");
+    }
+    if name.parse::<std::net::IpAddr>().is_ok() {
+        return None;
+    }
+    if name.len() > 253
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+    {
+        return Some("expected a host name of letters, digits, '-', '.' and '_'");
+    }
+    None
 }
 
 impl KindResource for Token {
@@ -157,6 +192,11 @@ impl KindResource for Token {
                 format!("expected at least one of: {}", all.join(", ")),
             ));
         }
+        for name in &spec.extra_names {
+            if let Some(why) = extra_name_problem(name) {
+                return Err(invalid("spec.extra_names", format!("{name:?}: {why}")));
+            }
+        }
         Ok(Self { metadata, spec })
     }
 
@@ -166,5 +206,42 @@ impl KindResource for Token {
 
     fn spec(&self) -> &TokenSpec {
         &self.spec
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Resource, parse_resources};
+
+    #[test]
+    fn a_token_resource_grants_exact_extra_names_only() {
+        let yaml = |names: &str| {
+            format!(
+                "kind: token\nversion: v2\nmetadata:\n  name: abc\nspec:\n  roles: [node]\n  extra_names: {names}\n"
+            )
+        };
+        let parsed = parse_resources(&yaml("[edge-1.internal, 10.0.0.7]")).unwrap();
+        let [Resource::Token(t)] = &parsed[..] else {
+            panic!("one token: {parsed:?}")
+        };
+        assert_eq!(t.spec.extra_names, ["edge-1.internal", "10.0.0.7"]);
+        for (names, why) in [
+            ("['*.example.com']", "wildcard certificate names are not allowed"),
+            ("['a/b']", "expected a host name"),
+            ("['']", "expected a host name"),
+        ] {
+            let err = parse_resources(&yaml(names)).unwrap_err().to_string();
+            assert!(
+                err.contains("spec.extra_names") && err.contains(why),
+                "{names}: {err}"
+            );
+        }
+        // Without the field: none, and it is not written back.
+        let parsed = parse_resources(&yaml("[]").replace("  extra_names: []\n", "")).unwrap();
+        let [Resource::Token(t)] = &parsed[..] else {
+            panic!("one token")
+        };
+        assert!(t.spec.extra_names.is_empty());
+        assert!(!serde_json::to_string(&t.spec).unwrap().contains("extra_names"));
     }
 }

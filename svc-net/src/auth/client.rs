@@ -316,11 +316,24 @@ impl AuthClient {
         roles: &[String],
         ttl: Option<Duration>,
     ) -> Result<(Secret, i64), ClientError> {
+        self.create_token_with_names(roles, ttl, &[]).await
+    }
+
+    /// [`create_token`](Self::create_token) granting `extra_names`: the extra certificate names
+    /// an agent joining with the token may ask for (exact names, no wildcards, never a name of
+    /// the cluster's Proxy or Auth Service).
+    pub async fn create_token_with_names(
+        &mut self,
+        roles: &[String],
+        ttl: Option<Duration>,
+        extra_names: &[String],
+    ) -> Result<(Secret, i64), ClientError> {
         let r = self
             .inner
             .create_token(proto::CreateTokenRequest {
                 roles: roles.to_vec(),
                 ttl_seconds: ttl.map(|t| t.as_secs()).unwrap_or(0),
+                extra_names: extra_names.to_vec(),
             })
             .await?
             .into_inner();

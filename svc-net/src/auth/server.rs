@@ -347,6 +347,7 @@ impl proto::auth_server::Auth for AuthGrpc {
         req: Request<proto::HeartbeatRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
         let caller = self.caller(&req).await?;
+        let source = tcp_peer(&req);
         let r = req.into_inner();
         let beat = Heartbeat {
             hostname: r.hostname,
@@ -359,6 +360,7 @@ impl proto::auth_server::Auth for AuthGrpc {
                 .map(super::resources::from_proto)
                 .collect::<Result<_, _>>()
                 .map_err(status)?,
+            source,
         };
         self.auth.heartbeat(&caller, beat).await.map_err(status)?;
         Ok(Response::new(proto::Empty {}))
@@ -508,7 +510,7 @@ impl proto::auth_server::Auth for AuthGrpc {
         let ttl = (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds));
         let token = self
             .auth
-            .create_token(&caller, roles, ttl)
+            .create_token_with_names(&caller, roles, ttl, r.extra_names)
             .await
             .map_err(status)?;
         let expires = token.metadata.expires.map(|e| e.unix_timestamp()).unwrap_or(0);

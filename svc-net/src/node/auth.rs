@@ -59,6 +59,7 @@ pub struct AuthServer {
     backend: Option<Arc<dyn Backend>>,
     limits: svc_core::auth::LoginLimits,
     names: HostNamePolicy,
+    direct: svc_core::auth::DirectDialPolicy,
     listen: crate::listen::ListenOptions,
 }
 
@@ -84,6 +85,8 @@ impl AuthServer {
             backend: None,
             limits: config.auth.authentication.limits(),
             names: host_name_policy(config),
+            direct: svc_core::auth::DirectDialPolicy::default()
+                .with_allow_loopback(config.auth.direct_dial.allow_loopback),
             listen: crate::listen::ListenOptions::default(),
         }
     }
@@ -106,6 +109,13 @@ impl AuthServer {
     /// cluster's Proxy and Auth Service names, no extra names).
     pub fn host_name_policy(mut self, names: HostNamePolicy) -> Self {
         self.names = names;
+        self
+    }
+
+    /// Which listeners directly joined agents may announce (default: from
+    /// `auth_service.direct_dial`; the Auth API's and the proxy's bound addresses are added).
+    pub fn direct_dial_policy(mut self, policy: svc_core::auth::DirectDialPolicy) -> Self {
+        self.direct = policy;
         self
     }
 
@@ -134,6 +144,8 @@ impl AuthServer {
         auth.set_host_name_policy(self.names.clone());
         let auth = Arc::new(auth.with_login_limits(self.limits));
         let (listener, addr) = super::agent::bind("auth_service.listen_addr", &self.listen_addr).await?;
+        auth.set_direct_dial_policy(self.direct.clone());
+        auth.add_service_addrs([addr]);
         let mut names: Vec<String> = self.public_addrs.iter().map(|a| a.host_str()).collect();
         names.push(self.listen_addr.host_str());
         let server_identity = crate::auth::server_identity(&auth, &self.node_name, &names)?;

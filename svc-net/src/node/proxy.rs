@@ -130,11 +130,17 @@ impl ProxyServer {
             caller: auth.service.authenticate(&identity.tls_parts()?.0).await?,
             auth: auth.service.clone(),
         };
-        let builder = install_ssh(builder, &identity, client, Arc::new(lookup))?;
-        builder
+        let allow_loopback = auth.service.direct_dial_policy().allow_loopback;
+        let builder = install_ssh(builder, &identity, client, Arc::new(lookup), allow_loopback)?;
+        let running = builder
             .bind()
             .await
-            .map_err(|e| NodeError::setup("the proxy's listeners", e))
+            .map_err(|e| NodeError::setup("the proxy's listeners", e))?;
+        // Agents may never announce the proxy's own listeners for it to dial.
+        let addrs = running.addrs();
+        auth.service
+            .add_service_addrs(std::iter::once(addrs.web).chain(addrs.others.iter().map(|(_, a)| *a)));
+        Ok(running)
     }
 }
 
@@ -162,6 +168,7 @@ fn install_ssh(
     identity: &ClientIdentity,
     auth: AuthClient,
     direct: Arc<dyn DirectLookup>,
+    allow_loopback: bool,
 ) -> Result<ProxyBuilder, NodeError> {
     let settings = builder.settings();
     let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
@@ -179,7 +186,9 @@ fn install_ssh(
     );
     // Agents behind a reverse tunnel first; agents that joined the Auth Service directly on
     // the listeners they announced.
-    let direct = DirectDialer::new(identity, direct).map_err(|e| NodeError::setup("the direct dialer", e))?;
+    let direct = DirectDialer::new(identity, direct)
+        .map_err(|e| NodeError::setup("the direct dialer", e))?
+        .with_allow_loopback(allow_loopback);
     let dialer = tunnel.dialer().with_direct(direct);
     let ssh = ProxySsh::new(
         ProxySshConfig::new(
@@ -248,7 +257,8 @@ impl DirectLookup for AuthDirectLookup {
         &self,
         server: String,
         conn_type: ConnType,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<DirectTarget>> + Send>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<DirectTarget>, String>> + Send>>
+    {
         let (auth, caller) = (self.auth.clone(), self.caller.clone());
         Box::pin(async move {
             let kind = match conn_type {
@@ -256,16 +266,18 @@ impl DirectLookup for AuthDirectLookup {
                 ConnType::Kube => ServedKind::Kube,
                 ConnType::WindowsDesktop => ServedKind::WindowsDesktop,
                 // Apps and databases are served only through tunnels.
-                _ => return None,
+                _ => return Ok(None),
             };
             match auth.direct_route(&caller, &server, kind).await {
-                Ok(route) => route.map(|r| DirectTarget {
+                Ok(Some(r)) => Ok(Some(DirectTarget {
                     host_id: r.server_id,
                     addr: r.resource.direct_addr,
-                }),
+                })),
+                // An announcement the Auth Service refused: the user learns why.
+                Ok(None) => auth.direct_refusal(&caller, &server, kind).map_or(Ok(None), Err),
                 Err(e) => {
                     tracing::warn!(%server, error = %e, "looking up a directly joined agent failed");
-                    None
+                    Ok(None)
                 }
             }
         })

@@ -19,6 +19,7 @@
 //! are plain TCP forwarding to the configured address (their in-protocol TLS upgrades are not
 //! performed by the agent); desktops are TCP forwarding to the host's desktop port.
 
+pub mod app_http;
 pub mod client;
 mod db;
 mod kube;

@@ -203,13 +203,32 @@ impl ResourceProxy {
             client_src_addr: peer.to_string(),
             client_dst_addr: local.to_string(),
         };
-        let mut upstream = match self.inner.dialer.dial(dial).await {
+        let mut upstream = match self.inner.dialer.dial(dial.clone()).await {
             Ok(s) => s,
             Err(e) => return reply(&mut tls, &format!("{} \"{}\": {e}", req.kind, req.name)).await,
         };
         tls.write_all(format!("{RESOURCE_OK}\n").as_bytes()).await?;
         tls.flush().await?;
         tracing::info!(%peer, user = %user.username, kind = %req.kind, name = %req.name, agent = %route.server_id, "resource connection");
+        if req.kind == ServedKind::App && matches!(route.resource.protocol.as_str(), "http" | "https") {
+            // HTTP apps: svc's identity headers replace whatever the client sent.
+            let dialer = self.inner.dialer.clone();
+            let redial: super::app_http::Redial = Arc::new(move || {
+                let (dialer, dial) = (dialer.clone(), dial.clone());
+                Box::pin(async move {
+                    let io: crate::listen::BoxIo =
+                        Box::new(dialer.dial(dial).await.map_err(|e| e.to_string())?);
+                    Ok(io)
+                })
+            });
+            let app_user = super::app_http::AppUser {
+                username: user.username.clone(),
+                roles: user.roles.clone(),
+                client: peer.ip(),
+            };
+            super::app_http::relay(tls, Box::new(upstream), redial, app_user, req.name.clone()).await;
+            return Ok(());
+        }
         let _ = tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
         Ok(())
     }

@@ -1,9 +1,11 @@
 //! Direct join: an agent that joined the Auth Service directly (no `svc.proxy_server`) is
 //! reached on its own listeners instead of a reverse tunnel.
 //!
-//! Address rule: the Auth Service refuses an announced address that is unspecified,
-//! link-local, multicast or a name of the cluster's own Proxy or Auth Service, and the proxy
-//! dials only resolved addresses that are none of the first three. For SSH the proxy does not
+//! Address rule: the Auth Service accepts an announced address only when it is the agent's
+//! observed source address or a name its certificate carries, and never an unspecified,
+//! link-local, multicast, loopback (without the lab opt-in) or cluster service address
+//! ([`svc_core::auth::check_direct_addr`]); the proxy dials only resolved addresses that are
+//! not unspecified, link-local, multicast or (without the opt-in) loopback. For SSH the proxy does not
 //! check the node's host certificate itself (the client's SSH session runs end to end and the
 //! client checks it, as through a tunnel); it only dials addresses that pass this rule.
 //!
@@ -35,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use super::agent::serve_dial_stream;
 use super::{ConnType, DIAL_OK, DialRequest, DialService, MAX_DIAL_REQUEST, TunnelError, read_line};
 use crate::auth::ClientIdentity;
-use crate::listen::BoxIo;
+use crate::listen::{BoxError, BoxIo, Connection, ListenOptions};
 
 /// How long a direct dial (TCP, TLS and the dial request's answer) may take.
 pub const DIRECT_DIAL_TIMEOUT: Duration = Duration::from_secs(15);
@@ -64,8 +66,13 @@ pub struct DirectTarget {
 /// Finds the listener a directly joined agent announced (the proxy asks the Auth Service).
 pub trait DirectLookup: Send + Sync + 'static {
     /// The listener of `server` (host ID, UUID or node name) for `conn_type`, or `None` when no
-    /// live agent by that name announced one.
-    fn lookup(&self, server: String, conn_type: ConnType) -> BoxFuture<'static, Option<DirectTarget>>;
+    /// live agent by that name announced one; `Err` with the reason when the agent announced
+    /// one that was refused (the text names the node).
+    fn lookup(
+        &self,
+        server: String,
+        conn_type: ConnType,
+    ) -> BoxFuture<'static, Result<Option<DirectTarget>, String>>;
 }
 
 /// The agent's TLS configuration for its Kubernetes and Windows Desktop listeners: present the
@@ -95,7 +102,9 @@ pub fn agent_tls(identity: &ClientIdentity) -> Result<Arc<rustls::ServerConfig>,
 
 /// Serves a directly joined agent's Kubernetes or Windows Desktop listener until `shutdown`:
 /// mutual TLS (`tls` from [`agent_tls`]), the peer must be a proxy of this cluster, then one
-/// dial request answered by `service`, as on a tunnel's transport channel.
+/// dial request answered by `service`, as on a tunnel's transport channel. Runs the shared
+/// accept loop ([`listen::serve`](crate::listen::serve)) with its default limits: see
+/// [`serve_direct_with`].
 pub async fn serve_direct(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -103,38 +112,45 @@ pub async fn serve_direct(
     service: DialService,
     shutdown: CancellationToken,
 ) {
+    let options = ListenOptions::default().with_peek_timeout(DIRECT_DIAL_TIMEOUT);
+    serve_direct_with(listener, tls, verifier, service, options, shutdown).await;
+}
+
+/// [`serve_direct`] under the accept loop's `options`, like every other listener: at most
+/// `max_connections` open connections and `max_peeking` still in their TLS handshake (the
+/// excess is closed at once), the TLS handshake and the proxy's certificate check within
+/// `peek_timeout` of the accept, and a pause that doubles up to one second when `accept`
+/// fails (out of file descriptors).
+pub async fn serve_direct_with(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    verifier: Arc<Verifier>,
+    service: DialService,
+    options: ListenOptions,
+    shutdown: CancellationToken,
+) {
     let acceptor = TlsAcceptor::from(tls);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting a direct connection failed");
-                    continue;
-                }
-            },
-            _ = shutdown.cancelled() => return,
-        };
-        let acceptor = acceptor.clone();
-        let verifier = verifier.clone();
-        let service = service.clone();
-        tokio::spawn(async move {
-            if let Err(e) = serve_one(tcp, acceptor, &verifier, service).await {
+    let handler = tower::service_fn(move |conn: Connection| {
+        let (acceptor, verifier, service) = (acceptor.clone(), verifier.clone(), service.clone());
+        async move {
+            let peer = conn.peer_addr;
+            if let Err(e) = serve_one(conn, acceptor, &verifier, service).await {
                 tracing::info!(%peer, error = %e, "refused a direct connection");
             }
-        });
-    }
+            Ok::<(), BoxError>(())
+        }
+    });
+    crate::listen::serve(listener, handler, options, shutdown).await;
 }
 
 async fn serve_one(
-    tcp: TcpStream,
+    conn: Connection,
     acceptor: TlsAcceptor,
     verifier: &Verifier,
     service: DialService,
 ) -> Result<(), String> {
-    let _ = tcp.set_nodelay(true);
-    let deadline = tokio::time::Instant::now() + DIRECT_DIAL_TIMEOUT;
-    let mut tls = crate::tls::accept_before(&acceptor, tcp, deadline)
+    let (io, deadline, shutdown, slot) = conn.into_parts();
+    let mut tls = crate::tls::accept_before(&acceptor, io, deadline)
         .await
         .map_err(|e| e.to_string())?;
     let chain: Vec<CertificateDer<'static>> = tls
@@ -151,7 +167,12 @@ async fn serve_one(
         let _ = tls.shutdown().await;
         return Err(format!("expected a proxy's host certificate: {e}"));
     }
-    serve_dial_stream(tls, service, false).await;
+    // Past the handshake: no longer counted among the connections being classified.
+    drop(slot);
+    tokio::select! {
+        () = serve_dial_stream(tls, service, false) => {}
+        () = shutdown.cancelled() => {}
+    }
     Ok(())
 }
 
@@ -162,12 +183,14 @@ pub struct DirectDialer {
     lookup: Arc<dyn DirectLookup>,
     tls: TlsConnector,
     timeout: Duration,
+    allow_loopback: bool,
 }
 
 impl std::fmt::Debug for DirectDialer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirectDialer")
             .field("timeout", &self.timeout)
+            .field("allow_loopback", &self.allow_loopback)
             .finish()
     }
 }
@@ -196,13 +219,30 @@ impl DirectDialer {
             lookup,
             tls: TlsConnector::from(Arc::new(config)),
             timeout: DIRECT_DIAL_TIMEOUT,
+            allow_loopback: false,
         })
+    }
+
+    /// Whether loopback addresses may be dialed (default `false`: a name that resolves to
+    /// loopback, or a loopback address, is refused). On for single-host labs
+    /// (`auth_service.direct_dial.allow_loopback`), in step with the Auth Service's rule.
+    pub fn with_allow_loopback(mut self, allow: bool) -> Self {
+        self.allow_loopback = allow;
+        self
     }
 
     /// Dials `req` on the listener its server announced; `Ok(None)` when it announced none.
     pub async fn dial(&self, req: DialRequest) -> Result<Option<BoxIo>, TunnelError> {
-        let Some(target) = self.lookup.lookup(req.server_id.clone(), req.conn_type).await else {
-            return Ok(None);
+        let target = match self.lookup.lookup(req.server_id.clone(), req.conn_type).await {
+            Ok(Some(target)) => target,
+            Ok(None) => return Ok(None),
+            Err(reason) => {
+                return Err(TunnelError::DialRefused {
+                    server: req.server_id,
+                    address: req.address,
+                    reason,
+                });
+            }
         };
         let dial = self.dial_target(req, target);
         tokio::time::timeout(self.timeout, dial)
@@ -215,7 +255,7 @@ impl DirectDialer {
     }
 
     async fn dial_target(&self, mut req: DialRequest, target: DirectTarget) -> Result<BoxIo, TunnelError> {
-        let tcp = connect_announced(&target, &req.address).await?;
+        let tcp = connect_announced(&target, &req.address, self.allow_loopback).await?;
         let _ = tcp.set_nodelay(true);
         if req.conn_type == ConnType::Node {
             return Ok(Box::new(tcp));
@@ -256,10 +296,15 @@ impl DirectDialer {
 }
 
 /// Connects to an agent's announced listener, only at addresses the proxy may dial for users
-/// ([`direct_ip_allowed`](svc_core::auth::direct_ip_allowed)): a name that resolves to the
-/// cloud metadata service or another link-local, unspecified or multicast address is refused
-/// here even though the Auth Service accepted the name.
-async fn connect_announced(target: &DirectTarget, address: &str) -> Result<TcpStream, TunnelError> {
+/// ([`direct_ip_allowed`](svc_core::auth::direct_ip_allowed), and not loopback unless
+/// `allow_loopback`): a name that resolves to the cloud metadata service, another link-local,
+/// unspecified or multicast address, or the proxy's own host is refused here even though the
+/// Auth Service accepted the name.
+async fn connect_announced(
+    target: &DirectTarget,
+    address: &str,
+    allow_loopback: bool,
+) -> Result<TcpStream, TunnelError> {
     let resolved: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&target.addr)
         .await
         .map_err(|source| TunnelError::Io {
@@ -270,7 +315,15 @@ async fn connect_announced(target: &DirectTarget, address: &str) -> Result<TcpSt
     let allowed: Vec<std::net::SocketAddr> = resolved
         .iter()
         .copied()
-        .filter(|a| svc_core::auth::direct_ip_allowed(a.ip()))
+        .filter(|a| {
+            let ip = match a.ip() {
+                std::net::IpAddr::V6(v6) => v6
+                    .to_ipv4_mapped()
+                    .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+                v4 => v4,
+            };
+            svc_core::auth::direct_ip_allowed(ip) && (allow_loopback || !ip.is_loopback())
+        })
         .collect();
     if allowed.is_empty() {
         tracing::warn!(host_id = %target.host_id, addr = %target.addr, ?resolved, "refusing to dial an agent's announced listener");
@@ -278,7 +331,7 @@ async fn connect_announced(target: &DirectTarget, address: &str) -> Result<TcpSt
             server: target.host_id.clone(),
             address: address.to_owned(),
             reason: format!(
-                "the agent's announced listener {} resolves to no address the proxy dials (link-local, unspecified or multicast)",
+                "the agent's announced listener {} resolves to no address the proxy dials (loopback, link-local, unspecified or multicast)",
                 target.addr
             ),
         });
@@ -375,19 +428,41 @@ mod tests {
                 host_id: "rogue.example.com".into(),
                 addr: addr.into(),
             };
-            let err = connect_announced(&target, "node-1:3022").await.unwrap_err();
+            let err = connect_announced(&target, "node-1:3022", true).await.unwrap_err();
             assert!(
                 matches!(&err, TunnelError::DialRefused { reason, .. } if reason.contains("resolves to no address the proxy dials")),
                 "{addr}: {err}"
             );
         }
-        // A loopback listener of this test is dialed (the rule refuses classes of addresses,
-        // it does not replace the Auth Service's check of who announced them).
+        // A loopback listener is dialed only with the lab opt-in; without it, neither the
+        // address nor a name that resolves to it is (and the listener never sees a connection).
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        for addr in [
+            format!("127.0.0.1:{port}"),
+            format!("localhost:{port}"),
+            format!("[::ffff:127.0.0.1]:{port}"),
+        ] {
+            let target = DirectTarget {
+                host_id: "edge.example.com".into(),
+                addr: addr.clone(),
+            };
+            let err = connect_announced(&target, "edge:3022", false).await.unwrap_err();
+            assert!(
+                matches!(&err, TunnelError::DialRefused { reason, .. } if reason.contains("loopback")),
+                "{addr}: {err}"
+            );
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), listener.accept())
+                .await
+                .is_err(),
+            "a refused loopback listener was connected to"
+        );
         let target = DirectTarget {
             host_id: "edge.example.com".into(),
             addr: listener.local_addr().unwrap().to_string(),
         };
-        connect_announced(&target, "edge:3022").await.unwrap();
+        connect_announced(&target, "edge:3022", true).await.unwrap();
     }
 }

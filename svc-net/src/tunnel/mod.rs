@@ -43,7 +43,9 @@ use serde::{Deserialize, Serialize};
 
 pub use agent::{AgentConfig, AgentStatus, DialService, RunningAgent, TunnelAgent, tunnel_addr_from_ping};
 pub use backoff::Backoff;
-pub use direct::{DIRECT_DIAL_TIMEOUT, DirectDialer, DirectLookup, DirectTarget, agent_tls, serve_direct};
+pub use direct::{
+    DIRECT_DIAL_TIMEOUT, DirectDialer, DirectLookup, DirectTarget, agent_tls, serve_direct, serve_direct_with,
+};
 pub use registry::{AgentInfo, AgentRegistry};
 pub(crate) use server::ssh_server_config;
 pub use server::{TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream};

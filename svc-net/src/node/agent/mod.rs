@@ -206,6 +206,8 @@ impl AgentNode {
             upgrader: self.upgrader.0.clone(),
             upgrader_version: self.upgrader.1.clone(),
             resources,
+            // The Auth Service fills this in from the connection; an agent cannot claim it.
+            source: None,
         }
     }
 
