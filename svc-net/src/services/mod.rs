@@ -19,7 +19,6 @@
 //! are plain TCP forwarding to the configured address (their in-protocol TLS upgrades are not
 //! performed by the agent); desktops are TCP forwarding to the host's desktop port.
 
-pub mod client;
 mod db;
 mod kube;
 pub mod proxy;

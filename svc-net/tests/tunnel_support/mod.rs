@@ -23,13 +23,11 @@ use svc_core::{
     proxy_env::ProxyEnv,
 };
 use svc_net::{
+    client::{ProxyEndpoint, SshIdentity, connect_via_proxy},
     dial::ProxyDialer,
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
     route::alpn,
-    ssh::{
-        ClientIdentity, ProxyEndpoint, ProxySsh, ProxySshConfig, SshServer, SshServerConfig,
-        connect_via_proxy,
-    },
+    ssh::{ProxySsh, ProxySshConfig, SshServer, SshServerConfig},
     tls::{ServerIdentity, TlsSource},
     tunnel::{AgentConfig, Backoff, RunningAgent, Tunables, TunnelAgent, TunnelServer, TunnelServerConfig},
 };
@@ -127,7 +125,7 @@ impl Cluster {
         self.host_at(roles, node, SystemTime::now(), Duration::from_secs(3600))
     }
 
-    pub fn user(&self, username: &str, logins: &[&str]) -> ClientIdentity {
+    pub fn user(&self, username: &str, logins: &[&str]) -> SshIdentity {
         let key = ssh_key();
         let req = UserCertRequest {
             username: username.into(),
@@ -139,7 +137,7 @@ impl Cluster {
             .user_ca
             .sign_user_ssh(&req, key.public_key(), SystemTime::now())
             .unwrap();
-        ClientIdentity {
+        SshIdentity {
             key: Arc::new(key),
             cert,
             login: logins.first().copied().unwrap_or("root").into(),
@@ -417,7 +415,7 @@ pub type NodeSession = russh::client::Handle<NodeClient>;
 pub async fn node_session(
     proxy: &TestProxy,
     cluster: &Cluster,
-    user: &ClientIdentity,
+    user: &SshIdentity,
     node: &str,
 ) -> NodeSession {
     let stream = connect_via_proxy(&proxy.ssh_endpoint(cluster), user, node, 0)
@@ -579,7 +577,7 @@ impl Cluster {
     }
 
     /// `creds_dir` plus a user's key, certificate and login (`proxy_command`, OpenSSH).
-    pub fn user_creds_dir(&self, user: &ClientIdentity) -> tempfile::TempDir {
+    pub fn user_creds_dir(&self, user: &SshIdentity) -> tempfile::TempDir {
         let dir = self.creds_dir();
         let p = dir.path();
         std::fs::write(p.join("login"), &user.login).unwrap();
