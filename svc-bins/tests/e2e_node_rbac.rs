@@ -62,10 +62,7 @@ fn tsh(user: &User, args: &[&str]) -> Run {
 }
 
 fn require_openssh() {
-    assert!(
-        Command::new("ssh").arg("-V").output().is_ok(),
-        "OpenSSH's ssh is missing: apt-get install openssh-client"
-    );
+    svc_testkit::require("ssh", "openssh-client");
 }
 
 /// The real OpenSSH client with `user`'s key, certificate and the `known_hosts` `tsh login`

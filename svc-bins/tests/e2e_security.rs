@@ -32,10 +32,11 @@ const INSIDER: &str = "svc-insider";
 
 /// Fails (never skips) when a tool is missing, naming the Debian package.
 fn require(path: &str, package: &str) {
-    assert!(
-        Path::new(path).exists(),
-        "{path} is missing: install the Debian package `{package}` (listed in .ci/apt-packages.d/security.list)"
-    );
+    let tool = Path::new(path)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(path);
+    svc_testkit::require(tool, package);
 }
 
 /// Creates the insider account once per test binary (and reuses one left by an earlier run).

@@ -16,7 +16,7 @@ pub mod process;
 pub mod wait;
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 pub use wait::{wait_until, within};
 
@@ -30,12 +30,15 @@ const TOOL_DIRS: [&str; 6] = [
     "/sbin",
 ];
 
-/// The path of the system tool `binary`. A missing tool fails the test (never skips it), naming
-/// the Debian `package` that provides it.
+/// The path of the system tool `binary`, looked for on `PATH` and then in the system's binary
+/// directories (Debian keeps some tools in `sbin`, outside a user's `PATH`). A missing tool fails
+/// the test (never skips it), naming the Debian `package` that provides it.
 pub fn require(binary: &str, package: &str) -> PathBuf {
-    for dir in TOOL_DIRS {
-        let p = Path::new(dir).join(binary);
-        if p.exists() {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = std::env::split_paths(&path).chain(TOOL_DIRS.iter().map(PathBuf::from));
+    for dir in dirs {
+        let p = dir.join(binary);
+        if p.is_file() {
             return p;
         }
     }

@@ -3,9 +3,9 @@
 #![allow(dead_code, clippy::unwrap_used, unreachable_pub)]
 
 use std::{
-    net::{SocketAddr, TcpListener as StdListener},
+    net::SocketAddr,
     os::unix::process::CommandExt,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -24,42 +24,12 @@ pub const PASSWORD: &str = "Zq8-vL2_pw";
 /// escaped unreserved one shows the decoding).
 pub const PASSWORD_URL: &str = "Zq8%2DvL2_pw";
 
-/// The path of a binary, or a failure naming the Debian package to install.
-pub fn require(binary: &str, package: &str) -> PathBuf {
-    for dir in [
-        "/usr/bin",
-        "/usr/sbin",
-        "/usr/local/bin",
-        "/usr/local/sbin",
-        "/bin",
-        "/sbin",
-    ] {
-        let p = Path::new(dir).join(binary);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "{binary} is not installed: this test needs the Debian package `{package}` \
-         (apt-get install -y {package}; CI installs it from .ci/apt-packages.d/dial.list)"
-    );
-}
-
-/// A free TCP port on `ip` (bound and released; the tool binds it next).
-pub fn free_port(ip: &str) -> u16 {
-    StdListener::bind((ip, 0)).unwrap().local_addr().unwrap().port()
-}
+#[allow(unused_imports)]
+pub use svc_testkit::{free_port, require, within};
 
 /// How long one step of a test (a connection, a read, an answer) may take: generous for a debug
 /// build on a loaded two-core machine, short enough that a hang is reported long before CI's limit.
 pub const STEP: Duration = Duration::from_secs(60);
-
-/// `fut` for at most `limit`; panics naming `what` (what did not happen) after that.
-pub async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not happen within {limit:?}"))
-}
 
 /// Waits (bounded) until `addr` accepts connections.
 pub async fn wait_for_port(addr: SocketAddr, what: &str, child: &mut Child, log: &Path) {
@@ -226,23 +196,9 @@ pub async fn squid(connect_ports: &[u16], hosts: &[&str]) -> ProcGuard {
 
 /// A test CA and a server certificate for `PROXY_IP`, as PEM: (ca_cert, server_cert, server_key).
 pub fn test_pki() -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "svc test proxy CA");
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.subject_alt_names = vec![SanType::IpAddress(PROXY_IP.parse().unwrap())];
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "svc test proxy");
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    (ca_cert.pem(), cert.pem(), key.serialize_pem())
+    let ca = svc_testkit::pki::TestCa::new("svc test proxy CA");
+    let server = ca.server("svc test proxy", &[PROXY_IP]);
+    (ca.cert_pem, server.cert_pem, server.key_pem)
 }
 
 /// stunnel terminating TLS on its own port and forwarding to `backend` (plain).

@@ -9,7 +9,7 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 /// The basic-auth user tinyproxy requires.
@@ -18,18 +18,7 @@ pub const PROXY_USER: &str = "agentuser";
 pub const PROXY_PASSWORD: &str = "s3cret-pw";
 
 /// The path of a system tool; fails naming the Debian package when it is missing.
-pub fn tool(binary: &str, package: &str) -> PathBuf {
-    for dir in ["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"] {
-        let p = Path::new(dir).join(binary);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "{binary} is not installed: this test needs the Debian package `{package}` \
-         (apt-get install -y {package}; CI installs it from .ci/apt-packages.d/)"
-    );
-}
+pub use svc_testkit::require as tool;
 
 pub fn ip(args: &[&str]) -> std::process::Output {
     Command::new(tool("ip", "iproute2")).args(args).output().unwrap()
