@@ -13,6 +13,8 @@
 
 mod common;
 
+use svc_testkit::wait::OutputWithin;
+
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -77,7 +79,10 @@ fn as_insider(args: &[&str]) -> (bool, String, String) {
     let out = Command::new("/usr/sbin/runuser")
         .args(["-u", insider(), "--"])
         .args(args)
-        .output()
+        .output_within(
+            common::wait::STEP,
+            &format!("runuser -u {INSIDER} -- {}", args.join(" ")),
+        )
         .expect("run runuser");
     (
         out.status.success(),

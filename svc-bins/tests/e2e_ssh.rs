@@ -135,7 +135,7 @@ fn openssh_reaches_the_node_through_tsh_proxy_ssh() {
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600, "the private key is private");
     let home = cluster.home.to_string_lossy().into_owned();
-    let mut ssh = Command::new("ssh");
+    let mut ssh = Command::new(svc_testkit::require("ssh", "openssh-client"));
     ssh.args([
         "-F",
         "/dev/null",

@@ -118,6 +118,29 @@ pub fn run_within(command: &mut Command, limit: Duration, what: &str) -> std::io
     Ok(output_within(child, limit, what))
 }
 
+/// [`Command::output`] with a deadline: `cmd.output_within(limit, what)` kills the command and
+/// panics naming `what` after `limit` (standard input closed, as with `output`).
+pub trait OutputWithin {
+    /// Runs the command to completion within `limit`; `Err` when it cannot start.
+    fn output_within(&mut self, limit: Duration, what: &str) -> std::io::Result<Output>;
+}
+
+impl OutputWithin for Command {
+    fn output_within(&mut self, limit: Duration, what: &str) -> std::io::Result<Output> {
+        run_within(self, limit, what)
+    }
+}
+
+/// The same deadline for a `tokio::process::Command`'s output (the child is killed when the time
+/// runs out).
+pub async fn tokio_output_within(
+    command: &mut tokio::process::Command,
+    limit: Duration,
+    what: &str,
+) -> std::io::Result<Output> {
+    within(limit, what, command.kill_on_drop(true).output()).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +161,23 @@ mod tests {
         let out = std::io::Cursor::new(b"a\n".to_vec());
         let err = first_line(out, Duration::from_secs(5), |_| None::<()>).unwrap_err();
         assert!(err.contains("ended"), "{err}");
+    }
+
+    #[test]
+    fn commands_run_within_a_deadline() {
+        let out = Command::new("sh")
+            .args(["-c", "echo hi"])
+            .output_within(Duration::from_secs(10), "sh")
+            .unwrap();
+        assert_eq!(out.stdout, b"hi\n");
+    }
+
+    #[test]
+    #[should_panic(expected = "sleep did not finish within")]
+    fn a_command_past_its_deadline_is_killed_and_named() {
+        let _ = Command::new("sleep")
+            .arg("30")
+            .output_within(Duration::from_millis(200), "sleep");
     }
 
     #[tokio::test]
