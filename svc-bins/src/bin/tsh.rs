@@ -89,14 +89,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Db(ListCommand::Ls { format }) => list(ServedKind::Db, format),
         Command::Kube(KubeCommand::Ls { format }) => list(ServedKind::Kube, format),
         Command::Kube(KubeCommand::Login { name, out }) => {
-            let profile = Profile::signed_in()?;
-            let text = client::kubeconfig(&profile, &name)?;
-            let path = match out {
-                Some(p) => p,
-                None => client::home()?.join("kube").join(format!("{name}.kubeconfig")),
-            };
-            // Creates a missing directory 0700; the file is 0600 even if it existed.
-            client::write_private(&path, text.as_bytes())?;
+            let path = client::write_kubeconfig(&Profile::signed_in()?, &name, out)?;
             println!("export KUBECONFIG={}", path.display());
             Ok(())
         }

@@ -37,3 +37,20 @@ pub fn kubeconfig(profile: &Profile, cluster: &str) -> Result<String, Error> {
     });
     Ok(serde_json::to_string_pretty(&config)?)
 }
+
+/// Writes the kubeconfig for `cluster` ([`kubeconfig`]) to `out`, by default
+/// `<profile dir>/kube/<cluster>.kubeconfig`, with mode 0600 (a missing directory is created
+/// 0700); returns the path, for `export KUBECONFIG=<path>`.
+pub fn write_kubeconfig(
+    profile: &Profile,
+    cluster: &str,
+    out: Option<std::path::PathBuf>,
+) -> Result<std::path::PathBuf, Error> {
+    let text = kubeconfig(profile, cluster)?;
+    let path = match out {
+        Some(p) => p,
+        None => super::home()?.join("kube").join(format!("{cluster}.kubeconfig")),
+    };
+    super::write_private(&path, text.as_bytes())?;
+    Ok(path)
+}

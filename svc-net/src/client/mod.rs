@@ -8,7 +8,8 @@
 //! ([`connect_via_proxy`]: SSH to the proxy, the `proxy:<node>` subsystem) and run an SSH
 //! session to the node over it; [`serve_local_proxy`] listens on `127.0.0.1` and carries each
 //! connection to an application, database or desktop through the proxy ([`LocalProxy`] over a
-//! [`ResourceClient`]); [`kubeconfig`] points `kubectl` at a Kubernetes cluster through the proxy.
+//! [`ResourceClient`]); [`write_kubeconfig`] points `kubectl` at a Kubernetes cluster through the
+//! proxy.
 //!
 //! # Example
 //!
@@ -37,7 +38,7 @@ pub mod ssh;
 use std::path::PathBuf;
 
 pub use hop::{ProxiedStream, ProxyEndpoint, SshIdentity, connect_via_proxy};
-pub use kubeconfig::kubeconfig;
+pub use kubeconfig::{kubeconfig, write_kubeconfig};
 pub use local_proxy::{db_protocol, resource_client, serve_local_proxy};
 #[cfg(feature = "node")]
 pub use profile::tctl_identity;
