@@ -4,9 +4,8 @@
 
 use std::{
     net::SocketAddr,
-    os::unix::process::CommandExt,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::{Duration, Instant},
 };
 
@@ -26,6 +25,7 @@ pub const PASSWORD_URL: &str = "Zq8%2DvL2_pw";
 
 #[allow(unused_imports)]
 pub use svc_testkit::{free_port, require, within};
+use svc_testkit::{process::Proc, wait::OutputWithin};
 
 /// How long one step of a test (a connection, a read, an answer) may take: generous for a debug
 /// build on a loaded two-core machine, short enough that a hang is reported long before CI's limit.
@@ -52,9 +52,10 @@ pub async fn wait_for_port(addr: SocketAddr, what: &str, child: &mut Child, log:
     }
 }
 
-/// A child process (in its own process group) killed with its group on drop.
+/// A tool in its own process group, killed with its group on drop (squid starts helpers, its
+/// authenticator); its log is printed if the test fails.
 pub struct ProcGuard {
-    pub child: Child,
+    pub proc: Proc,
     pub dir: tempfile::TempDir,
     pub port: u16,
     pub name: &'static str,
@@ -70,25 +71,24 @@ impl ProcGuard {
     }
 }
 
-impl Drop for ProcGuard {
-    fn drop(&mut self) {
-        // The whole group: squid starts helpers (the authenticator). Helpers orphaned this way
-        // are reaped by PID 1 where it reaps; a TERM first did not avoid that and cost seconds.
-        let pgid = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-KILL", "--", &pgid]).status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// Starts `cmd` as `name` in its own process group, output to `log` in `dir`, and waits (bounded)
+/// until it listens on `port`.
+async fn start(
+    name: &'static str,
+    cmd: &mut Command,
+    dir: tempfile::TempDir,
+    log: &str,
+    port: u16,
+) -> ProcGuard {
+    let mut proc = Proc::spawn_group(name, cmd, dir.path().join(log));
+    let addr = format!("{PROXY_IP}:{port}").parse().unwrap();
+    wait_for_port(addr, name, &mut proc.child, &proc.log.clone()).await;
+    ProcGuard {
+        proc,
+        dir,
+        port,
+        name,
     }
-}
-
-fn spawn(cmd: &mut Command, dir: &Path, log: &str) -> Child {
-    let out = std::fs::File::create(dir.join(log)).unwrap();
-    cmd.stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .process_group(0)
-        .spawn()
-        .unwrap()
 }
 
 fn tempdir_open() -> tempfile::TempDir {
@@ -113,20 +113,9 @@ pub async fn tinyproxy(connect_ports: &[u16]) -> ProcGuard {
     }
     let conf_path = dir.path().join("tinyproxy.conf");
     std::fs::write(&conf_path, conf).unwrap();
-    let mut child = spawn(
-        Command::new(bin).arg("-d").arg("-c").arg(&conf_path),
-        dir.path(),
-        "tinyproxy.log",
-    );
-    let log = dir.path().join("tinyproxy.log");
-    let addr = format!("{PROXY_IP}:{port}").parse().unwrap();
-    wait_for_port(addr, "tinyproxy", &mut child, &log).await;
-    ProcGuard {
-        child,
-        dir,
-        port,
-        name: "tinyproxy",
-    }
+    let mut cmd = Command::new(bin);
+    cmd.arg("-d").arg("-c").arg(&conf_path);
+    start("tinyproxy", &mut cmd, dir, "tinyproxy.log", port).await
 }
 
 /// squid with basic auth (basic_ncsa_auth, apr1 password file), CONNECT allowed to `443` and
@@ -144,7 +133,7 @@ pub async fn squid(connect_ports: &[u16], hosts: &[&str]) -> ProcGuard {
     let d = dir.path().display().to_string();
     let hash = Command::new(openssl)
         .args(["passwd", "-apr1", PASSWORD])
-        .output()
+        .output_within(STEP, "openssl passwd")
         .unwrap();
     assert!(hash.status.success());
     let hash = String::from_utf8(hash.stdout).unwrap();
@@ -178,20 +167,9 @@ pub async fn squid(connect_ports: &[u16], hosts: &[&str]) -> ProcGuard {
     );
     let conf_path = dir.path().join("squid.conf");
     std::fs::write(&conf_path, conf).unwrap();
-    let mut child = spawn(
-        Command::new(bin).arg("-N").arg("-f").arg(&conf_path),
-        dir.path(),
-        "squid.out",
-    );
-    let log = dir.path().join("squid.out");
-    let addr = format!("{PROXY_IP}:{port}").parse().unwrap();
-    wait_for_port(addr, "squid", &mut child, &log).await;
-    ProcGuard {
-        child,
-        dir,
-        port,
-        name: "squid",
-    }
+    let mut cmd = Command::new(bin);
+    cmd.arg("-N").arg("-f").arg(&conf_path);
+    start("squid", &mut cmd, dir, "squid.out", port).await
 }
 
 /// A test CA and a server certificate for `PROXY_IP`, as PEM: (ca_cert, server_cert, server_key).
@@ -215,16 +193,9 @@ pub async fn stunnel(backend: SocketAddr, cert_pem: &str, key_pem: &str) -> Proc
     );
     let conf_path = dir.path().join("stunnel.conf");
     std::fs::write(&conf_path, conf).unwrap();
-    let mut child = spawn(Command::new(bin).arg(&conf_path), dir.path(), "stunnel.log");
-    let log = dir.path().join("stunnel.log");
-    let addr = format!("{PROXY_IP}:{port}").parse().unwrap();
-    wait_for_port(addr, "stunnel4", &mut child, &log).await;
-    ProcGuard {
-        child,
-        dir,
-        port,
-        name: "stunnel",
-    }
+    let mut cmd = Command::new(bin);
+    cmd.arg(&conf_path);
+    start("stunnel", &mut cmd, dir, "stunnel.log", port).await
 }
 
 /// A loopback echo server; returns its address.

@@ -9,8 +9,7 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::net::IpAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 /// The basic-auth user tinyproxy requires.
 pub const PROXY_USER: &str = "agentuser";
@@ -138,8 +137,7 @@ impl Drop for Net {
 
 /// A running tinyproxy requiring basic auth; killed on drop.
 pub struct Tinyproxy {
-    child: Child,
-    log: PathBuf,
+    proc: svc_testkit::process::Proc,
     pub port: u16,
     _dir: tempfile::TempDir,
 }
@@ -161,32 +159,22 @@ impl Tinyproxy {
             ),
         )
         .unwrap();
-        let log = dir.path().join("tinyproxy.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let mut child = Command::new(bin)
-            .arg("-d")
-            .arg("-c")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap();
+        let proc = svc_testkit::process::Proc::spawn(
+            "tinyproxy",
+            Command::new(bin).arg("-d").arg("-c").arg(&conf),
+            dir.path().join("tinyproxy.log"),
+        );
         let addr = std::net::SocketAddr::new(listen, port);
-        for _ in 0..500 {
-            if std::net::TcpStream::connect(addr).is_ok() {
-                return Tinyproxy {
-                    child,
-                    log,
-                    port,
-                    _dir: dir,
-                };
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+        svc_testkit::wait_until(
+            std::time::Duration::from_secs(30),
+            &format!("tinyproxy listening on {addr}"),
+            || std::net::TcpStream::connect(addr).is_ok(),
+        );
+        Tinyproxy {
+            proc,
+            port,
+            _dir: dir,
         }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("tinyproxy never listened on {addr}");
     }
 
     /// `HTTPS_PROXY` for an agent in the namespace, with the credentials.
@@ -195,13 +183,6 @@ impl Tinyproxy {
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Tinyproxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.proc.log()
     }
 }
