@@ -16,8 +16,8 @@ use svc_core::{
     identity::{IdentityKind, TrustedCa, Verifier},
 };
 use svc_net::{
+    client::{ProxyEndpoint, SshIdentity, connect_via_proxy},
     dial::ProxyDialer,
-    ssh::{ClientIdentity, ProxyEndpoint, connect_via_proxy},
 };
 
 fn read(dir: &std::path::Path, name: &str) -> anyhow::Result<String> {
@@ -63,7 +63,7 @@ async fn main() -> anyhow::Result<()> {
         dialer: ProxyDialer::from_env()?,
         timeout: Duration::from_secs(30),
     };
-    let identity = ClientIdentity {
+    let identity = SshIdentity {
         key: Arc::new(ssh_key::PrivateKey::from_openssh(read(&dir, "key")?)?),
         cert: ssh_key::Certificate::from_openssh(read(&dir, "key-cert.pub")?.trim())?,
         login: read(&dir, "login")?.trim().to_owned(),

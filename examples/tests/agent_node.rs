@@ -9,10 +9,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use support::example;
 use svc_core::config::Config;
 use svc_net::auth::{AuthClient, ClientIdentity};
 use svc_net::node::Cluster;
+use svc_testkit::process::example_bin;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_embedded_agent_joins_heartbeats_and_stops() -> Result<()> {
@@ -39,7 +39,7 @@ async fn the_embedded_agent_joins_heartbeats_and_stops() -> Result<()> {
             auth.ca_pin()
         ),
     )?;
-    let mut child = Command::new(example("agent_node")?)
+    let mut child = Command::new(example_bin("agent_node"))
         .arg(&agent_yaml)
         .arg("--insecure")
         .env_remove("HTTPS_PROXY")

@@ -16,7 +16,7 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
 };
-use support::example;
+use svc_testkit::process::example_bin;
 
 /// An HTTP server on loopback answering every request with `hello from the target`.
 async fn target() -> Result<std::net::SocketAddr> {
@@ -40,7 +40,7 @@ async fn target() -> Result<std::net::SocketAddr> {
 
 /// Runs the example with `env` (and no inherited proxy variables), within 30 s.
 async fn run(url: &str, env: &[(&str, &str)]) -> Result<std::process::Output> {
-    let mut cmd = Command::new(example("fetch_via_proxy")?);
+    let mut cmd = Command::new(example_bin("fetch_via_proxy"));
     cmd.arg(url).stdout(Stdio::piped()).stderr(Stdio::piped());
     for var in [
         "HTTPS_PROXY",

@@ -9,11 +9,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use support::{Running, example, http};
+use support::{Running, http};
+use svc_testkit::process::example_bin;
 
 #[tokio::test]
 async fn the_product_server_serves_svc_ping_and_versions_next_to_its_own_routes() -> Result<()> {
-    let running = Running::spawn(Command::new(example("serve_ping_and_version")?))?;
+    let running = Running::spawn(Command::new(example_bin("serve_ping_and_version")))?;
     let first = running.line(Duration::from_secs(30), "it should print `listening on <addr>`")?;
     let addr = first
         .strip_prefix("listening on ")
@@ -66,7 +67,7 @@ async fn the_product_server_serves_svc_ping_and_versions_next_to_its_own_routes(
 
 #[tokio::test]
 async fn what_svc_refuses_on_the_product_server_is_refused_with_its_reason() -> Result<()> {
-    let running = Running::spawn(Command::new(example("serve_ping_and_version")?))?;
+    let running = Running::spawn(Command::new(example_bin("serve_ping_and_version")))?;
     let first = running.line(Duration::from_secs(30), "it should print `listening on <addr>`")?;
     let addr = first
         .strip_prefix("listening on ")

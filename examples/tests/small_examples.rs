@@ -7,11 +7,11 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use support::example;
+use svc_testkit::process::example_bin;
 
 /// Runs example `name` with `args` to completion within 30 s: (success, stdout, stderr).
 async fn run(name: &str, args: &[&str]) -> Result<(bool, String, String)> {
-    let mut cmd = Command::new(example(name)?);
+    let mut cmd = Command::new(example_bin(name));
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
     let child = tokio::process::Command::from(cmd).kill_on_drop(true).spawn()?;
     let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())

@@ -1,13 +1,13 @@
-//! Glue shared by the `svc`, `tctl` and `tsh` binaries: finding the identity a client acts
-//! with ([`profile`]), printing ([`output`]), and `tsh`'s client side. The processes `svc start`
-//! runs are library types (`svc_net::node`); this crate parses arguments and prints.
+//! Glue shared by the `svc`, `tctl`, `tsh` and `svc-kube-updater` binaries: their command lines
+//! and how they print ([`output`], one module per binary). The processes `svc start` runs are
+//! library types (`svc_net::node`), `tsh`'s client side is `svc_net::client`; this crate parses
+//! arguments and prints.
 #![deny(missing_docs)]
 
-pub mod kubeconfig;
-pub mod local_proxy;
 pub mod output;
-pub mod profile;
-pub mod ssh;
+pub mod svc;
+pub mod tctl;
+pub mod tsh;
 
 /// Sends `tracing` output to stderr, filtered by `RUST_LOG` (default `default_level`).
 pub fn init_logging(default_level: &str) {

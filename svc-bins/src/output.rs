@@ -197,6 +197,34 @@ pub fn print_inventory(
     Ok(())
 }
 
+/// Prints a new join token (`tctl tokens add`): JSON, or sentences saying what it admits.
+pub fn print_invite(invite: &svc_net::auth::Invite, roles: &[String], format: Format) {
+    match format {
+        Format::Json => println!(
+            "{}",
+            serde_json::json!({
+                "token": invite.token.expose(),
+                "roles": roles,
+                "extra_names": invite.extra_names,
+                "expires_unix": invite.expires_unix,
+                "ca_pin": invite.ca_pin,
+            })
+        ),
+        _ => {
+            println!("The invite token: {}", invite.token.expose());
+            println!(
+                "It admits: {}. It expires at Unix time {} and works once.",
+                roles.join(","),
+                invite.expires_unix
+            );
+            println!(
+                "The agent joins with this token and checks the CA pin {}.",
+                invite.ca_pin
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,8 @@
 
 mod common;
 
+use svc_testkit::wait::OutputWithin;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -396,7 +398,7 @@ fn kubectl_with_the_kubeconfig_from_tsh_kube_login() {
             "--raw",
             "/api/v1/namespaces/default",
         ])
-        .output()
+        .output_within(common::wait::STEP, "kubectl get --raw")
         .unwrap();
     assert!(
         out.status.success(),
@@ -452,8 +454,7 @@ app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1
     for field in ["mysql_listen_addr", "mongo_listen_addr"] {
         let out = Command::new(require("openssl", "openssl"))
             .args(["s_client", "-connect", &addr(field)])
-            .stdin(Stdio::null())
-            .output()
+            .output_within(common::wait::STEP, &format!("openssl s_client to {field}"))
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("BEGIN CERTIFICATE"), "{field}: {text}");

@@ -9,6 +9,8 @@
 
 mod common;
 
+use svc_testkit::wait::OutputWithin;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -127,7 +129,7 @@ windows_desktop_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n  hosts:\
             "--raw",
             "/api/v1/namespaces/default",
         ])
-        .output()
+        .output_within(common::wait::STEP, "kubectl get --raw")
         .unwrap();
     assert!(
         out.status.success(),

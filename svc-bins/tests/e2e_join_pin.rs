@@ -3,7 +3,9 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use svc_testkit::wait::OutputWithin;
+
+use std::process::Command;
 
 use common::agent::Agent;
 use common::{Cluster, SVC};
@@ -31,8 +33,7 @@ ssh_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n",
         .args(["start", "--config"])
         .arg(&config)
         .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
+        .output_within(common::wait::STEP, "svc start without a CA pin")
         .expect("run svc start");
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "joined without a pin: {stderr}");

@@ -6,6 +6,8 @@
 
 mod common;
 
+use svc_testkit::wait::OutputWithin;
+
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -25,8 +27,7 @@ fn tsh(user: &User, args: &[&str]) -> Run {
         .args(args)
         .env("SVC_HOME", &user.home)
         .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
+        .output_within(common::wait::STEP, &format!("tsh {}", args.join(" ")))
         .expect("run tsh")
         .into()
 }
@@ -37,8 +38,7 @@ fn tctl_as(user: &User, args: &[&str]) -> Run {
         .args(args)
         .env("SVC_HOME", &user.home)
         .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
+        .output_within(common::wait::STEP, &format!("tctl {}", args.join(" ")))
         .expect("run tctl")
         .into()
 }

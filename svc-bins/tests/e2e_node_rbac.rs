@@ -12,6 +12,8 @@
 
 mod common;
 
+use svc_testkit::wait::OutputWithin;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -55,24 +57,20 @@ fn tsh(user: &User, args: &[&str]) -> Run {
         .args(args)
         .env("SVC_HOME", &user.home)
         .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
+        .output_within(common::wait::STEP, &format!("tsh {}", args.join(" ")))
         .expect("run tsh")
         .into()
 }
 
 fn require_openssh() {
-    assert!(
-        Command::new("ssh").arg("-V").output().is_ok(),
-        "OpenSSH's ssh is missing: apt-get install openssh-client"
-    );
+    svc_testkit::require("ssh", "openssh-client");
 }
 
 /// The real OpenSSH client with `user`'s key, certificate and the `known_hosts` `tsh login`
 /// wrote; `route` adds the options that say how to reach the node.
 fn openssh(user: &User, route: &[String], target: &str, command: &str) -> Run {
     let keys = user.home.join("keys");
-    Command::new("ssh")
+    Command::new(svc_testkit::require("ssh", "openssh-client"))
         .args([
             "-F",
             "/dev/null",
@@ -101,8 +99,7 @@ fn openssh(user: &User, route: &[String], target: &str, command: &str) -> Run {
         .args(route)
         .arg(target)
         .arg(command)
-        .stdin(Stdio::null())
-        .output()
+        .output_within(common::wait::STEP, &format!("ssh {target} {command}"))
         .expect("run ssh")
         .into()
 }

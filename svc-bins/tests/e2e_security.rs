@@ -13,6 +13,8 @@
 
 mod common;
 
+use svc_testkit::wait::OutputWithin;
+
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -32,10 +34,11 @@ const INSIDER: &str = "svc-insider";
 
 /// Fails (never skips) when a tool is missing, naming the Debian package.
 fn require(path: &str, package: &str) {
-    assert!(
-        Path::new(path).exists(),
-        "{path} is missing: install the Debian package `{package}` (listed in .ci/apt-packages.d/security.list)"
-    );
+    let tool = Path::new(path)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(path);
+    svc_testkit::require(tool, package);
 }
 
 /// Creates the insider account once per test binary (and reuses one left by an earlier run).
@@ -76,7 +79,10 @@ fn as_insider(args: &[&str]) -> (bool, String, String) {
     let out = Command::new("/usr/sbin/runuser")
         .args(["-u", insider(), "--"])
         .args(args)
-        .output()
+        .output_within(
+            common::wait::STEP,
+            &format!("runuser -u {INSIDER} -- {}", args.join(" ")),
+        )
         .expect("run runuser");
     (
         out.status.success(),

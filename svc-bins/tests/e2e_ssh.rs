@@ -123,10 +123,7 @@ async fn tsh_ssh_gives_a_terminal_an_interactive_shell_with_a_pty() {
 
 #[test]
 fn openssh_reaches_the_node_through_tsh_proxy_ssh() {
-    assert!(
-        Command::new("ssh").arg("-V").output().is_ok(),
-        "OpenSSH's ssh is missing: apt-get install openssh-client"
-    );
+    svc_testkit::require("ssh", "openssh-client");
     let cluster = Cluster::signed_in(PASSWORD);
     // `tsh login` wrote the key, its certificate and a known_hosts trusting the host CA.
     let keys = cluster.home.join("keys");
@@ -138,7 +135,7 @@ fn openssh_reaches_the_node_through_tsh_proxy_ssh() {
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600, "the private key is private");
     let home = cluster.home.to_string_lossy().into_owned();
-    let mut ssh = Command::new("ssh");
+    let mut ssh = Command::new(svc_testkit::require("ssh", "openssh-client"));
     ssh.args([
         "-F",
         "/dev/null",

@@ -18,6 +18,7 @@
 //! | the Auth gRPC API | `auth::AuthClient`, `auth::serve` | `auth` |
 //! | reverse tunnels, the SSH Service | `tunnel::TunnelAgent`, `ssh::SshServer` | `tunnel` / `ssh` |
 //! | the processes `svc start` runs | `AgentNode`, `AuthServer`, `ProxyServer`, `Cluster` | `node` |
+//! | the client side `tsh` runs: sign-in, SSH hop, local proxies, kubeconfig | `client::Profile`, `client::sign_in`, `client::ssh` | `client` |
 //!
 //! # Features
 //!
@@ -26,7 +27,7 @@
 //! assembly and diagnostics, without tonic, prost, protox (the build script generates nothing),
 //! russh, pty-process, redb or argon2. `auth` adds the gRPC API, `tunnel`/`ssh` the SSH
 //! transport, `services` Kubernetes and database access, `login` web sign-in, `node` the
-//! processes.
+//! processes, `client` the client side.
 //!
 //! # Example
 //!
@@ -51,6 +52,8 @@
 
 #[cfg(feature = "auth")]
 pub mod auth;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod diag;
 pub mod dial;
 pub mod http;

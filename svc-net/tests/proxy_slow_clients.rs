@@ -61,7 +61,7 @@ async fn slow_and_silent_peers_do_not_block_an_honest_client() -> Result<()> {
     }
 
     let port = addr.port();
-    let out = tokio::process::Command::new("curl")
+    let out = tokio::process::Command::new(svc_testkit::require("curl", "curl"))
         .args([
             "-sS",
             "--max-time",
@@ -134,7 +134,7 @@ async fn beyond_the_peek_cap_new_connections_are_shed() -> Result<()> {
         assert_eq!(n, 0);
     }
     let port = addr.port();
-    let out = tokio::process::Command::new("curl")
+    let out = tokio::process::Command::new(svc_testkit::require("curl", "curl"))
         .args([
             "-sS",
             "--max-time",

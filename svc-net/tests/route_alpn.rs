@@ -77,19 +77,18 @@ async fn start(dir: &Path, trusted: &str) -> Result<RunningProxy> {
 
 /// `openssl s_client` with the given ALPN list and SNI; returns what the server sent.
 async fn s_client(proxy: &RunningProxy, alpn_list: Option<&str>, sni: &str) -> Result<String> {
-    let mut cmd = tokio::process::Command::new("openssl");
+    let mut cmd = tokio::process::Command::new(svc_testkit::require("openssl", "openssl"));
     cmd.args(["s_client", "-quiet", "-ign_eof", "-connect"])
         .arg(proxy.addrs().web.to_string())
         .args(["-servername", sni]);
     if let Some(list) = alpn_list {
         cmd.args(["-alpn", list]);
     }
-    let out = cmd
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output()
+    cmd.stdin(std::process::Stdio::null());
+    let what = format!("openssl s_client (SNI {sni}, ALPN {alpn_list:?}) ending");
+    let out = svc_testkit::wait::tokio_output_within(&mut cmd, std::time::Duration::from_secs(60), &what)
         .await
-        .context("running openssl: install the Debian package `openssl`")?;
+        .context("running openssl")?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 

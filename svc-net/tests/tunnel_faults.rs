@@ -383,7 +383,7 @@ async fn a_silent_agent_is_marked_offline_but_its_live_sessions_continue() {
     assert!(info.live_sessions >= 1, "{info:?}");
     // The live session keeps working; new connections are not sent to an offline agent.
     assert_eq!(exec(&session, "echo still here").await.stdout(), "still here\n");
-    let err = svc_net::ssh::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "node-quiet", 0)
+    let err = svc_net::client::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "node-quiet", 0)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("no agent tunnel"), "{err}");

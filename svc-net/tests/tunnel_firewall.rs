@@ -54,7 +54,7 @@ async fn an_agent_behind_an_http_proxy_only_is_reachable() {
             .stderr(out)
             .spawn()
             .unwrap();
-        let agent = Proc(child, log);
+        let agent = Proc::adopt("tunnel_agent", child, log);
 
         // The namespace cannot reach the proxy directly: only tinyproxy is on its link.
         assert!(

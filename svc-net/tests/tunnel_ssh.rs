@@ -136,7 +136,7 @@ async fn a_login_outside_the_certificate_is_refused_and_unknown_nodes_fail_clear
     // Certificate allows `nobody`; asking for `root` must fail at the node.
     let mut user = cluster.user("mallory", &["nobody"]);
     user.login = "root".into();
-    let stream = svc_net::ssh::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "node-2", 0)
+    let stream = svc_net::client::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "node-2", 0)
         .await
         .unwrap();
     let handler = NodeClient::new(cluster.verifier.clone(), "node-2");
@@ -159,7 +159,7 @@ async fn a_login_outside_the_certificate_is_refused_and_unknown_nodes_fail_clear
         .unwrap();
     assert!(!auth.success(), "a login that is not a principal is refused");
 
-    let err = svc_net::ssh::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "no-such-node", 0)
+    let err = svc_net::client::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "no-such-node", 0)
         .await
         .unwrap_err();
     assert!(
@@ -171,7 +171,7 @@ async fn a_login_outside_the_certificate_is_refused_and_unknown_nodes_fail_clear
     // A certificate from another cluster's user CA is refused by the proxy.
     let other = Cluster::new();
     let stranger = other.user("eve", &["root"]);
-    let err = svc_net::ssh::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &stranger, "node-2", 0)
+    let err = svc_net::client::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &stranger, "node-2", 0)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("refused the user certificate"), "{err}");
@@ -267,7 +267,7 @@ async fn a_client_refuses_a_node_whose_certificate_does_not_name_the_host_asked_
         .await;
     let user = cluster.user("alice", &["root"]);
     // The proxy hands "prod-db" to the rogue agent ...
-    let stream = svc_net::ssh::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "prod-db", 0)
+    let stream = svc_net::client::connect_via_proxy(&proxy.ssh_endpoint(&cluster), &user, "prod-db", 0)
         .await
         .unwrap();
     // ... whose valid host certificate names "rogue": the client stops before authenticating.

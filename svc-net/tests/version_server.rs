@@ -112,7 +112,7 @@ async fn start_proxy(
 /// `curl` a path; returns status and exact body.
 async fn curl(proxy: &RunningProxy, extra: &[&str], path: &str) -> Result<(u16, String)> {
     let port = proxy.addrs().web.port();
-    let out = tokio::process::Command::new("curl")
+    let out = tokio::process::Command::new(svc_testkit::require("curl", "curl"))
         .args(["-sS", "--max-time", "30", "--cacert"])
         .arg(proxy.ca_file().context("ca")?)
         .args(["--resolve", &format!("localhost:{port}:127.0.0.1")])

@@ -28,7 +28,7 @@ async fn start(dir: &Path, mode: ListenerMode) -> Result<RunningProxy> {
 async fn curl(proxy: &RunningProxy, args: &[&str], path: &str) -> Result<(u16, String, String)> {
     let port = proxy.addrs().web.port();
     let ca = proxy.ca_file().context("generated CA")?;
-    let out: Output = tokio::process::Command::new("curl")
+    let out: Output = tokio::process::Command::new(svc_testkit::require("curl", "curl"))
         .args(["-sS", "--max-time", "20", "--cacert"])
         .arg(ca)
         .args(["--resolve", &format!("localhost:{port}:127.0.0.1")])
@@ -166,7 +166,7 @@ async fn plain_http_gets_a_hint_and_the_certificate_is_reused() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let proxy = start(dir.path(), ListenerMode::Multiplex).await?;
     let port = proxy.addrs().web.port();
-    let out = tokio::process::Command::new("curl")
+    let out = tokio::process::Command::new(svc_testkit::require("curl", "curl"))
         .args(["-sS", "--max-time", "20", "-w", "\n%{http_code}"])
         .arg(format!("http://127.0.0.1:{port}/webapi/ping"))
         .output()

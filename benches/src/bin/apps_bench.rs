@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use svc_core::auth::ServedKind;
 use svc_core::config::{Config, DbProtocol};
-use svc_net::services::client::{LocalProxy, ResourceClient, bind_local};
+use svc_net::client::{LocalProxy, ResourceClient, bind_local};
 
 struct Args {
     secs: u64,

@@ -1,34 +1,15 @@
-//! What the example tests share: finding the built example binaries, reading their first line
-//! and plain HTTP requests (through svc's `HttpClient`), every wait with a deadline.
+//! What the example tests share beyond `svc_testkit` (which finds the built example binaries):
+//! reading their output line by line and plain HTTP requests (through svc's `HttpClient`), every
+//! wait with a deadline.
 
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-
-/// The example binary, next to this test's directory (`cargo build -p svc-examples --examples`
-/// builds it; `.ci/run` does so before the tests).
-pub(crate) fn example(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("the test binary has no target directory")?
-        .join("examples");
-    let path = dir.join(name);
-    if !path.exists() {
-        bail!(
-            "the example binary {} is missing: build it with `cargo build -p svc-examples --examples`",
-            path.display()
-        );
-    }
-    Ok(path)
-}
+use anyhow::{Context, Result};
 
 /// A running example whose stdout lines arrive on a channel; killed when dropped.
 pub(crate) struct Running {

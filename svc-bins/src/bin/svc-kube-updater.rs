@@ -1,22 +1,13 @@
 //! `svc-kube-updater`: keeps a Kubernetes agent on the version its channel serves.
 //!
-//! Glue only: parse flags, build the library's controller (`svc_update::kube`), serve
-//! diagnostics, elect a leader, run until a signal.
+//! Glue only: parse flags, build the library's updater (`svc_update::kube::updater`), run
+//! until a signal.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use svc_core::clock::SystemClock;
-use svc_update::kube::{
-    UpdaterConfig, WorkloadKind,
-    controller::{self, Context},
-    decision::channel_major,
-    health::{self, Metrics},
-    leader::{LeaderElector, LeaseTiming},
-    target::channel_base_url,
-};
-use svc_update::target::{Trust, VersionClient, tls_config};
+use svc_update::kube::{UpdaterConfig, WorkloadKind, decision::channel_major, updater::Updater};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Kind {
@@ -104,53 +95,20 @@ async fn main() -> anyhow::Result<()> {
     if let Some(secret) = args.shared_state_secret {
         config.secret_name = secret;
     }
-
-    // The shared updater client: HTTPS_PROXY / NO_PROXY are honoured for the version server,
-    // like every outbound connection svc makes.
     let ca = match &args.ca_file {
         Some(path) => {
             Some(std::fs::read(path).with_context(|| format!("reading --ca-file {}", path.display()))?)
         }
         None => None,
     };
-    let target = VersionClient::from_env(
-        channel_base_url(&args.version_server, &args.version_channel),
-        tls_config(Trust::Roots(ca.as_deref()))?,
-    )?;
-    let client = kube::Client::try_default()
-        .await
-        .context("building the Kubernetes client")?;
-    let metrics = Arc::new(Metrics::default());
-    let listener = tokio::net::TcpListener::bind(args.health_addr)
-        .await
-        .with_context(|| format!("binding the health address {}", args.health_addr))?;
-    tokio::spawn(health::serve(listener, metrics.clone()));
-
-    let identity = args
-        .identity
-        .unwrap_or_else(|| format!("svc-kube-updater-{}", std::process::id()));
-    let elector = LeaderElector::new(
-        client.clone(),
-        &config.namespace,
-        &args.lease_name,
-        &identity,
-        LeaseTiming::default(),
-        metrics.clone(),
-    );
-    let ctx = Arc::new(Context {
-        client,
-        config,
-        target: Arc::new(target),
-        clock: Arc::new(SystemClock),
-        metrics: metrics.clone(),
-    });
-    metrics.ready.store(true, std::sync::atomic::Ordering::Relaxed);
+    let updater = Updater::new(config, &args.version_server, &args.version_channel)
+        .ca_pem(ca)
+        .health_addr(args.health_addr)
+        .lease_name(args.lease_name)
+        .identity(args.identity);
     tokio::select! {
-        result = elector.run(controller::run(ctx)) => {
-            // Leadership lost: exit so the pod restarts as a fresh standby.
-            result?;
-            anyhow::bail!("the controller stopped");
-        }
+        // Leadership lost or the controller stopped: exit so the pod restarts as a fresh standby.
+        e = updater.run() => Err(e.into()),
         signal = shutdown_signal() => {
             signal?;
             tracing::info!("stopping on signal");

@@ -3,72 +3,15 @@
 //! Glue only: parse the CLI, load the configuration, start the services
 //! ([`svc_net::node::Cluster`]), run until SIGTERM or SIGINT, drain.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use svc_bins::svc::cli::{Cli, Command};
 use svc_core::Addr;
 use svc_core::config::Config;
-use svc_net::node::{Cluster, RunningCluster};
+use svc_net::node::Cluster;
 use svc_update::kube::schedule::SecretSink;
-
-/// The configuration file read when `--config` is not given, if it exists.
-const DEFAULT_CONFIG: &str = "/etc/svc.yaml";
-
-#[derive(Parser)]
-#[command(
-    name = "svc",
-    about = "svc cluster access service",
-    disable_version_flag = true
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Print the version of this svc build.
-    Version,
-    /// Print a commented default svc.yaml.
-    Configure,
-    /// Run the services svc.yaml enables (without one: Auth + Proxy on loopback) until SIGTERM
-    /// or SIGINT.
-    Start {
-        /// The configuration file (default: /etc/svc.yaml when it exists, else the all-in-one
-        /// defaults).
-        #[arg(long, short = 'c')]
-        config: Option<PathBuf>,
-        /// Overrides svc.data_dir.
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-        /// Overrides proxy_service.web_listen_addr.
-        #[arg(long)]
-        web_listen_addr: Option<String>,
-        /// Overrides proxy_service.public_addr.
-        #[arg(long)]
-        public_addr: Option<String>,
-        /// An agent accepts any TLS certificate from the proxy (a self-signed test proxy), and
-        /// joins without svc.ca_pin by trusting the first CA seen. The SSH inside the reverse
-        /// tunnel still checks the proxy against the cluster's host CA.
-        #[arg(long)]
-        insecure: bool,
-    },
-}
-
-fn load_config(file: Option<&Path>, data_dir: Option<PathBuf>) -> anyhow::Result<Config> {
-    let default = Path::new(DEFAULT_CONFIG);
-    let mut config = match file {
-        Some(f) => Config::load(f)?,
-        None if default.exists() => Config::load(default)?,
-        None => Config::all_in_one_default(),
-    };
-    if let Some(dir) = data_dir {
-        config.svc.data_dir = dir;
-    }
-    Ok(config)
-}
 
 fn main() {
     svc_bins::exit_on_error(run_cli(Cli::parse()));
@@ -85,16 +28,8 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
             public_addr,
             insecure,
         } => {
-            let mut config = load_config(config.as_deref(), data_dir)?;
-            if let Some(a) = web_listen_addr {
-                config.proxy.web_listen_addr = Addr::parse_with_default_port(&a, 3080)
-                    .with_context(|| format!("--web-listen-addr {a}"))?;
-            }
-            if let Some(a) = public_addr {
-                config.proxy.public_addr = Some(
-                    Addr::parse_with_default_port(&a, 443).with_context(|| format!("--public-addr {a}"))?,
-                );
-            }
+            let config =
+                svc_bins::svc::load_config(config.as_deref(), data_dir, web_listen_addr, public_addr)?;
             svc_bins::init_logging(&format!("{:?}", config.svc.log.severity).to_lowercase());
             let tunnel_override = std::env::var("SVC_TUNNEL_PUBLIC_ADDR")
                 .ok()
@@ -126,7 +61,7 @@ async fn run(config: Config, mut cluster: Cluster) -> anyhow::Result<()> {
         ),
     }
     let running = cluster.start().await?;
-    banner(&config, &running);
+    svc_bins::svc::banner(&config, &running);
     println!("svc: ready");
     use tokio::signal::unix::{SignalKind, signal};
     let (mut term, mut hup) = (signal(SignalKind::terminate())?, signal(SignalKind::hangup())?);
@@ -160,57 +95,4 @@ fn restart_in_place() -> anyhow::Error {
     };
     let err = std::process::Command::new(&program).args(args).exec();
     anyhow::anyhow!("restarting after SIGHUP ({}): {err}", program.to_string_lossy())
-}
-
-fn banner(config: &Config, running: &RunningCluster) {
-    let data_dir = config.svc.data_dir.display();
-    match &running.auth {
-        Some(_) => println!(
-            "svc {}: cluster {:?} is running",
-            svc_core::version::current(),
-            running.cluster
-        ),
-        None => println!(
-            "svc {}: agent of cluster {:?} is running",
-            svc_core::version::current(),
-            running.cluster
-        ),
-    }
-    if let Some(auth) = &running.auth {
-        println!("  auth: {}", auth.addr);
-        println!("  CA pin: {}", auth.ca_pin());
-        println!("  admin identity: {}", auth.admin_identity.display());
-    }
-    if let Some(node) = &running.node {
-        println!("  node: {} ({})", node.name, node.host_id);
-        if let Some(agent) = &node.agent {
-            for proxy in &agent.status().connected {
-                println!("  tunnel: {proxy}");
-            }
-        }
-        for (section, addr) in &node.listeners {
-            println!("  {section}: {addr}");
-        }
-        if let Some(diag) = node.diag_addr {
-            println!("  diag: http://{diag}");
-        }
-    }
-    if let Some(proxy) = &running.proxy {
-        println!("  web: https://{}", proxy.addrs().web);
-        for (field, addr) in &proxy.addrs().others {
-            println!("  {field}: {addr}");
-        }
-        println!();
-        println!("Create the first user (prints a password), then sign in with it:");
-        println!("  tctl --data-dir {data_dir} users add admin --roles=editor,access --logins=root");
-        // A generated self-signed certificate: trust exactly it, never `--insecure`.
-        let trust = proxy
-            .ca_file()
-            .map(|ca| format!(" --cacert={}", ca.display()))
-            .unwrap_or_default();
-        println!("  tsh login --proxy={} --user=admin{trust}", proxy.addrs().web);
-        if let Some(node) = &running.node {
-            println!("  tsh ssh root@{}", node.name);
-        }
-    }
 }

@@ -85,17 +85,25 @@ impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failing test shows what the agent logged.
+        if std::thread::panicking() {
+            eprintln!(
+                "--- agent log ({}) ---\n{}--- end of agent log ---",
+                self.stderr.display(),
+                self.log()
+            );
+        }
     }
 }
 
 /// `curl URL`: the HTTP status code and the body.
 pub fn curl(url: &str) -> (String, String) {
     let out = super::wait::run_within(
-        Command::new("curl").args(["-sS", "-w", "\n%{http_code}", url]),
+        Command::new(svc_testkit::require("curl", "curl")).args(["-sS", "-w", "\n%{http_code}", url]),
         super::wait::STEP,
         &format!("curl {url}"),
     )
-    .expect("curl is missing: apt-get install curl");
+    .expect("running curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
     (status.to_owned(), body.to_owned())

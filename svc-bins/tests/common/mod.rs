@@ -3,7 +3,16 @@
 
 pub mod agent;
 pub mod resources;
-pub mod wait;
+
+/// Deadlines for everything these tests wait on (`svc_testkit::wait`), and how long one step
+/// may take here.
+pub mod wait {
+    pub use svc_testkit::wait::*;
+
+    /// How long one command, start-up or shutdown may take: generous for a debug build on a
+    /// loaded two-core machine, short enough that a hang is reported long before CI's limit.
+    pub const STEP: std::time::Duration = std::time::Duration::from_secs(90);
+}
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -303,5 +312,13 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.kill9();
+        // A failing test shows what svc logged.
+        if std::thread::panicking() {
+            eprintln!(
+                "--- svc log ({}) ---\n{}--- end of svc log ---",
+                self.stderr_file.display(),
+                self.stderr()
+            );
+        }
     }
 }

@@ -16,21 +16,11 @@ use super::{Cluster, TSH};
 pub const PASSWORD: &str = "correct-horse-battery";
 
 /// Fails naming the Debian package when a tool is missing.
-pub fn require(tool: &str, package: &str) -> PathBuf {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(tool))
-            .find(|p| p.is_file())
-    });
-    found.unwrap_or_else(|| panic!("{tool} is not installed: apt-get install {package}"))
-}
+pub use svc_testkit::require;
 
+/// A free port on 127.0.0.1.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    svc_testkit::free_port("127.0.0.1")
 }
 
 /// Waits until something accepts on `port` (readiness, bounded).

@@ -13,6 +13,7 @@
 //! Clients offer the ALPN [`alpn`]`(cluster)` before `h2`, so the same client reaches the Auth
 //! API directly (port 3025) or through a proxy's web port in TLS routing mode ([`auth_route`]).
 
+mod admin;
 mod client;
 mod identity;
 mod resources;
@@ -99,6 +100,7 @@ pub mod proto {
     }
 }
 
+pub use admin::{AdminError, Invite, generate_password};
 pub use client::{AuthClient, ClientError, JoinParams, join, join_via};
 pub use identity::{ClientIdentity, IdentityFileError, KeyMaterial, TrustedCaPem};
 pub use resources::Resolved;

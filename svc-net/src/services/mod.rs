@@ -20,7 +20,6 @@
 //! performed by the agent); desktops are TCP forwarding to the host's desktop port.
 
 pub mod app_http;
-pub mod client;
 mod db;
 mod kube;
 pub mod proxy;

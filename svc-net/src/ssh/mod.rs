@@ -10,21 +10,40 @@
 //! authenticates the user certificate again (the requested login must be one of the
 //! certificate's principals), presents the agent's host certificate and runs shells and
 //! commands. Node RBAC ([`authz`]) is asked twice: by the proxy before it dials, and by the
-//! node before it starts anything. [`client::connect_via_proxy`] is the client half of the first hop.
+//! node before it starts anything. The client half of the first hop is
+//! `client::connect_via_proxy` (feature `client`).
 
 pub mod authz;
-pub mod client;
 mod deadline;
 mod passwd;
 pub mod proxy;
 pub mod server;
 
 pub use authz::{AuthNodeAuthorizer, NodeAuthorizer, NodeDecision, NodeDecisionFuture};
-pub use client::{ClientIdentity, ProxiedStream, ProxyEndpoint, client_config, connect_via_proxy};
 pub use proxy::{ProxySsh, ProxySshConfig};
 pub use server::{SshServer, SshServerConfig};
 
 pub(crate) use deadline::{StartError, authenticate_before};
+
+/// The russh client configuration svc's SSH clients use: host certificates asked for (ed25519,
+/// the cluster CAs' key type, ahead of plain keys), `TCP_NODELAY`, and the tunnel's window,
+/// packet sizes and cipher preference (AES-GCM first). Use it for the SSH session to the node
+/// over `client::connect_via_proxy`'s stream too.
+pub fn client_config(tunables: &crate::tunnel::Tunables) -> russh::client::Config {
+    let preferred = russh::Preferred {
+        host_key_certificates: std::borrow::Cow::Borrowed(&[russh::keys::Algorithm::Ed25519]),
+        cipher: tunables.ciphers.clone(),
+        ..Default::default()
+    };
+    russh::client::Config {
+        preferred,
+        nodelay: true,
+        window_size: tunables.window_size,
+        maximum_packet_size: tunables.max_packet_size,
+        channel_buffer_size: tunables.channel_buffer_size,
+        ..Default::default()
+    }
+}
 
 /// Why an SSH operation failed.
 #[derive(Debug, thiserror::Error)]

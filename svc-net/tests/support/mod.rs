@@ -3,10 +3,9 @@
 #![allow(dead_code, clippy::unwrap_used, unreachable_pub)]
 
 use std::{
-    net::{SocketAddr, TcpListener as StdListener},
-    os::unix::process::CommandExt,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    net::SocketAddr,
+    path::Path,
+    process::{Child, Command},
     time::{Duration, Instant},
 };
 
@@ -24,42 +23,13 @@ pub const PASSWORD: &str = "Zq8-vL2_pw";
 /// escaped unreserved one shows the decoding).
 pub const PASSWORD_URL: &str = "Zq8%2DvL2_pw";
 
-/// The path of a binary, or a failure naming the Debian package to install.
-pub fn require(binary: &str, package: &str) -> PathBuf {
-    for dir in [
-        "/usr/bin",
-        "/usr/sbin",
-        "/usr/local/bin",
-        "/usr/local/sbin",
-        "/bin",
-        "/sbin",
-    ] {
-        let p = Path::new(dir).join(binary);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "{binary} is not installed: this test needs the Debian package `{package}` \
-         (apt-get install -y {package}; CI installs it from .ci/apt-packages.d/dial.list)"
-    );
-}
-
-/// A free TCP port on `ip` (bound and released; the tool binds it next).
-pub fn free_port(ip: &str) -> u16 {
-    StdListener::bind((ip, 0)).unwrap().local_addr().unwrap().port()
-}
+#[allow(unused_imports)]
+pub use svc_testkit::{free_port, require, within};
+use svc_testkit::{process::Proc, wait::OutputWithin};
 
 /// How long one step of a test (a connection, a read, an answer) may take: generous for a debug
 /// build on a loaded two-core machine, short enough that a hang is reported long before CI's limit.
 pub const STEP: Duration = Duration::from_secs(60);
-
-/// `fut` for at most `limit`; panics naming `what` (what did not happen) after that.
-pub async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not happen within {limit:?}"))
-}
 
 /// Waits (bounded) until `addr` accepts connections.
 pub async fn wait_for_port(addr: SocketAddr, what: &str, child: &mut Child, log: &Path) {
@@ -82,9 +52,10 @@ pub async fn wait_for_port(addr: SocketAddr, what: &str, child: &mut Child, log:
     }
 }
 
-/// A child process (in its own process group) killed with its group on drop.
+/// A tool in its own process group, killed with its group on drop (squid starts helpers, its
+/// authenticator); its log is printed if the test fails.
 pub struct ProcGuard {
-    pub child: Child,
+    pub proc: Proc,
     pub dir: tempfile::TempDir,
     pub port: u16,
     pub name: &'static str,
@@ -100,25 +71,24 @@ impl ProcGuard {
     }
 }
 
-impl Drop for ProcGuard {
-    fn drop(&mut self) {
-        // The whole group: squid starts helpers (the authenticator). Helpers orphaned this way
-        // are reaped by PID 1 where it reaps; a TERM first did not avoid that and cost seconds.
-        let pgid = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-KILL", "--", &pgid]).status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// Starts `cmd` as `name` in its own process group, output to `log` in `dir`, and waits (bounded)
+/// until it listens on `port`.
+async fn start(
+    name: &'static str,
+    cmd: &mut Command,
+    dir: tempfile::TempDir,
+    log: &str,
+    port: u16,
+) -> ProcGuard {
+    let mut proc = Proc::spawn_group(name, cmd, dir.path().join(log));
+    let addr = format!("{PROXY_IP}:{port}").parse().unwrap();
+    wait_for_port(addr, name, &mut proc.child, &proc.log.clone()).await;
+    ProcGuard {
+        proc,
+        dir,
+        port,
+        name,
     }
-}
-
-fn spawn(cmd: &mut Command, dir: &Path, log: &str) -> Child {
-    let out = std::fs::File::create(dir.join(log)).unwrap();
-    cmd.stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .process_group(0)
-        .spawn()
-        .unwrap()
 }
 
 fn tempdir_open() -> tempfile::TempDir {
@@ -143,20 +113,9 @@ pub async fn tinyproxy(connect_ports: &[u16]) -> ProcGuard {
     }
     let conf_path = dir.path().join("tinyproxy.conf");
     std::fs::write(&conf_path, conf).unwrap();
-    let mut child = spawn(
-        Command::new(bin).arg("-d").arg("-c").arg(&conf_path),
-        dir.path(),
-        "tinyproxy.log",
-    );
-    let log = dir.path().join("tinyproxy.log");
-    let addr = format!("{PROXY_IP}:{port}").parse().unwrap();
-    wait_for_port(addr, "tinyproxy", &mut child, &log).await;
-    ProcGuard {
-        child,
-        dir,
-        port,
-        name: "tinyproxy",
-    }
+    let mut cmd = Command::new(bin);
+    cmd.arg("-d").arg("-c").arg(&conf_path);
+    start("tinyproxy", &mut cmd, dir, "tinyproxy.log", port).await
 }
 
 /// squid with basic auth (basic_ncsa_auth, apr1 password file), CONNECT allowed to `443` and
@@ -174,7 +133,7 @@ pub async fn squid(connect_ports: &[u16], hosts: &[&str]) -> ProcGuard {
     let d = dir.path().display().to_string();
     let hash = Command::new(openssl)
         .args(["passwd", "-apr1", PASSWORD])
-        .output()
+        .output_within(STEP, "openssl passwd")
         .unwrap();
     assert!(hash.status.success());
     let hash = String::from_utf8(hash.stdout).unwrap();
@@ -208,41 +167,16 @@ pub async fn squid(connect_ports: &[u16], hosts: &[&str]) -> ProcGuard {
     );
     let conf_path = dir.path().join("squid.conf");
     std::fs::write(&conf_path, conf).unwrap();
-    let mut child = spawn(
-        Command::new(bin).arg("-N").arg("-f").arg(&conf_path),
-        dir.path(),
-        "squid.out",
-    );
-    let log = dir.path().join("squid.out");
-    let addr = format!("{PROXY_IP}:{port}").parse().unwrap();
-    wait_for_port(addr, "squid", &mut child, &log).await;
-    ProcGuard {
-        child,
-        dir,
-        port,
-        name: "squid",
-    }
+    let mut cmd = Command::new(bin);
+    cmd.arg("-N").arg("-f").arg(&conf_path);
+    start("squid", &mut cmd, dir, "squid.out", port).await
 }
 
 /// A test CA and a server certificate for `PROXY_IP`, as PEM: (ca_cert, server_cert, server_key).
 pub fn test_pki() -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "svc test proxy CA");
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.subject_alt_names = vec![SanType::IpAddress(PROXY_IP.parse().unwrap())];
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "svc test proxy");
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    (ca_cert.pem(), cert.pem(), key.serialize_pem())
+    let ca = svc_testkit::pki::TestCa::new("svc test proxy CA");
+    let server = ca.server("svc test proxy", &[PROXY_IP]);
+    (ca.cert_pem, server.cert_pem, server.key_pem)
 }
 
 /// stunnel terminating TLS on its own port and forwarding to `backend` (plain).
@@ -259,16 +193,9 @@ pub async fn stunnel(backend: SocketAddr, cert_pem: &str, key_pem: &str) -> Proc
     );
     let conf_path = dir.path().join("stunnel.conf");
     std::fs::write(&conf_path, conf).unwrap();
-    let mut child = spawn(Command::new(bin).arg(&conf_path), dir.path(), "stunnel.log");
-    let log = dir.path().join("stunnel.log");
-    let addr = format!("{PROXY_IP}:{port}").parse().unwrap();
-    wait_for_port(addr, "stunnel4", &mut child, &log).await;
-    ProcGuard {
-        child,
-        dir,
-        port,
-        name: "stunnel",
-    }
+    let mut cmd = Command::new(bin);
+    cmd.arg(&conf_path);
+    start("stunnel", &mut cmd, dir, "stunnel.log", port).await
 }
 
 /// A loopback echo server; returns its address.

@@ -9,8 +9,7 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 /// The basic-auth user tinyproxy requires.
 pub const PROXY_USER: &str = "agentuser";
@@ -18,18 +17,7 @@ pub const PROXY_USER: &str = "agentuser";
 pub const PROXY_PASSWORD: &str = "s3cret-pw";
 
 /// The path of a system tool; fails naming the Debian package when it is missing.
-pub fn tool(binary: &str, package: &str) -> PathBuf {
-    for dir in ["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"] {
-        let p = Path::new(dir).join(binary);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "{binary} is not installed: this test needs the Debian package `{package}` \
-         (apt-get install -y {package}; CI installs it from .ci/apt-packages.d/)"
-    );
-}
+pub use svc_testkit::require as tool;
 
 pub fn ip(args: &[&str]) -> std::process::Output {
     Command::new(tool("ip", "iproute2")).args(args).output().unwrap()
@@ -149,8 +137,7 @@ impl Drop for Net {
 
 /// A running tinyproxy requiring basic auth; killed on drop.
 pub struct Tinyproxy {
-    child: Child,
-    log: PathBuf,
+    proc: svc_testkit::process::Proc,
     pub port: u16,
     _dir: tempfile::TempDir,
 }
@@ -172,32 +159,22 @@ impl Tinyproxy {
             ),
         )
         .unwrap();
-        let log = dir.path().join("tinyproxy.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let mut child = Command::new(bin)
-            .arg("-d")
-            .arg("-c")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap();
+        let proc = svc_testkit::process::Proc::spawn(
+            "tinyproxy",
+            Command::new(bin).arg("-d").arg("-c").arg(&conf),
+            dir.path().join("tinyproxy.log"),
+        );
         let addr = std::net::SocketAddr::new(listen, port);
-        for _ in 0..500 {
-            if std::net::TcpStream::connect(addr).is_ok() {
-                return Tinyproxy {
-                    child,
-                    log,
-                    port,
-                    _dir: dir,
-                };
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+        svc_testkit::wait_until(
+            std::time::Duration::from_secs(30),
+            &format!("tinyproxy listening on {addr}"),
+            || std::net::TcpStream::connect(addr).is_ok(),
+        );
+        Tinyproxy {
+            proc,
+            port,
+            _dir: dir,
         }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("tinyproxy never listened on {addr}");
     }
 
     /// `HTTPS_PROXY` for an agent in the namespace, with the credentials.
@@ -206,13 +183,6 @@ impl Tinyproxy {
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Tinyproxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.proc.log()
     }
 }

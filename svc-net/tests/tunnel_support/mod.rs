@@ -5,7 +5,7 @@
 
 use std::{
     net::{IpAddr, SocketAddr},
-    path::{Path, PathBuf},
+    path::Path,
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
@@ -23,13 +23,11 @@ use svc_core::{
     proxy_env::ProxyEnv,
 };
 use svc_net::{
+    client::{ProxyEndpoint, SshIdentity, connect_via_proxy},
     dial::ProxyDialer,
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
     route::alpn,
-    ssh::{
-        ClientIdentity, ProxyEndpoint, ProxySsh, ProxySshConfig, SshServer, SshServerConfig,
-        connect_via_proxy,
-    },
+    ssh::{ProxySsh, ProxySshConfig, SshServer, SshServerConfig},
     tls::{ServerIdentity, TlsSource},
     tunnel::{AgentConfig, Backoff, RunningAgent, Tunables, TunnelAgent, TunnelServer, TunnelServerConfig},
 };
@@ -127,7 +125,7 @@ impl Cluster {
         self.host_at(roles, node, SystemTime::now(), Duration::from_secs(3600))
     }
 
-    pub fn user(&self, username: &str, logins: &[&str]) -> ClientIdentity {
+    pub fn user(&self, username: &str, logins: &[&str]) -> SshIdentity {
         let key = ssh_key();
         let req = UserCertRequest {
             username: username.into(),
@@ -139,7 +137,7 @@ impl Cluster {
             .user_ca
             .sign_user_ssh(&req, key.public_key(), SystemTime::now())
             .unwrap();
-        ClientIdentity {
+        SshIdentity {
             key: Arc::new(key),
             cert,
             login: logins.first().copied().unwrap_or("root").into(),
@@ -417,7 +415,7 @@ pub type NodeSession = russh::client::Handle<NodeClient>;
 pub async fn node_session(
     proxy: &TestProxy,
     cluster: &Cluster,
-    user: &ClientIdentity,
+    user: &SshIdentity,
     node: &str,
 ) -> NodeSession {
     let stream = connect_via_proxy(&proxy.ssh_endpoint(cluster), user, node, 0)
@@ -514,35 +512,12 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLogs {
     }
 }
 
-/// The path of an example binary from the workspace's `examples/` (`svc-examples`), built by
-/// `cargo build -p svc-examples --examples` (`.ci/run` does so before the tests).
-pub fn example_bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/<test> → target/<profile>/examples/<name>
-    let dir = exe.parent().and_then(Path::parent).unwrap().join("examples");
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "the example binary {} is missing: build it with \
-         `cargo build -p svc-examples --examples`",
-        path.display()
-    );
-    path
-}
-
-/// The path of a system binary, or a failure naming the Debian package to install.
-pub fn require(binary: &str, package: &str) -> PathBuf {
-    for dir in ["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"] {
-        let p = Path::new(dir).join(binary);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "{binary} is not installed: this test needs the Debian package `{package}` \
-         (apt-get install -y {package}; CI installs it from .ci/apt-packages.d/tunnel.list)"
-    );
-}
+// Not every test including this module uses them.
+#[allow(unused_imports)]
+pub use svc_testkit::{
+    process::{Proc, example_bin},
+    require,
+};
 
 fn write_private(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
@@ -579,7 +554,7 @@ impl Cluster {
     }
 
     /// `creds_dir` plus a user's key, certificate and login (`proxy_command`, OpenSSH).
-    pub fn user_creds_dir(&self, user: &ClientIdentity) -> tempfile::TempDir {
+    pub fn user_creds_dir(&self, user: &SshIdentity) -> tempfile::TempDir {
         let dir = self.creds_dir();
         let p = dir.path();
         std::fs::write(p.join("login"), &user.login).unwrap();
@@ -589,22 +564,6 @@ impl Cluster {
         );
         std::fs::write(p.join("key-cert.pub"), user.cert.to_openssh().unwrap()).unwrap();
         dir
-    }
-}
-
-/// A child process killed on drop.
-pub struct Proc(pub std::process::Child, pub PathBuf);
-
-impl Proc {
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.1).unwrap_or_default()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -20,6 +20,7 @@ pub mod health;
 pub mod leader;
 pub mod schedule;
 pub mod target;
+pub mod updater;
 
 pub use controller::{UpdaterConfig, WorkloadKind};
 pub use decision::{Decision, SkipReason, UpdateReason, decide};

@@ -9,12 +9,16 @@
 //! the cluster's host CA, limited to the names of the cluster's nodes: [`known_hosts`]).
 
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, anyhow};
 use serde::{Deserialize, Serialize};
+use svc_core::auth::{ResourceRoute, ServedKind};
 use svc_core::identity::UserIdentity;
-use svc_net::auth::ClientIdentity;
+use svc_core::{Addr, Secret};
+
+use super::Error;
+use crate::auth::{AuthClient, ClientIdentity};
+use crate::dial::ProxyDialer;
 
 /// The environment variable that relocates the profile directory.
 pub const SVC_HOME_ENV: &str = "SVC_HOME";
@@ -28,8 +32,8 @@ pub const OPENSSH_CERT_FILE: &str = "keys/key-cert.pub";
 /// certificates, and nothing else's.
 pub const KNOWN_HOSTS_FILE: &str = "keys/known_hosts";
 
-/// A signed-in session.
-#[derive(Clone, Serialize, Deserialize)]
+/// A signed-in session. Its `Debug` shows no key material (the identity's keys are redacted).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Profile {
     /// The proxy signed in through.
     pub proxy: String,
@@ -81,38 +85,84 @@ pub fn known_hosts<'a>(
 }
 
 /// `$SVC_HOME`, else `~/.svc`.
-pub fn home() -> anyhow::Result<PathBuf> {
+pub fn home() -> Result<PathBuf, Error> {
     if let Some(dir) = std::env::var_os(SVC_HOME_ENV).filter(|v| !v.is_empty()) {
         return Ok(PathBuf::from(dir));
     }
     let home = std::env::var_os("HOME")
         .filter(|v| !v.is_empty())
-        .ok_or_else(|| anyhow!("neither {SVC_HOME_ENV} nor HOME is set"))?;
+        .ok_or(Error::NoHome)?;
     Ok(PathBuf::from(home).join(".svc"))
 }
 
 /// The profile path.
-pub fn profile_path() -> anyhow::Result<PathBuf> {
+pub fn profile_path() -> Result<PathBuf, Error> {
     Ok(home()?.join(PROFILE_FILE))
 }
 
 impl Profile {
     /// Reads the profile, `None` when not signed in.
-    pub fn load() -> anyhow::Result<Option<Profile>> {
+    pub fn load() -> Result<Option<Profile>, Error> {
         let path = profile_path()?;
         match std::fs::read(&path) {
-            Ok(bytes) => {
-                Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
-                    format!("{}: not a svc profile", path.display())
-                })?))
-            }
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(profile) => Ok(Some(profile)),
+                Err(source) => Err(Error::NotAProfile { path, source }),
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+            Err(source) => Err(Error::File {
+                action: "reading",
+                path,
+                source,
+            }),
         }
     }
 
+    /// The saved profile, if it is still valid: [`Error::NotSignedIn`] without one,
+    /// [`Error::Expired`] when its certificates have expired.
+    pub fn signed_in() -> Result<Profile, Error> {
+        let profile = Profile::load()?.ok_or(Error::NotSignedIn)?;
+        if profile.identity.is_expired(SystemTime::now()) {
+            return Err(Error::Expired);
+        }
+        Ok(profile)
+    }
+
+    /// The login used when none is given: the first of the certificate's logins (logins
+    /// starting with `-` are placeholders and never chosen).
+    pub fn default_login(&self) -> Result<String, Error> {
+        self.user()?
+            .logins
+            .into_iter()
+            .find(|l| !l.starts_with('-'))
+            .ok_or(Error::NoLogins)
+    }
+
+    /// The profile's proxy web address.
+    pub fn proxy_addr(&self) -> Result<Addr, Error> {
+        Addr::parse(&self.proxy).map_err(|source| Error::Addr {
+            what: "the profile's proxy",
+            addr: self.proxy.clone(),
+            source,
+        })
+    }
+
+    /// The resources of `kind` the user may reach, asked of the Auth Service. Listing nodes also
+    /// refreshes the names `known_hosts` trusts the cluster's host CA for (and saves the profile
+    /// when they changed), as `tsh ls` does.
+    pub async fn list(&mut self, kind: ServedKind) -> Result<Vec<ResourceRoute>, Error> {
+        let mut auth = AuthClient::connect_with(&self.identity).await?;
+        let routes = auth.list_served(kind, None).await?;
+        let names: Vec<String> = routes.iter().map(|r| r.resource.name.clone()).collect();
+        if kind == ServedKind::Node && names != self.known_nodes {
+            self.known_nodes = names;
+            self.save()?;
+        }
+        Ok(routes)
+    }
+
     /// Writes the profile (mode 0600, also when it existed with looser permissions).
-    pub fn save(&self) -> anyhow::Result<PathBuf> {
+    pub fn save(&self) -> Result<PathBuf, Error> {
         let path = profile_path()?;
         let dir = path.parent().unwrap_or(Path::new("."));
         write_private(&path, &serde_json::to_vec_pretty(self)?)?;
@@ -122,12 +172,12 @@ impl Profile {
 
     /// Writes the SSH key and certificate and a `known_hosts` trusting the cluster's host CA
     /// under `<home>/keys/`, for OpenSSH with `tsh proxy ssh` as its `ProxyCommand`.
-    fn save_openssh_files(&self, home: &Path) -> anyhow::Result<()> {
+    fn save_openssh_files(&self, home: &Path) -> Result<(), Error> {
         let key = self
             .identity
             .ssh_private_key()?
             .to_openssh(russh::keys::ssh_key::LineEnding::LF)
-            .context("encoding the SSH key")?;
+            .map_err(Error::EncodeKey)?;
         let host_cas = known_hosts(
             &self.identity.cluster,
             &self.known_nodes,
@@ -146,26 +196,31 @@ impl Profile {
     }
 
     /// Removes the profile (and the OpenSSH files); whether there was one.
-    pub fn remove() -> anyhow::Result<bool> {
+    pub fn remove() -> Result<bool, Error> {
         let path = profile_path()?;
         let home = home()?;
+        let removing = |path: PathBuf, source| Error::File {
+            action: "removing",
+            path,
+            source,
+        };
         for file in [OPENSSH_KEY_FILE, OPENSSH_CERT_FILE, KNOWN_HOSTS_FILE] {
             match std::fs::remove_file(home.join(file)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e).with_context(|| format!("removing {}", home.join(file).display())),
+                Err(e) => return Err(removing(home.join(file), e)),
             }
         }
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+            Err(e) => Err(removing(path, e)),
         }
     }
 
     /// The user identity the certificate states (user name, roles, logins, validity), verified
     /// against the cluster's user CA.
-    pub fn user(&self) -> anyhow::Result<UserIdentity> {
+    pub fn user(&self) -> Result<UserIdentity, Error> {
         let (chain, _) = self.identity.tls_parts()?;
         // Verify at a moment inside the validity, so an expired profile still shows who it was.
         let at = self
@@ -179,40 +234,112 @@ impl Profile {
 
 /// Writes `bytes` to `path` with mode 0600 — an existing file is replaced, so a profile, key or
 /// kubeconfig left readable by others becomes private — creating a missing directory 0700.
-pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     Ok(svc_core::fs::write_private_file(path, bytes)?)
 }
 
 /// Which identity `tctl` acts with: on the Auth host (`--data-dir` or `--config` given) the
 /// admin identity in the data directory; otherwise the signed-in `tsh` profile; otherwise the
 /// admin identity of the default data directory.
+#[cfg(feature = "node")]
 pub fn tctl_identity(
     explicit_data_dir: Option<&Path>,
     default_data_dir: &Path,
-) -> anyhow::Result<ClientIdentity> {
+) -> Result<ClientIdentity, Error> {
     if let Some(dir) = explicit_data_dir {
         return admin_identity(dir);
     }
     if let Some(profile) = Profile::load()? {
         if profile.identity.is_expired(SystemTime::now()) {
-            return Err(anyhow!(
-                "the session of {} has expired: sign in again with tsh login",
-                profile.identity.name
-            ));
+            return Err(Error::SessionExpired {
+                user: profile.identity.name,
+            });
         }
         return Ok(profile.identity);
     }
-    admin_identity(default_data_dir).context("not signed in (tsh login) and no Auth Service data here")
+    admin_identity(default_data_dir).map_err(|e| Error::NoAdminIdentity(Box::new(e)))
 }
 
-fn admin_identity(data_dir: &Path) -> anyhow::Result<ClientIdentity> {
-    let path = svc_net::node::admin_identity_path(data_dir);
-    ClientIdentity::load(&path).with_context(|| {
-        format!(
-            "reading the admin identity {} (is svc start running with this data directory, and are you root?)",
-            path.display()
-        )
+#[cfg(feature = "node")]
+fn admin_identity(data_dir: &Path) -> Result<ClientIdentity, Error> {
+    let path = crate::node::admin_identity_path(data_dir);
+    ClientIdentity::load(&path).map_err(|source| Error::AdminIdentity { path, source })
+}
+
+/// What [`sign_in`] needs besides the password.
+#[derive(Debug, Clone)]
+pub struct SignIn {
+    /// The proxy's web address.
+    pub proxy: Addr,
+    /// The user name.
+    pub user: String,
+    /// Do not verify the proxy's certificate (self-signed test clusters only).
+    pub insecure: bool,
+    /// A CA bundle (PEM) trusted for the proxy's certificate, kept in the profile.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The session length asked for (the cluster caps it).
+    pub ttl: Option<Duration>,
+}
+
+/// A fresh session from [`sign_in`], not saved yet.
+#[derive(Debug)]
+pub struct SignedIn {
+    /// The session.
+    pub profile: Profile,
+    /// Listing the reachable nodes for `known_hosts` failed: the profile is usable, its
+    /// `known_hosts` trusts the host CA only for `*.<cluster>` until the next listing.
+    pub known_nodes_error: Option<Error>,
+}
+
+/// Signs `request.user` in through the proxy (`HTTPS_PROXY`/`NO_PROXY` honoured): asks
+/// `/webapi/ping` how the proxy routes (TLS routing, its SSH entry), signs in with `password`
+/// and lists the nodes the user may reach for `known_hosts`.
+pub async fn sign_in(request: SignIn, password: &Secret) -> Result<SignedIn, Error> {
+    let proxy = request.proxy.to_string();
+    let ca = request.ca_pem.as_deref();
+    let dialer = ProxyDialer::from_env()?;
+    let ping = crate::web::login::ping_via_proxy(&proxy, request.insecure, ca, Some(&dialer)).await?;
+    let identity = crate::web::login::login_via_proxy_with(
+        &proxy,
+        request.insecure,
+        ca,
+        Some(&dialer),
+        &request.user,
+        password,
+        request.ttl,
+    )
+    .await?;
+    let tls_routing = ping["proxy"]["tls_routing_enabled"].as_bool().unwrap_or(true);
+    let ssh_proxy_addr = (!tls_routing)
+        .then(|| ping["proxy"]["ssh"]["ssh_public_addr"].as_str())
+        .flatten()
+        .map(|a| super::ssh::reachable(a, &proxy));
+    let (known_nodes, known_nodes_error) = match reachable_nodes(&identity).await {
+        Ok(nodes) => (nodes, None),
+        Err(e) => (Vec::new(), Some(e)),
+    };
+    Ok(SignedIn {
+        profile: Profile {
+            proxy,
+            identity,
+            insecure: request.insecure,
+            ca_pem: request
+                .ca_pem
+                .map(|pem| String::from_utf8_lossy(&pem).into_owned()),
+            tls_routing: Some(tls_routing),
+            ssh_proxy_addr,
+            known_nodes,
+        },
+        known_nodes_error,
     })
+}
+
+/// The node names the signed-in user may reach now: the hosts `known_hosts` trusts the
+/// cluster's host CA for.
+async fn reachable_nodes(identity: &ClientIdentity) -> Result<Vec<String>, Error> {
+    let mut auth = AuthClient::connect_with(identity).await?;
+    let routes = auth.list_served(ServedKind::Node, None).await?;
+    Ok(routes.into_iter().map(|r| r.resource.name).collect())
 }
 
 #[cfg(test)]

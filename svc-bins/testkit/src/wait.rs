@@ -1,14 +1,11 @@
-//! Deadlines for everything these tests wait on: a hang fails the test with a message saying
-//! what did not happen, instead of holding the run until CI's own limit.
+//! Deadlines for everything tests wait on: a hang fails the test with a message saying what did
+//! not happen, instead of holding the run until CI's own limit.
 
+use std::future::Future;
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, ExitStatus, Output};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-/// How long one command, start-up or shutdown may take: generous for a debug build on a loaded
-/// two-core machine, short enough that a hang is reported long before CI's limit.
-pub const STEP: Duration = Duration::from_secs(90);
 
 /// Polls `cond` every 50 ms until it holds; panics naming `what` after `limit`.
 pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
@@ -20,6 +17,27 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Polls the future `cond` makes every 50 ms until it yields `true`; panics naming `what` after
+/// `limit` (a `cond` that hangs counts against the limit too).
+pub async fn wait_until_async<F>(limit: Duration, what: &str, mut cond: impl FnMut() -> F)
+where
+    F: Future<Output = bool>,
+{
+    let poll = async {
+        while !cond().await {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    within(limit, what, poll).await
+}
+
+/// `fut` for at most `limit`; panics naming `what` after that.
+pub async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not happen within {limit:?}"))
 }
 
 /// Reads `out` (a child's standard output) line by line on a thread of its own until `pick`
@@ -92,7 +110,6 @@ pub fn output_within(child: Child, limit: Duration, what: &str) -> Output {
 
 /// `command.output()` for at most `limit` (standard input closed); `Err` when it cannot start.
 pub fn run_within(command: &mut Command, limit: Duration, what: &str) -> std::io::Result<Output> {
-    use std::process::Stdio;
     let child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -101,9 +118,71 @@ pub fn run_within(command: &mut Command, limit: Duration, what: &str) -> std::io
     Ok(output_within(child, limit, what))
 }
 
-/// `fut` for at most `limit`; panics naming `what` after that.
-pub async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not happen within {limit:?}"))
+/// [`Command::output`] with a deadline: `cmd.output_within(limit, what)` kills the command and
+/// panics naming `what` after `limit` (standard input closed, as with `output`).
+pub trait OutputWithin {
+    /// Runs the command to completion within `limit`; `Err` when it cannot start.
+    fn output_within(&mut self, limit: Duration, what: &str) -> std::io::Result<Output>;
+}
+
+impl OutputWithin for Command {
+    fn output_within(&mut self, limit: Duration, what: &str) -> std::io::Result<Output> {
+        run_within(self, limit, what)
+    }
+}
+
+/// The same deadline for a `tokio::process::Command`'s output (the child is killed when the time
+/// runs out).
+pub async fn tokio_output_within(
+    command: &mut tokio::process::Command,
+    limit: Duration,
+    what: &str,
+) -> std::io::Result<Output> {
+    within(limit, what, command.kill_on_drop(true).output()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[should_panic(expected = "the flag did not happen within")]
+    fn wait_until_names_what_it_waited_for() {
+        wait_until(Duration::from_millis(100), "the flag", || false);
+    }
+
+    #[test]
+    fn first_line_picks_and_reports_an_early_end() {
+        let out = std::io::Cursor::new(b"a\nready: 7\n".to_vec());
+        let got = first_line(out, Duration::from_secs(5), |l| {
+            l.strip_prefix("ready: ").map(str::to_owned)
+        });
+        assert_eq!(got.as_deref(), Ok("7"));
+        let out = std::io::Cursor::new(b"a\n".to_vec());
+        let err = first_line(out, Duration::from_secs(5), |_| None::<()>).unwrap_err();
+        assert!(err.contains("ended"), "{err}");
+    }
+
+    #[test]
+    fn commands_run_within_a_deadline() {
+        let out = Command::new("sh")
+            .args(["-c", "echo hi"])
+            .output_within(Duration::from_secs(10), "sh")
+            .unwrap();
+        assert_eq!(out.stdout, b"hi\n");
+    }
+
+    #[test]
+    #[should_panic(expected = "sleep did not finish within")]
+    fn a_command_past_its_deadline_is_killed_and_named() {
+        let _ = Command::new("sleep")
+            .arg("30")
+            .output_within(Duration::from_millis(200), "sleep");
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "never did not happen within")]
+    async fn within_names_what_it_waited_for() {
+        within(Duration::from_millis(50), "never", std::future::pending::<()>()).await;
+    }
 }

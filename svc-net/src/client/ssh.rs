@@ -2,7 +2,7 @@
 //!
 //! Where it sits in the data flow: the signed-in profile gives the user's SSH key and
 //! certificate and the cluster CAs → [`connect`] opens the first hop to the proxy's web address
-//! ([`svc_net::ssh::connect_via_proxy`]: ALPN `svc-proxy-ssh` inside TLS, or — when the
+//! ([`connect_via_proxy`]: ALPN `svc-proxy-ssh` inside TLS, or — when the
 //! profile was signed in with `--insecure` and no `--cacert`, so there is no trust for the
 //! proxy's TLS certificate — plain SSH detected on the same port, the proxy then authenticated
 //! by its host certificate alone; without TLS routing, plain SSH on the proxy's SSH port) → [`run`] runs an SSH session to the node over that stream,
@@ -13,16 +13,15 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, bail};
 use russh::ChannelMsg;
 use russh::keys::PublicKeyOrCertificate;
 use svc_core::Addr;
 use svc_core::identity::Verifier;
-use svc_net::ssh::{ClientIdentity, ProxiedStream, ProxyEndpoint, client_config, connect_via_proxy};
-use svc_net::tunnel::Tunables;
 use tokio::io::AsyncWriteExt;
 
-use crate::profile::Profile;
+use super::{Error, Profile, ProxiedStream, ProxyEndpoint, SshIdentity, connect_via_proxy};
+use crate::ssh::client_config;
+use crate::tunnel::Tunables;
 
 /// Where to connect: `login@host[:port]`, `%r@%h:%p` as OpenSSH expands it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +36,7 @@ pub struct Target {
 
 impl Target {
     /// Parses `[login@]host[:port]`.
-    pub fn parse(text: &str) -> anyhow::Result<Target> {
+    pub fn parse(text: &str) -> Result<Target, Error> {
         let (login, rest) = match text.rsplit_once('@') {
             Some((l, r)) => (Some(l.to_owned()).filter(|l| !l.is_empty()), r),
             None => (None, text),
@@ -45,13 +44,20 @@ impl Target {
         let (host, port) = match rest.rsplit_once(':') {
             Some((h, p)) => (
                 h,
-                p.parse::<u16>()
-                    .with_context(|| format!("{text:?}: expected a port number after ':', found {p:?}"))?,
+                p.parse::<u16>().map_err(|e| Error::Target {
+                    text: text.to_owned(),
+                    reason: format!("expected a port number after ':', found {p:?}"),
+                    source: Some(e),
+                })?,
             ),
             None => (rest, 0),
         };
         if host.is_empty() {
-            bail!("{text:?}: expected [login@]host[:port], found no host");
+            return Err(Error::Target {
+                text: text.to_owned(),
+                reason: "expected [login@]host[:port], found no host".into(),
+                source: None,
+            });
         }
         Ok(Target {
             login,
@@ -61,11 +67,22 @@ impl Target {
     }
 }
 
+impl Target {
+    /// The login to use: `explicit` (`tsh ssh -l`), else the target's `login@`, else the
+    /// profile's default ([`Profile::default_login`]).
+    pub fn resolve_login(&self, explicit: Option<String>, profile: &Profile) -> Result<String, Error> {
+        match explicit.or_else(|| self.login.clone()) {
+            Some(l) => Ok(l),
+            None => profile.default_login(),
+        }
+    }
+}
+
 /// The SSH identity and proxy endpoint of a profile, for `login`.
 pub fn endpoint(
     profile: &Profile,
     login: &str,
-) -> anyhow::Result<(ProxyEndpoint, ClientIdentity, Arc<Verifier>)> {
+) -> Result<(ProxyEndpoint, SshIdentity, Arc<Verifier>), Error> {
     let verifier = Arc::new(profile.identity.verifier()?);
     // With TLS routing: the web port, SSH inside TLS (ALPN `svc-proxy-ssh`) when the proxy's
     // certificate can be checked, else plain SSH detected on the same port. Without: the
@@ -75,14 +92,18 @@ pub fn endpoint(
         _ => (&profile.proxy, !profile.insecure || profile.ca_pem.is_some()),
     };
     let endpoint = ProxyEndpoint {
-        addr: Addr::parse(addr).with_context(|| format!("the profile's proxy SSH address {addr}"))?,
+        addr: Addr::parse(addr).map_err(|source| Error::Addr {
+            what: "the profile's proxy SSH address",
+            addr: addr.clone(),
+            source,
+        })?,
         tls,
         verifier: verifier.clone(),
         extra_ca_pem: profile.ca_pem.as_ref().map(|p| p.as_bytes().to_vec()),
-        dialer: svc_net::dial::ProxyDialer::from_env()?,
+        dialer: crate::dial::ProxyDialer::from_env()?,
         timeout: Duration::from_secs(30),
     };
-    let identity = ClientIdentity {
+    let identity = SshIdentity {
         key: Arc::new(profile.identity.ssh_private_key()?),
         cert: profile.identity.ssh_certificate()?,
         login: login.to_owned(),
@@ -102,7 +123,7 @@ pub fn reachable(advertised: &str, proxy: &str) -> String {
 }
 
 /// Opens a stream to `target`'s SSH Service through the profile's proxy.
-pub async fn connect(profile: &Profile, target: &Target, login: &str) -> anyhow::Result<ProxiedStream> {
+pub async fn connect(profile: &Profile, target: &Target, login: &str) -> Result<ProxiedStream, Error> {
     let (endpoint, identity, _) = endpoint(profile, login)?;
     Ok(connect_via_proxy(&endpoint, &identity, &target.host, target.port).await?)
 }
@@ -143,7 +164,7 @@ async fn session(
     profile: &Profile,
     target: &Target,
     login: &str,
-) -> anyhow::Result<russh::client::Handle<NodeHandler>> {
+) -> Result<russh::client::Handle<NodeHandler>, Error> {
     let (endpoint, identity, verifier) = endpoint(profile, login)?;
     let stream = connect_via_proxy(&endpoint, &identity, &target.host, target.port).await?;
     let refused = Arc::new(std::sync::Mutex::new(None));
@@ -155,20 +176,23 @@ async fn session(
     let connected =
         russh::client::connect_stream(Arc::new(client_config(&Tunables::default())), stream, handler).await;
     if let Some(reason) = refused.lock().ok().and_then(|mut r| r.take()) {
-        bail!(
-            "SSH to {}: refusing the node's host certificate: {reason}",
-            target.host
-        );
+        return Err(Error::HostRefused {
+            host: target.host.clone(),
+            reason,
+        });
     }
-    let mut session = connected.with_context(|| format!("SSH to {}", target.host))?;
+    let mut session = connected.map_err(|source| Error::SshConnect {
+        host: target.host.clone(),
+        source,
+    })?;
     let auth = session
         .authenticate_openssh_cert(login.to_owned(), identity.key.clone(), identity.cert.clone())
         .await?;
     if !auth.success() {
-        bail!(
-            "{} refused login {login:?}: the certificate's logins must include it",
-            target.host
-        );
+        return Err(Error::LoginRefused {
+            host: target.host.clone(),
+            login: login.to_owned(),
+        });
     }
     Ok(session)
 }
@@ -181,7 +205,7 @@ pub async fn run(
     target: &Target,
     login: &str,
     command: Option<&str>,
-) -> anyhow::Result<u32> {
+) -> Result<u32, Error> {
     let session = session(profile, target, login).await?;
     let mut channel = session.channel_open_session().await?;
     let tty = command.is_none() && std::io::stdin().is_terminal();
@@ -247,7 +271,7 @@ pub async fn run(
     }
     input.abort();
     let _ = session.disconnect(russh::Disconnect::ByApplication, "", "").await;
-    status.with_context(|| format!("{} closed the session without an exit status", target.host))
+    status.ok_or_else(|| Error::NoExitStatus(target.host.clone()))
 }
 
 /// The local terminal's size (columns, rows), 80x24 when unknown.
@@ -264,12 +288,14 @@ struct RawMode {
 }
 
 impl RawMode {
-    fn enable() -> anyhow::Result<RawMode> {
+    fn enable() -> Result<RawMode, Error> {
         use rustix::termios::{OptionalActions, tcgetattr, tcsetattr};
-        let saved = tcgetattr(std::io::stdin()).context("reading the terminal's settings")?;
+        let saved = tcgetattr(std::io::stdin())
+            .map_err(|e| Error::Terminal("reading the terminal's settings", e.into()))?;
         let mut raw = saved.clone();
         raw.make_raw();
-        tcsetattr(std::io::stdin(), OptionalActions::Now, &raw).context("setting raw mode")?;
+        tcsetattr(std::io::stdin(), OptionalActions::Now, &raw)
+            .map_err(|e| Error::Terminal("setting raw mode", e.into()))?;
         Ok(RawMode { saved })
     }
 }
@@ -285,7 +311,7 @@ impl Drop for RawMode {
 }
 
 /// `tsh proxy ssh`: copies stdin/stdout to `target`'s SSH Service (OpenSSH `ProxyCommand`).
-pub async fn pipe(profile: &Profile, target: &Target, login: &str) -> anyhow::Result<()> {
+pub async fn pipe(profile: &Profile, target: &Target, login: &str) -> Result<(), Error> {
     let stream = connect(profile, target, login).await?;
     let (mut rd, mut wr) = tokio::io::split(stream);
     let (mut stdin, mut stdout) = (tokio::io::stdin(), tokio::io::stdout());

@@ -3,15 +3,15 @@
 //! (the proxy routes on it) and the user's certificate and key from the `tsh` profile.
 
 use base64::Engine;
-use svc_net::route::alpn::KUBE_SNI_PREFIX;
 
-use crate::profile::Profile;
+use super::{Error, Profile};
+use crate::route::alpn::KUBE_SNI_PREFIX;
 
 /// The kubeconfig (JSON, which kubectl reads like YAML) for `cluster` with the profile's
 /// identity. The CA given to `tsh login --cacert` verifies the proxy; without one, a profile
 /// signed in with `--insecure` skips the check, as `tsh` itself does; otherwise the system
 /// roots verify it.
-pub fn kubeconfig(profile: &Profile, cluster: &str) -> anyhow::Result<String> {
+pub fn kubeconfig(profile: &Profile, cluster: &str) -> Result<String, Error> {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
     let context = format!("{}-{cluster}", profile.identity.cluster);
     let mut cluster_entry = serde_json::json!({
@@ -36,4 +36,21 @@ pub fn kubeconfig(profile: &Profile, cluster: &str) -> anyhow::Result<String> {
         "current-context": context,
     });
     Ok(serde_json::to_string_pretty(&config)?)
+}
+
+/// Writes the kubeconfig for `cluster` ([`kubeconfig`]) to `out`, by default
+/// `<profile dir>/kube/<cluster>.kubeconfig`, with mode 0600 (a missing directory is created
+/// 0700); returns the path, for `export KUBECONFIG=<path>`.
+pub fn write_kubeconfig(
+    profile: &Profile,
+    cluster: &str,
+    out: Option<std::path::PathBuf>,
+) -> Result<std::path::PathBuf, Error> {
+    let text = kubeconfig(profile, cluster)?;
+    let path = match out {
+        Some(p) => p,
+        None => super::home()?.join("kube").join(format!("{cluster}.kubeconfig")),
+    };
+    super::write_private(&path, text.as_bytes())?;
+    Ok(path)
 }

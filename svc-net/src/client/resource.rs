@@ -20,11 +20,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 
-use super::{MAX_LINE, RESOURCE_OK, ResourceRequest};
 use crate::auth::ClientIdentity;
 use crate::dial::ProxyDialer;
 use crate::listen::BoxIo;
 use crate::route::alpn;
+use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest};
 use crate::tunnel::read_line;
 
 /// Why a resource could not be reached through the proxy.

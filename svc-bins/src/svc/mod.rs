@@ -1,0 +1,96 @@
+//! `svc`: its command line ([`cli`]), the configuration it starts from, and the banner it
+//! prints once the services run. The services are `svc_net::node`'s.
+
+pub mod cli;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use svc_core::Addr;
+use svc_core::config::Config;
+use svc_net::node::RunningCluster;
+
+/// The configuration file read when `--config` is not given, if it exists.
+pub const DEFAULT_CONFIG: &str = "/etc/svc.yaml";
+
+/// The configuration `svc start` runs: `file`, else [`DEFAULT_CONFIG`] when it exists, else the
+/// all-in-one defaults; then the command line's overrides.
+pub fn load_config(
+    file: Option<&Path>,
+    data_dir: Option<PathBuf>,
+    web_listen_addr: Option<String>,
+    public_addr: Option<String>,
+) -> anyhow::Result<Config> {
+    let default = Path::new(DEFAULT_CONFIG);
+    let mut config = match file {
+        Some(f) => Config::load(f)?,
+        None if default.exists() => Config::load(default)?,
+        None => Config::all_in_one_default(),
+    };
+    if let Some(dir) = data_dir {
+        config.svc.data_dir = dir;
+    }
+    if let Some(a) = web_listen_addr {
+        config.proxy.web_listen_addr =
+            Addr::parse_with_default_port(&a, 3080).with_context(|| format!("--web-listen-addr {a}"))?;
+    }
+    if let Some(a) = public_addr {
+        config.proxy.public_addr =
+            Some(Addr::parse_with_default_port(&a, 443).with_context(|| format!("--public-addr {a}"))?);
+    }
+    Ok(config)
+}
+
+/// Prints what runs and how to start using it.
+pub fn banner(config: &Config, running: &RunningCluster) {
+    let data_dir = config.svc.data_dir.display();
+    match &running.auth {
+        Some(_) => println!(
+            "svc {}: cluster {:?} is running",
+            svc_core::version::current(),
+            running.cluster
+        ),
+        None => println!(
+            "svc {}: agent of cluster {:?} is running",
+            svc_core::version::current(),
+            running.cluster
+        ),
+    }
+    if let Some(auth) = &running.auth {
+        println!("  auth: {}", auth.addr);
+        println!("  CA pin: {}", auth.ca_pin());
+        println!("  admin identity: {}", auth.admin_identity.display());
+    }
+    if let Some(node) = &running.node {
+        println!("  node: {} ({})", node.name, node.host_id);
+        if let Some(agent) = &node.agent {
+            for proxy in &agent.status().connected {
+                println!("  tunnel: {proxy}");
+            }
+        }
+        for (section, addr) in &node.listeners {
+            println!("  {section}: {addr}");
+        }
+        if let Some(diag) = node.diag_addr {
+            println!("  diag: http://{diag}");
+        }
+    }
+    if let Some(proxy) = &running.proxy {
+        println!("  web: https://{}", proxy.addrs().web);
+        for (field, addr) in &proxy.addrs().others {
+            println!("  {field}: {addr}");
+        }
+        println!();
+        println!("Create the first user (prints a password), then sign in with it:");
+        println!("  tctl --data-dir {data_dir} users add admin --roles=editor,access --logins=root");
+        // A generated self-signed certificate: trust exactly it, never `--insecure`.
+        let trust = proxy
+            .ca_file()
+            .map(|ca| format!(" --cacert={}", ca.display()))
+            .unwrap_or_default();
+        println!("  tsh login --proxy={} --user=admin{trust}", proxy.addrs().web);
+        if let Some(node) = &running.node {
+            println!("  tsh ssh root@{}", node.name);
+        }
+    }
+}

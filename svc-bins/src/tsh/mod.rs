@@ -1,0 +1,112 @@
+//! `tsh`: its command line ([`cli`]) and how it prints sessions and resources. The work is
+//! [`svc_net::client`]'s.
+
+pub mod cli;
+
+use std::io::{BufRead, IsTerminal};
+use std::time::{Duration, SystemTime};
+
+use svc_core::Secret;
+use svc_core::auth::{ResourceRoute, ServedKind};
+use svc_net::client::Profile;
+
+pub use cli::Format;
+
+/// The password for `user`: prompted on the terminal, or one line of standard input when it is
+/// not a terminal.
+pub fn read_password(user: &str) -> anyhow::Result<Secret> {
+    if std::io::stdin().is_terminal() {
+        return Ok(Secret::new(rpassword::prompt_password(format!(
+            "Enter password for svc user {user}: "
+        ))?));
+    }
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    Ok(Secret::new(line.trim_end_matches(['\r', '\n']).to_owned()))
+}
+
+/// Prints resources of `kind` (`tsh ls`, `tsh apps ls`, ...).
+pub fn print_routes(kind: ServedKind, routes: &[ResourceRoute], format: Format) -> anyhow::Result<()> {
+    match format {
+        Format::Json => {
+            let rows: Vec<_> = routes
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "name": r.resource.name, "kind": kind.as_str(), "protocol": r.resource.protocol,
+                        "target": r.resource.target, "public_addr": r.resource.public_addr,
+                        "labels": r.resource.labels, "agent": r.hostname, "server_id": r.server_id,
+                    })
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        }
+        Format::Text => {
+            let rows: Vec<Vec<String>> = routes
+                .iter()
+                .map(|r| {
+                    let labels: Vec<String> = r
+                        .resource
+                        .labels
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    vec![
+                        r.resource.name.clone(),
+                        r.resource.protocol.clone(),
+                        r.resource.target.clone(),
+                        labels.join(","),
+                        r.hostname.clone(),
+                    ]
+                })
+                .collect();
+            crate::output::print_table(&["Name", "Protocol", "Target", "Labels", "Agent"], &rows);
+        }
+    }
+    Ok(())
+}
+
+/// Prints the session (`tsh status`, and after `tsh login`).
+pub fn print_status(profile: &Profile, format: Format) -> anyhow::Result<()> {
+    let user = profile.user()?;
+    let not_after = profile.identity.not_after();
+    let valid_until = humantime::format_rfc3339_seconds(not_after).to_string();
+    let left = not_after.duration_since(SystemTime::now()).ok();
+    match format {
+        Format::Json => {
+            let json = serde_json::json!({
+                "active": {
+                    "profile_url": format!("https://{}", profile.proxy),
+                    "username": user.username,
+                    "cluster": user.cluster,
+                    "roles": user.roles,
+                    "logins": user.logins.iter().filter(|l| !l.starts_with('-')).collect::<Vec<_>>(),
+                    "valid_until": valid_until,
+                    "expired": left.is_none(),
+                }
+            });
+            println!("{}", serde_json::to_string_pretty(&json)?);
+        }
+        Format::Text => {
+            println!("> Profile URL:  https://{}", profile.proxy);
+            println!("  Logged in as: {}", user.username);
+            println!("  Cluster:      {}", user.cluster);
+            println!("  Roles:        {}", user.roles.join(", "));
+            let logins: Vec<&str> = user
+                .logins
+                .iter()
+                .map(String::as_str)
+                .filter(|l| !l.starts_with('-'))
+                .collect();
+            println!("  Logins:       {}", logins.join(", "));
+            match left {
+                Some(d) => println!(
+                    "  Valid until:  {valid_until} [valid for {}]",
+                    humantime::format_duration(Duration::from_secs(d.as_secs() / 60 * 60))
+                ),
+                None => println!("  Valid until:  {valid_until} [EXPIRED]"),
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,80 @@
+//! What svc's tests share, so every suite waits, spawns and fails the same way:
+//!
+//! - [`require`]: the path of a third-party tool; a missing tool fails the test with the package
+//!   to install (tests never skip);
+//! - [`free_port`]: a free TCP port for a tool that must be told one;
+//! - [`wait`]: deadlines for everything a test waits on ([`wait::wait_until`], [`wait::within`],
+//!   a child's output or exit), failing with a message naming what did not happen;
+//! - [`process`]: spawned processes whose output is kept in a log file, printed when the test
+//!   fails, and killed when dropped; [`process::example_bin`] finds the built example programs;
+//! - [`pki`]: a test CA issuing server certificates (rcgen).
+#![deny(missing_docs)]
+#![allow(clippy::unwrap_used)]
+
+pub mod pki;
+pub mod process;
+pub mod wait;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+
+pub use wait::{wait_until, within};
+
+/// The directories searched for third-party tools.
+const TOOL_DIRS: [&str; 6] = [
+    "/usr/bin",
+    "/usr/sbin",
+    "/usr/local/bin",
+    "/usr/local/sbin",
+    "/bin",
+    "/sbin",
+];
+
+/// The path of the system tool `binary`, looked for on `PATH` and then in the system's binary
+/// directories (Debian keeps some tools in `sbin`, outside a user's `PATH`). A missing tool fails
+/// the test (never skips it), naming the Debian `package` that provides it.
+pub fn require(binary: &str, package: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = std::env::split_paths(&path).chain(TOOL_DIRS.iter().map(PathBuf::from));
+    for dir in dirs {
+        let p = dir.join(binary);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "{binary} is not installed: this test needs the Debian package `{package}` \
+         (apt-get install -y {package}; CI installs it from .ci/apt-packages.d/)"
+    );
+}
+
+/// A free TCP port on `ip` (bound and released: the tool that is given it binds it next).
+pub fn free_port(ip: &str) -> u16 {
+    TcpListener::bind((ip, 0))
+        .and_then(|l| l.local_addr())
+        .unwrap_or_else(|e| panic!("finding a free port on {ip}: {e}"))
+        .port()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_can_be_bound() {
+        let port = free_port("127.0.0.1");
+        assert_ne!(port, 0);
+        TcpListener::bind(("127.0.0.1", port)).expect("the free port binds");
+    }
+
+    #[test]
+    fn required_tools_are_found() {
+        assert!(require("sh", "dash").ends_with("sh"));
+    }
+
+    #[test]
+    #[should_panic(expected = "Debian package `no-such-package`")]
+    fn a_missing_tool_fails_naming_its_package() {
+        require("no-such-tool-svc", "no-such-package");
+    }
+}

@@ -1,0 +1,65 @@
+//! `tsh proxy app|db|desktop`: the profile's identity and proxy for [`LocalProxy`], which
+//! carries each local connection to the resource.
+
+use std::net::SocketAddr;
+
+use svc_core::auth::ServedKind;
+use svc_core::config::DbProtocol;
+use tokio_util::sync::CancellationToken;
+
+use super::{Error, LocalProxy, LocalProxyError, Profile, ResourceClient, bind_local};
+
+/// The client for the profile's proxy and identity.
+pub fn resource_client(profile: &Profile) -> Result<ResourceClient, Error> {
+    Ok(ResourceClient {
+        proxy: profile.proxy_addr()?,
+        identity: profile.identity.clone(),
+        // `tsh login --cacert` is trust enough: check the proxy even if `--insecure` was given.
+        insecure: profile.insecure && profile.ca_pem.is_none(),
+        extra_ca_pem: profile.ca_pem.as_ref().map(|p| p.as_bytes().to_vec()),
+        dialer: crate::dial::ProxyDialer::from_env()?,
+    })
+}
+
+/// The database's protocol, asked of the Auth Service (which also says now, rather than at the
+/// first connection, when the user may not reach it: [`Error::Denied`]).
+pub async fn db_protocol(profile: &Profile, name: &str) -> Result<DbProtocol, Error> {
+    let mut auth = crate::auth::AuthClient::connect_with(&profile.identity).await?;
+    let route = auth
+        .resolve_resource(ServedKind::Db, name, None)
+        .await?
+        .map_err(Error::Denied)?;
+    Ok(match route.resource.protocol.as_str() {
+        "mysql" => DbProtocol::Mysql,
+        "mongodb" => DbProtocol::Mongodb,
+        "redis" => DbProtocol::Redis,
+        _ => DbProtocol::Postgres,
+    })
+}
+
+/// Serves a local proxy for `kind`/`name` on `127.0.0.1:port` (0: any free port) until
+/// `shutdown`. Databases' protocol is asked of the Auth Service first ([`db_protocol`]).
+/// `on_listening` is called once with the bound address (`tsh` prints it); `on_error` with each
+/// connection that failed.
+pub async fn serve_local_proxy(
+    profile: &Profile,
+    kind: ServedKind,
+    name: String,
+    port: u16,
+    shutdown: CancellationToken,
+    on_listening: impl FnOnce(SocketAddr) -> Result<(), Error>,
+    on_error: impl Fn(SocketAddr, LocalProxyError) + Send + Sync + 'static,
+) -> Result<(), Error> {
+    let protocol = match kind {
+        ServedKind::Db => Some(db_protocol(profile, &name).await?),
+        _ => None,
+    };
+    let what = LocalProxy { kind, name, protocol };
+    let client = resource_client(profile)?;
+    let (listener, local) = bind_local(port)
+        .await
+        .map_err(|source| Error::Listen { port, source })?;
+    on_listening(local)?;
+    what.serve(listener, client, shutdown, on_error).await;
+    Ok(())
+}
