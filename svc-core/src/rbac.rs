@@ -18,7 +18,7 @@ use crate::resource::{LabelSelector, LabelValues, Role, RoleConditions, Rule};
 
 /// The resource names a rule may list, besides `*`: every resource kind plus the read-only
 /// views and the resources agents serve.
-pub const RULE_RESOURCES: &[&str] = &[
+pub(crate) const RULE_RESOURCES: &[&str] = &[
     "role",
     "cluster_maintenance_config",
     "user",
@@ -39,7 +39,7 @@ pub const RULE_RESOURCES: &[&str] = &[
 /// Name of the preset `editor` role.
 pub const EDITOR_ROLE: &str = "editor";
 /// Name of the preset `access` role.
-pub const ACCESS_ROLE: &str = "access";
+pub(crate) const ACCESS_ROLE: &str = "access";
 /// Name of the preset `auditor` role.
 pub const AUDITOR_ROLE: &str = "auditor";
 
@@ -166,7 +166,7 @@ impl LabelKind {
 /// with one of the listed values, or the list holds `*` (any value, label present). The selector
 /// `{"*": "*"}` matches every resource, labelled or not. An empty selector matches nothing, so a
 /// role that says nothing about a kind grants nothing on it.
-pub fn matches_labels(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+pub(crate) fn matches_labels(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     if selector.is_empty() {
         return false;
     }
@@ -332,7 +332,7 @@ pub struct NodeAccess<'a> {
 
 impl RoleSet {
     /// Whether `login` is denied by a role (`deny.logins` naming it, or `*`).
-    pub fn login_denied(&self, login: &str) -> bool {
+    pub(crate) fn login_denied(&self, login: &str) -> bool {
         self.roles
             .iter()
             .flat_map(|r| &r.spec.deny.logins)

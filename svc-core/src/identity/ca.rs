@@ -249,7 +249,7 @@ impl CertAuthority {
 
     /// The CA with its private keys, as bytes for the caller to store (JSON holding PEM
     /// documents). Keep them as secret as the keys.
-    pub fn to_stored(&self) -> Result<Secret<Vec<u8>>, IdentityError> {
+    pub(crate) fn to_stored(&self) -> Result<Secret<Vec<u8>>, IdentityError> {
         let stored = StoredCa {
             version: STORED_VERSION,
             kind: self.kind.as_str().to_owned(),
@@ -264,7 +264,7 @@ impl CertAuthority {
     }
 
     /// Loads bytes written by [`to_stored`](Self::to_stored).
-    pub fn from_stored(bytes: &[u8]) -> Result<Self, IdentityError> {
+    pub(crate) fn from_stored(bytes: &[u8]) -> Result<Self, IdentityError> {
         // serde_json's error names a position, never the content: safe with keys inside.
         let stored: StoredCa =
             serde_json::from_slice(bytes).map_err(|e| IdentityError::MalformedStored(e.to_string()))?;
