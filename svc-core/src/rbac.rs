@@ -18,7 +18,7 @@ use crate::resource::{LabelSelector, LabelValues, Role, RoleConditions, Rule};
 
 /// The resource names a rule may list, besides `*`: every resource kind plus the read-only
 /// views and the resources agents serve.
-pub(crate) const RULE_RESOURCES: &[&str] = &[
+pub const RULE_RESOURCES: &[&str] = &[
     "role",
     "cluster_maintenance_config",
     "user",

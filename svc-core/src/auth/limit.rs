@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime};
 use crate::clock::Clock;
 
 /// Subjects (users and source addresses together) tracked at most.
-pub(crate) const MAX_TRACKED: usize = 131_072;
+pub const MAX_TRACKED: usize = 131_072;
 
 /// The limits (from `auth_service.authentication`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -56,14 +56,14 @@ pub(crate) const CA_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// How long host certificates issued at join are valid.
 pub const HOST_CERT_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The default (and longest) lifetime of user certificates: short-lived by design.
-pub(crate) const USER_CERT_TTL: Duration = Duration::from_secs(12 * 3600);
+pub const USER_CERT_TTL: Duration = Duration::from_secs(12 * 3600);
 /// The default lifetime of a join token.
 pub(crate) const TOKEN_TTL: Duration = Duration::from_secs(30 * 60);
 /// How often agents heartbeat ([`AuthService::heartbeat`]).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 /// An inventory row disappears when no heartbeat arrived for this long: three missed
 /// heartbeats.
-pub(crate) const HEARTBEAT_TTL: Duration = Duration::from_secs(3 * HEARTBEAT_INTERVAL.as_secs());
+pub const HEARTBEAT_TTL: Duration = Duration::from_secs(3 * HEARTBEAT_INTERVAL.as_secs());
 
 /// Why an Auth Service call failed. Messages never contain secrets.
 #[derive(Debug, thiserror::Error)]

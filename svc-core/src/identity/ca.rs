@@ -249,7 +249,7 @@ impl CertAuthority {
 
     /// The CA with its private keys, as bytes for the caller to store (JSON holding PEM
     /// documents). Keep them as secret as the keys.
-    pub(crate) fn to_stored(&self) -> Result<Secret<Vec<u8>>, IdentityError> {
+    pub fn to_stored(&self) -> Result<Secret<Vec<u8>>, IdentityError> {
         let stored = StoredCa {
             version: STORED_VERSION,
             kind: self.kind.as_str().to_owned(),

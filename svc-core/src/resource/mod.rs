@@ -38,7 +38,7 @@ pub use user::{LOGINS_TRAIT, User, UserSpec};
 use crate::Secret;
 
 /// What a join token's name (its secret value) reads as in a copy without secrets.
-pub(crate) const REDACTED_TOKEN_NAME: &str = "***";
+pub const REDACTED_TOKEN_NAME: &str = "***";
 
 /// The kind of a resource, as written in its `kind` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
