@@ -39,7 +39,7 @@ pub const RULE_RESOURCES: &[&str] = &[
 /// Name of the preset `editor` role.
 pub const EDITOR_ROLE: &str = "editor";
 /// Name of the preset `access` role.
-pub(crate) const ACCESS_ROLE: &str = "access";
+pub const ACCESS_ROLE: &str = "access";
 /// Name of the preset `auditor` role.
 pub const AUDITOR_ROLE: &str = "auditor";
 

@@ -264,7 +264,7 @@ impl CertAuthority {
     }
 
     /// Loads bytes written by [`to_stored`](Self::to_stored).
-    pub(crate) fn from_stored(bytes: &[u8]) -> Result<Self, IdentityError> {
+    pub fn from_stored(bytes: &[u8]) -> Result<Self, IdentityError> {
         // serde_json's error names a position, never the content: safe with keys inside.
         let stored: StoredCa =
             serde_json::from_slice(bytes).map_err(|e| IdentityError::MalformedStored(e.to_string()))?;
