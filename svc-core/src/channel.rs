@@ -97,7 +97,7 @@ impl Channels {
 /// A channel as written in the configuration file, before validation.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawChannel {
+pub(crate) struct RawChannel {
     /// `v<major>.<minor>.<patch>` or `none`.
     #[serde(default)]
     pub static_version: Option<String>,
@@ -136,7 +136,7 @@ pub enum ChannelError {
 
 impl RawChannel {
     /// Validates the definition.
-    pub fn validate(&self) -> Result<ChannelSpec, ChannelError> {
+    pub(crate) fn validate(&self) -> Result<ChannelSpec, ChannelError> {
         match (&self.forward_url, &self.static_version) {
             (Some(_), Some(_)) => Err(ChannelError::ForwardWithStatic),
             (Some(_), None) if self.critical.is_some() => Err(ChannelError::ForwardWithStatic),
@@ -169,7 +169,7 @@ impl RawChannel {
 }
 
 /// Checks a channel name: one or more `/`-separated segments of `[A-Za-z0-9._-]`.
-pub fn validate_channel_name(name: &str) -> Result<(), ChannelError> {
+pub(crate) fn validate_channel_name(name: &str) -> Result<(), ChannelError> {
     let ok = !name.is_empty()
         && name.split('/').all(|seg| {
             !seg.is_empty()

@@ -17,9 +17,9 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 /// The mode of private directories.
-pub const PRIVATE_DIR_MODE: u32 = 0o700;
+pub(crate) const PRIVATE_DIR_MODE: u32 = 0o700;
 /// The mode of private files.
-pub const PRIVATE_FILE_MODE: u32 = 0o600;
+pub(crate) const PRIVATE_FILE_MODE: u32 = 0o600;
 
 /// Why a private file or directory could not be prepared.
 #[derive(Debug, thiserror::Error)]

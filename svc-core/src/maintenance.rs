@@ -24,7 +24,8 @@ pub use time::Weekday;
 pub const WINDOW_LENGTH: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// First line of the Linux schedule file (REFERENCE.md, "Schedule export to agents").
-pub const SCHEDULE_FILE_HEADER: &str = "# periodically exported by svc, modifications are not preserved";
+pub(crate) const SCHEDULE_FILE_HEADER: &str =
+    "# periodically exported by svc, modifications are not preserved";
 
 /// The weekday names accepted in `spec.agent_upgrades.weekdays`, in any case.
 pub const WEEKDAY_NAMES: [&str; 14] = [
@@ -107,7 +108,7 @@ pub enum ScheduleError {
 ///
 /// The short and long names map to the same [`Weekday`] value, so later comparisons never mix
 /// spellings (the original compared `Mon` against `Monday` and never opened a window).
-pub fn parse_weekday(name: &str) -> Result<Weekday, MaintenanceError> {
+pub(crate) fn parse_weekday(name: &str) -> Result<Weekday, MaintenanceError> {
     let lower = name.to_ascii_lowercase();
     WEEK.iter()
         .copied()
@@ -119,7 +120,7 @@ pub fn parse_weekday(name: &str) -> Result<Weekday, MaintenanceError> {
 }
 
 /// The short English name (`Mon`), as svc writes weekdays back out.
-pub fn weekday_short_name(day: Weekday) -> &'static str {
+pub(crate) fn weekday_short_name(day: Weekday) -> &'static str {
     match day {
         Weekday::Sunday => "Sun",
         Weekday::Monday => "Mon",

@@ -472,7 +472,7 @@ fn parse_net(s: &str) -> Option<IpNet> {
 }
 
 /// Loopback targets are never proxied: a proxy would reach its own loopback, not ours.
-pub fn is_never_proxied(target: &Addr) -> bool {
+pub(crate) fn is_never_proxied(target: &Addr) -> bool {
     target.is_loopback()
 }
 

@@ -166,7 +166,7 @@ impl LabelKind {
 /// with one of the listed values, or the list holds `*` (any value, label present). The selector
 /// `{"*": "*"}` matches every resource, labelled or not. An empty selector matches nothing, so a
 /// role that says nothing about a kind grants nothing on it.
-pub fn matches_labels(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+pub(crate) fn matches_labels(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     if selector.is_empty() {
         return false;
     }
@@ -332,7 +332,7 @@ pub struct NodeAccess<'a> {
 
 impl RoleSet {
     /// Whether `login` is denied by a role (`deny.logins` naming it, or `*`).
-    pub fn login_denied(&self, login: &str) -> bool {
+    pub(crate) fn login_denied(&self, login: &str) -> bool {
         self.roles
             .iter()
             .flat_map(|r| &r.spec.deny.logins)

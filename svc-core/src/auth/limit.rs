@@ -45,11 +45,11 @@ pub struct LoginLimits {
 
 impl LoginLimits {
     /// The default number of failures that lock a user.
-    pub const DEFAULT_MAX_USER_FAILURES: u32 = 5;
+    pub(crate) const DEFAULT_MAX_USER_FAILURES: u32 = 5;
     /// The default number of failures that lock a source address.
-    pub const DEFAULT_MAX_SOURCE_FAILURES: u32 = 20;
+    pub(crate) const DEFAULT_MAX_SOURCE_FAILURES: u32 = 20;
     /// The default lock duration.
-    pub const DEFAULT_LOCKOUT: Duration = Duration::from_secs(30 * 60);
+    pub(crate) const DEFAULT_LOCKOUT: Duration = Duration::from_secs(30 * 60);
 
     /// Limits with these values (each count at least 1).
     pub fn new(max_user_failures: u32, max_source_failures: u32, lockout: Duration) -> Self {
@@ -189,7 +189,7 @@ impl std::fmt::Debug for LoginLimiter {
 /// counts as a failure.
 #[derive(Debug)]
 #[must_use = "an attempt dropped without an outcome counts as a failure"]
-pub struct Attempt {
+pub(crate) struct Attempt {
     limiter: Arc<LoginLimiter>,
     subjects: Vec<Subject>,
     done: bool,
@@ -219,7 +219,11 @@ impl LoginLimiter {
 
     /// Starts an attempt by `user` (if any) from `source` (if known): refused when either is
     /// locked or has as many attempts in flight (plus failures) as its limit.
-    pub fn begin(self: &Arc<Self>, user: Option<&str>, source: Option<IpAddr>) -> Result<Attempt, Refusal> {
+    pub(crate) fn begin(
+        self: &Arc<Self>,
+        user: Option<&str>,
+        source: Option<IpAddr>,
+    ) -> Result<Attempt, Refusal> {
         let now = self.clock.now();
         let mut subjects = Vec::with_capacity(2);
         if let Some(user) = user {
@@ -352,20 +356,20 @@ impl LoginLimiter {
 
 impl Attempt {
     /// The attempt succeeded: the user's failures are forgotten.
-    pub fn succeeded(mut self) {
+    pub(crate) fn succeeded(mut self) {
         self.done = true;
         self.limiter.finish(&self.subjects, true);
     }
 
     /// The attempt ended without saying anything about the caller (storage failed, the Auth
     /// Service was busy): it counts neither way.
-    pub fn cancelled(mut self) {
+    pub(crate) fn cancelled(mut self) {
         self.done = true;
         self.limiter.cancel(&self.subjects);
     }
 
     /// The attempt failed (wrong password, unknown user, invalid token).
-    pub fn failed(mut self) {
+    pub(crate) fn failed(mut self) {
         self.done = true;
         self.limiter.finish(&self.subjects, false);
     }

@@ -49,19 +49,18 @@ use crate::{Secret, Version};
 pub use direct::{Announcer, DirectAddrRefused, DirectDialPolicy, check_direct_addr};
 pub use limit::{LoginLimiter, LoginLimits, Refusal, Subject};
 use password::PasswordPool;
-pub use password::{hash_password, verify_password};
 pub use served::{ResourceRoute, RouteError, ServedKind, ServedResource, direct_ip_allowed};
 
 /// The SSH principal of a user without logins (a leading `-` is never a Unix user name).
-pub const NO_LOGIN_PRINCIPAL: &str = "-svc-no-login";
+pub(crate) const NO_LOGIN_PRINCIPAL: &str = "-svc-no-login";
 /// How long the CAs are valid when the Auth Service creates them.
-pub const CA_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+pub(crate) const CA_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// How long host certificates issued at join are valid.
 pub const HOST_CERT_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The default (and longest) lifetime of user certificates: short-lived by design.
 pub const USER_CERT_TTL: Duration = Duration::from_secs(12 * 3600);
 /// The default lifetime of a join token.
-pub const TOKEN_TTL: Duration = Duration::from_secs(30 * 60);
+pub(crate) const TOKEN_TTL: Duration = Duration::from_secs(30 * 60);
 /// How often agents heartbeat ([`AuthService::heartbeat`]).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 /// An inventory row disappears when no heartbeat arrived for this long: three missed

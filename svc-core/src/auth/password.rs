@@ -30,7 +30,7 @@ pub(super) fn random_bytes<const N: usize>() -> Result<[u8; N], AuthError> {
 }
 
 /// Hashes `password` with a fresh random salt; returns the PHC string (`$argon2id$...`).
-pub fn hash_password(password: &Secret) -> Result<Secret, AuthError> {
+pub(crate) fn hash_password(password: &Secret) -> Result<Secret, AuthError> {
     let salt = SaltString::encode_b64(&random_bytes::<16>()?)
         .map_err(|e| AuthError::Invalid(format!("password salt: {e}")))?;
     Argon2::default()
@@ -40,7 +40,7 @@ pub fn hash_password(password: &Secret) -> Result<Secret, AuthError> {
 }
 
 /// Whether `password` matches the PHC string `hash`. A malformed hash matches nothing.
-pub fn verify_password(password: &Secret, hash: &str) -> bool {
+pub(crate) fn verify_password(password: &Secret, hash: &str) -> bool {
     PasswordHash::new(hash)
         .map(|parsed| {
             Argon2::default()

@@ -62,7 +62,7 @@ impl ServedKind {
     }
 
     /// The role selector that applies.
-    pub const fn label_kind(self) -> LabelKind {
+    pub(crate) const fn label_kind(self) -> LabelKind {
         match self {
             ServedKind::App => LabelKind::App,
             ServedKind::Db => LabelKind::Db,
@@ -73,7 +73,7 @@ impl ServedKind {
     }
 
     /// The system role an agent's certificate needs to serve this kind.
-    pub const fn system_role(self) -> SystemRole {
+    pub(crate) const fn system_role(self) -> SystemRole {
         match self {
             ServedKind::App => SystemRole::App,
             ServedKind::Db => SystemRole::Db,

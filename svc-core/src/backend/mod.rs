@@ -59,7 +59,7 @@ impl Key {
 
     /// Builds `/seg1/seg2/...` from segments. Segments are taken as they are; callers keep `/`
     /// out of them (a name with a `/` would read as two segments).
-    pub fn from_segments<S: AsRef<[u8]>>(segments: impl IntoIterator<Item = S>) -> Self {
+    pub(crate) fn from_segments<S: AsRef<[u8]>>(segments: impl IntoIterator<Item = S>) -> Self {
         let mut bytes = Vec::new();
         for segment in segments {
             bytes.push(b'/');
@@ -215,7 +215,7 @@ impl KeyRange {
     }
 
     /// The range as `[start, end)` bytes; `None` as the end means "to the last key".
-    pub fn bounds(&self) -> (Vec<u8>, Option<Vec<u8>>) {
+    pub(crate) fn bounds(&self) -> (Vec<u8>, Option<Vec<u8>>) {
         match self {
             KeyRange::Prefix(prefix) => (prefix.0.clone(), prefix_end(&prefix.0)),
             KeyRange::Between { start, end } => (start.0.clone(), Some(end.0.clone())),

@@ -88,7 +88,7 @@ impl Claims {
     }
 
     /// The claims as the DER value of the X.509 identity extension.
-    pub fn to_der(&self) -> Vec<u8> {
+    pub(crate) fn to_der(&self) -> Vec<u8> {
         let strings = |w: yasna::DERWriter<'_>, items: &[String]| {
             w.write_sequence_of(|w| {
                 for item in items {
@@ -111,7 +111,7 @@ impl Claims {
     }
 
     /// Parses the DER written by [`to_der`](Self::to_der).
-    pub fn from_der(der: &[u8]) -> Result<Self, VerifyError> {
+    pub(crate) fn from_der(der: &[u8]) -> Result<Self, VerifyError> {
         fn strings(r: yasna::BERReader<'_, '_>) -> yasna::ASN1Result<Vec<String>> {
             let mut out = Vec::new();
             r.read_sequence_of(|r| {

@@ -302,7 +302,7 @@ impl Verifier {
 
     /// Verifies an OpenSSH certificate as an identity of kind `expected`: certificate type,
     /// signing CA, validity at `now`, signature, no critical options, then the claims.
-    pub fn verify_ssh(
+    pub(crate) fn verify_ssh(
         &self,
         cert: &Certificate,
         now: SystemTime,

@@ -218,10 +218,10 @@ where
                         }));
                     }
                     *filled += n;
-                    let head = reply::parse(&buf[..*filled]).map_err(|reason| Error::MalformedReply {
+                    let head = reply::parse(&buf[..*filled]).map_err(|e| Error::MalformedReply {
                         proxy: hop.display.clone(),
                         target: target.to_string(),
-                        reason,
+                        reason: e.to_string(),
                     })?;
                     match head {
                         Some(head) => {

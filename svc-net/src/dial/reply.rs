@@ -1,7 +1,8 @@
 //! The proxy's reply to CONNECT: a pure parser over the bytes read so far.
 //!
 //! [`HttpConnectFuture`](super::HttpConnectFuture) reads into a bounded buffer and calls
-//! [`parse`] after each read; the bytes after the head belong to the tunnel.
+//! [`parse`] after each read; the bytes after the head belong to the tunnel. Public so that it
+//! can be fuzzed on its own (`svc-net/fuzz`): the reply comes from a proxy svc does not control.
 
 /// The longest reply head accepted (status line and headers).
 pub const MAX_REPLY_HEAD: usize = 16 * 1024;
@@ -11,33 +12,47 @@ const MAX_HEADERS: usize = 64;
 
 /// A complete reply head.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ReplyHead {
+pub struct ReplyHead {
     /// The status code.
-    pub(crate) status: u16,
+    pub status: u16,
     /// The reason phrase (lossily decoded, for error messages).
-    pub(crate) reason: String,
+    pub reason: String,
     /// Bytes taken by the head, including the blank line.
-    pub(crate) len: usize,
+    pub len: usize,
 }
+
+/// Why the bytes are not the head of an HTTP/1.x response.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected an HTTP/1.x response head: {0}")]
+pub struct ReplyError(String);
 
 /// Parses `buf` as the start of an HTTP/1.x response.
 ///
 /// `Ok(None)`: more bytes are needed. `Err`: not an HTTP/1.x response head.
-pub(crate) fn parse(buf: &[u8]) -> Result<Option<ReplyHead>, String> {
+pub fn parse(buf: &[u8]) -> Result<Option<ReplyHead>, ReplyError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut headers);
     match response.parse(buf) {
         Ok(httparse::Status::Partial) => Ok(None),
         Ok(httparse::Status::Complete(len)) => {
             // `Complete` guarantees the status line was read.
-            let status = response.code.ok_or("missing status code")?;
+            let status = response
+                .code
+                .ok_or_else(|| ReplyError("missing status code".to_owned()))?;
+            // httparse takes any three digits; HTTP's status codes are 100 to 599 (RFC 9110,
+            // section 15), so `000` is a broken reply, not a refusal with status 0.
+            if !(100..=599).contains(&status) {
+                return Err(ReplyError(format!(
+                    "status {status:03} is not an HTTP status code"
+                )));
+            }
             Ok(Some(ReplyHead {
                 status,
                 reason: response.reason.unwrap_or("").to_owned(),
                 len,
             }))
         }
-        Err(e) => Err(format!("expected an HTTP/1.x response head: {e}")),
+        Err(e) => Err(ReplyError(e.to_string())),
     }
 }
 
@@ -61,6 +76,24 @@ mod tests {
         assert_eq!(parse(b"").unwrap(), None);
         assert!(parse(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
         assert!(parse(b"HTTP/2 200\r\n\r\n").is_err());
+    }
+
+    /// Found by the `connect_reply` fuzz target (svc-net/fuzz/corpus/connect_reply/status-000).
+    #[test]
+    fn status_codes_outside_100_to_599_are_malformed() {
+        let err = parse(b"HTTP/1.0 000 Connection established\r\n\r\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "expected an HTTP/1.x response head: status 000 is not an HTTP status code"
+        );
+        assert!(parse(b"HTTP/1.1 099 x\r\n\r\n").is_err());
+        assert!(parse(b"HTTP/1.1 600 x\r\n\r\n").is_err());
+        assert!(parse(b"HTTP/1.1 999 x\r\n\r\n").is_err());
+        assert_eq!(
+            parse(b"HTTP/1.1 100 Continue\r\n\r\n").unwrap().unwrap().status,
+            100
+        );
+        assert_eq!(parse(b"HTTP/1.1 599 x\r\n\r\n").unwrap().unwrap().status, 599);
     }
 
     proptest! {

@@ -113,6 +113,32 @@ pub struct DialRequest {
     pub client_dst_addr: String,
 }
 
+impl DialRequest {
+    /// Decodes a dial request line as the agent reads it from a transport channel: one JSON
+    /// object (the line without its `\n`), at most [`MAX_DIAL_REQUEST`] bytes.
+    ///
+    /// The bytes come from the other end of the tunnel; this never panics on any input (fuzzed
+    /// in `svc-net/fuzz`).
+    pub fn decode(line: &str) -> Result<Self, DialRequestError> {
+        if line.len() > MAX_DIAL_REQUEST {
+            return Err(DialRequestError::TooLong(line.len()));
+        }
+        serde_json::from_str(line).map_err(|e| DialRequestError::Malformed(e.to_string()))
+    }
+}
+
+/// Why a dial request line was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DialRequestError {
+    /// The line is longer than [`MAX_DIAL_REQUEST`].
+    #[error("dial request of {0} bytes is longer than the {MAX_DIAL_REQUEST}-byte limit")]
+    TooLong(usize),
+    /// The line is not a dial request's JSON.
+    #[error("malformed dial request: {0}")]
+    Malformed(String),
+}
+
 /// Tunnel tunables, shared by both ends.
 ///
 /// The channel window is raised from russh's 2 MiB to 8 MiB: a tunnel carries bulk streams
@@ -384,6 +410,28 @@ mod tests {
         );
         let back: DialRequest = serde_json::from_value(json).unwrap();
         assert_eq!(back, req);
+    }
+
+    #[test]
+    fn dial_requests_decode_and_refuse_what_is_not_one() {
+        let line = r#"{"address":"node-1:3022","server_id":"6f1c.example.com","conn_type":"node","client_src_addr":"10.0.0.1:5000","client_dst_addr":"10.0.0.2:443"}"#;
+        let req = DialRequest::decode(line).unwrap();
+        assert_eq!(req.conn_type, ConnType::Node);
+        assert_eq!(
+            DialRequest::decode(&serde_json::to_string(&req).unwrap()).unwrap(),
+            req
+        );
+        let err = DialRequest::decode(r#"{"address":"x"}"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("malformed dial request: missing field"),
+            "{err}"
+        );
+        let long = format!("{{\"address\":\"{}\"}}", "a".repeat(MAX_DIAL_REQUEST));
+        assert_eq!(
+            DialRequest::decode(&long).unwrap_err(),
+            DialRequestError::TooLong(long.len())
+        );
     }
 
     #[tokio::test]
