@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use support::example;
 use svc_core::config::Config;
+use svc_net::Cluster;
 use svc_net::auth::{AuthClient, ClientIdentity};
-use svc_net::node::Cluster;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_embedded_agent_joins_heartbeats_and_stops() -> Result<()> {

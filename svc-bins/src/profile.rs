@@ -206,7 +206,7 @@ pub fn tctl_identity(
 }
 
 fn admin_identity(data_dir: &Path) -> anyhow::Result<ClientIdentity> {
-    let path = svc_net::node::admin_identity_path(data_dir);
+    let path = svc_net::auth::node::admin_identity_path(data_dir);
     ClientIdentity::load(&path).with_context(|| {
         format!(
             "reading the admin identity {} (is svc start running with this data directory, and are you root?)",

@@ -3,7 +3,7 @@
 //! A channel either serves a static version (optionally flagged critical) or forwards to an
 //! upstream version server. This module holds the validated definition and the pure rules of
 //! the version server ([`Channels`]: which channels exist, which answer a channel gives);
-//! fetching from upstreams and serving HTTP is `svc_net::web::version`'s job.
+//! fetching from upstreams and serving HTTP is `svc_net::proxy::web::version`'s job.
 
 use std::collections::BTreeMap;
 

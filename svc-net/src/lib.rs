@@ -1,7 +1,7 @@
 //! svc's networking: tower Services that move bytes.
 //!
 //! Modules follow a connection as it travels: listen → route (peek, detect, ALPN/SNI) →
-//! handlers (web, SSH, databases) → tunnel → dial. [`node`] composes them into the processes
+//! handlers (web, SSH, databases) → tunnel → dial. [`cluster`] composes them into the processes
 //! `svc start` runs (Auth Service, Proxy Service, agent), and [`diag`] is the health and metrics
 //! Service every process serves.
 //!
@@ -12,7 +12,7 @@
 //! | dial direct or through `HTTPS_PROXY` (also a hyper-util connector) | [`ProxyDialer`] | — |
 //! | peek the ClientHello and route by ALPN/SNI | [`Router`] | — |
 //! | the accept loop | [`listen::serve`] | — |
-//! | the web API: routes, ping, version server | [`WebApi`], [`web::ping::PingService`], [`web::version`] | — |
+//! | the web API: routes, ping, version server | [`WebApi`], [`proxy::web::ping::PingService`], [`proxy::web::version`] | — |
 //! | health and metrics | [`Diagnostics`] | — |
 //! | the Auth gRPC API | `auth::AuthClient`, `auth::serve` | `auth` |
 //! | reverse tunnels, the SSH Service | `tunnel::TunnelAgent`, `ssh::SshServer` | `tunnel` / `ssh` |
@@ -48,13 +48,16 @@
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
+#[cfg(feature = "tunnel")]
+pub mod agent;
 #[cfg(feature = "auth")]
 pub mod auth;
+#[cfg(feature = "node")]
+pub mod cluster;
 pub mod diag;
 pub mod dial;
+pub mod io;
 pub mod listen;
-#[cfg(feature = "node")]
-pub mod node;
 pub mod proxy;
 pub mod route;
 #[cfg(feature = "services")]
@@ -64,11 +67,16 @@ pub mod ssh;
 pub mod tls;
 #[cfg(feature = "tunnel")]
 pub mod tunnel;
-pub mod web;
 
+#[cfg(feature = "node")]
+pub use agent::node::AgentNode;
+#[cfg(feature = "node")]
+pub use auth::{NodeError, node::AuthServer};
+#[cfg(feature = "node")]
+pub use cluster::Cluster;
 pub use diag::Diagnostics;
 pub use dial::ProxyDialer;
 #[cfg(feature = "node")]
-pub use node::{AgentNode, AuthServer, Cluster, NodeError, ProxyServer};
+pub use proxy::node::ProxyServer;
+pub use proxy::web::{WebApi, WebApiService};
 pub use route::Router;
-pub use web::{WebApi, WebApiService};

@@ -28,7 +28,7 @@ use tokio::{
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tower::{Service, ServiceExt};
 
-use crate::route::rewind::Rewind;
+use crate::io::rewind::Rewind;
 
 /// A boxed error, as tower services in this crate return (tower's own alias).
 pub use tower::BoxError;

@@ -11,9 +11,9 @@ use svc_core::backend::MemoryBackend;
 use svc_core::identity::{HostCertRequest, SystemRole};
 use svc_core::resource::User;
 use svc_net::auth::{AuthClient, KeyMaterial};
+use svc_net::proxy::web::login::{LOGIN_PATH, LoginError, login_service, login_via_proxy};
 use svc_net::proxy::{ProxyBuilder, ProxySettings};
 use svc_net::tls::TlsSource;
-use svc_net::web::login::{LOGIN_PATH, LoginError, login_service, login_via_proxy};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread")]

@@ -18,9 +18,9 @@ use svc_core::identity::{HostCertRequest, SystemRole};
 use svc_core::resource::User;
 use svc_net::auth::proto;
 use svc_net::auth::{AuthClient, ClientIdentity, KeyMaterial};
+use svc_net::proxy::web::login::{LOGIN_PATH, login_service};
 use svc_net::proxy::{ProxyBuilder, ProxySettings};
 use svc_net::tls::TlsSource;
-use svc_net::web::login::{LOGIN_PATH, login_service};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 

@@ -15,8 +15,8 @@ use anyhow::{Context as _, Result};
 use http_body_util::{BodyExt, Empty};
 use support::{STEP, within};
 use svc_net::{
+    proxy::web::{Body, ResponseBody, full, web_service},
     proxy::{ProxyBuilder, ProxySettings},
-    web::{Body, ResponseBody, full, web_service},
 };
 use tokio::sync::Notify;
 

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use svc_core::{Clock, ManualClock};
 use svc_core::{Version, channel::ChannelSpec};
-use svc_net::web::version::{Fetcher, VersionResolver, http::VersionHandler};
+use svc_net::proxy::web::version::{Fetcher, VersionResolver, http::VersionHandler};
 use svc_net::{
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
     tls::TlsSource,

@@ -4,7 +4,7 @@
 //! First network step of every updater run (`svc-upgrade` on Linux, the Kubernetes controller):
 //! `GET <base>/version` and `GET <base>/critical` on the cluster's own Proxy Service, where
 //! `<base>` is `https://<proxy>/v1/webapi/automaticupgrades/channel/<channel>`. The requests go
-//! through [`channel::Fetcher`](svc_net::web::version::Fetcher) — the same HTTP(S) client the proxy
+//! through [`channel::Fetcher`](svc_net::proxy::web::version::Fetcher) — the same HTTP(S) client the proxy
 //! uses for `forward_url` channels — over any connector; the default, [`ProxyDialer`], honours
 //! `HTTPS_PROXY` / `NO_PROXY`, so an agent behind a corporate proxy reaches its cluster the same
 //! way its tunnel does.
@@ -33,7 +33,7 @@ use svc_core::{SystemClock, Version};
 use svc_net::dial::ProxyDialer;
 use tower::Service;
 
-use svc_net::web::version::forward::{
+use svc_net::proxy::web::version::forward::{
     FETCH_TIMEOUT, FetchError, Fetcher, parse_critical_body, parse_version_body,
 };
 
@@ -43,7 +43,7 @@ use tower::BoxError;
 pub const TIMEOUT: std::time::Duration = FETCH_TIMEOUT;
 
 /// The version server's channel path (served by the proxy, asked here).
-pub use svc_net::web::version::http::CHANNEL_PATH_PREFIX;
+pub use svc_net::proxy::web::version::http::CHANNEL_PATH_PREFIX;
 
 /// What the version server advertises for the agent's channel.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! `svc`: runs the cluster's services (Auth and Proxy) from `svc.yaml` or the defaults.
 //!
 //! Glue only: parse the CLI, load the configuration, start the services
-//! ([`svc_net::node::Cluster`]), run until SIGTERM or SIGINT, drain.
+//! ([`svc_net::Cluster`]), run until SIGTERM or SIGINT, drain.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use svc_core::Addr;
 use svc_core::config::Config;
-use svc_net::node::{Cluster, RunningCluster};
+use svc_net::cluster::{Cluster, RunningCluster};
 use svc_update::kube::schedule::SecretSink;
 
 /// The configuration file read when `--config` is not given, if it exists.

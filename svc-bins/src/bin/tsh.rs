@@ -191,13 +191,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let password = read_password(&user)?;
             let rt = tokio::runtime::Runtime::new()?;
             let dialer = svc_net::dial::ProxyDialer::from_env()?;
-            let ping = rt.block_on(svc_net::web::login::ping_via_proxy(
+            let ping = rt.block_on(svc_net::proxy::web::login::ping_via_proxy(
                 &proxy,
                 insecure,
                 ca.as_deref(),
                 Some(&dialer),
             ))?;
-            let identity = rt.block_on(svc_net::web::login::login_via_proxy_with(
+            let identity = rt.block_on(svc_net::proxy::web::login::login_via_proxy_with(
                 &proxy,
                 insecure,
                 ca.as_deref(),

@@ -15,6 +15,10 @@
 
 mod client;
 mod identity;
+#[cfg(feature = "node")]
+pub mod node;
+#[cfg(feature = "node")]
+mod node_error;
 mod resources;
 mod route;
 mod server;
@@ -101,6 +105,8 @@ pub mod proto {
 
 pub use client::{AuthClient, ClientError, JoinParams, join, join_via};
 pub use identity::{ClientIdentity, IdentityFileError, KeyMaterial, TrustedCaPem};
+#[cfg(feature = "node")]
+pub use node_error::NodeError;
 pub use resources::Resolved;
 pub use route::{alpn, auth_route};
 pub use server::{

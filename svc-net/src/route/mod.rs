@@ -4,7 +4,7 @@
 //! the ClientHello without terminating TLS ([`client_hello`]), picks a route — the SNI prefix
 //! `kube-svc-proxy-alpn.` for Kubernetes, else the first of the client's ALPN names (in the
 //! client's order; none counts as `http/1.1`) that a registered route serves — and hands the
-//! connection, its peeked bytes replayed by [`rewind::Rewind`], to that route's service, which
+//! connection, its peeked bytes replayed by [`Rewind`](crate::io::rewind::Rewind), to that route's service, which
 //! terminates TLS itself. With no match the connection is closed with a log line naming the
 //! protocols offered.
 //!
@@ -13,7 +13,6 @@
 
 pub mod client_hello;
 pub mod detect;
-pub mod rewind;
 
 use std::{
     collections::HashMap,

@@ -3,10 +3,10 @@
 //!
 //! Where it sits in the data flow: a client (`tsh ssh`, or OpenSSH with `tsh proxy ssh` as its
 //! `ProxyCommand`) reaches the proxy on 3023 (plain SSH) or the web port (ALPN
-//! `svc-proxy-ssh`, SSH inside TLS) — [`proxy::ProxySsh`] authenticates the user certificate
+//! `svc-proxy-ssh`, SSH inside TLS) — [`ProxySsh`](crate::proxy::ssh::ProxySsh) authenticates the user certificate
 //! and serves the `proxy:<host>:<port>` subsystem (or `direct-tcpip`) by dialing the agent
 //! through the [`TunnelDialer`](crate::tunnel::TunnelDialer) and piping bytes. The client then
-//! runs its own SSH session over that pipe to the agent's [`server::SshServer`], which
+//! runs its own SSH session over that pipe to the agent's [`SshServer`](crate::agent::ssh::SshServer), which
 //! authenticates the user certificate again (the requested login must be one of the
 //! certificate's principals), presents the agent's host certificate and runs shells and
 //! commands. Node RBAC ([`authz`]) is asked twice: by the proxy before it dials, and by the
@@ -15,14 +15,9 @@
 pub mod authz;
 pub mod client;
 mod deadline;
-mod passwd;
-pub mod proxy;
-pub mod server;
 
 pub use authz::{AuthNodeAuthorizer, NodeAuthorizer, NodeDecision, NodeDecisionFuture};
 pub use client::{ClientIdentity, ProxiedStream, ProxyEndpoint, client_config, connect_via_proxy};
-pub use proxy::{ProxySsh, ProxySshConfig};
-pub use server::{SshServer, SshServerConfig};
 
 pub(crate) use deadline::{StartError, authenticate_before};
 

@@ -23,13 +23,14 @@ use svc_core::{
     proxy_env::ProxyEnv,
 };
 use svc_net::{
+    agent::ssh::{SshServer, SshServerConfig},
     dial::ProxyDialer,
-    proxy::{ProxyBuilder, ProxySettings, RunningProxy},
-    route::alpn,
-    ssh::{
-        ClientIdentity, ProxyEndpoint, ProxySsh, ProxySshConfig, SshServer, SshServerConfig,
-        connect_via_proxy,
+    proxy::{
+        ProxyBuilder, ProxySettings, RunningProxy,
+        ssh::{ProxySsh, ProxySshConfig},
     },
+    route::alpn,
+    ssh::{ClientIdentity, ProxyEndpoint, connect_via_proxy},
     tls::{ServerIdentity, TlsSource},
     tunnel::{AgentConfig, Backoff, RunningAgent, Tunables, TunnelAgent, TunnelServer, TunnelServerConfig},
 };

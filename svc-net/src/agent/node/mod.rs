@@ -12,10 +12,10 @@
 //! shared-state Secret) → `/healthz`, `/readyz`, `/metrics` on `svc.diag_addr` ([`crate::diag`]).
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), svc_net::node::NodeError> {
+//! # async fn run() -> Result<(), svc_net::NodeError> {
 //! let config = svc_core::config::Config::load(std::path::Path::new("/etc/svc.yaml"))
-//!     .map_err(|e| svc_net::node::NodeError::Config(e.to_string()))?;
-//! let node = svc_net::node::AgentNode::from_config(&config).start().await?;
+//!     .map_err(|e| svc_net::NodeError::Config(e.to_string()))?;
+//! let node = svc_net::AgentNode::from_config(&config).start().await?;
 //! println!("serving as {}", node.host_id);
 //! node.shutdown().await;
 //! # Ok(()) }
@@ -41,11 +41,12 @@ pub use export::ScheduleSink;
 pub use resources::{agent_dial_service, agent_roles, served_resources};
 
 use self::heartbeat::{ExportTargets, HeartbeatTask};
-use super::NodeError;
+use crate::agent::ssh::{SshServer, SshServerConfig};
+use crate::auth::NodeError;
 use crate::auth::{ClientIdentity, JoinParams};
 use crate::diag::{Diagnostics, NodeMetrics};
 use crate::dial::ProxyDialer;
-use crate::ssh::{AuthNodeAuthorizer, SshServer, SshServerConfig};
+use crate::ssh::AuthNodeAuthorizer;
 use crate::tunnel::{AgentConfig, AgentStatus, DialService, RunningAgent, TunnelAgent};
 
 /// The agent's saved identity in the data directory.
@@ -62,7 +63,10 @@ pub const FIRST_CONTACT_WAIT: Duration = Duration::from_secs(30);
 
 /// The version endpoint the Linux updater asks (`host:port/path`), for the proxy at `proxy`.
 pub fn version_endpoint(proxy: &Addr) -> String {
-    format!("{proxy}{}default", crate::web::version::http::CHANNEL_PATH_PREFIX)
+    format!(
+        "{proxy}{}default",
+        crate::proxy::web::version::http::CHANNEL_PATH_PREFIX
+    )
 }
 
 /// An agent, configured and not yet started. Built from the validated configuration

@@ -31,11 +31,11 @@ use russh::{
 };
 use svc_core::identity::{UserIdentity, Verifier};
 
-use super::authz::NodeAuthorizer;
+use crate::ssh::authz::NodeAuthorizer;
 use tokio::io::copy_bidirectional_with_sizes;
 use tower::Service;
 
-use super::SshError;
+use crate::ssh::SshError;
 use crate::tls::{HandshakeDeadline, TlsConnection, TlsTerminate};
 use crate::{
     listen::{BoxError, ConnFuture, Connection, Io},
@@ -61,7 +61,7 @@ pub struct ProxySshConfig {
     /// Window and packet sizes.
     pub tunables: Tunables,
     /// How often an open session's access is asked again (default
-    /// [`DEFAULT_RECHECK_INTERVAL`](super::authz::DEFAULT_RECHECK_INTERVAL)); a refusal closes
+    /// [`DEFAULT_RECHECK_INTERVAL`](crate::ssh::authz::DEFAULT_RECHECK_INTERVAL)); a refusal closes
     /// the session with the reason on stderr.
     pub recheck_interval: std::time::Duration,
 }
@@ -83,7 +83,7 @@ impl ProxySshConfig {
             authorizer,
             tls: None,
             tunables: Tunables::default(),
-            recheck_interval: super::authz::DEFAULT_RECHECK_INTERVAL,
+            recheck_interval: crate::ssh::authz::DEFAULT_RECHECK_INTERVAL,
         }
     }
 
@@ -307,7 +307,7 @@ impl EntryHandler {
         let host = host.to_owned();
         async move {
             match cert {
-                Some(cert) => super::authz::refused_later(authorizer, cert, host, login, every).await,
+                Some(cert) => crate::ssh::authz::refused_later(authorizer, cert, host, login, every).await,
                 None => "not authenticated".to_owned(),
             }
         }

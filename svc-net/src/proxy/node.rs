@@ -8,7 +8,7 @@
 //! on 3023 and 3024) and the entries for resource clients (`svc-tcp` and the database ALPNs,
 //! Postgres by SSLRequest, the Kubernetes SNI route) → bind.
 //!
-//! In this release the proxy runs in the Auth Service's process ([`super::RunningAuth`]): it
+//! In this release the proxy runs in the Auth Service's process ([`RunningAuth`]): it
 //! asks that Auth Service where directly joined agents listen.
 
 use std::sync::Arc;
@@ -18,13 +18,14 @@ use svc_core::config::Config;
 use svc_core::identity::SystemRole;
 use svc_core::{Addr, SystemClock};
 
-use super::{NodeError, RunningAuth};
+use crate::agent::services::KubeProxy;
 use crate::auth::{AuthClient, ClientIdentity};
+use crate::auth::{NodeError, node::RunningAuth};
+use crate::proxy::resources::{ALPNS, ResourceProxy, ResourceProxyConfig};
+use crate::proxy::ssh::{ProxySsh, ProxySshConfig};
 use crate::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
 use crate::route::alpn;
-use crate::services::KubeProxy;
-use crate::services::proxy::{ALPNS, ResourceProxy, ResourceProxyConfig};
-use crate::ssh::{AuthNodeAuthorizer, ProxySsh, ProxySshConfig};
+use crate::ssh::AuthNodeAuthorizer;
 use crate::tls::{ServerIdentity, TlsSource};
 use crate::tunnel::{
     ConnType, DirectDialer, DirectLookup, DirectTarget, TunnelDialer, TunnelServer, TunnelServerConfig,
@@ -119,8 +120,8 @@ impl ProxyServer {
         let routed = self.settings.listener_mode.tls_routing();
         let public_auth = (!routed).then(|| auth.public_addr());
         let mut builder = ProxyBuilder::new(self.settings).web_mount(
-            crate::web::login::LOGIN_PATH,
-            crate::web::login::login_service(client.clone(), public_auth),
+            crate::proxy::web::login::LOGIN_PATH,
+            crate::proxy::web::login::login_service(client.clone(), public_auth),
         );
         if routed {
             builder = builder.route_prefix(alpn::AUTH_PREFIX, crate::auth::auth_route(auth.dialable_addr()));
@@ -141,7 +142,7 @@ impl ProxyServer {
 /// Mounts the version server; `forward_url` upstreams are fetched through the
 /// environment-aware dialer (HTTPS_PROXY / NO_PROXY).
 fn install_version_server(builder: ProxyBuilder) -> Result<ProxyBuilder, NodeError> {
-    use crate::web::version::{Fetcher, VersionResolver, http::VersionHandler};
+    use crate::proxy::web::version::{Fetcher, VersionResolver, http::VersionHandler};
     let dialer =
         crate::dial::ProxyDialer::from_env().map_err(|e| NodeError::setup("HTTPS_PROXY/NO_PROXY", e))?;
     let tls = crate::tls::client_config(None)?;

@@ -39,7 +39,9 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{SshError, authz::NodeAuthorizer, passwd};
+mod passwd;
+
+use crate::ssh::{SshError, authz::NodeAuthorizer};
 use crate::{
     listen::{BoxError, BoxIo, Io},
     tunnel::{ConnType, DialRequest, Tunables, dial_service_fn},
@@ -61,7 +63,7 @@ pub struct SshServerConfig {
     /// Window and packet sizes.
     pub tunables: Tunables,
     /// How often an open session's access is asked again (default
-    /// [`DEFAULT_RECHECK_INTERVAL`](super::authz::DEFAULT_RECHECK_INTERVAL)); a refusal ends
+    /// [`DEFAULT_RECHECK_INTERVAL`](crate::ssh::authz::DEFAULT_RECHECK_INTERVAL)); a refusal ends
     /// every program of the connection, with the reason on stderr.
     pub recheck_interval: Duration,
 }
@@ -82,7 +84,7 @@ impl SshServerConfig {
             host_id: host_id.into(),
             authorizer,
             tunables: Tunables::default(),
-            recheck_interval: super::authz::DEFAULT_RECHECK_INTERVAL,
+            recheck_interval: crate::ssh::authz::DEFAULT_RECHECK_INTERVAL,
         }
     }
 }
@@ -266,7 +268,7 @@ impl NodeHandler {
         let (conn, revoked, peer) = (self.conn.clone(), self.revoked.clone(), self.peer);
         tokio::spawn(async move {
             tokio::select! {
-                denied = super::authz::refused_later(authorizer, cert, node, login, every) => {
+                denied = crate::ssh::authz::refused_later(authorizer, cert, node, login, every) => {
                     tracing::warn!(?peer, reason = %denied, "open SSH session closed: access revoked");
                     let _ = revoked.set(denied);
                     conn.cancel();

@@ -16,6 +16,14 @@
 //!   routes, so `tsh proxy app|db` works the same), but detects no SSH or Postgres. A listener whose handler has not been registered accepts and closes
 //!   each connection with a log line naming the missing handler (docs/ports.md says so).
 
+#[cfg(feature = "node")]
+pub mod node;
+#[cfg(feature = "services")]
+pub mod resources;
+#[cfg(feature = "tunnel")]
+pub mod ssh;
+pub mod web;
+
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
@@ -33,9 +41,9 @@ use tower::Service;
 
 use crate::{
     listen::{self, BoxError, ConnFuture, Connection, ListenOptions},
+    proxy::web::{WebApi, WebHandler, WebService},
     route::{ConnService, RouterBuilder, alpn, conn_service, detect::Multiplexer},
     tls::{ServerIdentity, TlsError, TlsSource},
-    web::{self, WebApi, WebHandler, WebService},
 };
 
 /// The Proxy Service's runtime settings. [`Default`] is a loopback-only proxy in multiplex mode

@@ -9,9 +9,9 @@
 //! disabled, the process is a standalone agent instead.
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), svc_net::node::NodeError> {
+//! # async fn run() -> Result<(), svc_net::NodeError> {
 //! let config = svc_core::config::Config::all_in_one_default();
-//! let running = svc_net::node::Cluster::from_config(&config).start().await?;
+//! let running = svc_net::Cluster::from_config(&config).start().await?;
 //! if let Some(proxy) = &running.proxy {
 //!     println!("web: https://{}", proxy.addrs().web);
 //! }
@@ -24,11 +24,11 @@ use std::sync::Arc;
 use svc_core::Addr;
 use svc_core::config::Config;
 
-use super::NodeError;
-use super::agent::{AgentNode, RunningNode, ScheduleSink, agent_roles};
-use super::auth::{AuthServer, RunningAuth, dialable};
-use super::proxy::ProxyServer;
+use crate::agent::node::{AgentNode, RunningNode, ScheduleSink, agent_roles};
+use crate::auth::NodeError;
+use crate::auth::node::{AuthServer, RunningAuth, dialable};
 use crate::proxy::RunningProxy;
+use crate::proxy::node::ProxyServer;
 
 /// One process's services, configured and not yet started.
 pub struct Cluster {
@@ -139,7 +139,9 @@ impl Cluster {
                     .proxy(Addr::from(dialable(proxy.addrs().web)), ca_pem)
                     // The updater asks this cluster's own proxy, never a global server
                     // (REFERENCE.md, "Schedule export").
-                    .version_endpoint(super::agent::version_endpoint(config.proxy.web_public_addr()));
+                    .version_endpoint(crate::agent::node::version_endpoint(
+                        config.proxy.web_public_addr(),
+                    ));
                 Some(node.start().await?)
             }
             _ => None,
@@ -194,7 +196,7 @@ impl RunningCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::proxy::proxy_settings;
+    use crate::proxy::node::proxy_settings;
     use crate::tls::TlsSource;
     use std::path::PathBuf;
 

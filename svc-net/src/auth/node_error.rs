@@ -8,8 +8,8 @@ use crate::{
     tls::TlsError,
 };
 
-/// Why an [`AuthServer`](super::AuthServer), [`ProxyServer`](super::ProxyServer),
-/// [`AgentNode`](super::AgentNode) or [`Cluster`](super::Cluster) could not start. Each variant
+/// Why an [`AuthServer`](crate::AuthServer), [`ProxyServer`](crate::ProxyServer),
+/// [`AgentNode`](crate::AgentNode) or [`Cluster`](crate::Cluster) could not start. Each variant
 /// names the configuration field, file or peer involved.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use crate::web::{ResponseBody, full, json_error};
+use crate::proxy::web::{ResponseBody, full, json_error};
 use ::http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use tower::Service;
 

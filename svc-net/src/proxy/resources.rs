@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
 use tower::Service;
 
-use super::{MAX_LINE, RESOURCE_OK, ResourceRequest, conn_type, db::SSL_REQUEST};
+use crate::agent::services::{MAX_LINE, RESOURCE_OK, ResourceRequest, conn_type, db::SSL_REQUEST};
 use crate::auth::AuthClient;
 use crate::listen::{BoxError, ConnFuture, Connection};
 use crate::route::{ConnService, alpn, conn_service};

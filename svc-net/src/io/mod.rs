@@ -1,0 +1,3 @@
+//! Byte streams as every other module sees them.
+
+pub mod rewind;
