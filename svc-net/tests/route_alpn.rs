@@ -13,12 +13,13 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use svc_net::{
-    listen::{BoxError, Connection},
+    io::{Connection, conn_service},
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
-    route::{alpn, conn_service},
+    route::alpn,
     tls::{ServerIdentity, TlsSource},
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower::BoxError;
 
 /// Terminates TLS with `config` and writes `route=<name> peer=<addr>`.
 #[derive(Clone)]

@@ -13,7 +13,7 @@ use svc_core::auth::AuthService;
 use svc_core::backend::{Backend, MemoryBackend};
 use svc_core::identity::{HostCertRequest, SystemRole};
 use svc_net::auth::{ClientIdentity, KeyMaterial};
-use svc_net::listen::BoxIo;
+use svc_net::io::BoxIo;
 use svc_net::tunnel::{
     ConnType, DialRequest, DirectDialer, DirectLookup, DirectTarget, agent_tls, dial_service_fn, serve_direct,
 };
@@ -67,7 +67,7 @@ async fn agent_listener(agent: &ClientIdentity) -> (String, CancellationToken) {
             let (mut r, mut w) = tokio::io::split(theirs);
             let _ = tokio::io::copy(&mut r, &mut w).await;
         });
-        Ok::<BoxIo, svc_net::listen::BoxError>(Box::new(ours))
+        Ok::<BoxIo, tower::BoxError>(Box::new(ours))
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();

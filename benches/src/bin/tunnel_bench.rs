@@ -33,7 +33,7 @@ use svc_core::{
 };
 use svc_net::{
     dial::ProxyDialer,
-    listen::BoxIo,
+    io::BoxIo,
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
     route::alpn,
     tls::{ServerIdentity, TlsSource},

@@ -40,10 +40,11 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 mod passwd;
+use tower::BoxError;
 
 use crate::ssh::{SshError, authz::NodeAuthorizer};
 use crate::{
-    listen::{BoxError, BoxIo, Io},
+    io::{BoxIo, Io},
     tunnel::{ConnType, DialRequest, Tunables, dial_service_fn},
 };
 
@@ -163,7 +164,7 @@ impl SshServer {
         shutdown: CancellationToken,
     ) {
         let this = self.clone();
-        let service = tower::service_fn(move |mut conn: crate::listen::Connection| {
+        let service = tower::service_fn(move |mut conn: crate::io::Connection| {
             let this = this.clone();
             async move {
                 // Nothing to classify: the SSH deadline starts now.

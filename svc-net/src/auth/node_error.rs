@@ -2,9 +2,10 @@
 
 use std::{io, path::PathBuf};
 
+use tower::BoxError;
+
 use crate::{
     auth::{ClientError, IdentityFileError, ServeError},
-    listen::BoxError,
     tls::TlsError,
 };
 

@@ -37,12 +37,13 @@ use ipnet::IpNet;
 use svc_core::{Addr, Version, channel::ChannelSpec, config::ListenerMode};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
-use tower::Service;
+use tower::{BoxError, Service};
 
 use crate::{
-    listen::{self, BoxError, ConnFuture, Connection, ListenOptions},
+    io::{ConnFuture, ConnService, Connection, conn_service},
+    listen::{self, ListenOptions},
     proxy::web::{WebApi, WebHandler, WebService},
-    route::{ConnService, RouterBuilder, alpn, conn_service, detect::Multiplexer},
+    route::{RouterBuilder, alpn, detect::Multiplexer},
     tls::{ServerIdentity, TlsError, TlsSource},
 };
 

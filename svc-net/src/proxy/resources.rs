@@ -16,14 +16,17 @@ use svc_core::auth::ServedKind;
 use svc_core::identity::{IdentityKind, Verifier};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
-use tower::Service;
+use tower::{BoxError, Service};
 
 use crate::agent::services::{MAX_LINE, RESOURCE_OK, ResourceRequest, conn_type, db::SSL_REQUEST};
 use crate::auth::AuthClient;
-use crate::listen::{BoxError, ConnFuture, Connection};
-use crate::route::{ConnService, alpn, conn_service};
+use crate::io::{ConnFuture, Connection};
 use crate::tls::{ServerIdentity, TlsError};
 use crate::tunnel::{DialRequest, TunnelDialer, read_line};
+use crate::{
+    io::{ConnService, conn_service},
+    route::alpn,
+};
 
 /// The ALPN names this entry serves.
 pub const ALPNS: [&str; 5] = [alpn::TCP, alpn::POSTGRES, alpn::MYSQL, alpn::MONGODB, alpn::REDIS];

@@ -33,13 +33,12 @@ use svc_core::identity::{UserIdentity, Verifier};
 
 use crate::ssh::authz::NodeAuthorizer;
 use tokio::io::copy_bidirectional_with_sizes;
-use tower::Service;
+use tower::{BoxError, Service};
 
 use crate::ssh::SshError;
 use crate::tls::{HandshakeDeadline, TlsConnection, TlsTerminate};
 use crate::{
-    listen::{BoxError, ConnFuture, Connection, Io},
-    route::{ConnService, conn_service},
+    io::{ConnFuture, ConnService, Connection, Io, conn_service},
     tunnel::{ConnType, DialRequest, Tunables, TunnelDialer, ssh_server_config},
 };
 

@@ -21,24 +21,11 @@ use std::{
 };
 
 use bytes::BytesMut;
-use tower::{Service, ServiceExt, util::BoxCloneSyncService};
+use tower::{BoxError, Service, ServiceExt};
 
 pub use client_hello::ClientHello;
 
-use crate::listen::{BoxError, ConnFuture, Connection};
-
-/// A handler of connections: what routes and the multiplexer hand connections to.
-pub type ConnService = BoxCloneSyncService<Connection, (), BoxError>;
-
-/// Wraps any suitable service as a [`ConnService`].
-pub fn conn_service<S>(svc: S) -> ConnService
-where
-    S: Service<Connection, Response = ()> + Clone + Send + Sync + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
-{
-    BoxCloneSyncService::new(svc.map_err(Into::into))
-}
+use crate::io::{ConnFuture, ConnService, Connection};
 
 /// The ALPN names of svc's protocols (REFERENCE.md, "TLS routing").
 pub mod alpn {

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::{MAX_LINE, RESOURCE_OK, ResourceRequest};
 use crate::auth::ClientIdentity;
 use crate::dial::ProxyDialer;
-use crate::listen::BoxIo;
+use crate::io::BoxIo;
 use crate::route::alpn;
 use crate::tunnel::read_line;
 

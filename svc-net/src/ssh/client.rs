@@ -26,7 +26,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::TlsConnector;
 
 use super::SshError;
-use crate::{dial::ProxyDialer, listen::BoxIo, route::alpn};
+use crate::{dial::ProxyDialer, io::BoxIo, route::alpn};
 
 /// A user's SSH credentials.
 #[derive(Clone)]

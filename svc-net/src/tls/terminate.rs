@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
 use crate::io::rewind::Rewind;
-use crate::listen::{BoxIo, ConnFuture, Connection};
+use crate::io::{BoxIo, ConnFuture, Connection};
 
 /// Why a server-side TLS handshake did not produce a stream.
 #[derive(Debug, thiserror::Error)]

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use super::agent::serve_dial_stream;
 use super::{ConnType, DIAL_OK, DialRequest, DialService, MAX_DIAL_REQUEST, TunnelError, read_line};
 use crate::auth::ClientIdentity;
-use crate::listen::BoxIo;
+use crate::io::BoxIo;
 
 /// How long a direct dial (TCP, TLS and the dial request's answer) may take.
 pub const DIRECT_DIAL_TIMEOUT: Duration = Duration::from_secs(15);

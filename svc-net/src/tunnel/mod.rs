@@ -52,7 +52,7 @@ pub use server::{TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream};
 pub fn dial_service_fn<F, Fut>(f: F) -> DialService
 where
     F: Fn(DialRequest) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<crate::listen::BoxIo, crate::listen::BoxError>> + Send + 'static,
+    Fut: std::future::Future<Output = Result<crate::io::BoxIo, tower::BoxError>> + Send + 'static,
 {
     tower::util::BoxCloneSyncService::new(tower::service_fn(f))
 }

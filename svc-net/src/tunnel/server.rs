@@ -28,17 +28,14 @@ use tokio::{
 };
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tower::Service;
+use tower::{BoxError, Service};
 
 use super::{
     DIAL_OK, DISCOVERY_CHANNEL, DialRequest, DirectDialer, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST,
     RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST, read_line,
     registry::{AgentInfo, AgentRegistry, ConnState, LiveGuard},
 };
-use crate::{
-    listen::{BoxError, BoxIo, ConnFuture, Connection, Io},
-    route::{ConnService, conn_service},
-};
+use crate::io::{BoxIo, ConnFuture, ConnService, Connection, Io, conn_service};
 
 /// What the proxy needs to accept tunnels.
 #[non_exhaustive]

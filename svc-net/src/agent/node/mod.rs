@@ -587,7 +587,7 @@ fn ssh_server(identity: &ClientIdentity, dialer: &ProxyDialer) -> Result<SshServ
 
 fn refuse_ssh() -> DialService {
     crate::tunnel::dial_service_fn(|req: crate::tunnel::DialRequest| async move {
-        Err::<crate::listen::BoxIo, _>(
+        Err::<crate::io::BoxIo, _>(
             format!(
                 "this agent runs no service for {:?} connections (to {})",
                 req.conn_type, req.address

@@ -12,9 +12,10 @@ use std::sync::Arc;
 
 use svc_core::config::{Database, DbProtocol};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower::BoxError;
 
 use super::{ServiceError, connect, tls_to};
-use crate::listen::{BoxError, BoxIo};
+use crate::io::BoxIo;
 use crate::tunnel::{DialRequest, DialService, dial_service_fn};
 
 /// Postgres `SSLRequest`: length 8, code 80877103.

@@ -29,13 +29,17 @@ use svc_core::config::KubeConfig;
 use svc_core::identity::{IdentityKind, UserIdentity, Verifier};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
+use tower::BoxError;
 
 use super::{AppTarget, ServiceError, tls_to};
 use crate::auth::AuthClient;
-use crate::listen::{BoxError, BoxIo, ConnFuture, Connection};
-use crate::route::{ConnService, alpn, conn_service};
+use crate::io::{BoxIo, ConnFuture, Connection};
 use crate::tls::{ServerIdentity, TlsError};
 use crate::tunnel::{ConnType, DialRequest, DialService, TunnelDialer, dial_service_fn};
+use crate::{
+    io::{ConnService, conn_service},
+    route::alpn,
+};
 
 type Body = UnsyncBoxBody<Bytes, hyper::Error>;
 

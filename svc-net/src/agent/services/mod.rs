@@ -29,8 +29,9 @@ use svc_core::auth::ServedKind;
 use svc_core::config::{App, DesktopHost};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+use tower::BoxError;
 
-use crate::listen::{BoxError, BoxIo};
+use crate::io::BoxIo;
 use crate::tunnel::{ConnType, DialRequest, DialService, dial_service_fn};
 
 pub use db::db_service;
