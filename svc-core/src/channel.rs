@@ -16,6 +16,11 @@ pub const DEFAULT_CHANNEL: &str = "default";
 /// The cloud channel name (specification §2.6 rule 4); an alias of `default` unless configured.
 pub const CLOUD_CHANNEL: &str = "stable/cloud";
 
+/// The path under which a channel's answers live on the proxy's web address
+/// (`<prefix><channel>/version`, `<prefix><channel>/critical`): what updaters ask and what the
+/// version server serves.
+pub const CHANNEL_PATH_PREFIX: &str = "/v1/webapi/automaticupgrades/channel/";
+
 /// A validated channel definition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -43,7 +43,7 @@ use tower::BoxError;
 pub const TIMEOUT: std::time::Duration = FETCH_TIMEOUT;
 
 /// The version server's channel path (served by the proxy, asked here).
-pub use svc_net::proxy::web::version::http::CHANNEL_PATH_PREFIX;
+pub use svc_core::channel::CHANNEL_PATH_PREFIX;
 
 /// What the version server advertises for the agent's channel.
 #[derive(Debug, Clone, PartialEq, Eq)]

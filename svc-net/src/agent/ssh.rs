@@ -110,7 +110,7 @@ impl std::fmt::Debug for SshServer {
 impl SshServer {
     /// Builds the server.
     pub fn new(config: SshServerConfig) -> Self {
-        let ssh = crate::tunnel::ssh_server_config(&config.tunables, config.host_key, Some(config.host_cert));
+        let ssh = crate::ssh::server_config(&config.tunables, config.host_key, Some(config.host_cert));
         Self {
             config: Arc::new(ssh),
             auth_timeout: config.tunables.auth_timeout,

@@ -107,6 +107,8 @@ pub use client::{AuthClient, ClientError, JoinParams, join, join_via};
 pub use identity::{ClientIdentity, IdentityFileError, KeyMaterial, TrustedCaPem};
 #[cfg(feature = "node")]
 pub use node_error::NodeError;
+#[cfg(feature = "node")]
+pub(crate) use node_error::bind;
 pub use resources::Resolved;
 pub use route::{alpn, auth_route};
 pub use server::{

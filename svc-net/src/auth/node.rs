@@ -133,8 +133,7 @@ impl AuthServer {
         let mut auth = AuthService::open(backend, &self.cluster_name, Arc::new(SystemClock)).await?;
         auth.set_host_name_policy(self.names.clone());
         let auth = Arc::new(auth.with_login_limits(self.limits));
-        let (listener, addr) =
-            crate::agent::node::bind("auth_service.listen_addr", &self.listen_addr).await?;
+        let (listener, addr) = super::bind("auth_service.listen_addr", &self.listen_addr).await?;
         let mut names: Vec<String> = self.public_addrs.iter().map(|a| a.host_str()).collect();
         names.push(self.listen_addr.host_str());
         let server_identity = crate::auth::server_identity(&auth, &self.node_name, &names)?;

@@ -122,3 +122,17 @@ impl NodeError {
         }
     }
 }
+
+/// Binds a node's listener on `addr`; a failure names the configuration `field`.
+pub(crate) async fn bind(
+    field: &str,
+    addr: &svc_core::Addr,
+) -> Result<(tokio::net::TcpListener, std::net::SocketAddr), NodeError> {
+    let listener = tokio::net::TcpListener::bind(addr.to_string())
+        .await
+        .map_err(|e| NodeError::bind(field, addr, e))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| NodeError::bind(field, addr, e))?;
+    Ok((listener, bound))
+}

@@ -39,7 +39,8 @@ use crate::ssh::SshError;
 use crate::tls::{HandshakeDeadline, TlsConnection, TlsTerminate};
 use crate::{
     io::{ConnFuture, ConnService, Connection, Io, conn_service},
-    tunnel::{ConnType, DialRequest, Tunables, TunnelDialer, ssh_server_config},
+    ssh::{Tunables, server_config},
+    tunnel::{ConnType, DialRequest, TunnelDialer},
 };
 
 /// What the proxy's SSH entry needs.
@@ -137,7 +138,7 @@ impl ProxySsh {
     pub fn new(config: ProxySshConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
-                ssh: Arc::new(ssh_server_config(
+                ssh: Arc::new(server_config(
                     &config.tunables,
                     config.host_key,
                     Some(config.host_cert),

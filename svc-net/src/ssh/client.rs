@@ -25,7 +25,7 @@ use svc_core::{
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::TlsConnector;
 
-use super::SshError;
+use super::{SshError, Tunables, client_config};
 use crate::{dial::ProxyDialer, io::BoxIo, route::alpn};
 
 /// A user's SSH credentials.
@@ -141,26 +141,6 @@ fn tls_connector(endpoint: &ProxyEndpoint) -> Result<TlsConnector, SshError> {
     Ok(TlsConnector::from(Arc::new(config)))
 }
 
-/// The russh client configuration svc's SSH clients use: host certificates asked for (ed25519,
-/// the cluster CAs' key type, ahead of plain keys), `TCP_NODELAY`, and the tunnel's window,
-/// packet sizes and cipher preference (AES-GCM first). Use it for the SSH session to the node
-/// over [`connect_via_proxy`]'s stream too.
-pub fn client_config(tunables: &crate::tunnel::Tunables) -> russh::client::Config {
-    let preferred = russh::Preferred {
-        host_key_certificates: std::borrow::Cow::Borrowed(&[russh::keys::Algorithm::Ed25519]),
-        cipher: tunables.ciphers.clone(),
-        ..Default::default()
-    };
-    russh::client::Config {
-        preferred,
-        nodelay: true,
-        window_size: tunables.window_size,
-        maximum_packet_size: tunables.max_packet_size,
-        channel_buffer_size: tunables.channel_buffer_size,
-        ..Default::default()
-    }
-}
-
 /// Opens a stream to `node`'s SSH Service (`port` 0 means the default, 3022) through the proxy.
 /// `node` is a node name, host ID or host UUID.
 pub async fn connect_via_proxy(
@@ -197,7 +177,7 @@ pub async fn connect_via_proxy(
         } else {
             Box::new(tcp)
         };
-        let config = client_config(&crate::tunnel::Tunables::default());
+        let config = client_config(&Tunables::default());
         let handler = ClientHandler {
             verifier: endpoint.verifier.clone(),
         };

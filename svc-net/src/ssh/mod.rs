@@ -14,10 +14,13 @@
 
 pub mod authz;
 pub mod client;
+mod config;
 mod deadline;
 
 pub use authz::{AuthNodeAuthorizer, NodeAuthorizer, NodeDecision, NodeDecisionFuture};
-pub use client::{ClientIdentity, ProxiedStream, ProxyEndpoint, client_config, connect_via_proxy};
+pub use client::{ClientIdentity, ProxiedStream, ProxyEndpoint, connect_via_proxy};
+pub(crate) use config::server_config;
+pub use config::{CIPHERS, DEFAULT_SSH_AUTH_TIMEOUT, SERVER_KEEPALIVE_MAX, Tunables, client_config};
 
 pub(crate) use deadline::{StartError, authenticate_before};
 

@@ -294,7 +294,7 @@ pub fn tunnel_addr_from_ping(ping: &serde_json::Value, pinged: &Addr) -> Result<
     let default_port = if tls {
         pinged.port()
     } else {
-        crate::proxy::web::ping::TUNNEL_PORT
+        svc_core::config::ports::PROXY_TUNNEL
     };
     let addr = Addr::parse_with_default_port(&text, default_port).map_err(|e| TunnelError::Malformed {
         what: "ping",

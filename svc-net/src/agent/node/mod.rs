@@ -42,8 +42,8 @@ pub use resources::{agent_dial_service, agent_roles, served_resources};
 
 use self::heartbeat::{ExportTargets, HeartbeatTask};
 use crate::agent::ssh::{SshServer, SshServerConfig};
-use crate::auth::NodeError;
 use crate::auth::{ClientIdentity, JoinParams};
+use crate::auth::{NodeError, bind};
 use crate::diag::{Diagnostics, NodeMetrics};
 use crate::dial::ProxyDialer;
 use crate::ssh::AuthNodeAuthorizer;
@@ -63,10 +63,7 @@ pub const FIRST_CONTACT_WAIT: Duration = Duration::from_secs(30);
 
 /// The version endpoint the Linux updater asks (`host:port/path`), for the proxy at `proxy`.
 pub fn version_endpoint(proxy: &Addr) -> String {
-    format!(
-        "{proxy}{}default",
-        crate::proxy::web::version::http::CHANNEL_PATH_PREFIX
-    )
+    format!("{proxy}{}default", svc_core::channel::CHANNEL_PATH_PREFIX)
 }
 
 /// An agent, configured and not yet started. Built from the validated configuration
@@ -649,19 +646,6 @@ fn announced(bound: SocketAddr, public: Option<&Addr>, nodename: &str) -> String
         None if bound.ip().is_unspecified() => format!("{nodename}:{}", bound.port()),
         None => bound.to_string(),
     }
-}
-
-pub(crate) async fn bind(
-    field: &str,
-    addr: &Addr,
-) -> Result<(tokio::net::TcpListener, SocketAddr), NodeError> {
-    let listener = tokio::net::TcpListener::bind(addr.to_string())
-        .await
-        .map_err(|e| NodeError::bind(field, addr, e))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| NodeError::bind(field, addr, e))?;
-    Ok((listener, bound))
 }
 
 #[cfg(test)]
