@@ -25,6 +25,7 @@ use anyhow::Context;
 use base64::Engine;
 use rcgen::PublicKeyData;
 use ssh_key::{LineEnding, PrivateKey, private::Ed25519Keypair};
+use svc_core::auth::ServedKind;
 use svc_core::{
     Addr,
     config::ListenerMode,
@@ -38,8 +39,8 @@ use svc_net::{
     route::alpn,
     tls::{ServerIdentity, TlsSource},
     tunnel::{
-        AgentConfig, CIPHERS, ConnType, DialRequest, RunningAgent, Tunables, TunnelAgent, TunnelDialer,
-        TunnelServer, TunnelServerConfig, dial_service_fn,
+        AgentConfig, CIPHERS, DialRequest, RunningAgent, Tunables, TunnelAgent, TunnelDialer, TunnelServer,
+        TunnelServerConfig, dial_service_fn,
     },
 };
 use tokio::{
@@ -244,7 +245,7 @@ fn req(node: &str, target: SocketAddr) -> DialRequest {
     DialRequest {
         address: target.to_string(),
         server_id: node.into(),
-        conn_type: ConnType::App,
+        conn_type: ServedKind::App,
         client_src_addr: "127.0.0.1:1".into(),
         client_dst_addr: "127.0.0.1:2".into(),
     }

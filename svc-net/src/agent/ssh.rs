@@ -31,6 +31,7 @@ use russh::{
     keys::{Certificate, PrivateKey},
     server::{Auth, ChannelOpenHandle, Msg, Session},
 };
+use svc_core::auth::ServedKind;
 use svc_core::identity::{UserIdentity, Verifier};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
@@ -45,7 +46,7 @@ use tower::BoxError;
 use crate::ssh::{SshError, authz::NodeAuthorizer};
 use crate::{
     io::{BoxIo, Io},
-    tunnel::{ConnType, DialRequest, Tunables, dial_service_fn},
+    tunnel::{DialRequest, Tunables, dial_service_fn},
 };
 
 /// What the SSH Service needs.
@@ -187,7 +188,7 @@ impl SshServer {
         dial_service_fn(move |req: DialRequest| {
             let this = this.clone();
             async move {
-                if req.conn_type != ConnType::Node {
+                if req.conn_type != ServedKind::Node {
                     return Err::<BoxIo, BoxError>(
                         format!("this agent serves SSH only, not {:?} connections", req.conn_type).into(),
                     );

@@ -51,7 +51,7 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Wraps a stream (for embedding and tests; [`serve`] builds these itself).
+    /// Wraps a stream (for embedding and tests; [`listen::serve`](crate::listen::serve) builds these itself).
     pub fn new(io: BoxIo, peer_addr: SocketAddr, local_addr: SocketAddr, peek_timeout: Duration) -> Self {
         Self {
             io: Rewind::new(io),

@@ -16,6 +16,8 @@
 //!   routes, so `tsh proxy app|db` works the same), but detects no SSH or Postgres. A listener whose handler has not been registered accepts and closes
 //!   each connection with a log line naming the missing handler (docs/ports.md says so).
 
+#[cfg(feature = "services")]
+pub mod kube;
 #[cfg(feature = "node")]
 pub mod node;
 #[cfg(feature = "services")]

@@ -18,9 +18,9 @@ use svc_core::config::Config;
 use svc_core::identity::SystemRole;
 use svc_core::{Addr, SystemClock};
 
-use crate::agent::services::KubeProxy;
 use crate::auth::{AuthClient, ClientIdentity};
 use crate::auth::{NodeError, node::RunningAuth};
+use crate::proxy::kube::KubeProxy;
 use crate::proxy::resources::{ALPNS, ResourceProxy, ResourceProxyConfig};
 use crate::proxy::ssh::{ProxySsh, ProxySshConfig};
 use crate::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
@@ -28,7 +28,7 @@ use crate::route::alpn;
 use crate::ssh::AuthNodeAuthorizer;
 use crate::tls::{ServerIdentity, TlsSource};
 use crate::tunnel::{
-    ConnType, DirectDialer, DirectLookup, DirectTarget, TunnelDialer, TunnelServer, TunnelServerConfig,
+    DirectDialer, DirectLookup, DirectTarget, TunnelDialer, TunnelServer, TunnelServerConfig,
 };
 
 /// Maps the configuration onto the Proxy Service's listener settings.
@@ -248,14 +248,14 @@ impl DirectLookup for AuthDirectLookup {
     fn lookup(
         &self,
         server: String,
-        conn_type: ConnType,
+        conn_type: ServedKind,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<DirectTarget>> + Send>> {
         let (auth, caller) = (self.auth.clone(), self.caller.clone());
         Box::pin(async move {
             let kind = match conn_type {
-                ConnType::Node => ServedKind::Node,
-                ConnType::Kube => ServedKind::Kube,
-                ConnType::WindowsDesktop => ServedKind::WindowsDesktop,
+                ServedKind::Node => ServedKind::Node,
+                ServedKind::Kube => ServedKind::Kube,
+                ServedKind::WindowsDesktop => ServedKind::WindowsDesktop,
                 // Apps and databases are served only through tunnels.
                 _ => return None,
             };

@@ -18,9 +18,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
 use tower::{BoxError, Service};
 
-use crate::agent::services::{MAX_LINE, RESOURCE_OK, ResourceRequest, conn_type, db::SSL_REQUEST};
 use crate::auth::AuthClient;
 use crate::io::{ConnFuture, Connection};
+use crate::route::detect::POSTGRES_SSL_REQUEST as SSL_REQUEST;
+use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest};
 use crate::tls::{ServerIdentity, TlsError};
 use crate::tunnel::{DialRequest, TunnelDialer, read_line};
 use crate::{
@@ -202,7 +203,7 @@ impl ResourceProxy {
         let dial = DialRequest {
             address: req.name.clone(),
             server_id: route.server_id.clone(),
-            conn_type: conn_type(req.kind),
+            conn_type: req.kind,
             client_src_addr: peer.to_string(),
             client_dst_addr: local.to_string(),
         };

@@ -29,6 +29,7 @@ use russh::{
     keys::{Certificate, PrivateKey},
     server::{Auth, ChannelOpenHandle, Msg, Session},
 };
+use svc_core::auth::ServedKind;
 use svc_core::identity::{UserIdentity, Verifier};
 
 use crate::ssh::authz::NodeAuthorizer;
@@ -40,7 +41,7 @@ use crate::tls::{HandshakeDeadline, TlsConnection, TlsTerminate};
 use crate::{
     io::{ConnFuture, ConnService, Connection, Io, conn_service},
     ssh::{Tunables, server_config},
-    tunnel::{ConnType, DialRequest, TunnelDialer},
+    tunnel::{DialRequest, TunnelDialer},
 };
 
 /// What the proxy's SSH entry needs.
@@ -317,7 +318,7 @@ impl EntryHandler {
         DialRequest {
             address: format!("{host}:{}", if port == 0 { 3022 } else { port }),
             server_id: server_id.to_owned(),
-            conn_type: ConnType::Node,
+            conn_type: ServedKind::Node,
             client_src_addr: self.peer.to_string(),
             client_dst_addr: self.local.to_string(),
         }

@@ -11,7 +11,7 @@
 //! (`ServedResource::direct_addr`). When the proxy's [`TunnelDialer`](super::TunnelDialer) has
 //! no tunnel for a dial request's server, it asks a [`DirectLookup`] (the Auth Service) for the
 //! agent's announced listener and dials it with the [`DirectDialer`]:
-//! - SSH (`ConnType::Node`, port 3022): plain TCP. The client's SSH session to the node is end
+//! - SSH (`ServedKind::Node`, port 3022): plain TCP. The client's SSH session to the node is end
 //!   to end; the node checks the user's certificate, exactly as through a tunnel.
 //! - Kubernetes (3026) and Windows Desktop (3028): mutual TLS. The agent presents its host
 //!   certificate (the proxy checks it is the host ID the Auth Service named) and requires the
@@ -26,6 +26,7 @@ use rustls::DigitallySignedStruct;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
+use svc_core::auth::ServedKind;
 use svc_core::identity::{IdentityKind, SystemRole, Verifier};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -33,7 +34,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
 
 use super::agent::serve_dial_stream;
-use super::{ConnType, DIAL_OK, DialRequest, DialService, MAX_DIAL_REQUEST, TunnelError, read_line};
+use super::{DIAL_OK, DialRequest, DialService, MAX_DIAL_REQUEST, TunnelError, read_line};
 use crate::auth::ClientIdentity;
 use crate::io::BoxIo;
 
@@ -65,7 +66,7 @@ pub struct DirectTarget {
 pub trait DirectLookup: Send + Sync + 'static {
     /// The listener of `server` (host ID, UUID or node name) for `conn_type`, or `None` when no
     /// live agent by that name announced one.
-    fn lookup(&self, server: String, conn_type: ConnType) -> BoxFuture<'static, Option<DirectTarget>>;
+    fn lookup(&self, server: String, conn_type: ServedKind) -> BoxFuture<'static, Option<DirectTarget>>;
 }
 
 /// The agent's TLS configuration for its Kubernetes and Windows Desktop listeners: present the
@@ -217,7 +218,7 @@ impl DirectDialer {
     async fn dial_target(&self, mut req: DialRequest, target: DirectTarget) -> Result<BoxIo, TunnelError> {
         let tcp = connect_announced(&target, &req.address).await?;
         let _ = tcp.set_nodelay(true);
-        if req.conn_type == ConnType::Node {
+        if req.conn_type == ServedKind::Node {
             return Ok(Box::new(tcp));
         }
         // The name the agent's certificate must carry: the host ID the Auth Service named.

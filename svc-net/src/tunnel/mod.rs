@@ -40,6 +40,7 @@ mod server;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use svc_core::auth::ServedKind;
 
 pub use crate::ssh::{CIPHERS, DEFAULT_SSH_AUTH_TIMEOUT, SERVER_KEEPALIVE_MAX, Tunables};
 pub use agent::{AgentConfig, AgentStatus, DialService, RunningAgent, TunnelAgent, tunnel_addr_from_ping};
@@ -79,23 +80,6 @@ pub(crate) const TLS_READ_BUFFER: usize = 64 * 1024;
 /// Dial requests longer than this are refused (a JSON object of a few addresses).
 pub const MAX_DIAL_REQUEST: usize = 8 * 1024;
 
-/// What kind of resource a dial is for.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum ConnType {
-    /// The SSH Service.
-    Node,
-    /// An application.
-    App,
-    /// A Kubernetes cluster.
-    Kube,
-    /// A database.
-    Db,
-    /// A Windows desktop.
-    WindowsDesktop,
-}
-
 /// A dial request, as the proxy sends it down a transport channel (REFERENCE.md).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct DialRequest {
@@ -103,8 +87,9 @@ pub struct DialRequest {
     pub address: String,
     /// The agent's host ID, `<uuid>.<cluster>`.
     pub server_id: String,
-    /// The kind of resource.
-    pub conn_type: ConnType,
+    /// The kind of resource, named as everywhere else (`node`, `app`, `kube`, `db`,
+    /// `windows_desktop`).
+    pub conn_type: ServedKind,
     /// The client's address as the proxy saw it.
     pub client_src_addr: String,
     /// The address the client connected to on the proxy.
@@ -263,7 +248,7 @@ mod tests {
         let req = DialRequest {
             address: "node-1:3022".into(),
             server_id: "6f1c.example.com".into(),
-            conn_type: ConnType::WindowsDesktop,
+            conn_type: ServedKind::WindowsDesktop,
             client_src_addr: "10.0.0.1:5000".into(),
             client_dst_addr: "10.0.0.2:443".into(),
         };

@@ -1,16 +1,13 @@
 //! The agent services behind the reverse tunnel — Application, Database, Kubernetes and Windows
-//! Desktop — and the proxy and client ends that reach them.
+//! Desktop.
 //!
-//! Data flow: a client (`tsh proxy app|db`, `curl` with the user's certificate for Kubernetes)
-//! opens TLS to the proxy's web port with the user's certificate and an ALPN name
-//! ([`proxy::resources`](crate::proxy::resources): `svc-tcp`, `svc-postgres`, … or the Kubernetes SNI), names the resource in one
-//! JSON line ([`ResourceRequest`]), the proxy asks the Auth Service for the route (RBAC by
-//! labels), dials the agent through its tunnel with a [`DialRequest`] whose `conn_type` is the
-//! resource's kind and whose `address` is the resource *name*, and pipes bytes. On the agent,
-//! [`router`] hands the dial request to the service of that kind ([`app_service`],
-//! [`db_service`], [`kube_service`], [`desktop_service`]; `node` to the SSH Service), which
-//! looks the name up in its own configuration — never trusting an address from the wire — and
-//! returns a stream to the resource.
+//! Data flow: a client reaches the proxy's entry for the resource (`proxy::resources`,
+//! `proxy::kube`) with the protocol of [`crate::services`]; the proxy dials this agent through
+//! its tunnel with a [`DialRequest`] whose `conn_type` is the resource's kind and whose
+//! `address` is the resource *name*. Here, [`router`] hands the dial request to the service of
+//! that kind ([`app_service`], [`db_service`], [`kube_service`], [`desktop_service`]; `node` to
+//! the SSH Service), which looks the name up in its own configuration — never trusting an
+//! address from the wire — and returns a stream to the resource.
 //!
 //! Protocol limits, stated plainly: apps are forwarded as bytes (the agent adds TLS to
 //! `https://` apps, nothing is rewritten, so the app sees the client's `Host` header);
@@ -19,12 +16,11 @@
 //! are plain TCP forwarding to the configured address (their in-protocol TLS upgrades are not
 //! performed by the agent); desktops are TCP forwarding to the host's desktop port.
 
-pub(crate) mod db;
+mod db;
 mod kube;
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use svc_core::auth::ServedKind;
 use svc_core::config::{App, DesktopHost};
 use tokio::net::TcpStream;
@@ -32,24 +28,10 @@ use tokio_rustls::TlsConnector;
 use tower::BoxError;
 
 use crate::io::BoxIo;
-use crate::tunnel::{ConnType, DialRequest, DialService, dial_service_fn};
+use crate::tunnel::{DialRequest, DialService, dial_service_fn};
 
 pub use db::db_service;
-pub use kube::{KubeAgent, KubeProxy, kube_service};
-
-/// What the client names in its first line to the proxy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResourceRequest {
-    /// The kind (`app`, `db`, `kube_cluster`, `windows_desktop`).
-    pub kind: ServedKind,
-    /// The resource name.
-    pub name: String,
-}
-
-/// The proxy's answer line when the resource is connected.
-pub const RESOURCE_OK: &str = "ok";
-/// The longest request or answer line.
-pub const MAX_LINE: usize = 4096;
+pub use kube::{KubeAgent, kube_service};
 
 /// Why an agent service could not reach a resource. Messages name the resource.
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +47,7 @@ pub enum ServiceError {
     },
     /// The dial request's connection type has no service on this agent.
     #[error("this agent runs no service for {0:?} connections")]
-    NoService(ConnType),
+    NoService(ServedKind),
     /// The resource's configuration cannot be used.
     #[error("{what}: {reason}")]
     Config {
@@ -287,11 +269,13 @@ pub fn router(services: AgentServices) -> DialService {
         async move {
             use tower::ServiceExt;
             let svc = match req.conn_type {
-                ConnType::Node => services.node.clone(),
-                ConnType::App => services.app.clone(),
-                ConnType::Db => services.db.clone(),
-                ConnType::Kube => services.kube.clone(),
-                ConnType::WindowsDesktop => services.windows_desktop.clone(),
+                ServedKind::Node => services.node.clone(),
+                ServedKind::App => services.app.clone(),
+                ServedKind::Db => services.db.clone(),
+                ServedKind::Kube => services.kube.clone(),
+                ServedKind::WindowsDesktop => services.windows_desktop.clone(),
+                // A kind this build does not know has no service here.
+                _ => None,
             };
             match svc {
                 Some(svc) => svc.oneshot(req).await,
@@ -301,24 +285,13 @@ pub fn router(services: AgentServices) -> DialService {
     })
 }
 
-/// The dial request's connection type for a resource kind.
-pub fn conn_type(kind: ServedKind) -> ConnType {
-    match kind {
-        ServedKind::App => ConnType::App,
-        ServedKind::Db => ConnType::Db,
-        ServedKind::Kube => ConnType::Kube,
-        ServedKind::Node => ConnType::Node,
-        _ => ConnType::WindowsDesktop,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tower::ServiceExt;
 
-    fn req(conn_type: ConnType, name: &str) -> DialRequest {
+    fn req(conn_type: ServedKind, name: &str) -> DialRequest {
         DialRequest {
             address: name.into(),
             server_id: "h.test".into(),
@@ -362,7 +335,7 @@ mod tests {
             windows_desktop: Some(desktop_service(&config.windows_desktop.hosts)),
             ..AgentServices::default()
         });
-        for (ty, name) in [(ConnType::App, "web"), (ConnType::WindowsDesktop, "win")] {
+        for (ty, name) in [(ServedKind::App, "web"), (ServedKind::WindowsDesktop, "win")] {
             let mut io = router.clone().oneshot(req(ty, name)).await.unwrap();
             io.write_all(b"ping").await.unwrap();
             let mut buf = [0u8; 4];
@@ -374,14 +347,14 @@ mod tests {
         }
         let err = router
             .clone()
-            .oneshot(req(ConnType::App, "win"))
+            .oneshot(req(ServedKind::App, "win"))
             .await
             .err()
             .unwrap();
         assert_eq!(err.to_string(), "this agent serves no app named \"win\"");
         let err = router
             .clone()
-            .oneshot(req(ConnType::Db, "pg"))
+            .oneshot(req(ServedKind::Db, "pg"))
             .await
             .err()
             .unwrap();
