@@ -208,32 +208,45 @@ mod tests {
             &config,
             Some(Addr::parse_with_default_port("override:443", 3024).unwrap()),
         );
-        assert_eq!(s.cluster_name, "example.com");
-        assert!(!s.listener_mode.tls_routing());
-        assert_eq!(s.web_listen_addr.to_string(), "0.0.0.0:3080");
+        assert_eq!(s.ping.cluster_name, "example.com");
+        assert!(!s.ping.listener_mode.tls_routing());
+        assert_eq!(s.ping.web_listen_addr.to_string(), "0.0.0.0:3080");
         assert_eq!(
-            s.web_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            s.ping
+                .web_public_addr
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
             Some("proxy.example.com:443")
         );
         assert_eq!(
-            s.ssh_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            s.ping
+                .ssh_public_addr
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
             Some("ssh.example.com:3023")
         );
         assert_eq!(
-            s.tunnel_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            s.ping
+                .tunnel_public_addr
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
             Some("tunnel.example.com:3024")
         );
         assert_eq!(
-            s.tunnel_public_addr_override
+            s.ping
+                .tunnel_public_addr_override
                 .as_ref()
                 .map(ToString::to_string)
                 .as_deref(),
             Some("override:443")
         );
-        assert!(s.kube_enabled);
-        assert!(s.postgres_listen_addr.is_some() && s.mysql_listen_addr.is_some());
+        assert!(s.ping.kube_enabled);
+        assert!(s.ping.postgres_listen_addr.is_some() && s.ping.mysql_listen_addr.is_some());
         assert!(s.channels.contains_key("stable/cloud"));
-        assert!(s.automatic_upgrades);
+        assert!(s.ping.automatic_upgrades);
         assert_eq!(
             s.tls,
             TlsSource::Generated {

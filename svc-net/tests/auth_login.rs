@@ -57,7 +57,7 @@ async fn sign_in_through_the_proxy_then_call_the_auth_api_through_it() {
 
     let dir = tempfile::tempdir().unwrap();
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = svc_core::Addr::parse_with_default_port("127.0.0.1:0", 3080).unwrap();
+    settings.ping.web_listen_addr = svc_core::Addr::parse_with_default_port("127.0.0.1:0", 3080).unwrap();
     settings.tls = TlsSource::Generated {
         data_dir: dir.path().to_owned(),
     };

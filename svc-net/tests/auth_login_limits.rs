@@ -191,7 +191,7 @@ async fn the_address_a_proxy_reports_is_the_one_locked_and_only_proxies_are_beli
     // Through the real web login: the client address is the one a trusted PROXY header names.
     let dir = tempfile::tempdir().unwrap();
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = svc_core::Addr::parse_with_default_port("127.0.0.1:0", 3080).unwrap();
+    settings.ping.web_listen_addr = svc_core::Addr::parse_with_default_port("127.0.0.1:0", 3080).unwrap();
     settings.tls = TlsSource::Generated {
         data_dir: dir.path().to_owned(),
     };

@@ -50,7 +50,7 @@ impl tower::Service<http::Request<Body>> for Gate {
 async fn in_flight_request_completes_during_shutdown() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
     settings.tls = svc_net::tls::TlsSource::Generated {
         data_dir: dir.path().to_owned(),
     };

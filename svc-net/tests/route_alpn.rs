@@ -63,7 +63,7 @@ async fn start(dir: &Path, trusted: &str) -> Result<RunningProxy> {
         }))
     };
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
     settings.tls = source;
     settings.trusted_proxy_networks = vec![trusted.parse()?];
     Ok(ProxyBuilder::new(settings)

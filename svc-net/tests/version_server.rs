@@ -87,7 +87,7 @@ async fn start_proxy(
     clock: Arc<dyn Clock>,
 ) -> Result<(RunningProxy, VersionResolver)> {
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
     settings.tls = TlsSource::Generated {
         data_dir: dir.to_owned(),
     };

@@ -37,7 +37,7 @@ fn v(s: &str) -> Version {
 
 async fn version_server(data_dir: &Path, version: &str, critical: bool) -> Result<RunningProxy> {
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
     settings.tls = TlsSource::Generated {
         data_dir: data_dir.to_owned(),
     };

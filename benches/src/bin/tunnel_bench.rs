@@ -206,16 +206,16 @@ async fn start_proxy(
             .with_tunables(tunables),
     );
     let mut s = ProxySettings::default();
-    s.cluster_name = CLUSTER.into();
-    s.listener_mode = if separate {
+    s.ping.cluster_name = CLUSTER.into();
+    s.ping.listener_mode = if separate {
         ListenerMode::Separate
     } else {
         ListenerMode::Multiplex
     };
     let lo = |_: ()| Addr::parse("127.0.0.1:0");
-    s.web_listen_addr = lo(())?;
-    s.tunnel_listen_addr = lo(())?;
-    s.ssh_listen_addr = lo(())?;
+    s.ping.web_listen_addr = lo(())?;
+    s.ping.tunnel_listen_addr = lo(())?;
+    s.ping.ssh_listen_addr = lo(())?;
     s.tls = tls;
     let running = ProxyBuilder::new(s)
         .with_version(version)

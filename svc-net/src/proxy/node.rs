@@ -37,25 +37,25 @@ use crate::tunnel::{
 pub fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> ProxySettings {
     let p = &config.proxy;
     let mut s = ProxySettings::default();
-    s.cluster_name = config.cluster_name().to_owned();
-    s.listener_mode = config.listener_mode();
-    s.web_listen_addr = p.web_listen_addr.clone();
-    s.web_public_addr = p.public_addr.clone();
-    s.ssh_listen_addr = p.ssh_listen_addr.clone();
-    s.ssh_public_addr = p.ssh_public_addr.clone();
-    s.tunnel_listen_addr = p.tunnel_listen_addr.clone();
-    s.tunnel_public_addr = p.tunnel_public_addr.clone();
-    s.tunnel_public_addr_override = tunnel_override;
+    s.ping.cluster_name = config.cluster_name().to_owned();
+    s.ping.listener_mode = config.listener_mode();
+    s.ping.web_listen_addr = p.web_listen_addr.clone();
+    s.ping.web_public_addr = p.public_addr.clone();
+    s.ping.ssh_listen_addr = p.ssh_listen_addr.clone();
+    s.ping.ssh_public_addr = p.ssh_public_addr.clone();
+    s.ping.tunnel_listen_addr = p.tunnel_listen_addr.clone();
+    s.ping.tunnel_public_addr = p.tunnel_public_addr.clone();
+    s.ping.tunnel_public_addr_override = tunnel_override;
     s.peer_listen_addr = Some(p.peer_listen_addr.clone());
-    s.kube_enabled = p.kube_listen_addr.is_some() || p.kube_public_addr.is_some();
-    s.kube_listen_addr = p.kube_listen_addr.clone();
-    s.kube_public_addr = p.kube_public_addr.clone();
-    s.postgres_listen_addr = p.db.postgres_listen_addr.clone();
-    s.postgres_public_addr = p.db.postgres_public_addr.clone();
-    s.mysql_listen_addr = p.db.mysql_listen_addr.clone();
-    s.mysql_public_addr = p.db.mysql_public_addr.clone();
-    s.mongo_listen_addr = p.db.mongo_listen_addr.clone();
-    s.mongo_public_addr = p.db.mongo_public_addr.clone();
+    s.ping.kube_enabled = p.kube_listen_addr.is_some() || p.kube_public_addr.is_some();
+    s.ping.kube_listen_addr = p.kube_listen_addr.clone();
+    s.ping.kube_public_addr = p.kube_public_addr.clone();
+    s.ping.postgres_listen_addr = p.db.postgres_listen_addr.clone();
+    s.ping.postgres_public_addr = p.db.postgres_public_addr.clone();
+    s.ping.mysql_listen_addr = p.db.mysql_listen_addr.clone();
+    s.ping.mysql_public_addr = p.db.mysql_public_addr.clone();
+    s.ping.mongo_listen_addr = p.db.mongo_listen_addr.clone();
+    s.ping.mongo_public_addr = p.db.mongo_public_addr.clone();
     s.tls = match p.https_keypairs.first() {
         Some(kp) => TlsSource::Files {
             cert: kp.cert_file.clone(),
@@ -67,7 +67,7 @@ pub fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> ProxySe
     };
     s.trusted_proxy_networks = p.trusted_proxy_networks().to_vec();
     s.channels = p.channels().clone();
-    s.automatic_upgrades = !s.channels.is_empty();
+    s.ping.automatic_upgrades = !s.channels.is_empty();
     s
 }
 
@@ -97,7 +97,7 @@ impl ProxyServer {
 
     /// Advertises `addr` as the tunnel address in the ping instead of the configured one.
     pub fn tunnel_public_addr_override(mut self, addr: Option<Addr>) -> Self {
-        self.settings.tunnel_public_addr_override = addr;
+        self.settings.ping.tunnel_public_addr_override = addr;
         self
     }
 
@@ -117,7 +117,7 @@ impl ProxyServer {
             })?;
         // With TLS routing, signed-in clients reach the Auth API through the proxy's web port
         // (ALPN `svc-auth@<cluster>`); otherwise at its public (or local) address.
-        let routed = self.settings.listener_mode.tls_routing();
+        let routed = self.settings.ping.listener_mode.tls_routing();
         let public_auth = (!routed).then(|| auth.public_addr());
         let mut builder = ProxyBuilder::new(self.settings).web_mount(
             crate::proxy::web::login::LOGIN_PATH,

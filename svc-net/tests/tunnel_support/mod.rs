@@ -293,16 +293,16 @@ pub async fn start_proxy_with(
     ssh_config.tunables = opts.tunables.clone();
     let ssh = ProxySsh::new(ssh_config);
     let mut settings = ProxySettings::default();
-    settings.cluster_name = CLUSTER.into();
-    settings.listener_mode = if opts.separate {
+    settings.ping.cluster_name = CLUSTER.into();
+    settings.ping.listener_mode = if opts.separate {
         ListenerMode::Separate
     } else {
         ListenerMode::Multiplex
     };
     let addr = |port| Addr::from(SocketAddr::new(opts.ip, port));
-    settings.web_listen_addr = addr(opts.web_port);
-    settings.tunnel_listen_addr = addr(opts.tunnel_port);
-    settings.ssh_listen_addr = addr(opts.ssh_port);
+    settings.ping.web_listen_addr = addr(opts.web_port);
+    settings.ping.tunnel_listen_addr = addr(opts.tunnel_port);
+    settings.ping.ssh_listen_addr = addr(opts.ssh_port);
     settings.tls = tls.clone();
     settings.listen = opts.listen.clone();
     let running = ProxyBuilder::new(settings)

@@ -48,7 +48,7 @@ impl Channel {
     async fn start(data_dir: &Path, version: Option<&str>, critical: bool) -> Result<Self> {
         let version = version.map(Version::parse).transpose()?;
         let mut settings = ProxySettings::default();
-        settings.web_listen_addr = "127.0.0.1:0".parse()?;
+        settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
         settings.tls = TlsSource::Generated {
             data_dir: data_dir.to_owned(),
         };
