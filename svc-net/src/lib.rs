@@ -1,9 +1,15 @@
 //! svc's networking: tower Services that move bytes.
 //!
-//! Modules follow a connection as it travels: listen → route (peek, detect, ALPN/SNI) →
-//! handlers (web, SSH, databases) → tunnel → dial. [`cluster`] composes them into the processes
-//! `svc start` runs (Auth Service, Proxy Service, agent), and [`diag`] is the health and metrics
-//! Service every process serves.
+//! Modules follow a connection as it travels — [`io`] (the accepted connection, replayable) →
+//! [`listen`] (accept loop) → [`route`] (peek, detect, ALPN/SNI) → the handlers of whoever runs
+//! them → `tunnel` → [`dial`] — and are grouped by who runs them: [`proxy`]
+//! (the Proxy Service: listeners, web API, SSH entry, resource entries), `agent` (the SSH
+//! Service, app/db/kube/desktop services, the agent node) and the client side (`ssh::client`,
+//! `services::client`), on shared foundations ([`tls`], `auth`, `ssh`, `tunnel`, `services`).
+//! The processes `svc start` runs are library types: `auth::node::AuthServer`,
+//! `proxy::node::ProxyServer`, `agent::node::AgentNode`, and `cluster::Cluster` composing them;
+//! [`diag`] is the health and metrics Service every process serves. Modules depend on each other
+//! in one direction only (no cycles).
 //!
 //! # Entry points
 //!
@@ -15,7 +21,7 @@
 //! | the web API: routes, ping, version server | [`WebApi`], [`proxy::web::ping::PingService`], [`proxy::web::version`] | — |
 //! | health and metrics | [`Diagnostics`] | — |
 //! | the Auth gRPC API | `auth::AuthClient`, `auth::serve` | `auth` |
-//! | reverse tunnels, the SSH Service | `tunnel::TunnelAgent`, `ssh::SshServer` | `tunnel` / `ssh` |
+//! | reverse tunnels, the SSH Service | `tunnel::TunnelAgent`, `agent::ssh::SshServer` | `tunnel` / `ssh` |
 //! | the processes `svc start` runs | `AgentNode`, `AuthServer`, `ProxyServer`, `Cluster` | `node` |
 //!
 //! # Features

@@ -104,7 +104,7 @@ pub struct Router {
 /// Why the router closed a connection without handing it over.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum RouteError {
+pub enum RouterError {
     /// The ClientHello did not arrive before the peek deadline.
     #[error("ClientHello incomplete after {0} bytes at the peek deadline")]
     Timeout(usize),
@@ -160,7 +160,7 @@ impl Router {
 }
 
 /// Reads the ClientHello under the connection's deadline; the bytes read are rewound.
-pub async fn peek_client_hello(conn: &mut Connection) -> Result<ClientHello, RouteError> {
+pub async fn peek_client_hello(conn: &mut Connection) -> Result<ClientHello, RouterError> {
     let mut buf = BytesMut::with_capacity(2048);
     let result = loop {
         match client_hello::parse(&buf) {
@@ -169,8 +169,8 @@ pub async fn peek_client_hello(conn: &mut Connection) -> Result<ClientHello, Rou
             Err(e) => break Err(e.into()),
         }
         match tokio::time::timeout_at(conn.peek_deadline, conn.io.read_more(&mut buf)).await {
-            Err(_) => break Err(RouteError::Timeout(buf.len())),
-            Ok(Ok(0)) => break Err(RouteError::Eof(buf.len())),
+            Err(_) => break Err(RouterError::Timeout(buf.len())),
+            Ok(Ok(0)) => break Err(RouterError::Eof(buf.len())),
             Ok(Ok(_)) => {}
             Ok(Err(e)) => break Err(e.into()),
         }
@@ -200,7 +200,7 @@ impl Service<Connection> for Router {
                 }
             };
             let Some((svc, by)) = router.select(&hello) else {
-                let e = RouteError::NoRoute {
+                let e = RouterError::NoRoute {
                     offered: hello.alpn_display(),
                     server_name: hello.server_name,
                 };

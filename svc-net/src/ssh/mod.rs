@@ -1,16 +1,17 @@
-//! SSH: the agent's SSH Service, the proxy's SSH entry for clients, and the client-side hop
-//! through the proxy.
+//! SSH: what every SSH end of svc shares, and the client-side hop through the proxy.
 //!
-//! Where it sits in the data flow: a client (`tsh ssh`, or OpenSSH with `tsh proxy ssh` as its
-//! `ProxyCommand`) reaches the proxy on 3023 (plain SSH) or the web port (ALPN
-//! `svc-proxy-ssh`, SSH inside TLS) — [`ProxySsh`](crate::proxy::ssh::ProxySsh) authenticates the user certificate
-//! and serves the `proxy:<host>:<port>` subsystem (or `direct-tcpip`) by dialing the agent
-//! through the [`TunnelDialer`](crate::tunnel::TunnelDialer) and piping bytes. The client then
-//! runs its own SSH session over that pipe to the agent's [`SshServer`](crate::agent::ssh::SshServer), which
-//! authenticates the user certificate again (the requested login must be one of the
-//! certificate's principals), presents the agent's host certificate and runs shells and
-//! commands. Node RBAC ([`authz`]) is asked twice: by the proxy before it dials, and by the
-//! node before it starts anything. [`client::connect_via_proxy`] is the client half of the first hop.
+//! The shared part: the transport settings ([`Tunables`], the cipher preference [`CIPHERS`]) and
+//! the russh client and server configurations built from them, the deadline on a server's
+//! handshake and authentication, node RBAC ([`authz`], asked twice: by the proxy's SSH entry
+//! before it dials and by the node's SSH Service before it starts anything), and [`SshError`].
+//! The ends themselves live with whoever runs them: the reverse tunnel
+//! ([`tunnel`](crate::tunnel)), the proxy's SSH entry
+//! ([`ProxySsh`](crate::proxy::ssh::ProxySsh)), the agent's SSH Service
+//! ([`SshServer`](crate::agent::ssh::SshServer)), and the client hop
+//! ([`client::connect_via_proxy`]): a client (`tsh ssh`, or OpenSSH with `tsh proxy ssh` as its
+//! `ProxyCommand`) reaches the proxy on 3023 or the web port (ALPN `svc-proxy-ssh`), which
+//! dials the agent through the tunnel; the client then runs its own SSH session over that pipe
+//! to the agent's SSH Service.
 
 pub mod authz;
 pub mod client;
