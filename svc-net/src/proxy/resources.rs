@@ -9,14 +9,13 @@
 //! answer line, [`RESOURCE_OK`] or the reason, then the bytes flow both ways.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use svc_core::auth::ServedKind;
 use svc_core::identity::{IdentityKind, Verifier};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
-use tower::{BoxError, Service};
+use tower::Service;
 
 use crate::auth::AuthClient;
 use crate::io::{ConnFuture, Connection};
@@ -111,20 +110,14 @@ impl ResourceProxy {
 
     /// The handler for the ALPN routes ([`ALPNS`]).
     pub fn service(&self) -> ConnService {
-        conn_service(Entry {
-            proxy: self.clone(),
-            postgres: false,
-        })
+        entry(self.clone(), false)
     }
 
     /// The handler for Postgres clients that start with an SSLRequest (the multiplexer's
     /// Postgres detection, `ProxyBuilder::postgres`): answered `S`, then the same as
     /// [`service`](Self::service) with the database's protocol fixed to Postgres.
     pub fn postgres_service(&self) -> ConnService {
-        conn_service(Entry {
-            proxy: self.clone(),
-            postgres: true,
-        })
+        entry(self.clone(), true)
     }
 
     async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
@@ -227,29 +220,17 @@ async fn reply<S: AsyncWrite + Unpin>(io: &mut S, text: &str) -> Result<(), Refu
     Err(Refusal::Text(one_line))
 }
 
-#[derive(Clone)]
-struct Entry {
-    proxy: ResourceProxy,
-    postgres: bool,
-}
-
-impl Service<Connection> for Entry {
-    type Response = ();
-    type Error = BoxError;
-    type Future = ConnFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut conn: Connection) -> Self::Future {
-        let this = self.clone();
+/// The connection handler of the resource entry; a Postgres client's SSLRequest is answered
+/// first.
+fn entry(proxy: ResourceProxy, postgres: bool) -> ConnService {
+    conn_service(tower::service_fn(move |mut conn: Connection| {
+        let proxy = proxy.clone();
         ConnFuture::new(async move {
             conn.classified();
             let (peer, local) = (conn.peer_addr, conn.local_addr);
             let deadline = conn.peek_deadline;
             let mut io = conn.io;
-            if this.postgres {
+            if postgres {
                 let mut first = [0u8; 8];
                 // Detection peeked these bytes under the same deadline; a client that stalls
                 // here is dropped rather than held.
@@ -264,10 +245,10 @@ impl Service<Connection> for Entry {
                 }
                 io.write_all(b"S").await?;
             }
-            if let Err(e) = this.proxy.serve(io, peer, local, this.postgres).await {
+            if let Err(e) = proxy.serve(io, peer, local, postgres).await {
                 tracing::info!(%peer, reason = %e, "resource connection refused");
             }
             Ok(())
         })
-    }
+    }))
 }

@@ -157,10 +157,7 @@ impl ProxySsh {
 
     /// The handler for the SSH listener (`ProxyBuilder::ssh`).
     pub fn plain_service(&self) -> ConnService {
-        conn_service(Entry {
-            ssh: self.clone(),
-            tls: false,
-        })
+        entry(self.clone(), false)
     }
 
     /// The handler for ALPN `svc-proxy-ssh` (`ProxyBuilder::route`): TLS terminated by
@@ -173,10 +170,7 @@ impl ProxySsh {
                 HandshakeDeadline::Timeout(self.inner.handshake_timeout),
                 SshInTls(self.clone()),
             )),
-            None => conn_service(Entry {
-                ssh: self.clone(),
-                tls: true,
-            }),
+            None => entry(self.clone(), true),
         }
     }
 
@@ -206,37 +200,25 @@ impl ProxySsh {
     }
 }
 
-#[derive(Clone)]
-struct Entry {
-    ssh: ProxySsh,
-    tls: bool,
-}
-
-impl Service<Connection> for Entry {
-    type Response = ();
-    type Error = BoxError;
-    type Future = ConnFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut conn: Connection) -> Self::Future {
-        let this = self.clone();
+/// The connection handler of the SSH entry: plain SSH, or (`tls`, without a TLS
+/// configuration) a refusal with a log line.
+fn entry(ssh: ProxySsh, tls: bool) -> ConnService {
+    conn_service(tower::service_fn(move |mut conn: Connection| {
+        let ssh = ssh.clone();
         ConnFuture::new(async move {
             conn.classified();
             let (peer, local) = (conn.peer_addr, conn.local_addr);
-            if this.tls {
+            if tls {
                 tracing::warn!(%peer, "an SSH-in-TLS client arrived but the SSH entry has no TLS configuration; closing");
                 return Ok(());
             }
-            let result = this.ssh.serve_stream(conn.io, peer, local).await;
+            let result = ssh.serve_stream(conn.io, peer, local).await;
             if let Err(e) = result {
                 tracing::info!(%peer, error = %e, "SSH client connection ended with an error");
             }
             Ok(())
         })
-    }
+    }))
 }
 
 /// SSH inside a TLS connection [`TlsTerminate`] has terminated (ALPN `svc-proxy-ssh`).
