@@ -15,7 +15,6 @@ use svc_core::auth::ServedKind;
 use svc_core::identity::{IdentityKind, Verifier};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
-use tower::Service;
 
 use crate::auth::AuthClient;
 use crate::io::{ConnFuture, Connection};
