@@ -14,7 +14,7 @@
 
 use anyhow::Context;
 use svc_core::config::Config;
-use svc_net::node::AgentNode;
+use svc_net::AgentNode;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

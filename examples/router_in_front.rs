@@ -17,12 +17,14 @@ use std::{
 
 use anyhow::Result;
 use svc_net::{
-    listen::{self, BoxError, Connection, ListenOptions},
-    route::{Router, alpn, conn_service},
+    io::{Connection, conn_service},
+    listen::{self, ListenOptions},
+    route::{Router, alpn},
     tls::{ServerIdentity, TlsSource},
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
+use tower::BoxError;
 
 /// The product's own TLS server, unchanged: it terminates TLS and greets.
 #[derive(Clone)]

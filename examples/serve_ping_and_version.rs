@@ -24,7 +24,7 @@ use hyper_util::{
     server::conn::auto,
 };
 use svc_core::{Version, channel::ChannelSpec};
-use svc_net::web::{
+use svc_net::proxy::web::{
     self, ResponseBody, WebApi, WebApiService,
     ping::{FIND_PATH, PING_PATH, PingService, PingSettings},
     version::{Fetcher, VersionResolver, http::PREFIXES, http::VersionHandler},

@@ -24,8 +24,9 @@ use svc_core::{
     identity::{IdentityKind, TrustedCa, Verifier},
 };
 use svc_net::{
+    agent::ssh::{SshServer, SshServerConfig},
     dial::ProxyDialer,
-    ssh::{NodeAuthorizer, NodeDecisionFuture, SshServer, SshServerConfig},
+    ssh::{NodeAuthorizer, NodeDecisionFuture},
     tunnel::{AgentConfig, TunnelAgent},
 };
 

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use svc_core::config::Config;
+use svc_net::Cluster;
 use svc_net::auth::{AuthClient, ClientIdentity};
-use svc_net::node::Cluster;
 use svc_testkit::process::example_bin;
 
 #[tokio::test(flavor = "multi_thread")]

@@ -3,7 +3,7 @@
 //! A channel either serves a static version (optionally flagged critical) or forwards to an
 //! upstream version server. This module holds the validated definition and the pure rules of
 //! the version server ([`Channels`]: which channels exist, which answer a channel gives);
-//! fetching from upstreams and serving HTTP is `svc_net::web::version`'s job.
+//! fetching from upstreams and serving HTTP is `svc_net::proxy::web::version`'s job.
 
 use std::collections::BTreeMap;
 
@@ -15,6 +15,11 @@ use crate::Version;
 pub const DEFAULT_CHANNEL: &str = "default";
 /// The cloud channel name (specification §2.6 rule 4); an alias of `default` unless configured.
 pub const CLOUD_CHANNEL: &str = "stable/cloud";
+
+/// The path under which a channel's answers live on the proxy's web address
+/// (`<prefix><channel>/version`, `<prefix><channel>/critical`): what updaters ask and what the
+/// version server serves.
+pub const CHANNEL_PATH_PREFIX: &str = "/v1/webapi/automaticupgrades/channel/";
 
 /// A validated channel definition.
 #[derive(Debug, Clone, PartialEq, Eq)]

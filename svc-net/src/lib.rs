@@ -1,9 +1,16 @@
 //! svc's networking: tower Services that move bytes.
 //!
-//! Modules follow a connection as it travels: listen → route (peek, detect, ALPN/SNI) →
-//! handlers (web, SSH, databases) → tunnel → dial. [`node`] composes them into the processes
-//! `svc start` runs (Auth Service, Proxy Service, agent), and [`diag`] is the health and metrics
-//! Service every process serves.
+//! Modules follow a connection as it travels — [`io`] (the accepted connection, replayable) →
+//! [`listen`] (accept loop) → [`route`] (peek, detect, ALPN/SNI) → the handlers of whoever runs
+//! them → `tunnel` → [`dial`] — and are grouped by who runs them: [`proxy`]
+//! (the Proxy Service: listeners, web API, SSH entry, resource entries), `agent` (the SSH
+//! Service, app/db/kube/desktop services, the agent node) and `client` (what `tsh` runs: sign-in,
+//! the SSH hop, local proxies), on shared foundations ([`tls`], [`http`], `auth`, `ssh`,
+//! `tunnel`, `services`).
+//! The processes `svc start` runs are library types: `auth::node::AuthServer`,
+//! `proxy::node::ProxyServer`, `agent::node::AgentNode`, and `cluster::Cluster` composing them;
+//! [`diag`] is the health and metrics Service every process serves. Modules depend on each other
+//! in one direction only (no cycles).
 //!
 //! # Entry points
 //!
@@ -13,10 +20,10 @@
 //! | HTTP(S) requests over TLS and the dialer, with deadlines and a body cap | [`http::HttpClient`] | — |
 //! | peek the ClientHello and route by ALPN/SNI | [`Router`] | — |
 //! | the accept loop | [`listen::serve`] | — |
-//! | the web API: routes, ping, version server | [`WebApi`], [`web::ping::PingService`], [`web::version`] | — |
+//! | the web API: routes, ping, version server | [`WebApi`], [`proxy::web::ping::PingService`], [`proxy::web::version`] | — |
 //! | health and metrics | [`Diagnostics`] | — |
 //! | the Auth gRPC API | `auth::AuthClient`, `auth::serve` | `auth` |
-//! | reverse tunnels, the SSH Service | `tunnel::TunnelAgent`, `ssh::SshServer` | `tunnel` / `ssh` |
+//! | reverse tunnels, the SSH Service | `tunnel::TunnelAgent`, `agent::ssh::SshServer` | `tunnel` / `ssh` |
 //! | the processes `svc start` runs | `AgentNode`, `AuthServer`, `ProxyServer`, `Cluster` | `node` |
 //! | the client side `tsh` runs: sign-in, SSH hop, local proxies, kubeconfig | `client::Profile`, `client::sign_in`, `client::ssh` | `client` |
 //!
@@ -50,16 +57,19 @@
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
+#[cfg(feature = "tunnel")]
+pub mod agent;
 #[cfg(feature = "auth")]
 pub mod auth;
 #[cfg(feature = "client")]
 pub mod client;
+#[cfg(feature = "node")]
+pub mod cluster;
 pub mod diag;
 pub mod dial;
 pub mod http;
+pub mod io;
 pub mod listen;
-#[cfg(feature = "node")]
-pub mod node;
 pub mod proxy;
 pub mod route;
 #[cfg(feature = "services")]
@@ -69,11 +79,16 @@ pub mod ssh;
 pub mod tls;
 #[cfg(feature = "tunnel")]
 pub mod tunnel;
-pub mod web;
 
+#[cfg(feature = "node")]
+pub use agent::node::AgentNode;
+#[cfg(feature = "node")]
+pub use auth::{NodeError, node::AuthServer};
+#[cfg(feature = "node")]
+pub use cluster::Cluster;
 pub use diag::Diagnostics;
 pub use dial::ProxyDialer;
 #[cfg(feature = "node")]
-pub use node::{AgentNode, AuthServer, Cluster, NodeError, ProxyServer};
+pub use proxy::node::ProxyServer;
+pub use proxy::web::{WebApi, WebApiService};
 pub use route::Router;
-pub use web::{WebApi, WebApiService};

@@ -9,127 +9,15 @@
 //! connections are untouched; accept errors (EMFILE) back off instead of spinning; shutdown stops
 //! accepting and drains.
 
-use std::{
-    fmt,
-    future::Future,
-    net::SocketAddr,
-    pin::Pin,
-    sync::Arc,
-    task::{Context, Poll},
-    time::Duration,
-};
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
-use tokio::{
-    io::{AsyncRead, AsyncWrite},
-    net::TcpListener,
-    sync::{OwnedSemaphorePermit, Semaphore},
-    time::Instant,
-};
+use tokio::{net::TcpListener, sync::Semaphore, time::Instant};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tower::{Service, ServiceExt};
 
-use crate::route::rewind::Rewind;
+use tower::BoxError;
 
-/// A boxed error, as tower services in this crate return (tower's own alias).
-pub use tower::BoxError;
-
-/// Any byte stream a handler can serve: a TCP socket, a TLS stream, an in-memory pipe.
-pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
-
-/// A type-erased stream; handlers see this so that the route table has one type.
-pub type BoxIo = Box<dyn Io>;
-
-/// An accepted connection travelling through detection and routing to its handler.
-pub struct Connection {
-    // Declared first so it is dropped first: the classification slot is free before the peer
-    // can see the socket close.
-    peek_permit: Option<OwnedSemaphorePermit>,
-    /// The stream; bytes peeked by detection are replayed from its front.
-    pub io: Rewind<BoxIo>,
-    /// The client's address: the TCP peer, or the source a trusted PROXY header named.
-    pub peer_addr: SocketAddr,
-    /// The local address the client connected to.
-    pub local_addr: SocketAddr,
-    /// When classification (PROXY header, protocol detection, ClientHello) must be done by.
-    pub peek_deadline: Instant,
-    /// Cancelled when the server shuts down; long-lived handlers start draining then.
-    pub shutdown: CancellationToken,
-}
-
-impl Connection {
-    /// Wraps a stream (for embedding and tests; [`serve`] builds these itself).
-    pub fn new(io: BoxIo, peer_addr: SocketAddr, local_addr: SocketAddr, peek_timeout: Duration) -> Self {
-        Self {
-            io: Rewind::new(io),
-            peer_addr,
-            local_addr,
-            peek_deadline: Instant::now() + peek_timeout,
-            shutdown: CancellationToken::new(),
-            peek_permit: None,
-        }
-    }
-
-    /// Marks the connection classified: it no longer counts against the cap on connections
-    /// being peeked. Handlers call this (the router does it before handing over).
-    pub fn classified(&mut self) {
-        self.peek_permit = None;
-    }
-
-    /// Takes the connection apart for a handler that consumes the stream: the stream, the peek
-    /// deadline, the shutdown token, and the classification slot (drop it once classified).
-    pub fn into_parts(self) -> (Rewind<BoxIo>, Instant, CancellationToken, ClassifySlot) {
-        (
-            self.io,
-            self.peek_deadline,
-            self.shutdown,
-            ClassifySlot {
-                _permit: self.peek_permit,
-            },
-        )
-    }
-}
-
-impl fmt::Debug for Connection {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Connection")
-            .field("peer_addr", &self.peer_addr)
-            .field("local_addr", &self.local_addr)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The future of every connection service in this crate (multiplexer, router, web handler):
-/// named so that stacks have one nameable type; boxed because each holds an `async` block.
-pub struct ConnFuture(Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>);
-
-impl ConnFuture {
-    /// Wraps a connection-serving future.
-    pub fn new(fut: impl Future<Output = Result<(), BoxError>> + Send + 'static) -> Self {
-        Self(Box::pin(fut))
-    }
-}
-
-impl Future for ConnFuture {
-    type Output = Result<(), BoxError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.as_mut().poll(cx)
-    }
-}
-
-impl fmt::Debug for ConnFuture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ConnFuture")
-    }
-}
-
-/// A connection's place among those being classified; dropping it frees the place.
-#[derive(Debug)]
-pub struct ClassifySlot {
-    // Held only for its Drop, which returns the place to the semaphore.
-    _permit: Option<OwnedSemaphorePermit>,
-}
+use crate::io::{BoxIo, Connection, rewind::Rewind};
 
 /// Limits of the accept loop.
 #[derive(Debug, Clone)]

@@ -11,9 +11,9 @@ use svc_core::backend::MemoryBackend;
 use svc_core::identity::{HostCertRequest, SystemRole};
 use svc_core::resource::User;
 use svc_net::auth::{AuthClient, KeyMaterial};
+use svc_net::proxy::web::login::{LOGIN_PATH, LoginError, login_service, login_via_proxy};
 use svc_net::proxy::{ProxyBuilder, ProxySettings};
 use svc_net::tls::TlsSource;
-use svc_net::web::login::{LOGIN_PATH, LoginError, login_service, login_via_proxy};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -57,7 +57,7 @@ async fn sign_in_through_the_proxy_then_call_the_auth_api_through_it() {
 
     let dir = tempfile::tempdir().unwrap();
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = svc_core::Addr::parse_with_default_port("127.0.0.1:0", 3080).unwrap();
+    settings.ping.web_listen_addr = svc_core::Addr::parse_with_default_port("127.0.0.1:0", 3080).unwrap();
     settings.tls = TlsSource::Generated {
         data_dir: dir.path().to_owned(),
     };

@@ -19,9 +19,9 @@ use svc_core::resource::User;
 use svc_net::auth::proto;
 use svc_net::auth::{AuthClient, ClientIdentity, KeyMaterial};
 use svc_net::http::HttpClient;
+use svc_net::proxy::web::login::{LOGIN_PATH, login_service};
 use svc_net::proxy::{ProxyBuilder, ProxySettings};
 use svc_net::tls::TlsSource;
-use svc_net::web::login::{LOGIN_PATH, login_service};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
@@ -189,7 +189,7 @@ async fn the_address_a_proxy_reports_is_the_one_locked_and_only_proxies_are_beli
     // Through the real web login: the client address is the one a trusted PROXY header names.
     let dir = tempfile::tempdir().unwrap();
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = svc_core::Addr::parse_with_default_port("127.0.0.1:0", 3080).unwrap();
+    settings.ping.web_listen_addr = svc_core::Addr::parse_with_default_port("127.0.0.1:0", 3080).unwrap();
     settings.tls = TlsSource::Generated {
         data_dir: dir.path().to_owned(),
     };

@@ -10,8 +10,8 @@ use svc_core::backend::{Backend, MemoryBackend};
 use svc_core::identity::{HostCertRequest, SystemRole};
 use svc_core::maintenance::AgentUpgradeWindow;
 use svc_core::resource::{JoinRole, parse_resources};
+use svc_net::agent::node::export::{AuthMaintenanceSource, MaintenanceSource};
 use svc_net::auth::{AuthClient, JoinParams, KeyMaterial, join};
-use svc_net::node::agent::export::{AuthMaintenanceSource, MaintenanceSource};
 use tokio_util::sync::CancellationToken;
 
 const MAINTENANCE: &str = "kind: cluster_maintenance_config\nspec:\n  agent_upgrades:\n    utc_start_hour: 2\n    weekdays: [Mon, wed]\n";

@@ -14,8 +14,8 @@ use std::{
 use anyhow::{Context as _, Result};
 use support::{STEP, within};
 use svc_net::{
+    proxy::web::{Body, ResponseBody, full, web_service},
     proxy::{ProxyBuilder, ProxySettings},
-    web::{Body, ResponseBody, full, web_service},
 };
 use tokio::sync::Notify;
 
@@ -49,7 +49,7 @@ impl tower::Service<http::Request<Body>> for Gate {
 async fn in_flight_request_completes_during_shutdown() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
     settings.tls = svc_net::tls::TlsSource::Generated {
         data_dir: dir.path().to_owned(),
     };

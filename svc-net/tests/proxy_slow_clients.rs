@@ -43,7 +43,7 @@ async fn until_closed(mut s: TcpStream, trickle: bool) {
 async fn slow_and_silent_peers_do_not_block_an_honest_client() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
     settings.tls = svc_net::tls::TlsSource::Generated {
         data_dir: dir.path().to_owned(),
     };
@@ -102,7 +102,7 @@ async fn slow_and_silent_peers_do_not_block_an_honest_client() -> Result<()> {
 async fn beyond_the_peek_cap_new_connections_are_shed() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
     settings.tls = svc_net::tls::TlsSource::Generated {
         data_dir: dir.path().to_owned(),
     };

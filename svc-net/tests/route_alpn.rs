@@ -13,12 +13,13 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use svc_net::{
-    listen::{BoxError, Connection},
+    io::{Connection, conn_service},
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
-    route::{alpn, conn_service},
+    route::alpn,
     tls::{ServerIdentity, TlsSource},
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower::BoxError;
 
 /// Terminates TLS with `config` and writes `route=<name> peer=<addr>`.
 #[derive(Clone)]
@@ -62,7 +63,7 @@ async fn start(dir: &Path, trusted: &str) -> Result<RunningProxy> {
         }))
     };
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
     settings.tls = source;
     settings.trusted_proxy_networks = vec![trusted.parse()?];
     Ok(ProxyBuilder::new(settings)

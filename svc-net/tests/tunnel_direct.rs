@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use svc_core::SystemClock;
 use svc_core::auth::AuthService;
+use svc_core::auth::ServedKind;
 use svc_core::backend::{Backend, MemoryBackend};
 use svc_core::identity::{HostCertRequest, SystemRole};
 use svc_net::auth::{ClientIdentity, KeyMaterial};
-use svc_net::listen::BoxIo;
+use svc_net::io::BoxIo;
 use svc_net::tunnel::{
-    ConnType, DialRequest, DirectDialer, DirectLookup, DirectTarget, agent_tls, dial_service_fn, serve_direct,
+    DialRequest, DirectDialer, DirectLookup, DirectTarget, agent_tls, dial_service_fn, serve_direct,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -51,7 +52,7 @@ impl DirectLookup for Fixed {
     fn lookup(
         &self,
         _server: String,
-        _conn_type: ConnType,
+        _conn_type: ServedKind,
     ) -> Pin<Box<dyn Future<Output = Result<Option<DirectTarget>, String>> + Send>> {
         let target = self.0.clone();
         Box::pin(async move { Ok(target) })
@@ -67,7 +68,7 @@ async fn agent_listener(agent: &ClientIdentity) -> (String, CancellationToken) {
             let (mut r, mut w) = tokio::io::split(theirs);
             let _ = tokio::io::copy(&mut r, &mut w).await;
         });
-        Ok::<BoxIo, svc_net::listen::BoxError>(Box::new(ours))
+        Ok::<BoxIo, tower::BoxError>(Box::new(ours))
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
@@ -86,7 +87,7 @@ fn request(server: &str) -> DialRequest {
     DialRequest {
         address: "win".into(),
         server_id: server.into(),
-        conn_type: ConnType::WindowsDesktop,
+        conn_type: ServedKind::WindowsDesktop,
         client_src_addr: "127.0.0.1:1".into(),
         client_dst_addr: "127.0.0.1:2".into(),
     }
@@ -152,7 +153,7 @@ impl DirectLookup for Refused {
     fn lookup(
         &self,
         _server: String,
-        _conn_type: ConnType,
+        _conn_type: ServedKind,
     ) -> Pin<Box<dyn Future<Output = Result<Option<DirectTarget>, String>> + Send>> {
         Box::pin(async {
             Err(

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use russh::ChannelMsg;
 use svc_core::identity::SystemRole;
-use svc_net::ssh::{SshServer, SshServerConfig};
+use svc_net::agent::ssh::{SshServer, SshServerConfig};
 use tunnel_support::*;
 
 async fn exec_through(separate: bool) {

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use svc_core::{Clock, ManualClock};
 use svc_core::{Version, channel::ChannelSpec};
-use svc_net::web::version::{Fetcher, VersionResolver, http::VersionHandler};
+use svc_net::proxy::web::version::{Fetcher, VersionResolver, http::VersionHandler};
 use svc_net::{
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
     tls::TlsSource,
@@ -87,7 +87,7 @@ async fn start_proxy(
     clock: Arc<dyn Clock>,
 ) -> Result<(RunningProxy, VersionResolver)> {
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
     settings.tls = TlsSource::Generated {
         data_dir: dir.to_owned(),
     };

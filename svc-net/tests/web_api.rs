@@ -9,12 +9,12 @@ use svc_net::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
 
 async fn start(dir: &Path, mode: ListenerMode) -> Result<RunningProxy> {
     let mut settings = ProxySettings::default();
-    settings.listener_mode = mode;
-    settings.cluster_name = "test.example.com".into();
-    settings.web_listen_addr = "127.0.0.1:0".parse()?;
-    settings.ssh_listen_addr = "127.0.0.1:0".parse()?;
-    settings.tunnel_listen_addr = "127.0.0.1:0".parse()?;
-    settings.web_public_addr = Some("proxy.example.com:443".parse()?);
+    settings.ping.listener_mode = mode;
+    settings.ping.cluster_name = "test.example.com".into();
+    settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.ssh_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.tunnel_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.web_public_addr = Some("proxy.example.com:443".parse()?);
     settings.tls = svc_net::tls::TlsSource::Generated {
         data_dir: dir.to_owned(),
     };

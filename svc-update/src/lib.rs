@@ -1,6 +1,6 @@
 //! svc's automatic agent updates: the Linux and Kubernetes updaters, and the client that asks
 //! a proxy's version server for a channel's target ([`target`]). The version server itself
-//! (`svc_net::web::version`) and the agent's schedule export (`svc_net::node::agent::export`)
+//! (`svc_net::proxy::web::version`) and the agent's schedule export (`svc_net::agent::node::export`)
 //! run in the proxy and the agent.
 //!
 //! # Entry points

@@ -33,7 +33,7 @@ use http::Uri;
 use svc_core::{SystemClock, Version};
 use svc_net::dial::ProxyDialer;
 
-use svc_net::web::version::forward::{
+use svc_net::proxy::web::version::forward::{
     FETCH_TIMEOUT, FetchError, Fetcher, parse_critical_body, parse_version_body,
 };
 
@@ -41,7 +41,7 @@ use svc_net::web::version::forward::{
 pub const TIMEOUT: std::time::Duration = FETCH_TIMEOUT;
 
 /// The version server's channel path (served by the proxy, asked here).
-pub use svc_net::web::version::http::CHANNEL_PATH_PREFIX;
+pub use svc_core::channel::CHANNEL_PATH_PREFIX;
 
 /// What the version server advertises for the agent's channel.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -710,7 +710,7 @@ async fn reconcile_timeout_bounds_a_hung_target_source() {
 #[tokio::test]
 async fn the_schedule_exporter_loop_writes_and_resets_the_secret() {
     use std::sync::atomic::AtomicBool;
-    use svc_net::node::agent::export::{ExportSettings, MaintenanceSource, ScheduleExporter};
+    use svc_net::agent::node::export::{ExportSettings, MaintenanceSource, ScheduleExporter};
     use svc_update::kube::schedule::SecretSink;
 
     struct Cluster {

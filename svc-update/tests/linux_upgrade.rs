@@ -1,5 +1,5 @@
 //! The Linux updater's run ([`svc_update::linux::Runner`]) against a real version server over
-//! TLS (`svc_net::web::version` on a `svc_net::proxy` on 127.0.0.1:0), with the recording `nop`
+//! TLS (`svc_net::proxy::web::version` on a `svc_net::proxy` on 127.0.0.1:0), with the recording `nop`
 //! installer and a stand-in `systemctl` — no root needed. The real package managers and the real
 //! `svc-upgrade` binary are in `linux_packages.rs`.
 
@@ -18,9 +18,9 @@ use svc_core::{
 };
 use svc_net::{
     dial::TcpConnector,
+    proxy::web::version::{Fetcher, VersionResolver, http::VersionHandler},
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
     tls::TlsSource,
-    web::version::{Fetcher, VersionResolver, http::VersionHandler},
 };
 use svc_update::{
     linux::{
@@ -37,7 +37,7 @@ fn v(s: &str) -> Version {
 
 async fn version_server(data_dir: &Path, version: &str, critical: bool) -> Result<RunningProxy> {
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
     settings.tls = TlsSource::Generated {
         data_dir: data_dir.to_owned(),
     };

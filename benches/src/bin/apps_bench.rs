@@ -234,7 +234,7 @@ fn main() -> Result<()> {
     let config = Config::from_yaml_str_with_hostname(&yaml, "bench")?;
     let (db_port, web_port) = (free_port()?, free_port()?);
     let running = rt.block_on(async {
-        let running = svc_net::node::Cluster::from_config(&config).start().await?;
+        let running = svc_net::Cluster::from_config(&config).start().await?;
         let admin = svc_net::auth::ClientIdentity::load(
             &running
                 .auth
@@ -254,7 +254,7 @@ fn main() -> Result<()> {
             .web
             .to_string();
         let identity =
-            svc_net::web::login::login_via_proxy(&proxy, true, None, "bench", &password, None).await?;
+            svc_net::proxy::web::login::login_via_proxy(&proxy, true, None, "bench", &password, None).await?;
         let client = ResourceClient {
             proxy: svc_core::Addr::parse(&proxy)?,
             identity,

@@ -25,6 +25,7 @@ use anyhow::Context;
 use base64::Engine;
 use rcgen::PublicKeyData;
 use ssh_key::{LineEnding, PrivateKey, private::Ed25519Keypair};
+use svc_core::auth::ServedKind;
 use svc_core::{
     Addr,
     config::ListenerMode,
@@ -33,13 +34,13 @@ use svc_core::{
 };
 use svc_net::{
     dial::ProxyDialer,
-    listen::BoxIo,
+    io::BoxIo,
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
     route::alpn,
     tls::{ServerIdentity, TlsSource},
     tunnel::{
-        AgentConfig, CIPHERS, ConnType, DialRequest, RunningAgent, Tunables, TunnelAgent, TunnelDialer,
-        TunnelServer, TunnelServerConfig, dial_service_fn,
+        AgentConfig, CIPHERS, DialRequest, RunningAgent, Tunables, TunnelAgent, TunnelDialer, TunnelServer,
+        TunnelServerConfig, dial_service_fn,
     },
 };
 use tokio::{
@@ -205,16 +206,16 @@ async fn start_proxy(
             .with_tunables(tunables),
     );
     let mut s = ProxySettings::default();
-    s.cluster_name = CLUSTER.into();
-    s.listener_mode = if separate {
+    s.ping.cluster_name = CLUSTER.into();
+    s.ping.listener_mode = if separate {
         ListenerMode::Separate
     } else {
         ListenerMode::Multiplex
     };
     let lo = |_: ()| Addr::parse("127.0.0.1:0");
-    s.web_listen_addr = lo(())?;
-    s.tunnel_listen_addr = lo(())?;
-    s.ssh_listen_addr = lo(())?;
+    s.ping.web_listen_addr = lo(())?;
+    s.ping.tunnel_listen_addr = lo(())?;
+    s.ping.ssh_listen_addr = lo(())?;
     s.tls = tls;
     let running = ProxyBuilder::new(s)
         .with_version(version)
@@ -244,7 +245,7 @@ fn req(node: &str, target: SocketAddr) -> DialRequest {
     DialRequest {
         address: target.to_string(),
         server_id: node.into(),
-        conn_type: ConnType::App,
+        conn_type: ServedKind::App,
         client_src_addr: "127.0.0.1:1".into(),
         client_dst_addr: "127.0.0.1:2".into(),
     }

@@ -203,7 +203,7 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     let mut settings = ProxySettings::default();
-    settings.web_listen_addr = "127.0.0.1:0".parse()?;
+    settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
     settings.tls = TlsSource::Generated {
         data_dir: dir.path().join("svc"),
     };

@@ -62,7 +62,7 @@ fn main() -> std::process::ExitCode {
             // The forwarding cache's "error is cached" warning is the proxy's concern, not ours:
             // the failure itself is reported once, as the run's error.
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,svc_net::web::version::forward=error".into()),
+                .unwrap_or_else(|_| "warn,svc_net::proxy::web::version::forward=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -1,7 +1,7 @@
 //! `svc`: runs the cluster's services (Auth and Proxy) from `svc.yaml` or the defaults.
 //!
 //! Glue only: parse the CLI, load the configuration, start the services
-//! ([`svc_net::node::Cluster`]), run until SIGTERM or SIGINT, drain.
+//! ([`svc_net::Cluster`]), run until SIGTERM or SIGINT, drain.
 
 use std::sync::Arc;
 
@@ -10,7 +10,7 @@ use clap::Parser;
 use svc_bins::svc::cli::{Cli, Command};
 use svc_core::Addr;
 use svc_core::config::Config;
-use svc_net::node::Cluster;
+use svc_net::cluster::Cluster;
 use svc_update::kube::schedule::SecretSink;
 
 fn main() {

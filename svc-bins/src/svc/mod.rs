@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use svc_core::Addr;
 use svc_core::config::Config;
-use svc_net::node::RunningCluster;
+use svc_net::cluster::RunningCluster;
 
 /// The configuration file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG: &str = "/etc/svc.yaml";

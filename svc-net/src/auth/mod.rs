@@ -16,6 +16,10 @@
 mod admin;
 mod client;
 mod identity;
+#[cfg(feature = "node")]
+pub mod node;
+#[cfg(feature = "node")]
+mod node_error;
 mod resources;
 mod route;
 mod server;
@@ -103,6 +107,10 @@ pub mod proto {
 pub use admin::{AdminError, Invite, generate_password};
 pub use client::{AuthClient, ClientError, JoinParams, join, join_via};
 pub use identity::{ClientIdentity, IdentityFileError, KeyMaterial, TrustedCaPem};
+#[cfg(feature = "node")]
+pub use node_error::NodeError;
+#[cfg(feature = "node")]
+pub(crate) use node_error::bind;
 pub use resources::Resolved;
 pub use route::{alpn, auth_route};
 pub use server::{

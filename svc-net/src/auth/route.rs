@@ -5,9 +5,10 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use tower::BoxError;
 
-use crate::listen::{BoxError, ConnFuture, Connection};
-use crate::route::{ConnService, conn_service};
+use crate::io::{ConnFuture, Connection};
+use crate::io::{ConnService, conn_service};
 
 /// The ALPN protocol clients offer (first) to reach the Auth API of `cluster` through a proxy.
 pub fn alpn(cluster: &str) -> String {

@@ -25,8 +25,8 @@ use svc_core::{
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::TlsConnector;
 
-use crate::ssh::{SshError, client_config};
-use crate::{dial::ProxyDialer, listen::BoxIo, route::alpn};
+use crate::ssh::{SshError, Tunables, client_config};
+use crate::{dial::ProxyDialer, io::BoxIo, route::alpn};
 
 /// A user's SSH credentials.
 #[derive(Clone)]
@@ -177,7 +177,7 @@ pub async fn connect_via_proxy(
         } else {
             Box::new(tcp)
         };
-        let config = client_config(&crate::tunnel::Tunables::default());
+        let config = client_config(&Tunables::default());
         let handler = ClientHandler {
             verifier: endpoint.verifier.clone(),
         };

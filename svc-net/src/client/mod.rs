@@ -139,7 +139,7 @@ pub enum Error {
     Dial(#[from] crate::dial::Error),
     /// Signing in through the proxy failed.
     #[error(transparent)]
-    Login(#[from] crate::web::login::LoginError),
+    Login(#[from] crate::proxy::web::login::LoginError),
     /// A call to the Auth Service failed.
     #[error(transparent)]
     Auth(#[from] crate::auth::ClientError),

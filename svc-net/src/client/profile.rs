@@ -262,7 +262,7 @@ pub fn tctl_identity(
 
 #[cfg(feature = "node")]
 fn admin_identity(data_dir: &Path) -> Result<ClientIdentity, Error> {
-    let path = crate::node::admin_identity_path(data_dir);
+    let path = crate::auth::node::admin_identity_path(data_dir);
     ClientIdentity::load(&path).map_err(|source| Error::AdminIdentity { path, source })
 }
 
@@ -298,8 +298,8 @@ pub async fn sign_in(request: SignIn, password: &Secret) -> Result<SignedIn, Err
     let proxy = request.proxy.to_string();
     let ca = request.ca_pem.as_deref();
     let dialer = ProxyDialer::from_env()?;
-    let ping = crate::web::login::ping_via_proxy(&proxy, request.insecure, ca, Some(&dialer)).await?;
-    let identity = crate::web::login::login_via_proxy_with(
+    let ping = crate::proxy::web::login::ping_via_proxy(&proxy, request.insecure, ca, Some(&dialer)).await?;
+    let identity = crate::proxy::web::login::login_via_proxy_with(
         &proxy,
         request.insecure,
         ca,

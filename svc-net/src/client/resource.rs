@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::ClientIdentity;
 use crate::dial::ProxyDialer;
-use crate::listen::BoxIo;
+use crate::io::BoxIo;
 use crate::route::alpn;
 use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest};
 use crate::tunnel::read_line;

@@ -17,7 +17,9 @@ use http::Uri;
 use svc_core::{Addr, Host, Secret, proxy_env::ProxyUrl};
 use tower::{Layer, Service};
 
-use super::{BoxError, Error, HttpConnectFuture, Tunneled};
+use tower::BoxError;
+
+use super::{Error, HttpConnectFuture, Tunneled};
 
 /// The default deadline for the whole CONNECT exchange: reaching the proxy, sending the request
 /// and reading the reply head (the reverse tunnel's dial-and-handshake timeout).

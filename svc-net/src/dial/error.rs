@@ -3,9 +3,7 @@
 use std::{io, time::Duration};
 
 use svc_core::proxy_env::ProxyEnvError;
-
-/// A boxed error from a wrapped connector.
-pub use tower::BoxError;
+use tower::BoxError;
 
 /// Why a dial (direct or through an HTTP CONNECT proxy) failed.
 ///

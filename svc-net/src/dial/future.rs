@@ -15,10 +15,11 @@ use bytes::Bytes;
 use pin_project::pin_project;
 use svc_core::Addr;
 use tokio::time::Sleep;
+use tower::BoxError;
 use tracing::trace;
 
 use super::{
-    BoxError, Error, Tunneled,
+    Error, Tunneled,
     connect::{ProxyHop, connect_error},
     reply::{self, MAX_REPLY_HEAD},
 };

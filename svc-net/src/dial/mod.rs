@@ -23,7 +23,7 @@ pub use connect::{DEFAULT_HANDSHAKE_TIMEOUT, HttpConnect, HttpConnectLayer, targ
 pub use dialer::{
     DialedStream, ProxyConnector, ProxyDialer, ProxyDialerBuilder, ProxyStream, proxy_tls_config,
 };
-pub use error::{BoxError, Error};
+pub use error::Error;
 pub use future::HttpConnectFuture;
 pub use reply::MAX_REPLY_HEAD;
 pub use tcp::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE, TcpConnector};

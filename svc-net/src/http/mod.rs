@@ -5,7 +5,7 @@
 //!
 //! Every outbound HTTP request svc makes goes through [`HttpClient`]: the version server's
 //! `forward_url` fetches and the updaters' version client
-//! ([`Fetcher`](crate::web::version::Fetcher)), `tsh login` against the proxy's web API, and the
+//! ([`Fetcher`](crate::proxy::web::version::Fetcher)), `tsh login` against the proxy's web API, and the
 //! agent's ping before it opens its reverse tunnel. It adds what those callers need on top of
 //! hyper-util: a connect deadline (TCP, proxy CONNECT and TLS), a deadline for the whole request
 //! (sending, the answer and its body), a cap on the body it reads, and errors

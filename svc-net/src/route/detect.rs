@@ -15,12 +15,9 @@ use std::{
 use bytes::BytesMut;
 use ipnet::IpNet;
 use tokio::io::AsyncWriteExt;
-use tower::{Service, ServiceExt};
+use tower::{BoxError, Service, ServiceExt};
 
-use crate::{
-    listen::{BoxError, ConnFuture, Connection},
-    route::ConnService,
-};
+use crate::io::{ConnFuture, ConnService, Connection};
 
 /// The PROXY protocol v2 signature.
 pub const PROXY_V2_SIGNATURE: [u8; 12] = [

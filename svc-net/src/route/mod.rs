@@ -4,7 +4,7 @@
 //! the ClientHello without terminating TLS ([`client_hello`]), picks a route — the SNI prefix
 //! `kube-svc-proxy-alpn.` for Kubernetes, else the first of the client's ALPN names (in the
 //! client's order; none counts as `http/1.1`) that a registered route serves — and hands the
-//! connection, its peeked bytes replayed by [`rewind::Rewind`], to that route's service, which
+//! connection, its peeked bytes replayed by [`Rewind`](crate::io::rewind::Rewind), to that route's service, which
 //! terminates TLS itself. With no match the connection is closed with a log line naming the
 //! protocols offered.
 //!
@@ -13,7 +13,6 @@
 
 pub mod client_hello;
 pub mod detect;
-pub mod rewind;
 
 use std::{
     collections::HashMap,
@@ -22,24 +21,11 @@ use std::{
 };
 
 use bytes::BytesMut;
-use tower::{Service, ServiceExt, util::BoxCloneSyncService};
+use tower::{BoxError, Service, ServiceExt};
 
 pub use client_hello::ClientHello;
 
-use crate::listen::{BoxError, ConnFuture, Connection};
-
-/// A handler of connections: what routes and the multiplexer hand connections to.
-pub type ConnService = BoxCloneSyncService<Connection, (), BoxError>;
-
-/// Wraps any suitable service as a [`ConnService`].
-pub fn conn_service<S>(svc: S) -> ConnService
-where
-    S: Service<Connection, Response = ()> + Clone + Send + Sync + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
-{
-    BoxCloneSyncService::new(svc.map_err(Into::into))
-}
+use crate::io::{ConnFuture, ConnService, Connection};
 
 /// The ALPN names of svc's protocols (REFERENCE.md, "TLS routing").
 pub mod alpn {
@@ -118,7 +104,7 @@ pub struct Router {
 /// Why the router closed a connection without handing it over.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum RouteError {
+pub enum RouterError {
     /// The ClientHello did not arrive before the peek deadline.
     #[error("ClientHello incomplete after {0} bytes at the peek deadline")]
     Timeout(usize),
@@ -174,7 +160,7 @@ impl Router {
 }
 
 /// Reads the ClientHello under the connection's deadline; the bytes read are rewound.
-pub async fn peek_client_hello(conn: &mut Connection) -> Result<ClientHello, RouteError> {
+pub async fn peek_client_hello(conn: &mut Connection) -> Result<ClientHello, RouterError> {
     let mut buf = BytesMut::with_capacity(2048);
     let result = loop {
         match client_hello::parse(&buf) {
@@ -183,8 +169,8 @@ pub async fn peek_client_hello(conn: &mut Connection) -> Result<ClientHello, Rou
             Err(e) => break Err(e.into()),
         }
         match tokio::time::timeout_at(conn.peek_deadline, conn.io.read_more(&mut buf)).await {
-            Err(_) => break Err(RouteError::Timeout(buf.len())),
-            Ok(Ok(0)) => break Err(RouteError::Eof(buf.len())),
+            Err(_) => break Err(RouterError::Timeout(buf.len())),
+            Ok(Ok(0)) => break Err(RouterError::Eof(buf.len())),
             Ok(Ok(_)) => {}
             Ok(Err(e)) => break Err(e.into()),
         }
@@ -214,7 +200,7 @@ impl Service<Connection> for Router {
                 }
             };
             let Some((svc, by)) = router.select(&hello) else {
-                let e = RouteError::NoRoute {
+                let e = RouterError::NoRoute {
                     offered: hello.alpn_display(),
                     server_name: hello.server_name,
                 };

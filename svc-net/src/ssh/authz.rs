@@ -1,7 +1,7 @@
 //! Node RBAC on the SSH path: who decides whether a user may open a session on a node.
 //!
-//! Where it sits: the proxy's SSH entry ([`ProxySsh`](super::ProxySsh)) asks before it dials a
-//! node, and the node's SSH Service ([`SshServer`](super::SshServer)) asks again before it
+//! Where it sits: the proxy's SSH entry ([`ProxySsh`](crate::proxy::ssh::ProxySsh)) asks before it dials a
+//! node, and the node's SSH Service ([`SshServer`](crate::agent::ssh::SshServer)) asks again before it
 //! starts anything (defence in depth: a client that reaches a node's own listener, or a proxy
 //! that skipped the check, meets the same rule). Both ask a [`NodeAuthorizer`]; in a cluster it
 //! is the Auth Service's `AuthorizeNode` call ([`AuthNodeAuthorizer`]), which applies the one

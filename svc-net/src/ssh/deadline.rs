@@ -27,7 +27,7 @@ use tokio::{
 };
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::listen::Io;
+use crate::io::Io;
 
 /// A stream that fails with `ConnectionAborted` once its token is cancelled (waking whoever
 /// waits on it).

@@ -1,49 +1,27 @@
-//! SSH: the agent's SSH Service, the proxy's SSH entry for clients, and the client-side hop
-//! through the proxy.
+//! SSH: what every SSH end of svc shares.
 //!
-//! Where it sits in the data flow: a client (`tsh ssh`, or OpenSSH with `tsh proxy ssh` as its
-//! `ProxyCommand`) reaches the proxy on 3023 (plain SSH) or the web port (ALPN
-//! `svc-proxy-ssh`, SSH inside TLS) — [`proxy::ProxySsh`] authenticates the user certificate
-//! and serves the `proxy:<host>:<port>` subsystem (or `direct-tcpip`) by dialing the agent
-//! through the [`TunnelDialer`](crate::tunnel::TunnelDialer) and piping bytes. The client then
-//! runs its own SSH session over that pipe to the agent's [`server::SshServer`], which
-//! authenticates the user certificate again (the requested login must be one of the
-//! certificate's principals), presents the agent's host certificate and runs shells and
-//! commands. Node RBAC ([`authz`]) is asked twice: by the proxy before it dials, and by the
-//! node before it starts anything. The client half of the first hop is
-//! `client::connect_via_proxy` (feature `client`).
+//! The shared part: the transport settings ([`Tunables`], the cipher preference [`CIPHERS`]) and
+//! the russh client and server configurations built from them, the deadline on a server's
+//! handshake and authentication, node RBAC ([`authz`], asked twice: by the proxy's SSH entry
+//! before it dials and by the node's SSH Service before it starts anything), and [`SshError`].
+//! The ends themselves live with whoever runs them: the reverse tunnel
+//! ([`tunnel`](crate::tunnel)), the proxy's SSH entry
+//! ([`ProxySsh`](crate::proxy::ssh::ProxySsh)), the agent's SSH Service
+//! ([`SshServer`](crate::agent::ssh::SshServer)), and the client hop
+//! (`client::connect_via_proxy`, feature `client`): a client (`tsh ssh`, or OpenSSH with `tsh proxy ssh` as its
+//! `ProxyCommand`) reaches the proxy on 3023 or the web port (ALPN `svc-proxy-ssh`), which
+//! dials the agent through the tunnel; the client then runs its own SSH session over that pipe
+//! to the agent's SSH Service.
 
 pub mod authz;
+mod config;
 mod deadline;
-mod passwd;
-pub mod proxy;
-pub mod server;
 
 pub use authz::{AuthNodeAuthorizer, NodeAuthorizer, NodeDecision, NodeDecisionFuture};
-pub use proxy::{ProxySsh, ProxySshConfig};
-pub use server::{SshServer, SshServerConfig};
+pub(crate) use config::server_config;
+pub use config::{CIPHERS, DEFAULT_SSH_AUTH_TIMEOUT, SERVER_KEEPALIVE_MAX, Tunables, client_config};
 
 pub(crate) use deadline::{StartError, authenticate_before};
-
-/// The russh client configuration svc's SSH clients use: host certificates asked for (ed25519,
-/// the cluster CAs' key type, ahead of plain keys), `TCP_NODELAY`, and the tunnel's window,
-/// packet sizes and cipher preference (AES-GCM first). Use it for the SSH session to the node
-/// over `client::connect_via_proxy`'s stream too.
-pub fn client_config(tunables: &crate::tunnel::Tunables) -> russh::client::Config {
-    let preferred = russh::Preferred {
-        host_key_certificates: std::borrow::Cow::Borrowed(&[russh::keys::Algorithm::Ed25519]),
-        cipher: tunables.ciphers.clone(),
-        ..Default::default()
-    };
-    russh::client::Config {
-        preferred,
-        nodelay: true,
-        window_size: tunables.window_size,
-        maximum_packet_size: tunables.max_packet_size,
-        channel_buffer_size: tunables.channel_buffer_size,
-        ..Default::default()
-    }
-}
 
 /// Why an SSH operation failed.
 #[derive(Debug, thiserror::Error)]

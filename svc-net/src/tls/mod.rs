@@ -10,7 +10,7 @@
 //! ring, chosen once), the client trust roots ([`client_roots`]: public web roots plus extra
 //! PEM), the accept-anything verifier for `--insecure` ([`insecure_client_config`]), and the
 //! server-side handshake under a deadline ([`accept_before`], and the [`TlsTerminate`] tower
-//! layer over [`Connection`](crate::listen::Connection) that every TLS listener uses).
+//! layer over [`Connection`](crate::io::Connection) that every TLS listener uses).
 
 mod terminate;
 

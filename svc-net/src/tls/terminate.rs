@@ -23,8 +23,8 @@ use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tokio_util::sync::CancellationToken;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
-use crate::listen::{BoxIo, ConnFuture, Connection};
-use crate::route::rewind::Rewind;
+use crate::io::rewind::Rewind;
+use crate::io::{BoxIo, ConnFuture, Connection};
 
 /// Why a server-side TLS handshake did not produce a stream.
 #[derive(Debug, thiserror::Error)]

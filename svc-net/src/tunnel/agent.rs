@@ -33,18 +33,14 @@ use tokio::{
 };
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tower::{ServiceExt, util::BoxCloneSyncService};
+use tower::{BoxError, ServiceExt, util::BoxCloneSyncService};
 
 use super::{
     Backoff, DIAL_OK, DISCOVERY_CHANNEL, DRAINING, DialRequest, Discovery, HEARTBEAT_CHANNEL,
     MAX_DIAL_REQUEST, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST,
     read_line,
 };
-use crate::{
-    dial::ProxyDialer,
-    listen::{BoxError, BoxIo},
-    route::alpn,
-};
+use crate::{dial::ProxyDialer, io::BoxIo, route::alpn};
 
 /// The service an agent serves dial requests with: a stream to the requested resource.
 pub type DialService = BoxCloneSyncService<DialRequest, BoxIo, BoxError>;
@@ -308,7 +304,7 @@ pub fn tunnel_addr_from_ping(ping: &serde_json::Value, pinged: &Addr) -> Result<
     let default_port = if tls {
         pinged.port()
     } else {
-        crate::web::ping::TUNNEL_PORT
+        svc_core::config::ports::PROXY_TUNNEL
     };
     let addr = Addr::parse_with_default_port(&text, default_port).map_err(|e| TunnelError::Malformed {
         what: "ping",

@@ -13,7 +13,7 @@
 //! (`ServedResource::direct_addr`). When the proxy's [`TunnelDialer`](super::TunnelDialer) has
 //! no tunnel for a dial request's server, it asks a [`DirectLookup`] (the Auth Service) for the
 //! agent's announced listener and dials it with the [`DirectDialer`]:
-//! - SSH (`ConnType::Node`, port 3022): plain TCP. The client's SSH session to the node is end
+//! - SSH (`ServedKind::Node`, port 3022): plain TCP. The client's SSH session to the node is end
 //!   to end; the node checks the user's certificate, exactly as through a tunnel.
 //! - Kubernetes (3026) and Windows Desktop (3028): mutual TLS. The agent presents its host
 //!   certificate (the proxy checks it is the host ID the Auth Service named) and requires the
@@ -28,6 +28,7 @@ use rustls::DigitallySignedStruct;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
+use svc_core::auth::ServedKind;
 use svc_core::identity::{IdentityKind, SystemRole, Verifier};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -35,9 +36,11 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
 
 use super::agent::serve_dial_stream;
-use super::{ConnType, DIAL_OK, DialRequest, DialService, MAX_DIAL_REQUEST, TunnelError, read_line};
+use super::{DIAL_OK, DialRequest, DialService, MAX_DIAL_REQUEST, TunnelError, read_line};
 use crate::auth::ClientIdentity;
-use crate::listen::{BoxError, BoxIo, Connection, ListenOptions};
+use crate::io::{BoxIo, Connection};
+use crate::listen::ListenOptions;
+use tower::BoxError;
 
 /// How long a direct dial (TCP, TLS and the dial request's answer) may take.
 pub const DIRECT_DIAL_TIMEOUT: Duration = Duration::from_secs(15);
@@ -71,7 +74,7 @@ pub trait DirectLookup: Send + Sync + 'static {
     fn lookup(
         &self,
         server: String,
-        conn_type: ConnType,
+        conn_type: ServedKind,
     ) -> BoxFuture<'static, Result<Option<DirectTarget>, String>>;
 }
 
@@ -257,7 +260,7 @@ impl DirectDialer {
     async fn dial_target(&self, mut req: DialRequest, target: DirectTarget) -> Result<BoxIo, TunnelError> {
         let tcp = connect_announced(&target, &req.address, self.allow_loopback).await?;
         let _ = tcp.set_nodelay(true);
-        if req.conn_type == ConnType::Node {
+        if req.conn_type == ServedKind::Node {
             return Ok(Box::new(tcp));
         }
         // The name the agent's certificate must carry: the host ID the Auth Service named.

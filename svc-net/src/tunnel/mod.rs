@@ -37,24 +37,25 @@ mod direct;
 mod registry;
 mod server;
 
-use std::{borrow::Cow, time::Duration};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use svc_core::auth::ServedKind;
 
+pub use crate::ssh::{CIPHERS, DEFAULT_SSH_AUTH_TIMEOUT, SERVER_KEEPALIVE_MAX, Tunables};
 pub use agent::{AgentConfig, AgentStatus, DialService, RunningAgent, TunnelAgent, tunnel_addr_from_ping};
 pub use backoff::Backoff;
 pub use direct::{
     DIRECT_DIAL_TIMEOUT, DirectDialer, DirectLookup, DirectTarget, agent_tls, serve_direct, serve_direct_with,
 };
 pub use registry::{AgentInfo, AgentRegistry};
-pub(crate) use server::ssh_server_config;
 pub use server::{TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream};
 
 /// Wraps an async function as the [`DialService`] an agent serves dial requests with.
 pub fn dial_service_fn<F, Fut>(f: F) -> DialService
 where
     F: Fn(DialRequest) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<crate::listen::BoxIo, crate::listen::BoxError>> + Send + 'static,
+    Fut: std::future::Future<Output = Result<crate::io::BoxIo, tower::BoxError>> + Send + 'static,
 {
     tower::util::BoxCloneSyncService::new(tower::service_fn(f))
 }
@@ -81,23 +82,6 @@ pub(crate) const TLS_READ_BUFFER: usize = 64 * 1024;
 /// Dial requests longer than this are refused (a JSON object of a few addresses).
 pub const MAX_DIAL_REQUEST: usize = 8 * 1024;
 
-/// What kind of resource a dial is for.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum ConnType {
-    /// The SSH Service.
-    Node,
-    /// An application.
-    App,
-    /// A Kubernetes cluster.
-    Kube,
-    /// A database.
-    Db,
-    /// A Windows desktop.
-    WindowsDesktop,
-}
-
 /// A dial request, as the proxy sends it down a transport channel (REFERENCE.md).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct DialRequest {
@@ -105,8 +89,9 @@ pub struct DialRequest {
     pub address: String,
     /// The agent's host ID, `<uuid>.<cluster>`.
     pub server_id: String,
-    /// The kind of resource.
-    pub conn_type: ConnType,
+    /// The kind of resource, named as everywhere else (`node`, `app`, `kube`, `db`,
+    /// `windows_desktop`).
+    pub conn_type: ServedKind,
     /// The client's address as the proxy saw it.
     pub client_src_addr: String,
     /// The address the client connected to on the proxy.
@@ -137,112 +122,6 @@ pub enum DialRequestError {
     /// The line is not a dial request's JSON.
     #[error("malformed dial request: {0}")]
     Malformed(String),
-}
-
-/// Tunnel tunables, shared by both ends.
-///
-/// The channel window is raised from russh's 2 MiB to 8 MiB: a tunnel carries bulk streams
-/// across high bandwidth-delay paths, where the window caps a stream at window / RTT (2 MiB
-/// over 50 ms is 335 Mbit/s; 8 MiB is 1.3 Gbit/s), and on loopback the larger window costs
-/// nothing measurable. The packet size stays at 32 KiB: 64 KiB packets, reported to help SFTP
-/// (BENCHMARKS.md), were 10–15 % slower through the tunnel with ChaCha20-Poly1305 and equal
-/// with AES-GCM here (docs/performance.md, "Reverse tunnel").
-///
-/// The cipher preference puts AES-GCM first ([`CIPHERS`]): with AES-NI and carry-less
-/// multiply, ring's AES-GCM costs a fraction of its ChaCha20-Poly1305, whose Poly1305 is
-/// portable C and took about 40 % of the bulk-transfer CPU profile (docs/performance.md).
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct Tunables {
-    /// Per-channel receive window, bytes.
-    pub window_size: u32,
-    /// Largest SSH packet payload per channel message, bytes.
-    pub max_packet_size: u32,
-    /// Messages buffered per channel before backpressure reaches the connection.
-    pub channel_buffer_size: usize,
-    /// Heartbeat interval (agent) and the unit of the offline timeout (proxy).
-    pub keepalive_interval: Duration,
-    /// Missed heartbeats before the proxy marks an agent offline.
-    pub keepalive_count: u32,
-    /// Deadline for dialing and the TLS + SSH handshakes.
-    pub handshake_timeout: Duration,
-    /// SSH servers: how long a client has, from the first byte, to finish the SSH version and
-    /// key exchange and authenticate; then it is disconnected.
-    pub auth_timeout: Duration,
-    /// SSH servers: how often a silent client is sent a keepalive request; after
-    /// [`SERVER_KEEPALIVE_MAX`] unanswered ones the connection is closed (a dead peer).
-    pub server_keepalive: Duration,
-    /// SSH servers: close a session with no traffic at all for this long (`None`: never, the
-    /// default, so idle shells stay open while their client is alive).
-    pub idle_timeout: Option<Duration>,
-    /// Ciphers offered, most preferred first (both ends; the client's order decides).
-    pub ciphers: Cow<'static, [russh::cipher::Name]>,
-}
-
-/// The cipher preference of svc's SSH ends: AES-GCM (hardware AES) ahead of
-/// ChaCha20-Poly1305, then russh's CTR modes. russh's own default leaves `aes128-gcm` out.
-pub const CIPHERS: &[russh::cipher::Name] = &[
-    russh::cipher::AES_128_GCM,
-    russh::cipher::AES_256_GCM,
-    russh::cipher::CHACHA20_POLY1305,
-    russh::cipher::AES_256_CTR,
-    russh::cipher::AES_192_CTR,
-    russh::cipher::AES_128_CTR,
-];
-
-/// The default of [`Tunables::auth_timeout`].
-pub const DEFAULT_SSH_AUTH_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Unanswered keepalives after which an SSH server closes a connection.
-pub const SERVER_KEEPALIVE_MAX: usize = 3;
-
-impl Default for Tunables {
-    fn default() -> Self {
-        Self {
-            window_size: 8 * 1024 * 1024,
-            max_packet_size: 32 * 1024,
-            channel_buffer_size: 100,
-            keepalive_interval: Duration::from_secs(5 * 60),
-            keepalive_count: 3,
-            handshake_timeout: Duration::from_secs(30),
-            auth_timeout: DEFAULT_SSH_AUTH_TIMEOUT,
-            server_keepalive: Duration::from_secs(30),
-            idle_timeout: None,
-            ciphers: Cow::Borrowed(CIPHERS),
-        }
-    }
-}
-
-impl Tunables {
-    /// Sets the heartbeat interval (tests shorten it).
-    pub fn with_keepalive(mut self, interval: Duration, count: u32) -> Self {
-        self.keepalive_interval = interval;
-        self.keepalive_count = count.max(1);
-        self
-    }
-
-    /// Sets [`Tunables::auth_timeout`] (tests shorten it).
-    pub fn with_auth_timeout(mut self, timeout: Duration) -> Self {
-        self.auth_timeout = timeout;
-        self
-    }
-
-    /// Sets [`Tunables::idle_timeout`].
-    pub fn with_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.idle_timeout = timeout;
-        self
-    }
-
-    /// Replaces the cipher preference (most preferred first).
-    pub fn with_ciphers(mut self, ciphers: impl Into<Cow<'static, [russh::cipher::Name]>>) -> Self {
-        self.ciphers = ciphers.into();
-        self
-    }
-
-    /// How long an agent may stay silent before it is marked offline.
-    pub fn offline_after(&self) -> Duration {
-        self.keepalive_interval * self.keepalive_count
-    }
 }
 
 /// A proxy an agent should keep a tunnel to, as the discovery channel announces it.
@@ -397,7 +276,7 @@ mod tests {
         let req = DialRequest {
             address: "node-1:3022".into(),
             server_id: "6f1c.example.com".into(),
-            conn_type: ConnType::WindowsDesktop,
+            conn_type: ServedKind::WindowsDesktop,
             client_src_addr: "10.0.0.1:5000".into(),
             client_dst_addr: "10.0.0.2:443".into(),
         };
@@ -416,7 +295,7 @@ mod tests {
     fn dial_requests_decode_and_refuse_what_is_not_one() {
         let line = r#"{"address":"node-1:3022","server_id":"6f1c.example.com","conn_type":"node","client_src_addr":"10.0.0.1:5000","client_dst_addr":"10.0.0.2:443"}"#;
         let req = DialRequest::decode(line).unwrap();
-        assert_eq!(req.conn_type, ConnType::Node);
+        assert_eq!(req.conn_type, ServedKind::Node);
         assert_eq!(
             DialRequest::decode(&serde_json::to_string(&req).unwrap()).unwrap(),
             req
@@ -446,42 +325,5 @@ mod tests {
         assert!(read_line(&mut long, 4).await.is_err());
         let mut empty: &[u8] = b"";
         assert_eq!(read_line(&mut empty, 4).await.unwrap(), None);
-    }
-
-    #[test]
-    fn both_ends_prefer_aes_gcm() {
-        let t = Tunables::default();
-        let client = crate::ssh::client_config(&t);
-        let key = ssh_key::PrivateKey::from(ssh_key::private::Ed25519Keypair::from_seed(&[7; 32]));
-        let server = ssh_server_config(&t, key, None);
-        for (end, ciphers) in [
-            ("client", &client.preferred.cipher),
-            ("server", &server.preferred.cipher),
-        ] {
-            assert_eq!(
-                ciphers.first(),
-                Some(&russh::cipher::AES_128_GCM),
-                "{end} preference: {ciphers:?}"
-            );
-            assert!(
-                ciphers.contains(&russh::cipher::CHACHA20_POLY1305),
-                "{end} still offers chacha20-poly1305 to peers without AES-GCM"
-            );
-        }
-        let chacha_first = t.with_ciphers(vec![russh::cipher::CHACHA20_POLY1305]);
-        assert_eq!(
-            crate::ssh::client_config(&chacha_first).preferred.cipher.as_ref(),
-            [russh::cipher::CHACHA20_POLY1305]
-        );
-    }
-
-    #[test]
-    fn offline_after_is_count_times_interval() {
-        let t = Tunables::default();
-        assert_eq!(t.offline_after(), Duration::from_secs(15 * 60));
-        assert_eq!(
-            t.with_keepalive(Duration::from_secs(2), 0).offline_after(),
-            Duration::from_secs(2)
-        );
     }
 }

@@ -28,17 +28,14 @@ use tokio::{
 };
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tower::Service;
+use tower::{BoxError, Service};
 
 use super::{
     DIAL_OK, DISCOVERY_CHANNEL, DialRequest, DirectDialer, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST,
     RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST, read_line,
     registry::{AgentInfo, AgentRegistry, ConnState, LiveGuard},
 };
-use crate::{
-    listen::{BoxError, BoxIo, ConnFuture, Connection, Io},
-    route::{ConnService, conn_service},
-};
+use crate::io::{BoxIo, ConnFuture, ConnService, Connection, Io, conn_service};
 
 /// What the proxy needs to accept tunnels.
 #[non_exhaustive]
@@ -114,41 +111,11 @@ impl std::fmt::Debug for TunnelServer {
     }
 }
 
-/// The russh server configuration both SSH servers of this crate start from.
-pub(crate) fn ssh_server_config(
-    tunables: &Tunables,
-    key: PrivateKey,
-    cert: Option<Certificate>,
-) -> russh::server::Config {
-    let mut methods = russh::MethodSet::empty();
-    methods.push(russh::MethodKind::PublicKey);
-    russh::server::Config {
-        server_id: russh::SshId::Standard(format!("SSH-2.0-svc_{}", svc_core::version::current()).into()),
-        methods,
-        auth_rejection_time: Duration::from_millis(200),
-        auth_rejection_time_initial: Some(Duration::ZERO),
-        keys: vec![key],
-        certificates: cert.into_iter().collect(),
-        window_size: tunables.window_size,
-        maximum_packet_size: tunables.max_packet_size,
-        channel_buffer_size: tunables.channel_buffer_size,
-        inactivity_timeout: tunables.idle_timeout,
-        keepalive_interval: Some(tunables.server_keepalive),
-        keepalive_max: super::SERVER_KEEPALIVE_MAX,
-        nodelay: true,
-        preferred: russh::Preferred {
-            cipher: tunables.ciphers.clone(),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
-
 impl TunnelServer {
     /// Builds the server and starts its offline sweeper (a task that ends with the server).
     /// Must be called inside a tokio runtime.
     pub fn new(config: TunnelServerConfig) -> Self {
-        let ssh = ssh_server_config(&config.tunables, config.host_key, Some(config.host_cert));
+        let ssh = crate::ssh::server_config(&config.tunables, config.host_key, Some(config.host_cert));
         let inner = Arc::new(Inner {
             ssh: Arc::new(ssh),
             verifier: config.verifier,

@@ -23,11 +23,14 @@ use svc_core::{
     proxy_env::ProxyEnv,
 };
 use svc_net::{
+    agent::ssh::{SshServer, SshServerConfig},
     client::{ProxyEndpoint, SshIdentity, connect_via_proxy},
     dial::ProxyDialer,
-    proxy::{ProxyBuilder, ProxySettings, RunningProxy},
+    proxy::{
+        ProxyBuilder, ProxySettings, RunningProxy,
+        ssh::{ProxySsh, ProxySshConfig},
+    },
     route::alpn,
-    ssh::{ProxySsh, ProxySshConfig, SshServer, SshServerConfig},
     tls::{ServerIdentity, TlsSource},
     tunnel::{AgentConfig, Backoff, RunningAgent, Tunables, TunnelAgent, TunnelServer, TunnelServerConfig},
 };
@@ -290,16 +293,16 @@ pub async fn start_proxy_with(
     ssh_config.tunables = opts.tunables.clone();
     let ssh = ProxySsh::new(ssh_config);
     let mut settings = ProxySettings::default();
-    settings.cluster_name = CLUSTER.into();
-    settings.listener_mode = if opts.separate {
+    settings.ping.cluster_name = CLUSTER.into();
+    settings.ping.listener_mode = if opts.separate {
         ListenerMode::Separate
     } else {
         ListenerMode::Multiplex
     };
     let addr = |port| Addr::from(SocketAddr::new(opts.ip, port));
-    settings.web_listen_addr = addr(opts.web_port);
-    settings.tunnel_listen_addr = addr(opts.tunnel_port);
-    settings.ssh_listen_addr = addr(opts.ssh_port);
+    settings.ping.web_listen_addr = addr(opts.web_port);
+    settings.ping.tunnel_listen_addr = addr(opts.tunnel_port);
+    settings.ping.ssh_listen_addr = addr(opts.ssh_port);
     settings.tls = tls.clone();
     settings.listen = opts.listen.clone();
     let running = ProxyBuilder::new(settings)

@@ -142,7 +142,7 @@ pub async fn read_schedule(
     })
 }
 
-/// The Kubernetes sink of the agent's [`ScheduleExporter`](svc_net::node::agent::export::ScheduleExporter):
+/// The Kubernetes sink of the agent's [`ScheduleExporter`](svc_net::agent::node::export::ScheduleExporter):
 /// its shared-state Secret. Spawn it with
 /// `ScheduleExporter::spawn_to(source, clock, Arc::new(SecretSink::new(..)), settings)`, so the
 /// agent in Kubernetes gets the same cadence, jitter and reset-on-lost-contact as on Linux.
@@ -193,7 +193,7 @@ impl SecretSink {
 }
 
 #[async_trait::async_trait]
-impl svc_net::node::agent::export::ScheduleSink for SecretSink {
+impl svc_net::agent::node::export::ScheduleSink for SecretSink {
     async fn export(&self, windows: &[Window]) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Ok(write_windows(self.client.clone(), &self.namespace, &self.secret_name, windows).await?)
     }

@@ -24,10 +24,10 @@ use std::{
 use super::pkg::InstallerKind;
 
 /// The default configuration directory (the agent's schedule export writes there).
-pub use svc_net::node::agent::export::DEFAULT_UPGRADE_DIR as DEFAULT_DIR;
+pub use svc_net::agent::node::export::DEFAULT_UPGRADE_DIR as DEFAULT_DIR;
 
 /// The environment variable that overrides [`DEFAULT_DIR`].
-pub use svc_net::node::agent::export::UPGRADE_DIR_ENV as DIR_ENV;
+pub use svc_net::agent::node::export::UPGRADE_DIR_ENV as DIR_ENV;
 
 /// The package updated when the `package` file is absent.
 pub(crate) const DEFAULT_PACKAGE: &str = "svc";
@@ -119,7 +119,7 @@ impl UpgradeConfig {
     /// The configuration directory: `SVC_UPGRADE_CONFIG` when set and not empty, else
     /// [`DEFAULT_DIR`]. `env` looks up an environment variable (`|k| std::env::var(k).ok()`).
     pub fn dir_from_env(env: impl Fn(&str) -> Option<String>) -> PathBuf {
-        svc_net::node::agent::export::upgrade_dir_from_env(env)
+        svc_net::agent::node::export::upgrade_dir_from_env(env)
     }
 
     /// Reads the directory chosen by [`dir_from_env`](Self::dir_from_env).

@@ -1,6 +1,6 @@
 //! `svc-upgrade` end to end, per package manager: an agent enrolled with `deploy/install.sh`
 //! (the real packages, so the real `/usr/bin/svc-upgrade` from `svc-ent-updater`), a real version
-//! server (`svc_net::web::version` on a `svc_net::proxy` over TLS on 127.0.0.1:0, trusted through
+//! server (`svc_net::proxy::web::version` on a `svc_net::proxy` over TLS on 127.0.0.1:0, trusted through
 //! `SVC_UPGRADE_CA_FILE`), and the schedule file written with a window around now or far away.
 //!
 //! The story, for apt, dnf and zypper alike:
@@ -26,11 +26,11 @@ use svc_core::{
     channel::ChannelSpec,
     maintenance::{Window, render_schedule_file},
 };
-use svc_net::web::version::{Fetcher, VersionResolver, http::VersionHandler};
+use svc_net::proxy::web::version::{Fetcher, VersionResolver, http::VersionHandler};
 use svc_net::{
+    proxy::web::{full, web_service},
     proxy::{ProxyBuilder, ProxySettings, RunningProxy},
     tls::TlsSource,
-    web::{full, web_service},
 };
 
 use super::{Fixture, V1, V2, V3, installed_svc_says, sh};
@@ -48,7 +48,7 @@ impl Channel {
     async fn start(data_dir: &Path, version: Option<&str>, critical: bool) -> Result<Self> {
         let version = version.map(Version::parse).transpose()?;
         let mut settings = ProxySettings::default();
-        settings.web_listen_addr = "127.0.0.1:0".parse()?;
+        settings.ping.web_listen_addr = "127.0.0.1:0".parse()?;
         settings.tls = TlsSource::Generated {
             data_dir: data_dir.to_owned(),
         };

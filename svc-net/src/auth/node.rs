@@ -143,7 +143,7 @@ impl AuthServer {
         let mut auth = AuthService::open(backend, &self.cluster_name, Arc::new(SystemClock)).await?;
         auth.set_host_name_policy(self.names.clone());
         let auth = Arc::new(auth.with_login_limits(self.limits));
-        let (listener, addr) = super::agent::bind("auth_service.listen_addr", &self.listen_addr).await?;
+        let (listener, addr) = super::bind("auth_service.listen_addr", &self.listen_addr).await?;
         auth.set_direct_dial_policy(self.direct.clone());
         auth.add_service_addrs([addr]);
         let mut names: Vec<String> = self.public_addrs.iter().map(|a| a.host_str()).collect();

@@ -29,18 +29,19 @@ use russh::{
     keys::{Certificate, PrivateKey},
     server::{Auth, ChannelOpenHandle, Msg, Session},
 };
+use svc_core::auth::ServedKind;
 use svc_core::identity::{UserIdentity, Verifier};
 
-use super::authz::NodeAuthorizer;
+use crate::ssh::authz::NodeAuthorizer;
 use tokio::io::copy_bidirectional_with_sizes;
-use tower::Service;
+use tower::{BoxError, Service};
 
-use super::SshError;
+use crate::ssh::SshError;
 use crate::tls::{HandshakeDeadline, TlsConnection, TlsTerminate};
 use crate::{
-    listen::{BoxError, ConnFuture, Connection, Io},
-    route::{ConnService, conn_service},
-    tunnel::{ConnType, DialRequest, Tunables, TunnelDialer, ssh_server_config},
+    io::{ConnFuture, ConnService, Connection, Io, conn_service},
+    ssh::{Tunables, server_config},
+    tunnel::{DialRequest, TunnelDialer},
 };
 
 /// What the proxy's SSH entry needs.
@@ -61,7 +62,7 @@ pub struct ProxySshConfig {
     /// Window and packet sizes.
     pub tunables: Tunables,
     /// How often an open session's access is asked again (default
-    /// [`DEFAULT_RECHECK_INTERVAL`](super::authz::DEFAULT_RECHECK_INTERVAL)); a refusal closes
+    /// [`DEFAULT_RECHECK_INTERVAL`](crate::ssh::authz::DEFAULT_RECHECK_INTERVAL)); a refusal closes
     /// the session with the reason on stderr.
     pub recheck_interval: std::time::Duration,
 }
@@ -83,7 +84,7 @@ impl ProxySshConfig {
             authorizer,
             tls: None,
             tunables: Tunables::default(),
-            recheck_interval: super::authz::DEFAULT_RECHECK_INTERVAL,
+            recheck_interval: crate::ssh::authz::DEFAULT_RECHECK_INTERVAL,
         }
     }
 
@@ -138,7 +139,7 @@ impl ProxySsh {
     pub fn new(config: ProxySshConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
-                ssh: Arc::new(ssh_server_config(
+                ssh: Arc::new(server_config(
                     &config.tunables,
                     config.host_key,
                     Some(config.host_cert),
@@ -156,10 +157,7 @@ impl ProxySsh {
 
     /// The handler for the SSH listener (`ProxyBuilder::ssh`).
     pub fn plain_service(&self) -> ConnService {
-        conn_service(Entry {
-            ssh: self.clone(),
-            tls: false,
-        })
+        entry(self.clone(), false)
     }
 
     /// The handler for ALPN `svc-proxy-ssh` (`ProxyBuilder::route`): TLS terminated by
@@ -172,10 +170,7 @@ impl ProxySsh {
                 HandshakeDeadline::Timeout(self.inner.handshake_timeout),
                 SshInTls(self.clone()),
             )),
-            None => conn_service(Entry {
-                ssh: self.clone(),
-                tls: true,
-            }),
+            None => entry(self.clone(), true),
         }
     }
 
@@ -205,37 +200,25 @@ impl ProxySsh {
     }
 }
 
-#[derive(Clone)]
-struct Entry {
-    ssh: ProxySsh,
-    tls: bool,
-}
-
-impl Service<Connection> for Entry {
-    type Response = ();
-    type Error = BoxError;
-    type Future = ConnFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut conn: Connection) -> Self::Future {
-        let this = self.clone();
+/// The connection handler of the SSH entry: plain SSH, or (`tls`, without a TLS
+/// configuration) a refusal with a log line.
+fn entry(ssh: ProxySsh, tls: bool) -> ConnService {
+    conn_service(tower::service_fn(move |mut conn: Connection| {
+        let ssh = ssh.clone();
         ConnFuture::new(async move {
             conn.classified();
             let (peer, local) = (conn.peer_addr, conn.local_addr);
-            if this.tls {
+            if tls {
                 tracing::warn!(%peer, "an SSH-in-TLS client arrived but the SSH entry has no TLS configuration; closing");
                 return Ok(());
             }
-            let result = this.ssh.serve_stream(conn.io, peer, local).await;
+            let result = ssh.serve_stream(conn.io, peer, local).await;
             if let Err(e) = result {
                 tracing::info!(%peer, error = %e, "SSH client connection ended with an error");
             }
             Ok(())
         })
-    }
+    }))
 }
 
 /// SSH inside a TLS connection [`TlsTerminate`] has terminated (ALPN `svc-proxy-ssh`).
@@ -307,7 +290,7 @@ impl EntryHandler {
         let host = host.to_owned();
         async move {
             match cert {
-                Some(cert) => super::authz::refused_later(authorizer, cert, host, login, every).await,
+                Some(cert) => crate::ssh::authz::refused_later(authorizer, cert, host, login, every).await,
                 None => "not authenticated".to_owned(),
             }
         }
@@ -317,7 +300,7 @@ impl EntryHandler {
         DialRequest {
             address: format!("{host}:{}", if port == 0 { 3022 } else { port }),
             server_id: server_id.to_owned(),
-            conn_type: ConnType::Node,
+            conn_type: ServedKind::Node,
             client_src_addr: self.peer.to_string(),
             client_dst_addr: self.local.to_string(),
         }

@@ -31,6 +31,7 @@ use russh::{
     keys::{Certificate, PrivateKey},
     server::{Auth, ChannelOpenHandle, Msg, Session},
 };
+use svc_core::auth::ServedKind;
 use svc_core::identity::{UserIdentity, Verifier};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
@@ -39,10 +40,13 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{SshError, authz::NodeAuthorizer, passwd};
+mod passwd;
+use tower::BoxError;
+
+use crate::ssh::{SshError, authz::NodeAuthorizer};
 use crate::{
-    listen::{BoxError, BoxIo, Io},
-    tunnel::{ConnType, DialRequest, Tunables, dial_service_fn},
+    io::{BoxIo, Io},
+    tunnel::{DialRequest, Tunables, dial_service_fn},
 };
 
 /// What the SSH Service needs.
@@ -61,7 +65,7 @@ pub struct SshServerConfig {
     /// Window and packet sizes.
     pub tunables: Tunables,
     /// How often an open session's access is asked again (default
-    /// [`DEFAULT_RECHECK_INTERVAL`](super::authz::DEFAULT_RECHECK_INTERVAL)); a refusal ends
+    /// [`DEFAULT_RECHECK_INTERVAL`](crate::ssh::authz::DEFAULT_RECHECK_INTERVAL)); a refusal ends
     /// every program of the connection, with the reason on stderr.
     pub recheck_interval: Duration,
 }
@@ -82,7 +86,7 @@ impl SshServerConfig {
             host_id: host_id.into(),
             authorizer,
             tunables: Tunables::default(),
-            recheck_interval: super::authz::DEFAULT_RECHECK_INTERVAL,
+            recheck_interval: crate::ssh::authz::DEFAULT_RECHECK_INTERVAL,
         }
     }
 }
@@ -107,7 +111,7 @@ impl std::fmt::Debug for SshServer {
 impl SshServer {
     /// Builds the server.
     pub fn new(config: SshServerConfig) -> Self {
-        let ssh = crate::tunnel::ssh_server_config(&config.tunables, config.host_key, Some(config.host_cert));
+        let ssh = crate::ssh::server_config(&config.tunables, config.host_key, Some(config.host_cert));
         Self {
             config: Arc::new(ssh),
             auth_timeout: config.tunables.auth_timeout,
@@ -161,7 +165,7 @@ impl SshServer {
         shutdown: CancellationToken,
     ) {
         let this = self.clone();
-        let service = tower::service_fn(move |mut conn: crate::listen::Connection| {
+        let service = tower::service_fn(move |mut conn: crate::io::Connection| {
             let this = this.clone();
             async move {
                 // Nothing to classify: the SSH deadline starts now.
@@ -184,7 +188,7 @@ impl SshServer {
         dial_service_fn(move |req: DialRequest| {
             let this = this.clone();
             async move {
-                if req.conn_type != ConnType::Node {
+                if req.conn_type != ServedKind::Node {
                     return Err::<BoxIo, BoxError>(
                         format!("this agent serves SSH only, not {:?} connections", req.conn_type).into(),
                     );
@@ -266,7 +270,7 @@ impl NodeHandler {
         let (conn, revoked, peer) = (self.conn.clone(), self.revoked.clone(), self.peer);
         tokio::spawn(async move {
             tokio::select! {
-                denied = super::authz::refused_later(authorizer, cert, node, login, every) => {
+                denied = crate::ssh::authz::refused_later(authorizer, cert, node, login, every) => {
                     tracing::warn!(?peer, reason = %denied, "open SSH session closed: access revoked");
                     let _ = revoked.set(denied);
                     conn.cancel();

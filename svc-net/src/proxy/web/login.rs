@@ -253,7 +253,7 @@ pub async fn ping_via_proxy(
         extra_ca_pem,
         dialer,
         Method::GET,
-        crate::web::ping::PING_PATH,
+        crate::proxy::web::ping::PING_PATH,
         None,
     )
     .await?;

@@ -12,13 +12,13 @@ use std::sync::Arc;
 
 use svc_core::config::{Database, DbProtocol};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower::BoxError;
 
 use super::{ServiceError, connect, tls_to};
-use crate::listen::{BoxError, BoxIo};
+use crate::io::BoxIo;
 use crate::tunnel::{DialRequest, DialService, dial_service_fn};
 
-/// Postgres `SSLRequest`: length 8, code 80877103.
-pub(crate) const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+use crate::route::detect::POSTGRES_SSL_REQUEST as SSL_REQUEST;
 
 struct DbTarget {
     name: String,
@@ -116,7 +116,7 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tunnel::ConnType;
+    use svc_core::auth::ServedKind;
     use tower::ServiceExt;
 
     /// A server that answers the SSLRequest with `answer`, then (on `S`) runs TLS with a
@@ -175,7 +175,7 @@ mod tests {
         let req = |name: &str| DialRequest {
             address: name.into(),
             server_id: "h.test".into(),
-            conn_type: ConnType::Db,
+            conn_type: ServedKind::Db,
             client_src_addr: "127.0.0.1:1".into(),
             client_dst_addr: "127.0.0.1:2".into(),
         };

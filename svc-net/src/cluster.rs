@@ -9,9 +9,9 @@
 //! disabled, the process is a standalone agent instead.
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), svc_net::node::NodeError> {
+//! # async fn run() -> Result<(), svc_net::NodeError> {
 //! let config = svc_core::config::Config::all_in_one_default();
-//! let running = svc_net::node::Cluster::from_config(&config).start().await?;
+//! let running = svc_net::Cluster::from_config(&config).start().await?;
 //! if let Some(proxy) = &running.proxy {
 //!     println!("web: https://{}", proxy.addrs().web);
 //! }
@@ -24,11 +24,11 @@ use std::sync::Arc;
 use svc_core::Addr;
 use svc_core::config::Config;
 
-use super::NodeError;
-use super::agent::{AgentNode, RunningNode, ScheduleSink, agent_roles};
-use super::auth::{AuthServer, RunningAuth, dialable};
-use super::proxy::ProxyServer;
+use crate::agent::node::{AgentNode, RunningNode, ScheduleSink, agent_roles};
+use crate::auth::NodeError;
+use crate::auth::node::{AuthServer, RunningAuth, dialable};
 use crate::proxy::RunningProxy;
+use crate::proxy::node::ProxyServer;
 
 /// One process's services, configured and not yet started.
 pub struct Cluster {
@@ -139,7 +139,9 @@ impl Cluster {
                     .proxy(Addr::from(dialable(proxy.addrs().web)), ca_pem)
                     // The updater asks this cluster's own proxy, never a global server
                     // (REFERENCE.md, "Schedule export").
-                    .version_endpoint(super::agent::version_endpoint(config.proxy.web_public_addr()));
+                    .version_endpoint(crate::agent::node::version_endpoint(
+                        config.proxy.web_public_addr(),
+                    ));
                 Some(node.start().await?)
             }
             _ => None,
@@ -194,7 +196,7 @@ impl RunningCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::proxy::proxy_settings;
+    use crate::proxy::node::proxy_settings;
     use crate::tls::TlsSource;
     use std::path::PathBuf;
 
@@ -206,32 +208,45 @@ mod tests {
             &config,
             Some(Addr::parse_with_default_port("override:443", 3024).unwrap()),
         );
-        assert_eq!(s.cluster_name, "example.com");
-        assert!(!s.listener_mode.tls_routing());
-        assert_eq!(s.web_listen_addr.to_string(), "0.0.0.0:3080");
+        assert_eq!(s.ping.cluster_name, "example.com");
+        assert!(!s.ping.listener_mode.tls_routing());
+        assert_eq!(s.ping.web_listen_addr.to_string(), "0.0.0.0:3080");
         assert_eq!(
-            s.web_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            s.ping
+                .web_public_addr
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
             Some("proxy.example.com:443")
         );
         assert_eq!(
-            s.ssh_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            s.ping
+                .ssh_public_addr
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
             Some("ssh.example.com:3023")
         );
         assert_eq!(
-            s.tunnel_public_addr.as_ref().map(ToString::to_string).as_deref(),
+            s.ping
+                .tunnel_public_addr
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
             Some("tunnel.example.com:3024")
         );
         assert_eq!(
-            s.tunnel_public_addr_override
+            s.ping
+                .tunnel_public_addr_override
                 .as_ref()
                 .map(ToString::to_string)
                 .as_deref(),
             Some("override:443")
         );
-        assert!(s.kube_enabled);
-        assert!(s.postgres_listen_addr.is_some() && s.mysql_listen_addr.is_some());
+        assert!(s.ping.kube_enabled);
+        assert!(s.ping.postgres_listen_addr.is_some() && s.ping.mysql_listen_addr.is_some());
         assert!(s.channels.contains_key("stable/cloud"));
-        assert!(s.automatic_upgrades);
+        assert!(s.ping.automatic_upgrades);
         assert_eq!(
             s.tls,
             TlsSource::Generated {

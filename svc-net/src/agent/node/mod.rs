@@ -12,10 +12,10 @@
 //! shared-state Secret) → `/healthz`, `/readyz`, `/metrics` on `svc.diag_addr` ([`crate::diag`]).
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), svc_net::node::NodeError> {
+//! # async fn run() -> Result<(), svc_net::NodeError> {
 //! let config = svc_core::config::Config::load(std::path::Path::new("/etc/svc.yaml"))
-//!     .map_err(|e| svc_net::node::NodeError::Config(e.to_string()))?;
-//! let node = svc_net::node::AgentNode::from_config(&config).start().await?;
+//!     .map_err(|e| svc_net::NodeError::Config(e.to_string()))?;
+//! let node = svc_net::AgentNode::from_config(&config).start().await?;
 //! println!("serving as {}", node.host_id);
 //! node.shutdown().await;
 //! # Ok(()) }
@@ -41,11 +41,12 @@ pub use export::ScheduleSink;
 pub use resources::{agent_dial_service, agent_roles, served_resources};
 
 use self::heartbeat::{ExportTargets, HeartbeatTask};
-use super::NodeError;
+use crate::agent::ssh::{SshServer, SshServerConfig};
 use crate::auth::{ClientIdentity, JoinParams};
+use crate::auth::{NodeError, bind};
 use crate::diag::{Diagnostics, NodeMetrics};
 use crate::dial::ProxyDialer;
-use crate::ssh::{AuthNodeAuthorizer, SshServer, SshServerConfig};
+use crate::ssh::AuthNodeAuthorizer;
 use crate::tunnel::{AgentConfig, AgentStatus, DialService, RunningAgent, TunnelAgent};
 
 /// The agent's saved identity in the data directory.
@@ -62,7 +63,7 @@ pub const FIRST_CONTACT_WAIT: Duration = Duration::from_secs(30);
 
 /// The version endpoint the Linux updater asks (`host:port/path`), for the proxy at `proxy`.
 pub fn version_endpoint(proxy: &Addr) -> String {
-    format!("{proxy}{}default", crate::web::version::http::CHANNEL_PATH_PREFIX)
+    format!("{proxy}{}default", svc_core::channel::CHANNEL_PATH_PREFIX)
 }
 
 /// An agent, configured and not yet started. Built from the validated configuration
@@ -585,7 +586,7 @@ fn ssh_server(identity: &ClientIdentity, dialer: &ProxyDialer) -> Result<SshServ
 
 fn refuse_ssh() -> DialService {
     crate::tunnel::dial_service_fn(|req: crate::tunnel::DialRequest| async move {
-        Err::<crate::listen::BoxIo, _>(
+        Err::<crate::io::BoxIo, _>(
             format!(
                 "this agent runs no service for {:?} connections (to {})",
                 req.conn_type, req.address
@@ -647,19 +648,6 @@ fn announced(bound: SocketAddr, public: Option<&Addr>, nodename: &str) -> String
         None if bound.ip().is_unspecified() => format!("{nodename}:{}", bound.port()),
         None => bound.to_string(),
     }
-}
-
-pub(crate) async fn bind(
-    field: &str,
-    addr: &Addr,
-) -> Result<(tokio::net::TcpListener, SocketAddr), NodeError> {
-    let listener = tokio::net::TcpListener::bind(addr.to_string())
-        .await
-        .map_err(|e| NodeError::bind(field, addr, e))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| NodeError::bind(field, addr, e))?;
-    Ok((listener, bound))
 }
 
 #[cfg(test)]

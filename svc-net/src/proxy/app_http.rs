@@ -24,7 +24,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Mutex;
 
-use crate::listen::BoxIo;
+use crate::io::BoxIo;
 
 /// The user name svc vouches for.
 pub const USER_HEADER: &str = "x-svc-user";

@@ -16,26 +16,38 @@
 //!   routes, so `tsh proxy app|db` works the same), but detects no SSH or Postgres. A listener whose handler has not been registered accepts and closes
 //!   each connection with a log line naming the missing handler (docs/ports.md says so).
 
+#[cfg(feature = "services")]
+pub mod app_http;
+#[cfg(feature = "services")]
+pub mod kube;
+#[cfg(feature = "node")]
+pub mod node;
+#[cfg(feature = "services")]
+pub mod resources;
+#[cfg(feature = "tunnel")]
+pub mod ssh;
+pub mod web;
+
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
     path::PathBuf,
     sync::Arc,
     task::{Context, Poll},
-    time::Duration,
 };
 
 use ipnet::IpNet;
-use svc_core::{Addr, Version, channel::ChannelSpec, config::ListenerMode};
+use svc_core::{Addr, Version, channel::ChannelSpec};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
-use tower::Service;
+use tower::{BoxError, Service};
 
 use crate::{
-    listen::{self, BoxError, ConnFuture, Connection, ListenOptions},
-    route::{ConnService, RouterBuilder, alpn, conn_service, detect::Multiplexer},
+    io::{ConnFuture, ConnService, Connection, conn_service},
+    listen::{self, ListenOptions},
+    proxy::web::{WebApi, WebHandler, WebService, ping::PingSettings},
+    route::{RouterBuilder, alpn, detect::Multiplexer},
     tls::{ServerIdentity, TlsError, TlsSource},
-    web::{self, WebApi, WebHandler, WebService},
 };
 
 /// The Proxy Service's runtime settings. [`Default`] is a loopback-only proxy in multiplex mode
@@ -43,60 +55,17 @@ use crate::{
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ProxySettings {
-    /// The cluster name (`cluster_name` in the ping).
-    pub cluster_name: String,
-    /// TLS routing (one port) or separate ports.
-    pub listener_mode: ListenerMode,
-    /// Where HTTPS (and, in multiplex mode, everything) is served.
-    pub web_listen_addr: Addr,
-    /// The public web address (exactly one, specification §2.1).
-    pub web_public_addr: Option<Addr>,
-    /// SSH listener (separate mode).
-    pub ssh_listen_addr: Addr,
-    /// Where SSH clients connect, if not the listen address.
-    pub ssh_public_addr: Option<Addr>,
-    /// Reverse tunnel listener (separate mode).
-    pub tunnel_listen_addr: Addr,
-    /// Where agents dial their tunnel (separate mode), if not derived.
-    pub tunnel_public_addr: Option<Addr>,
-    /// `SVC_TUNNEL_PUBLIC_ADDR`, read by the binary: wins over every other tunnel address.
-    pub tunnel_public_addr_override: Option<Addr>,
+    /// What the ping says about this proxy: its cluster, listener mode and addresses, and the
+    /// sign-in settings. Every listener address the proxy binds is here.
+    pub ping: PingSettings,
     /// Proxy peering listener (3021); served by the peering work, reported here only.
     pub peer_listen_addr: Option<Addr>,
-    /// Whether Kubernetes access is served.
-    pub kube_enabled: bool,
-    /// Kubernetes listener (separate mode).
-    pub kube_listen_addr: Option<Addr>,
-    /// Where Kubernetes clients connect.
-    pub kube_public_addr: Option<Addr>,
-    /// Postgres listener (separate mode; otherwise multiplexed on the web port).
-    pub postgres_listen_addr: Option<Addr>,
-    /// Where Postgres clients connect.
-    pub postgres_public_addr: Option<Addr>,
-    /// MySQL listener (separate mode).
-    pub mysql_listen_addr: Option<Addr>,
-    /// Where MySQL clients connect.
-    pub mysql_public_addr: Option<Addr>,
-    /// MongoDB listener (separate mode).
-    pub mongo_listen_addr: Option<Addr>,
-    /// Where MongoDB clients connect.
-    pub mongo_public_addr: Option<Addr>,
     /// The certificate: configured files or generated in the data directory.
     pub tls: TlsSource,
     /// Networks whose PROXY protocol headers are honoured.
     pub trusted_proxy_networks: Vec<IpNet>,
     /// `automatic_upgrades_channels`, validated.
     pub channels: BTreeMap<String, ChannelSpec>,
-    /// Whether the cluster runs automatic agent updates (`automatic_upgrades` in the ping).
-    pub automatic_upgrades: bool,
-    /// How long the proxy waits when dialing resources (`proxy.ssh.dial_timeout`).
-    pub dial_timeout: Duration,
-    /// The authentication type (`auth.type`).
-    pub auth_type: String,
-    /// The second factor (`auth.second_factor`).
-    pub second_factor: String,
-    /// The local connector's name (`auth.local.name`).
-    pub local_auth_connector: String,
     /// Accept loop limits (peek deadline, cap on connections being classified, drain time).
     pub listen: ListenOptions,
 }
@@ -104,89 +73,34 @@ pub struct ProxySettings {
 /// The default data directory.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/svc";
 
-fn loopback(port: u16) -> Addr {
-    Addr::new(svc_core::Host::V4(std::net::Ipv4Addr::LOCALHOST), port)
-}
-
 impl Default for ProxySettings {
     fn default() -> Self {
         Self {
-            cluster_name: "svc.local".into(),
-            listener_mode: ListenerMode::default(),
-            web_listen_addr: loopback(3080),
-            web_public_addr: None,
-            ssh_listen_addr: loopback(3023),
-            ssh_public_addr: None,
-            tunnel_listen_addr: loopback(3024),
-            tunnel_public_addr: None,
-            tunnel_public_addr_override: None,
+            ping: PingSettings::default(),
             peer_listen_addr: None,
-            kube_enabled: false,
-            kube_listen_addr: None,
-            kube_public_addr: None,
-            postgres_listen_addr: None,
-            postgres_public_addr: None,
-            mysql_listen_addr: None,
-            mysql_public_addr: None,
-            mongo_listen_addr: None,
-            mongo_public_addr: None,
             tls: TlsSource::Generated {
                 data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             },
             trusted_proxy_networks: Vec::new(),
             channels: BTreeMap::new(),
-            automatic_upgrades: false,
-            dial_timeout: Duration::from_secs(30),
-            auth_type: "local".into(),
-            second_factor: "otp".into(),
-            local_auth_connector: String::new(),
             listen: ListenOptions::default(),
         }
     }
 }
 
 impl ProxySettings {
-    /// What the ping says about this proxy.
-    pub fn ping_settings(&self) -> web::ping::PingSettings {
-        web::ping::PingSettings {
-            cluster_name: self.cluster_name.clone(),
-            listener_mode: self.listener_mode,
-            web_listen_addr: self.web_listen_addr.clone(),
-            web_public_addr: self.web_public_addr.clone(),
-            ssh_listen_addr: self.ssh_listen_addr.clone(),
-            ssh_public_addr: self.ssh_public_addr.clone(),
-            tunnel_listen_addr: self.tunnel_listen_addr.clone(),
-            tunnel_public_addr: self.tunnel_public_addr.clone(),
-            tunnel_public_addr_override: self.tunnel_public_addr_override.clone(),
-            kube_enabled: self.kube_enabled,
-            kube_listen_addr: self.kube_listen_addr.clone(),
-            kube_public_addr: self.kube_public_addr.clone(),
-            postgres_listen_addr: self.postgres_listen_addr.clone(),
-            postgres_public_addr: self.postgres_public_addr.clone(),
-            mysql_listen_addr: self.mysql_listen_addr.clone(),
-            mysql_public_addr: self.mysql_public_addr.clone(),
-            mongo_listen_addr: self.mongo_listen_addr.clone(),
-            mongo_public_addr: self.mongo_public_addr.clone(),
-            automatic_upgrades: self.automatic_upgrades,
-            dial_timeout: self.dial_timeout,
-            auth_type: self.auth_type.clone(),
-            second_factor: self.second_factor.clone(),
-            local_auth_connector: self.local_auth_connector.clone(),
-        }
-    }
-
     /// Host names and addresses the generated certificate must name (an embedder loading the
     /// same [`ServerIdentity`] before [`ProxyBuilder::bind`] passes these).
     pub fn certificate_names(&self) -> Vec<String> {
         [
-            &self.web_public_addr,
-            &self.ssh_public_addr,
-            &self.tunnel_public_addr,
-            &self.kube_public_addr,
+            &self.ping.web_public_addr,
+            &self.ping.ssh_public_addr,
+            &self.ping.tunnel_public_addr,
+            &self.ping.kube_public_addr,
         ]
         .into_iter()
         .flatten()
-        .chain([&self.web_listen_addr])
+        .chain([&self.ping.web_listen_addr])
         .map(Addr::host_str)
         .collect()
     }
@@ -343,36 +257,36 @@ impl ProxyBuilder {
     pub async fn bind(self) -> Result<RunningProxy, ProxyError> {
         let identity = ServerIdentity::load(&self.settings.tls, &self.settings.certificate_names())?;
         let mut settings = self.settings;
-        let separate = !settings.listener_mode.tls_routing();
+        let separate = !settings.ping.listener_mode.tls_routing();
 
         // Bind first, so the ping reports the addresses actually bound (port 0 in tests).
-        let web = bind("web_listen_addr", &mut settings.web_listen_addr).await?;
+        let web = bind("web_listen_addr", &mut settings.ping.web_listen_addr).await?;
         let mut extra: Vec<(&'static str, TcpListener, Option<ConnService>)> = Vec::new();
         if separate {
             extra.push((
                 "ssh_listen_addr",
-                bind("ssh_listen_addr", &mut settings.ssh_listen_addr).await?,
+                bind("ssh_listen_addr", &mut settings.ping.ssh_listen_addr).await?,
                 self.ssh.clone(),
             ));
             extra.push((
                 "tunnel_listen_addr",
-                bind("tunnel_listen_addr", &mut settings.tunnel_listen_addr).await?,
+                bind("tunnel_listen_addr", &mut settings.ping.tunnel_listen_addr).await?,
                 self.tunnel.clone(),
             ));
             for (field, addr, handler) in [
                 (
                     "postgres_listen_addr",
-                    &mut settings.postgres_listen_addr,
+                    &mut settings.ping.postgres_listen_addr,
                     self.postgres.clone(),
                 ),
                 (
                     "mysql_listen_addr",
-                    &mut settings.mysql_listen_addr,
+                    &mut settings.ping.mysql_listen_addr,
                     self.mysql.clone(),
                 ),
                 (
                     "mongo_listen_addr",
-                    &mut settings.mongo_listen_addr,
+                    &mut settings.ping.mongo_listen_addr,
                     self.mongo.clone(),
                 ),
             ] {
@@ -382,10 +296,7 @@ impl ProxyBuilder {
             }
         }
 
-        let ping = web::web_service(web::ping::PingService::new(
-            &settings.ping_settings(),
-            &self.version,
-        ));
+        let ping = web::web_service(web::ping::PingService::new(&settings.ping, &self.version));
         let mut api = WebApi::new()
             .mount(web::ping::PING_PATH, ping.clone())
             .mount(web::ping::FIND_PATH, ping);
@@ -414,7 +325,7 @@ impl ProxyBuilder {
         let mut addrs = BoundAddrs {
             web: web.local_addr().map_err(|source| ProxyError::Bind {
                 field: "web_listen_addr",
-                addr: settings.web_listen_addr.clone(),
+                addr: settings.ping.web_listen_addr.clone(),
                 source,
             })?,
             others: Vec::new(),
@@ -438,7 +349,7 @@ impl ProxyBuilder {
                 shutdown.clone(),
             )));
         }
-        tracing::info!(mode = %settings.listener_mode, web = %addrs.web, others = ?addrs.others, "proxy listening");
+        tracing::info!(mode = %settings.ping.listener_mode, web = %addrs.web, others = ?addrs.others, "proxy listening");
         Ok(RunningProxy {
             addrs,
             ca_file: identity.ca_file.clone(),

@@ -9,21 +9,23 @@
 //! answer line, [`RESOURCE_OK`] or the reason, then the bytes flow both ways.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use svc_core::auth::ServedKind;
 use svc_core::identity::{IdentityKind, Verifier};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
-use tower::Service;
 
-use super::{MAX_LINE, RESOURCE_OK, ResourceRequest, conn_type, db::SSL_REQUEST};
 use crate::auth::AuthClient;
-use crate::listen::{BoxError, ConnFuture, Connection};
-use crate::route::{ConnService, alpn, conn_service};
+use crate::io::{ConnFuture, Connection};
+use crate::route::detect::POSTGRES_SSL_REQUEST as SSL_REQUEST;
+use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest};
 use crate::tls::{ServerIdentity, TlsError};
 use crate::tunnel::{DialRequest, TunnelDialer, read_line};
+use crate::{
+    io::{ConnService, conn_service},
+    route::alpn,
+};
 
 /// The ALPN names this entry serves.
 pub const ALPNS: [&str; 5] = [alpn::TCP, alpn::POSTGRES, alpn::MYSQL, alpn::MONGODB, alpn::REDIS];
@@ -107,20 +109,14 @@ impl ResourceProxy {
 
     /// The handler for the ALPN routes ([`ALPNS`]).
     pub fn service(&self) -> ConnService {
-        conn_service(Entry {
-            proxy: self.clone(),
-            postgres: false,
-        })
+        entry(self.clone(), false)
     }
 
     /// The handler for Postgres clients that start with an SSLRequest (the multiplexer's
     /// Postgres detection, `ProxyBuilder::postgres`): answered `S`, then the same as
     /// [`service`](Self::service) with the database's protocol fixed to Postgres.
     pub fn postgres_service(&self) -> ConnService {
-        conn_service(Entry {
-            proxy: self.clone(),
-            postgres: true,
-        })
+        entry(self.clone(), true)
     }
 
     async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
@@ -199,7 +195,7 @@ impl ResourceProxy {
         let dial = DialRequest {
             address: req.name.clone(),
             server_id: route.server_id.clone(),
-            conn_type: conn_type(req.kind),
+            conn_type: req.kind,
             client_src_addr: peer.to_string(),
             client_dst_addr: local.to_string(),
         };
@@ -216,7 +212,7 @@ impl ResourceProxy {
             let redial: super::app_http::Redial = Arc::new(move || {
                 let (dialer, dial) = (dialer.clone(), dial.clone());
                 Box::pin(async move {
-                    let io: crate::listen::BoxIo =
+                    let io: crate::io::BoxIo =
                         Box::new(dialer.dial(dial).await.map_err(|e| e.to_string())?);
                     Ok(io)
                 })
@@ -242,29 +238,17 @@ async fn reply<S: AsyncWrite + Unpin>(io: &mut S, text: &str) -> Result<(), Refu
     Err(Refusal::Text(one_line))
 }
 
-#[derive(Clone)]
-struct Entry {
-    proxy: ResourceProxy,
-    postgres: bool,
-}
-
-impl Service<Connection> for Entry {
-    type Response = ();
-    type Error = BoxError;
-    type Future = ConnFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut conn: Connection) -> Self::Future {
-        let this = self.clone();
+/// The connection handler of the resource entry; a Postgres client's SSLRequest is answered
+/// first.
+fn entry(proxy: ResourceProxy, postgres: bool) -> ConnService {
+    conn_service(tower::service_fn(move |mut conn: Connection| {
+        let proxy = proxy.clone();
         ConnFuture::new(async move {
             conn.classified();
             let (peer, local) = (conn.peer_addr, conn.local_addr);
             let deadline = conn.peek_deadline;
             let mut io = conn.io;
-            if this.postgres {
+            if postgres {
                 let mut first = [0u8; 8];
                 // Detection peeked these bytes under the same deadline; a client that stalls
                 // here is dropped rather than held.
@@ -279,10 +263,10 @@ impl Service<Connection> for Entry {
                 }
                 io.write_all(b"S").await?;
             }
-            if let Err(e) = this.proxy.serve(io, peer, local, this.postgres).await {
+            if let Err(e) = proxy.serve(io, peer, local, postgres).await {
                 tracing::info!(%peer, reason = %e, "resource connection refused");
             }
             Ok(())
         })
-    }
+    }))
 }

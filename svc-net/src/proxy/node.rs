@@ -8,7 +8,7 @@
 //! on 3023 and 3024) and the entries for resource clients (`svc-tcp` and the database ALPNs,
 //! Postgres by SSLRequest, the Kubernetes SNI route) → bind.
 //!
-//! In this release the proxy runs in the Auth Service's process ([`super::RunningAuth`]): it
+//! In this release the proxy runs in the Auth Service's process ([`RunningAuth`]): it
 //! asks that Auth Service where directly joined agents listen.
 
 use std::sync::Arc;
@@ -18,16 +18,17 @@ use svc_core::config::Config;
 use svc_core::identity::SystemRole;
 use svc_core::{Addr, SystemClock};
 
-use super::{NodeError, RunningAuth};
 use crate::auth::{AuthClient, ClientIdentity};
+use crate::auth::{NodeError, node::RunningAuth};
+use crate::proxy::kube::KubeProxy;
+use crate::proxy::resources::{ALPNS, ResourceProxy, ResourceProxyConfig};
+use crate::proxy::ssh::{ProxySsh, ProxySshConfig};
 use crate::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
 use crate::route::alpn;
-use crate::services::KubeProxy;
-use crate::services::proxy::{ALPNS, ResourceProxy, ResourceProxyConfig};
-use crate::ssh::{AuthNodeAuthorizer, ProxySsh, ProxySshConfig};
+use crate::ssh::AuthNodeAuthorizer;
 use crate::tls::{ServerIdentity, TlsSource};
 use crate::tunnel::{
-    ConnType, DirectDialer, DirectLookup, DirectTarget, TunnelDialer, TunnelServer, TunnelServerConfig,
+    DirectDialer, DirectLookup, DirectTarget, TunnelDialer, TunnelServer, TunnelServerConfig,
 };
 
 /// Maps the configuration onto the Proxy Service's listener settings.
@@ -36,25 +37,25 @@ use crate::tunnel::{
 pub fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> ProxySettings {
     let p = &config.proxy;
     let mut s = ProxySettings::default();
-    s.cluster_name = config.cluster_name().to_owned();
-    s.listener_mode = config.listener_mode();
-    s.web_listen_addr = p.web_listen_addr.clone();
-    s.web_public_addr = p.public_addr.clone();
-    s.ssh_listen_addr = p.ssh_listen_addr.clone();
-    s.ssh_public_addr = p.ssh_public_addr.clone();
-    s.tunnel_listen_addr = p.tunnel_listen_addr.clone();
-    s.tunnel_public_addr = p.tunnel_public_addr.clone();
-    s.tunnel_public_addr_override = tunnel_override;
+    s.ping.cluster_name = config.cluster_name().to_owned();
+    s.ping.listener_mode = config.listener_mode();
+    s.ping.web_listen_addr = p.web_listen_addr.clone();
+    s.ping.web_public_addr = p.public_addr.clone();
+    s.ping.ssh_listen_addr = p.ssh_listen_addr.clone();
+    s.ping.ssh_public_addr = p.ssh_public_addr.clone();
+    s.ping.tunnel_listen_addr = p.tunnel_listen_addr.clone();
+    s.ping.tunnel_public_addr = p.tunnel_public_addr.clone();
+    s.ping.tunnel_public_addr_override = tunnel_override;
     s.peer_listen_addr = Some(p.peer_listen_addr.clone());
-    s.kube_enabled = p.kube_listen_addr.is_some() || p.kube_public_addr.is_some();
-    s.kube_listen_addr = p.kube_listen_addr.clone();
-    s.kube_public_addr = p.kube_public_addr.clone();
-    s.postgres_listen_addr = p.db.postgres_listen_addr.clone();
-    s.postgres_public_addr = p.db.postgres_public_addr.clone();
-    s.mysql_listen_addr = p.db.mysql_listen_addr.clone();
-    s.mysql_public_addr = p.db.mysql_public_addr.clone();
-    s.mongo_listen_addr = p.db.mongo_listen_addr.clone();
-    s.mongo_public_addr = p.db.mongo_public_addr.clone();
+    s.ping.kube_enabled = p.kube_listen_addr.is_some() || p.kube_public_addr.is_some();
+    s.ping.kube_listen_addr = p.kube_listen_addr.clone();
+    s.ping.kube_public_addr = p.kube_public_addr.clone();
+    s.ping.postgres_listen_addr = p.db.postgres_listen_addr.clone();
+    s.ping.postgres_public_addr = p.db.postgres_public_addr.clone();
+    s.ping.mysql_listen_addr = p.db.mysql_listen_addr.clone();
+    s.ping.mysql_public_addr = p.db.mysql_public_addr.clone();
+    s.ping.mongo_listen_addr = p.db.mongo_listen_addr.clone();
+    s.ping.mongo_public_addr = p.db.mongo_public_addr.clone();
     s.tls = match p.https_keypairs.first() {
         Some(kp) => TlsSource::Files {
             cert: kp.cert_file.clone(),
@@ -66,7 +67,7 @@ pub fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> ProxySe
     };
     s.trusted_proxy_networks = p.trusted_proxy_networks().to_vec();
     s.channels = p.channels().clone();
-    s.automatic_upgrades = !s.channels.is_empty();
+    s.ping.automatic_upgrades = !s.channels.is_empty();
     s
 }
 
@@ -96,7 +97,7 @@ impl ProxyServer {
 
     /// Advertises `addr` as the tunnel address in the ping instead of the configured one.
     pub fn tunnel_public_addr_override(mut self, addr: Option<Addr>) -> Self {
-        self.settings.tunnel_public_addr_override = addr;
+        self.settings.ping.tunnel_public_addr_override = addr;
         self
     }
 
@@ -116,11 +117,11 @@ impl ProxyServer {
             })?;
         // With TLS routing, signed-in clients reach the Auth API through the proxy's web port
         // (ALPN `svc-auth@<cluster>`); otherwise at its public (or local) address.
-        let routed = self.settings.listener_mode.tls_routing();
+        let routed = self.settings.ping.listener_mode.tls_routing();
         let public_auth = (!routed).then(|| auth.public_addr());
         let mut builder = ProxyBuilder::new(self.settings).web_mount(
-            crate::web::login::LOGIN_PATH,
-            crate::web::login::login_service(client.clone(), public_auth),
+            crate::proxy::web::login::LOGIN_PATH,
+            crate::proxy::web::login::login_service(client.clone(), public_auth),
         );
         if routed {
             builder = builder.route_prefix(alpn::AUTH_PREFIX, crate::auth::auth_route(auth.dialable_addr()));
@@ -147,7 +148,7 @@ impl ProxyServer {
 /// Mounts the version server; `forward_url` upstreams are fetched through the
 /// environment-aware dialer (HTTPS_PROXY / NO_PROXY).
 fn install_version_server(builder: ProxyBuilder) -> Result<ProxyBuilder, NodeError> {
-    use crate::web::version::{Fetcher, VersionResolver, http::VersionHandler};
+    use crate::proxy::web::version::{Fetcher, VersionResolver, http::VersionHandler};
     let dialer =
         crate::dial::ProxyDialer::from_env().map_err(|e| NodeError::setup("HTTPS_PROXY/NO_PROXY", e))?;
     let tls = crate::tls::client_config(None)?;
@@ -256,15 +257,15 @@ impl DirectLookup for AuthDirectLookup {
     fn lookup(
         &self,
         server: String,
-        conn_type: ConnType,
+        conn_type: ServedKind,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<DirectTarget>, String>> + Send>>
     {
         let (auth, caller) = (self.auth.clone(), self.caller.clone());
         Box::pin(async move {
             let kind = match conn_type {
-                ConnType::Node => ServedKind::Node,
-                ConnType::Kube => ServedKind::Kube,
-                ConnType::WindowsDesktop => ServedKind::WindowsDesktop,
+                ServedKind::Node => ServedKind::Node,
+                ServedKind::Kube => ServedKind::Kube,
+                ServedKind::WindowsDesktop => ServedKind::WindowsDesktop,
                 // Apps and databases are served only through tunnels.
                 _ => return Ok(None),
             };

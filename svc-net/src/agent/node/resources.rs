@@ -1,14 +1,14 @@
 //! What an agent runs, from its configuration: which roles its certificate needs, what its
 //! heartbeat announces, and the one dial service its tunnel (or direct listener) serves — SSH
 //! plus the Application, Database, Kubernetes and Windows Desktop services, dispatched by
-//! connection type. The services themselves are in [`crate::services`] and [`crate::ssh`].
+//! connection type. The services themselves are in [`crate::agent::services`] and [`crate::agent::ssh`].
 
 use svc_core::auth::{ServedKind, ServedResource};
 use svc_core::config::Config;
 use svc_core::identity::SystemRole;
 
-use crate::node::NodeError;
-use crate::services::{AgentServices, app_service, db_service, desktop_service, kube_service, router};
+use crate::agent::services::{AgentServices, app_service, db_service, desktop_service, kube_service, router};
+use crate::auth::NodeError;
 use crate::tunnel::DialService;
 
 /// The system roles an agent running `config`'s services needs in its certificate: `node`

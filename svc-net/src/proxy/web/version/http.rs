@@ -15,15 +15,12 @@ use std::{
     time::Duration,
 };
 
-use crate::web::{ResponseBody, full, json_error};
+use crate::proxy::web::{ResponseBody, full, json_error};
 use ::http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use svc_core::channel::CHANNEL_PATH_PREFIX;
 use tower::Service;
 
 use super::{ResolveError, VersionResolver};
-
-/// The path under which a channel's answers live (`<prefix><channel>/version`): what updaters
-/// ask.
-pub const CHANNEL_PATH_PREFIX: &str = "/v1/webapi/automaticupgrades/channel/";
 
 /// The path prefixes served: [`CHANNEL_PATH_PREFIX`] and the same without `/v1`.
 pub const PREFIXES: [&str; 2] = [CHANNEL_PATH_PREFIX, "/webapi/automaticupgrades/channel/"];

@@ -2,14 +2,15 @@
 
 use std::{io, path::PathBuf};
 
+use tower::BoxError;
+
 use crate::{
     auth::{ClientError, IdentityFileError, ServeError},
-    listen::BoxError,
     tls::TlsError,
 };
 
-/// Why an [`AuthServer`](super::AuthServer), [`ProxyServer`](super::ProxyServer),
-/// [`AgentNode`](super::AgentNode) or [`Cluster`](super::Cluster) could not start. Each variant
+/// Why an [`AuthServer`](crate::AuthServer), [`ProxyServer`](crate::ProxyServer),
+/// [`AgentNode`](crate::AgentNode) or [`Cluster`](crate::Cluster) could not start. Each variant
 /// names the configuration field, file or peer involved.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -120,4 +121,18 @@ impl NodeError {
             source,
         }
     }
+}
+
+/// Binds a node's listener on `addr`; a failure names the configuration `field`.
+pub(crate) async fn bind(
+    field: &str,
+    addr: &svc_core::Addr,
+) -> Result<(tokio::net::TcpListener, std::net::SocketAddr), NodeError> {
+    let listener = tokio::net::TcpListener::bind(addr.to_string())
+        .await
+        .map_err(|e| NodeError::bind(field, addr, e))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| NodeError::bind(field, addr, e))?;
+    Ok((listener, bound))
 }

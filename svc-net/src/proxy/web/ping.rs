@@ -16,7 +16,10 @@ use std::{
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use serde::Serialize;
-use svc_core::{Addr, Version, config::ListenerMode};
+use svc_core::{
+    Addr, Version,
+    config::{ListenerMode, ports},
+};
 
 use super::{ResponseBody, full, json_error};
 
@@ -173,9 +176,6 @@ impl<B> tower::Service<Request<B>> for PingService {
     }
 }
 
-/// The tunnel port agents dial without TLS routing.
-pub const TUNNEL_PORT: u16 = 3024;
-
 /// The ping response (`GET /webapi/ping`).
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
@@ -318,7 +318,7 @@ pub fn tunnel_public_addr(settings: &PingSettings, override_addr: Option<&Addr>)
             settings
                 .ssh_public_addr
                 .as_ref()
-                .map(|a| a.with_port(TUNNEL_PORT))
+                .map(|a| a.with_port(ports::PROXY_TUNNEL))
         })
         .unwrap_or_else(|| settings.tunnel_listen_addr.clone())
 }

@@ -24,9 +24,9 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tower::{Service, util::BoxCloneSyncService};
+use tower::{BoxError, Service, util::BoxCloneSyncService};
 
-use crate::listen::{BoxError, ConnFuture, Connection};
+use crate::io::{ConnFuture, Connection};
 use crate::tls::{HandshakeDeadline, TlsConnection, TlsTerminate};
 
 /// The request body handlers receive.

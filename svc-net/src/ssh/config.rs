@@ -1,0 +1,205 @@
+//! The SSH transport every SSH end of svc shares: the [`Tunables`] (window, packet size,
+//! keepalives, deadlines, cipher preference) and the russh client and server configurations
+//! built from them.
+
+use std::{borrow::Cow, time::Duration};
+
+use russh::keys::{Certificate, PrivateKey};
+
+/// Tunnel tunables, shared by both ends.
+///
+/// The channel window is raised from russh's 2 MiB to 8 MiB: a tunnel carries bulk streams
+/// across high bandwidth-delay paths, where the window caps a stream at window / RTT (2 MiB
+/// over 50 ms is 335 Mbit/s; 8 MiB is 1.3 Gbit/s), and on loopback the larger window costs
+/// nothing measurable. The packet size stays at 32 KiB: 64 KiB packets, reported to help SFTP
+/// (BENCHMARKS.md), were 10–15 % slower through the tunnel with ChaCha20-Poly1305 and equal
+/// with AES-GCM here (docs/performance.md, "Reverse tunnel").
+///
+/// The cipher preference puts AES-GCM first ([`CIPHERS`]): with AES-NI and carry-less
+/// multiply, ring's AES-GCM costs a fraction of its ChaCha20-Poly1305, whose Poly1305 is
+/// portable C and took about 40 % of the bulk-transfer CPU profile (docs/performance.md).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Tunables {
+    /// Per-channel receive window, bytes.
+    pub window_size: u32,
+    /// Largest SSH packet payload per channel message, bytes.
+    pub max_packet_size: u32,
+    /// Messages buffered per channel before backpressure reaches the connection.
+    pub channel_buffer_size: usize,
+    /// Heartbeat interval (agent) and the unit of the offline timeout (proxy).
+    pub keepalive_interval: Duration,
+    /// Missed heartbeats before the proxy marks an agent offline.
+    pub keepalive_count: u32,
+    /// Deadline for dialing and the TLS + SSH handshakes.
+    pub handshake_timeout: Duration,
+    /// SSH servers: how long a client has, from the first byte, to finish the SSH version and
+    /// key exchange and authenticate; then it is disconnected.
+    pub auth_timeout: Duration,
+    /// SSH servers: how often a silent client is sent a keepalive request; after
+    /// [`SERVER_KEEPALIVE_MAX`] unanswered ones the connection is closed (a dead peer).
+    pub server_keepalive: Duration,
+    /// SSH servers: close a session with no traffic at all for this long (`None`: never, the
+    /// default, so idle shells stay open while their client is alive).
+    pub idle_timeout: Option<Duration>,
+    /// Ciphers offered, most preferred first (both ends; the client's order decides).
+    pub ciphers: Cow<'static, [russh::cipher::Name]>,
+}
+
+/// The cipher preference of svc's SSH ends: AES-GCM (hardware AES) ahead of
+/// ChaCha20-Poly1305, then russh's CTR modes. russh's own default leaves `aes128-gcm` out.
+pub const CIPHERS: &[russh::cipher::Name] = &[
+    russh::cipher::AES_128_GCM,
+    russh::cipher::AES_256_GCM,
+    russh::cipher::CHACHA20_POLY1305,
+    russh::cipher::AES_256_CTR,
+    russh::cipher::AES_192_CTR,
+    russh::cipher::AES_128_CTR,
+];
+
+/// The default of [`Tunables::auth_timeout`].
+pub const DEFAULT_SSH_AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Unanswered keepalives after which an SSH server closes a connection.
+pub const SERVER_KEEPALIVE_MAX: usize = 3;
+
+impl Default for Tunables {
+    fn default() -> Self {
+        Self {
+            window_size: 8 * 1024 * 1024,
+            max_packet_size: 32 * 1024,
+            channel_buffer_size: 100,
+            keepalive_interval: Duration::from_secs(5 * 60),
+            keepalive_count: 3,
+            handshake_timeout: Duration::from_secs(30),
+            auth_timeout: DEFAULT_SSH_AUTH_TIMEOUT,
+            server_keepalive: Duration::from_secs(30),
+            idle_timeout: None,
+            ciphers: Cow::Borrowed(CIPHERS),
+        }
+    }
+}
+
+impl Tunables {
+    /// Sets the heartbeat interval (tests shorten it).
+    pub fn with_keepalive(mut self, interval: Duration, count: u32) -> Self {
+        self.keepalive_interval = interval;
+        self.keepalive_count = count.max(1);
+        self
+    }
+
+    /// Sets [`Tunables::auth_timeout`] (tests shorten it).
+    pub fn with_auth_timeout(mut self, timeout: Duration) -> Self {
+        self.auth_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Tunables::idle_timeout`].
+    pub fn with_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// Replaces the cipher preference (most preferred first).
+    pub fn with_ciphers(mut self, ciphers: impl Into<Cow<'static, [russh::cipher::Name]>>) -> Self {
+        self.ciphers = ciphers.into();
+        self
+    }
+
+    /// How long an agent may stay silent before it is marked offline.
+    pub fn offline_after(&self) -> Duration {
+        self.keepalive_interval * self.keepalive_count
+    }
+}
+
+/// The russh client configuration svc's SSH clients use: host certificates asked for (ed25519,
+/// the cluster CAs' key type, ahead of plain keys), `TCP_NODELAY`, and the tunnel's window,
+/// packet sizes and cipher preference (AES-GCM first). Use it for the SSH session to the node
+/// over [`connect_via_proxy`](super::connect_via_proxy)'s stream too.
+pub fn client_config(tunables: &Tunables) -> russh::client::Config {
+    let preferred = russh::Preferred {
+        host_key_certificates: std::borrow::Cow::Borrowed(&[russh::keys::Algorithm::Ed25519]),
+        cipher: tunables.ciphers.clone(),
+        ..Default::default()
+    };
+    russh::client::Config {
+        preferred,
+        nodelay: true,
+        window_size: tunables.window_size,
+        maximum_packet_size: tunables.max_packet_size,
+        channel_buffer_size: tunables.channel_buffer_size,
+        ..Default::default()
+    }
+}
+
+/// The russh server configuration every SSH server of this crate starts from (the tunnel server, the proxy's SSH entry, the SSH Service).
+pub(crate) fn server_config(
+    tunables: &Tunables,
+    key: PrivateKey,
+    cert: Option<Certificate>,
+) -> russh::server::Config {
+    let mut methods = russh::MethodSet::empty();
+    methods.push(russh::MethodKind::PublicKey);
+    russh::server::Config {
+        server_id: russh::SshId::Standard(format!("SSH-2.0-svc_{}", svc_core::version::current()).into()),
+        methods,
+        auth_rejection_time: Duration::from_millis(200),
+        auth_rejection_time_initial: Some(Duration::ZERO),
+        keys: vec![key],
+        certificates: cert.into_iter().collect(),
+        window_size: tunables.window_size,
+        maximum_packet_size: tunables.max_packet_size,
+        channel_buffer_size: tunables.channel_buffer_size,
+        inactivity_timeout: tunables.idle_timeout,
+        keepalive_interval: Some(tunables.server_keepalive),
+        keepalive_max: SERVER_KEEPALIVE_MAX,
+        nodelay: true,
+        preferred: russh::Preferred {
+            cipher: tunables.ciphers.clone(),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_ends_prefer_aes_gcm() {
+        let t = Tunables::default();
+        let client = client_config(&t);
+        let key = ssh_key::PrivateKey::from(ssh_key::private::Ed25519Keypair::from_seed(&[7; 32]));
+        let server = server_config(&t, key, None);
+        for (end, ciphers) in [
+            ("client", &client.preferred.cipher),
+            ("server", &server.preferred.cipher),
+        ] {
+            assert_eq!(
+                ciphers.first(),
+                Some(&russh::cipher::AES_128_GCM),
+                "{end} preference: {ciphers:?}"
+            );
+            assert!(
+                ciphers.contains(&russh::cipher::CHACHA20_POLY1305),
+                "{end} still offers chacha20-poly1305 to peers without AES-GCM"
+            );
+        }
+        let chacha_first = t.with_ciphers(vec![russh::cipher::CHACHA20_POLY1305]);
+        assert_eq!(
+            client_config(&chacha_first).preferred.cipher.as_ref(),
+            [russh::cipher::CHACHA20_POLY1305]
+        );
+    }
+
+    #[test]
+    fn offline_after_is_count_times_interval() {
+        let t = Tunables::default();
+        assert_eq!(t.offline_after(), Duration::from_secs(15 * 60));
+        assert_eq!(
+            t.with_keepalive(Duration::from_secs(2), 0).offline_after(),
+            Duration::from_secs(2)
+        );
+    }
+}
