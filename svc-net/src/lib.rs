@@ -52,6 +52,7 @@
 pub mod auth;
 pub mod diag;
 pub mod dial;
+pub mod idle;
 pub mod listen;
 #[cfg(feature = "node")]
 pub mod node;
