@@ -68,6 +68,7 @@ pub mod cluster;
 pub mod diag;
 pub mod dial;
 pub mod http;
+pub mod idle;
 pub mod io;
 pub mod listen;
 pub mod proxy;

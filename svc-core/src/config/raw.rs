@@ -72,6 +72,7 @@ pub(crate) struct RawAuth {
     pub(crate) proxy_listener_mode: Option<String>,
     pub(crate) keep_alive_interval: Option<String>,
     pub(crate) keep_alive_count_max: Option<u32>,
+    pub(crate) grpc_idle_timeout: Option<String>,
     pub(crate) authentication: RawAuthentication,
     pub(crate) direct_dial: RawDirectDial,
 }
@@ -97,6 +98,7 @@ pub(crate) struct RawAuthentication {
 #[serde(deny_unknown_fields, default, expecting = "a mapping")]
 pub(crate) struct RawProxy {
     pub(crate) enabled: Option<bool>,
+    pub(crate) web_idle_timeout: Option<String>,
     pub(crate) public_addr: Option<OneOrMany>,
     pub(crate) web_listen_addr: Option<String>,
     pub(crate) tunnel_listen_addr: Option<String>,

@@ -261,3 +261,26 @@ fn direct_dial_loopback_is_an_explicit_opt_in() {
     let err = parse("version: v1\nauth_service: {direct_dial: {allow_loopback: yes}}").unwrap_err();
     assert!(err.to_string().contains("allow_loopback"), "{err}");
 }
+
+#[test]
+fn idle_timeouts_default_and_validate() {
+    let c = parse("version: v1").unwrap();
+    assert_eq!(c.proxy.web_idle_timeout, std::time::Duration::from_secs(90));
+    assert_eq!(c.auth.grpc_idle_timeout, std::time::Duration::from_secs(600));
+    let c =
+        parse("version: v1\nproxy_service: {web_idle_timeout: 2m}\nauth_service: {grpc_idle_timeout: 30s}")
+            .unwrap();
+    assert_eq!(c.proxy.web_idle_timeout, std::time::Duration::from_secs(120));
+    assert_eq!(c.auth.grpc_idle_timeout, std::time::Duration::from_secs(30));
+    let err = parse("version: v1\nproxy_service: {web_idle_timeout: 0s}")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("proxy_service.web_idle_timeout") && err.contains("greater than zero"),
+        "{err}"
+    );
+    let err = parse("version: v1\nauth_service: {grpc_idle_timeout: soon}")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("auth_service.grpc_idle_timeout"), "{err}");
+}

@@ -162,6 +162,9 @@ pub struct AuthConfig {
     pub keep_alive_interval: Duration,
     /// Missed keep-alives after which an agent is marked offline (default 3).
     pub keep_alive_count_max: u32,
+    /// How long an Auth API (gRPC) connection may stay open with no call in flight before it is
+    /// closed gracefully (default 10 minutes).
+    pub grpc_idle_timeout: Duration,
     /// Sign-in and join abuse limits (`auth_service.authentication`).
     pub authentication: AuthenticationConfig,
     /// What directly joined agents may announce (`auth_service.direct_dial`).
@@ -219,6 +222,9 @@ impl AuthenticationConfig {
 pub struct ProxyConfig {
     /// Whether this process runs the Proxy Service (default `true`).
     pub enabled: bool,
+    /// How long a web port connection (HTTP/1.1 or HTTP/2) may stay open with no request in
+    /// flight before it is closed gracefully (default 90 seconds).
+    pub web_idle_timeout: Duration,
     /// Copied from `auth_service.proxy_listener_mode`, so the proxy finds it here.
     pub listener_mode: ListenerMode,
     /// The one public web address (specification §2.1), default port 3080.

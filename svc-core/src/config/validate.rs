@@ -35,6 +35,10 @@ pub(crate) const DEFAULT_DATA_DIR: &str = "/var/lib/svc";
 pub(crate) const DEFAULT_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5 * 60);
 /// `auth_service.keep_alive_count_max` when not set.
 pub(crate) const DEFAULT_KEEP_ALIVE_COUNT_MAX: u32 = 3;
+/// `auth_service.grpc_idle_timeout` when not set.
+pub(crate) const DEFAULT_GRPC_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// `proxy_service.web_idle_timeout` when not set.
+pub(crate) const DEFAULT_WEB_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 const LOOPBACK: Host = Host::V4(Ipv4Addr::LOCALHOST);
 
@@ -365,6 +369,11 @@ fn auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
             DEFAULT_KEEP_ALIVE_INTERVAL,
         )?,
         keep_alive_count_max,
+        grpc_idle_timeout: duration(
+            "auth_service.grpc_idle_timeout",
+            raw.grpc_idle_timeout.as_deref(),
+            DEFAULT_GRPC_IDLE_TIMEOUT,
+        )?,
         authentication: authentication(raw.authentication)?,
         direct_dial: DirectDialConfig {
             allow_loopback: raw.direct_dial.allow_loopback.unwrap_or(false),
@@ -447,6 +456,11 @@ fn proxy(raw: RawProxy, listener_mode: ListenerMode) -> Result<ProxyConfig, Conf
     }
     Ok(ProxyConfig {
         enabled: raw.enabled.unwrap_or(true),
+        web_idle_timeout: duration(
+            "proxy_service.web_idle_timeout",
+            raw.web_idle_timeout.as_deref(),
+            DEFAULT_WEB_IDLE_TIMEOUT,
+        )?,
         listener_mode,
         public_addr: public_addrs.into_iter().next(),
         web_listen_addr: listen_addr(

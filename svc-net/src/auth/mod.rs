@@ -114,7 +114,8 @@ pub(crate) use node_error::bind;
 pub use resources::Resolved;
 pub use route::{alpn, auth_route};
 pub use server::{
-    AuthGrpc, GRPC_KEEPALIVE, HANDSHAKE_TIMEOUT, ServeError, serve, serve_with, server_identity,
+    AuthGrpc, GRPC_KEEPALIVE, HANDSHAKE_TIMEOUT, ServeError, serve, serve_with, serve_with_idle,
+    server_identity,
 };
 
 /// The Auth Service's default port.

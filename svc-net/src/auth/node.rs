@@ -61,6 +61,7 @@ pub struct AuthServer {
     names: HostNamePolicy,
     direct: svc_core::auth::DirectDialPolicy,
     listen: crate::listen::ListenOptions,
+    grpc_idle_timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for AuthServer {
@@ -88,7 +89,15 @@ impl AuthServer {
             direct: svc_core::auth::DirectDialPolicy::default()
                 .with_allow_loopback(config.auth.direct_dial.allow_loopback),
             listen: crate::listen::ListenOptions::default(),
+            grpc_idle_timeout: config.auth.grpc_idle_timeout,
         }
+    }
+
+    /// How long an Auth API connection may stay open with no call in flight (default
+    /// `auth_service.grpc_idle_timeout`).
+    pub fn grpc_idle_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.grpc_idle_timeout = timeout;
+        self
     }
 
     /// The Auth API listener's limits (connection cap, drain time; default
@@ -151,9 +160,17 @@ impl AuthServer {
         let server_identity = crate::auth::server_identity(&auth, &self.node_name, &names)?;
         let shutdown = CancellationToken::new();
         let (serve_auth, serve_shutdown, options) = (auth.clone(), shutdown.clone(), self.listen.clone());
+        let idle = self.grpc_idle_timeout;
         let task = tokio::spawn(async move {
-            if let Err(e) =
-                crate::auth::serve_with(listener, serve_auth, server_identity, options, serve_shutdown).await
+            if let Err(e) = crate::auth::serve_with_idle(
+                listener,
+                serve_auth,
+                server_identity,
+                options,
+                idle,
+                serve_shutdown,
+            )
+            .await
             {
                 tracing::error!(error = %e, "auth API stopped");
             }

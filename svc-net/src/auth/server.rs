@@ -1,9 +1,8 @@
 //! The gRPC server: TLS accept loop, certificate → [`Caller`], one handler per call.
 
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+
 use std::time::{Duration, UNIX_EPOCH};
 
 use rustls::pki_types::CertificateDer;
@@ -11,7 +10,6 @@ use svc_core::Secret;
 use svc_core::auth::{AuthError, AuthService, Caller, Heartbeat, IssuedCerts, JoinRequest, LoginRequest};
 use svc_core::identity::{HostCertRequest, SystemRole};
 use svc_core::resource::{JoinRole, Kind, User, parse_resources};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -55,52 +53,17 @@ struct PeerCerts {
     addr: Option<SocketAddr>,
 }
 
-/// A TLS connection handed to tonic with its peer certificates and address. The sender is
-/// dropped with the connection, which ends the accept loop's task holding its place under the
-/// listener's connection cap.
-struct AuthConn(
-    TlsConnection,
-    #[allow(dead_code)] tokio::sync::oneshot::Sender<()>,
-);
-
-impl tonic::transport::server::Connected for AuthConn {
-    type ConnectInfo = PeerCerts;
-    fn connect_info(&self) -> PeerCerts {
-        let tls = self.0.io.get_ref().1;
+impl PeerCerts {
+    fn of(conn: &TlsConnection) -> Self {
+        let tls = conn.io.get_ref().1;
         PeerCerts {
             certs: Arc::new(
                 tls.peer_certificates()
                     .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
                     .unwrap_or_default(),
             ),
-            addr: Some(self.0.peer_addr),
+            addr: Some(conn.peer_addr),
         }
-    }
-}
-
-impl AsyncRead for AuthConn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for AuthConn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0.io).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0.io).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0.io).poll_shutdown(cx)
     }
 }
 
@@ -143,12 +106,36 @@ pub async fn serve(
 
 /// Like [`serve`], with the accept loop's limits: at most `options.max_connections` connections
 /// at once (the excess is closed at once), accept errors backed off, and the TLS handshake
-/// limited to [`HANDSHAKE_TIMEOUT`]. HTTP/2 keepalive ([`GRPC_KEEPALIVE`]) closes dead clients.
+/// limited to [`HANDSHAKE_TIMEOUT`]. HTTP/2 keepalive ([`GRPC_KEEPALIVE`]) closes dead clients;
+/// a connection with no call in flight for
+/// [`DEFAULT_GRPC_IDLE_TIMEOUT`](crate::idle::DEFAULT_GRPC_IDLE_TIMEOUT) is closed (GOAWAY).
 pub async fn serve_with(
     listener: TcpListener,
     auth: Arc<AuthService>,
     identity: ClientIdentity,
     options: ListenOptions,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    serve_with_idle(
+        listener,
+        auth,
+        identity,
+        options,
+        crate::idle::DEFAULT_GRPC_IDLE_TIMEOUT,
+        shutdown,
+    )
+    .await
+}
+
+/// Like [`serve_with`], closing a connection gracefully (HTTP/2 GOAWAY) once no call has been
+/// in flight on it for `idle_timeout` (`auth_service.grpc_idle_timeout`). Clients reconnect on
+/// their next call.
+pub async fn serve_with_idle(
+    listener: TcpListener,
+    auth: Arc<AuthService>,
+    identity: ClientIdentity,
+    options: ListenOptions,
+    idle_timeout: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let (mut chain, key) = identity.tls_parts()?;
@@ -160,32 +147,36 @@ pub async fn serve_with(
         chain.push(ca.tls_cert_der().clone());
     }
     let config = super::tls::server_config(auth.verifier(), chain, key)?;
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<AuthConn>>(64);
+    let grpc = AuthServer::new(AuthGrpc { auth });
     // The one accept loop (caps, backoff), TLS terminated under the handshake deadline; each
-    // task then hands its connection to tonic and waits until tonic drops it.
-    let handoff = tower::service_fn(move |conn: TlsConnection| {
-        let tx = tx.clone();
+    // connection is then served as HTTP/2 with keepalive pings and the idle timeout, every
+    // request carrying the connection's certificates and address.
+    let per_conn = tower::service_fn(move |conn: TlsConnection| {
+        let grpc = grpc.clone();
         async move {
-            let (held, done) = tokio::sync::oneshot::channel::<()>();
-            if tx.send(Ok(AuthConn(conn, held))).await.is_ok() {
-                let _ = done.await;
+            let peer = PeerCerts::of(&conn);
+            let addr = conn.peer_addr;
+            let tracker = crate::idle::IdleTracker::new();
+            let svc = tower::ServiceBuilder::new()
+                .map_request(move |mut req: http::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(peer.clone());
+                    req
+                })
+                .service(grpc);
+            let c = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .timer(hyper_util::rt::TokioTimer::new())
+                .keep_alive_interval(Some(GRPC_KEEPALIVE))
+                .keep_alive_timeout(GRPC_KEEPALIVE)
+                .serve_connection(hyper_util::rt::TokioIo::new(conn.io), tracker.service(svc));
+            tokio::pin!(c);
+            if let Err(e) = crate::idle::drive(c, &tracker, idle_timeout, &conn.shutdown, addr).await {
+                tracing::debug!(peer = %addr, error = %e, "auth API connection ended");
             }
             Ok::<(), BoxError>(())
         }
     });
-    let service = TlsTerminate::new(config, HandshakeDeadline::Timeout(HANDSHAKE_TIMEOUT), handoff);
-    tokio::spawn(crate::listen::serve(listener, service, options, shutdown.clone()));
-    let incoming = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
-    // One service, so no router: tonic serves the generated server directly.
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(GRPC_KEEPALIVE))
-        .http2_keepalive_timeout(Some(GRPC_KEEPALIVE))
-        .serve_with_incoming_shutdown(
-            AuthServer::new(AuthGrpc { auth }),
-            incoming,
-            shutdown.cancelled_owned(),
-        )
-        .await?;
+    let service = TlsTerminate::new(config, HandshakeDeadline::Timeout(HANDSHAKE_TIMEOUT), per_conn);
+    crate::listen::serve(listener, service, options, shutdown).await;
     Ok(())
 }
 

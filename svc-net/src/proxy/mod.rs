@@ -68,6 +68,9 @@ pub struct ProxySettings {
     pub channels: BTreeMap<String, ChannelSpec>,
     /// Accept loop limits (peek deadline, cap on connections being classified, drain time).
     pub listen: ListenOptions,
+    /// How long a web connection (HTTP/1.1 or HTTP/2) may stay open with no request in flight
+    /// before it is closed gracefully (`proxy_service.web_idle_timeout`).
+    pub web_idle_timeout: std::time::Duration,
 }
 
 /// The default data directory.
@@ -84,6 +87,7 @@ impl Default for ProxySettings {
             trusted_proxy_networks: Vec::new(),
             channels: BTreeMap::new(),
             listen: ListenOptions::default(),
+            web_idle_timeout: crate::idle::DEFAULT_WEB_IDLE_TIMEOUT,
         }
     }
 }
@@ -303,7 +307,11 @@ impl ProxyBuilder {
         for (prefix, svc) in self.web_mounts {
             api = api.mount(prefix, svc);
         }
-        let web_handler = conn_service(WebHandler::new(api, identity.server_config(&web::WEB_ALPN)?));
+        let web_handler = conn_service(WebHandler::with_idle_timeout(
+            api,
+            identity.server_config(&web::WEB_ALPN)?,
+            settings.web_idle_timeout,
+        ));
         let routes = self
             .routes
             .route(alpn::HTTP1, web_handler.clone())

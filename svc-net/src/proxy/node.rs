@@ -68,6 +68,7 @@ pub fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> ProxySe
     s.trusted_proxy_networks = p.trusted_proxy_networks().to_vec();
     s.channels = p.channels().clone();
     s.ping.automatic_upgrades = !s.channels.is_empty();
+    s.web_idle_timeout = p.web_idle_timeout;
     s
 }
 

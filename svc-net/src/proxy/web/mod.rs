@@ -158,6 +158,20 @@ impl WebApiService {
     }
 }
 
+impl Service<Request<Body>> for WebApiService {
+    type Response = Response<ResponseBody>;
+    type Error = Infallible;
+    type Future = WebFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        self.route(req)
+    }
+}
+
 impl hyper::service::Service<Request<Body>> for WebApiService {
     type Response = Response<ResponseBody>;
     type Error = Infallible;
@@ -169,7 +183,8 @@ impl hyper::service::Service<Request<Body>> for WebApiService {
 }
 
 /// How long an HTTP/1.1 client has to send a request head (the first one, and each one after
-/// on a kept-alive connection: an idle HTTP/1.1 connection is closed after this long).
+/// on a kept-alive connection: an idle HTTP/1.1 connection is closed after this long, or after
+/// the web idle timeout when that is shorter).
 pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How often an HTTP/2 connection is pinged, and how long the peer has to answer: a dead or
@@ -188,6 +203,7 @@ pub struct WebHandler(TlsTerminate<WebHttp>);
 #[derive(Clone)]
 pub struct WebHttp {
     api: WebApiService,
+    idle_timeout: std::time::Duration,
 }
 
 /// Why a web connection ended early.
@@ -200,13 +216,26 @@ pub enum WebError {
 }
 
 impl WebHandler {
-    /// A handler presenting `tls` (its ALPN list should be [`WEB_ALPN`]).
+    /// A handler presenting `tls` (its ALPN list should be [`WEB_ALPN`]), closing connections
+    /// idle for [`DEFAULT_WEB_IDLE_TIMEOUT`](crate::idle::DEFAULT_WEB_IDLE_TIMEOUT).
     pub fn new(api: WebApi, tls: Arc<rustls::ServerConfig>) -> Self {
+        Self::with_idle_timeout(api, tls, crate::idle::DEFAULT_WEB_IDLE_TIMEOUT)
+    }
+
+    /// Like [`WebHandler::new`], closing a connection gracefully once no request has been in
+    /// flight on it for `idle_timeout` (HTTP/2: GOAWAY; HTTP/1.1: the kept-alive connection is
+    /// closed, at the latest after [`HEADER_READ_TIMEOUT`]).
+    pub fn with_idle_timeout(
+        api: WebApi,
+        tls: Arc<rustls::ServerConfig>,
+        idle_timeout: std::time::Duration,
+    ) -> Self {
         Self(TlsTerminate::new(
             tls,
             HandshakeDeadline::PeekDeadline,
             WebHttp {
                 api: WebApiService::new(api),
+                idle_timeout,
             },
         ))
     }
@@ -214,40 +243,30 @@ impl WebHandler {
 
 impl WebHttp {
     async fn serve(self, conn: TlsConnection) -> Result<(), WebError> {
-        let api = self.api.for_client(conn.peer_addr);
+        let tracker = crate::idle::IdleTracker::new();
+        let api = tracker.service(self.api.for_client(conn.peer_addr));
         let h2 = conn.alpn() == Some(b"h2");
-        let shutdown = conn.shutdown;
+        let (shutdown, peer) = (conn.shutdown, conn.peer_addr);
         let io = TokioIo::new(conn.io);
         if h2 {
-            // Keepalive pings close an HTTP/2 connection whose peer died or went silent.
+            // Keepalive pings close an HTTP/2 connection whose peer died or went silent; the idle
+            // timeout closes a live one that has had no stream open for that long.
             let c = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .keep_alive_interval(Some(H2_KEEPALIVE))
                 .keep_alive_timeout(H2_KEEPALIVE)
-                .serve_connection(io, api.clone());
+                .serve_connection(io, api);
             tokio::pin!(c);
-            tokio::select! {
-                r = c.as_mut() => r?,
-                () = shutdown.cancelled() => {
-                    c.as_mut().graceful_shutdown();
-                    c.await?;
-                }
-            }
+            crate::idle::drive(c, &tracker, self.idle_timeout, &shutdown, peer).await?;
         } else {
             // A client that completes TLS and then sends no request head is cut off rather than
-            // holding a connection forever.
+            // holding a connection forever; so is a kept-alive one that sends no next request.
             let c = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(io, api.clone());
+                .header_read_timeout(HEADER_READ_TIMEOUT.min(self.idle_timeout))
+                .serve_connection(io, api);
             tokio::pin!(c);
-            tokio::select! {
-                r = c.as_mut() => r?,
-                () = shutdown.cancelled() => {
-                    c.as_mut().graceful_shutdown();
-                    c.await?;
-                }
-            }
+            crate::idle::drive(c, &tracker, self.idle_timeout, &shutdown, peer).await?;
         }
         Ok(())
     }
