@@ -114,6 +114,3 @@ pub use route::{alpn, auth_route};
 pub use server::{
     AuthGrpc, GRPC_KEEPALIVE, HANDSHAKE_TIMEOUT, ServeError, serve, serve_with, server_identity,
 };
-
-/// The Auth Service's default port.
-pub const AUTH_PORT: u16 = 3025;

@@ -15,7 +15,7 @@ mod connect;
 mod dialer;
 mod error;
 mod future;
-mod reply;
+pub mod reply;
 mod tcp;
 mod tunneled;
 

@@ -11,19 +11,19 @@ const MAX_HEADERS: usize = 64;
 
 /// A complete reply head.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ReplyHead {
+pub struct ReplyHead {
     /// The status code.
-    pub(crate) status: u16,
+    pub status: u16,
     /// The reason phrase (lossily decoded, for error messages).
-    pub(crate) reason: String,
+    pub reason: String,
     /// Bytes taken by the head, including the blank line.
-    pub(crate) len: usize,
+    pub len: usize,
 }
 
 /// Parses `buf` as the start of an HTTP/1.x response.
 ///
 /// `Ok(None)`: more bytes are needed. `Err`: not an HTTP/1.x response head.
-pub(crate) fn parse(buf: &[u8]) -> Result<Option<ReplyHead>, String> {
+pub fn parse(buf: &[u8]) -> Result<Option<ReplyHead>, String> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut headers);
     match response.parse(buf) {

@@ -794,9 +794,7 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let req = match read_line(&mut stream, MAX_DIAL_REQUEST).await {
-        Ok(Some(line)) => {
-            serde_json::from_str::<DialRequest>(&line).map_err(|e| format!("malformed dial request: {e}"))
-        }
+        Ok(Some(line)) => DialRequest::decode(&line).map_err(|e| format!("malformed dial request: {e}")),
         Ok(None) => return,
         Err(e) => Err(format!("reading the dial request: {e}")),
     };
