@@ -1,6 +1,6 @@
 //! Glue shared by the `svc`, `tctl` and `tsh` binaries: finding the identity a client acts
 //! with ([`profile`]), printing ([`output`]), and `tsh`'s client side. The processes `svc start`
-//! runs are library types (`svc_net::node`); this crate parses arguments and prints.
+//! runs are library types (`svc_net::{AuthServer, ProxyServer, AgentNode, Cluster}`); this crate parses arguments and prints.
 #![deny(missing_docs)]
 
 pub mod kubeconfig;
