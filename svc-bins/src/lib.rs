@@ -1,6 +1,6 @@
 //! Glue shared by the `svc`, `tctl`, `tsh` and `svc-kube-updater` binaries: their command lines
 //! and how they print ([`output`], one module per binary). The processes `svc start` runs are
-//! library types (`svc_net::node`), `tsh`'s client side is `svc_net::client`; this crate parses
+//! library types (`svc_net::{AuthServer, ProxyServer, AgentNode, Cluster}`), `tsh`'s client side is `svc_net::client`; this crate parses
 //! arguments and prints.
 #![deny(missing_docs)]
 

@@ -27,7 +27,7 @@ use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 /// The content type of `/metrics` (the OpenMetrics text format, which Prometheus reads).
-pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Connections served at once by [`serve`]; more wait in the kernel's backlog.
 const MAX_CONNECTIONS: usize = 64;

@@ -117,6 +117,3 @@ pub use server::{
     AuthGrpc, GRPC_KEEPALIVE, HANDSHAKE_TIMEOUT, ServeError, serve, serve_with, serve_with_idle,
     server_identity,
 };
-
-/// The Auth Service's default port.
-pub const AUTH_PORT: u16 = 3025;

@@ -19,9 +19,9 @@ use super::NodeError;
 use crate::auth::{ClientIdentity, KeyMaterial};
 
 /// The admin identity file in the data directory: `tctl` on the Auth host uses it.
-pub const ADMIN_IDENTITY_FILE: &str = "admin-identity.json";
+pub(crate) const ADMIN_IDENTITY_FILE: &str = "admin-identity.json";
 /// The embedded backend's file in the data directory.
-pub const BACKEND_FILE: &str = "backend.redb";
+pub(crate) const BACKEND_FILE: &str = "backend.redb";
 
 /// The admin identity path for a data directory.
 pub fn admin_identity_path(data_dir: &Path) -> PathBuf {

@@ -150,7 +150,9 @@ const GSSENC_CODE: u32 = 80_877_104;
 /// The local side of a Postgres client's negotiation: answers `N` to its SSLRequest and
 /// GSSENCRequest (the hop to the proxy is TLS already, and the agent does TLS to the server)
 /// and returns the startup message, which the caller forwards first.
-pub async fn postgres_startup<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S) -> std::io::Result<Vec<u8>> {
+pub(crate) async fn postgres_startup<S: AsyncRead + AsyncWrite + Unpin>(
+    io: &mut S,
+) -> std::io::Result<Vec<u8>> {
     loop {
         let mut len = [0u8; 4];
         io.read_exact(&mut len).await?;

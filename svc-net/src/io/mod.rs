@@ -98,7 +98,7 @@ pub struct ConnFuture(Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>
 
 impl ConnFuture {
     /// Wraps a connection-serving future.
-    pub fn new(fut: impl Future<Output = Result<(), BoxError>> + Send + 'static) -> Self {
+    pub(crate) fn new(fut: impl Future<Output = Result<(), BoxError>> + Send + 'static) -> Self {
         Self(Box::pin(fut))
     }
 }

@@ -74,7 +74,7 @@ pub struct ProxySettings {
 }
 
 /// The default data directory.
-pub const DEFAULT_DATA_DIR: &str = "/var/lib/svc";
+pub(crate) const DEFAULT_DATA_DIR: &str = "/var/lib/svc";
 
 impl Default for ProxySettings {
     fn default() -> Self {

@@ -34,7 +34,7 @@ use crate::tunnel::{
 /// Maps the configuration onto the Proxy Service's listener settings.
 /// `tunnel_override` is the tunnel address the ping advertises instead of the configured one
 /// (`SVC_TUNNEL_PUBLIC_ADDR`).
-pub fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> ProxySettings {
+pub(crate) fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> ProxySettings {
     let p = &config.proxy;
     let mut s = ProxySettings::default();
     s.ping.cluster_name = config.cluster_name().to_owned();
@@ -217,7 +217,7 @@ fn install_ssh(
 /// or `postgres_listen_addr` in separate mode), and the MySQL and MongoDB listeners of separate
 /// mode (TLS with the user's certificate, as on the web port). `identity` is the proxy's host identity (its
 /// user CA verifies clients); `auth` asks the Auth Service for routes as the proxy.
-pub fn install_resource_routes(
+pub(crate) fn install_resource_routes(
     builder: ProxyBuilder,
     identity: &ClientIdentity,
     auth: AuthClient,

@@ -212,8 +212,7 @@ impl ResourceProxy {
             let redial: super::app_http::Redial = Arc::new(move || {
                 let (dialer, dial) = (dialer.clone(), dial.clone());
                 Box::pin(async move {
-                    let io: crate::io::BoxIo =
-                        Box::new(dialer.dial(dial).await.map_err(|e| e.to_string())?);
+                    let io: crate::io::BoxIo = Box::new(dialer.dial(dial).await.map_err(|e| e.to_string())?);
                     Ok(io)
                 })
             });

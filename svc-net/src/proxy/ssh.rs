@@ -120,7 +120,7 @@ impl std::fmt::Debug for ProxySsh {
 
 /// Parses a `proxy:<host>:<port>` subsystem name (the port is optional; IPv6 hosts in
 /// brackets).
-pub fn parse_proxy_subsystem(name: &str) -> Option<(String, u16)> {
+pub(crate) fn parse_proxy_subsystem(name: &str) -> Option<(String, u16)> {
     let rest = name.strip_prefix("proxy:")?;
     let (host, port) = match rest.rsplit_once(':') {
         Some((h, p))

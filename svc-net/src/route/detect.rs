@@ -24,7 +24,7 @@ pub const PROXY_V2_SIGNATURE: [u8; 12] = [
     0x0D, 0x0A, 0x0D, 0x0A, 0x00, 0x0D, 0x0A, 0x51, 0x55, 0x49, 0x54, 0x0A,
 ];
 /// The Postgres SSLRequest message (length 8, code 80877103).
-pub const POSTGRES_SSL_REQUEST: [u8; 8] = [0x00, 0x00, 0x00, 0x08, 0x04, 0xD2, 0x16, 0x2F];
+pub(crate) const POSTGRES_SSL_REQUEST: [u8; 8] = [0x00, 0x00, 0x00, 0x08, 0x04, 0xD2, 0x16, 0x2F];
 
 const HTTP_METHODS: [&[u8]; 9] = [
     b"GET ",
@@ -199,7 +199,7 @@ fn parse_v2(buf: &[u8]) -> Result<ProxyHeader, ProxyHeaderError> {
 
 /// Handlers of the multiplexed port, by detected protocol.
 #[derive(Clone, Default)]
-pub struct MultiplexerBuilder {
+pub(crate) struct MultiplexerBuilder {
     tls: Option<ConnService>,
     ssh: Option<ConnService>,
     postgres: Option<ConnService>,
@@ -208,31 +208,31 @@ pub struct MultiplexerBuilder {
 
 impl MultiplexerBuilder {
     /// The handler for TLS connections (usually the ALPN [`Router`](crate::route::Router)).
-    pub fn tls(mut self, svc: ConnService) -> Self {
+    pub(crate) fn tls(mut self, svc: ConnService) -> Self {
         self.tls = Some(svc);
         self
     }
 
     /// The handler for SSH connections.
-    pub fn ssh(mut self, svc: ConnService) -> Self {
+    pub(crate) fn ssh(mut self, svc: ConnService) -> Self {
         self.ssh = Some(svc);
         self
     }
 
     /// The handler for Postgres connections (they start with an SSLRequest).
-    pub fn postgres(mut self, svc: ConnService) -> Self {
+    pub(crate) fn postgres(mut self, svc: ConnService) -> Self {
         self.postgres = Some(svc);
         self
     }
 
     /// Networks whose PROXY protocol headers are honoured (load balancers).
-    pub fn trusted_proxies(mut self, nets: Vec<IpNet>) -> Self {
+    pub(crate) fn trusted_proxies(mut self, nets: Vec<IpNet>) -> Self {
         self.trusted = nets;
         self
     }
 
     /// Builds the service.
-    pub fn build(self) -> Multiplexer {
+    pub(crate) fn build(self) -> Multiplexer {
         Multiplexer {
             inner: Arc::new(self),
         }
@@ -247,7 +247,7 @@ pub struct Multiplexer {
 
 impl Multiplexer {
     /// Starts building a multiplexer.
-    pub fn builder() -> MultiplexerBuilder {
+    pub(crate) fn builder() -> MultiplexerBuilder {
         MultiplexerBuilder::default()
     }
 }
@@ -255,7 +255,7 @@ impl Multiplexer {
 /// Why the multiplexer closed a connection without handing it over.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum DetectError {
+pub(crate) enum DetectError {
     /// The peer sent too little before the peek deadline.
     #[error("peer sent {0} bytes before the detection deadline")]
     Timeout(usize),

@@ -104,7 +104,7 @@ pub struct Router {
 /// Why the router closed a connection without handing it over.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum RouterError {
+pub(crate) enum RouterError {
     /// The ClientHello did not arrive before the peek deadline.
     #[error("ClientHello incomplete after {0} bytes at the peek deadline")]
     Timeout(usize),
@@ -160,7 +160,7 @@ impl Router {
 }
 
 /// Reads the ClientHello under the connection's deadline; the bytes read are rewound.
-pub async fn peek_client_hello(conn: &mut Connection) -> Result<ClientHello, RouterError> {
+pub(crate) async fn peek_client_hello(conn: &mut Connection) -> Result<ClientHello, RouterError> {
     let mut buf = BytesMut::with_capacity(2048);
     let result = loop {
         match client_hello::parse(&buf) {

@@ -25,4 +25,4 @@ pub struct ResourceRequest {
 /// The proxy's answer line when the resource is connected.
 pub const RESOURCE_OK: &str = "ok";
 /// The longest request or answer line.
-pub const MAX_LINE: usize = 4096;
+pub(crate) const MAX_LINE: usize = 4096;

@@ -71,9 +71,9 @@ pub const RECONNECT_REQUEST: &str = "reconnect@svc.dev";
 /// The transport channel's connected address (proxy → agent).
 pub const TRANSPORT_CHANNEL: &str = "transport@svc.dev";
 /// What a draining agent answers to new work.
-pub const DRAINING: &str = "agent connection is draining";
+pub(crate) const DRAINING: &str = "agent connection is draining";
 /// The agent's answer to a dial request that succeeded.
-pub const DIAL_OK: &str = "ok";
+pub(crate) const DIAL_OK: &str = "ok";
 /// Read buffer between the TCP stream and TLS on the single-port path. rustls reads at most
 /// 4 KiB per `read` call, so without it an SSH packet of 32 KiB costs about eight `recv`
 /// system calls; with it, one `recv` fills 64 KiB and rustls copies out of memory

@@ -59,13 +59,13 @@ pub fn upgrade_dir_from_env(env: impl Fn(&str) -> Option<String>) -> PathBuf {
 /// How often the schedule is exported (before jitter).
 pub const EXPORT_INTERVAL: Duration = Duration::from_secs(40 * 60);
 /// How often the source is asked again after a failure.
-pub const RETRY_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const RETRY_INTERVAL: Duration = Duration::from_secs(60);
 /// How long without contact before the schedule is reset.
 pub const CONTACT_TIMEOUT: Duration = Duration::from_secs(9 * 60);
 /// How many windows the schedule lists.
 pub const EXPORTED_WINDOWS: usize = 3;
 /// The spread of every wait: ±10 %.
-pub const JITTER: f64 = 0.1;
+pub(crate) const JITTER: f64 = 0.1;
 
 /// Where the agent learns the cluster's maintenance configuration (the agent's cache of the
 /// `cluster_maintenance_config` resource, an Auth API call, a test's table).
@@ -117,7 +117,7 @@ impl MaintenanceSource for AuthMaintenanceSource {
 /// Why a file could not be written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ExportError {
+pub(crate) enum ExportError {
     /// Creating the directory or writing the file failed.
     #[error("exporting to {path}: {source}")]
     Io {
@@ -160,7 +160,7 @@ fn ensure_dir(dir: &Path) -> Result<(), ExportError> {
 
 /// Writes `text` to `dir/name`, mode 0644: atomically when the directory is writable, else in
 /// place (a non-root agent owns only the file).
-pub fn write_file(dir: &Path, name: &str, text: &str) -> Result<(), ExportError> {
+pub(crate) fn write_file(dir: &Path, name: &str, text: &str) -> Result<(), ExportError> {
     ensure_dir(dir)?;
     let path = dir.join(name);
     let tmp = dir.join(format!(".{name}.tmp"));
@@ -187,7 +187,7 @@ pub fn write_file(dir: &Path, name: &str, text: &str) -> Result<(), ExportError>
 
 /// Writes `endpoint` to `dir/endpoint` when that file is missing or blank; returns whether it
 /// wrote.
-pub fn write_endpoint_if_empty(dir: &Path, endpoint: &str) -> Result<bool, ExportError> {
+pub(crate) fn write_endpoint_if_empty(dir: &Path, endpoint: &str) -> Result<bool, ExportError> {
     let path = dir.join("endpoint");
     match std::fs::read_to_string(&path) {
         Ok(text) if !text.trim().is_empty() => Ok(false),
@@ -220,7 +220,7 @@ pub struct FileSink {
 
 impl FileSink {
     /// Exports to `dir`, also writing `endpoint` there when that file is empty.
-    pub fn new(dir: impl Into<PathBuf>, endpoint: Option<String>) -> Self {
+    pub(crate) fn new(dir: impl Into<PathBuf>, endpoint: Option<String>) -> Self {
         FileSink {
             dir: dir.into(),
             endpoint,

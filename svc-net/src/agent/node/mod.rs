@@ -50,13 +50,13 @@ use crate::ssh::AuthNodeAuthorizer;
 use crate::tunnel::{AgentConfig, AgentStatus, DialService, RunningAgent, TunnelAgent};
 
 /// The agent's saved identity in the data directory.
-pub const HOST_IDENTITY_FILE: &str = "host-identity.json";
+pub(crate) const HOST_IDENTITY_FILE: &str = "host-identity.json";
 /// The system roles the saved identity was issued for, comma-separated on one line.
-pub const HOST_ROLES_FILE: &str = "host-identity.roles";
+pub(crate) const HOST_ROLES_FILE: &str = "host-identity.roles";
 /// The updater that manages this agent (`unit`, `kube`), reported to the inventory.
-pub const UPGRADER_ENV: &str = "SVC_UPGRADER";
+pub(crate) const UPGRADER_ENV: &str = "SVC_UPGRADER";
 /// The updater's version, reported to the inventory.
-pub const UPGRADER_VERSION_ENV: &str = "SVC_UPGRADER_VERSION";
+pub(crate) const UPGRADER_VERSION_ENV: &str = "SVC_UPGRADER_VERSION";
 /// How long [`AgentNode::start`] waits for the first tunnel and the first accepted heartbeat
 /// before returning anyway (logged; the agent keeps retrying on its own).
 pub const FIRST_CONTACT_WAIT: Duration = Duration::from_secs(30);
@@ -517,7 +517,7 @@ fn auth_target(config: &Config) -> Result<Addr, NodeError> {
 /// services and has not expired, else a fresh join with `svc.auth_token` (saved for the next
 /// start, so the token is needed once), checking the Auth Service against `svc.ca_pin`. A join
 /// without a pin is refused unless `trust_on_first_use` (`svc start --insecure`).
-pub async fn agent_identity(
+pub(crate) async fn agent_identity(
     config: &Config,
     dialer: &ProxyDialer,
     trust_on_first_use: bool,

@@ -82,7 +82,7 @@ pub enum ServiceError {
 
 /// The scheme, host and port of an app's `uri` (`http://h[:p]/…`, `https://…`, `tcp://h:p`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AppTarget {
+pub(crate) struct AppTarget {
     /// `http`, `https` or `tcp`.
     pub scheme: String,
     /// The host (brackets removed from IPv6).
@@ -93,7 +93,7 @@ pub struct AppTarget {
 
 impl AppTarget {
     /// Parses an app URI (validated by the configuration already; still checked here).
-    pub fn parse(uri: &str) -> Result<Self, ServiceError> {
+    pub(crate) fn parse(uri: &str) -> Result<Self, ServiceError> {
         let bad = |reason: &str| ServiceError::Config {
             what: format!("app uri \"{uri}\""),
             reason: reason.to_owned(),

@@ -55,7 +55,7 @@ pub fn full(bytes: impl Into<Bytes>) -> ResponseBody {
 }
 
 /// A JSON error `{"error":{"message":…}}` with `status`.
-pub fn json_error(status: StatusCode, message: &str) -> Response<ResponseBody> {
+pub(crate) fn json_error(status: StatusCode, message: &str) -> Response<ResponseBody> {
     let body = serde_json::json!({ "error": { "message": message } }).to_string();
     let mut resp = Response::new(full(body));
     *resp.status_mut() = status;
@@ -192,7 +192,7 @@ pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 pub const H2_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The ALPN names the web API advertises, in the server's order of preference.
-pub const WEB_ALPN: [&str; 2] = ["http/1.1", "h2"];
+pub(crate) const WEB_ALPN: [&str; 2] = ["http/1.1", "h2"];
 
 /// Terminates TLS (under the connection's peek deadline) and serves [`WebApi`] on each
 /// connection: `Connection → ()`.
@@ -201,7 +201,7 @@ pub struct WebHandler(TlsTerminate<WebHttp>);
 
 /// Serves [`WebApi`] over HTTP/1.1 or HTTP/2 (by ALPN) on a terminated TLS connection.
 #[derive(Clone)]
-pub struct WebHttp {
+pub(crate) struct WebHttp {
     api: WebApiService,
     idle_timeout: std::time::Duration,
 }
@@ -209,7 +209,7 @@ pub struct WebHttp {
 /// Why a web connection ended early.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum WebError {
+pub(crate) enum WebError {
     /// Serving HTTP failed.
     #[error("serving HTTP: {0}")]
     Http(#[from] hyper::Error),

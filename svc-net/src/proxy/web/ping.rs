@@ -324,7 +324,7 @@ pub fn tunnel_public_addr(settings: &PingSettings, override_addr: Option<&Addr>)
 }
 
 /// Derives the `proxy` member from the settings (listen addresses as bound).
-pub fn proxy_ping(settings: &PingSettings) -> ProxyPing {
+pub(crate) fn proxy_ping(settings: &PingSettings) -> ProxyPing {
     let s = settings;
     let web_listen = s.web_listen_addr.to_string();
     let web_public = s

@@ -26,13 +26,13 @@ use super::{ResolveError, VersionResolver};
 pub const PREFIXES: [&str; 2] = [CHANNEL_PATH_PREFIX, "/webapi/automaticupgrades/channel/"];
 
 /// The per-request timeout.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 const FORM: &str = "expected /v1/webapi/automaticupgrades/channel/<channel>/version or /v1/webapi/automaticupgrades/channel/<channel>/critical";
 
 /// What a request asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Query {
+pub(crate) enum Query {
     /// The version.
     Version,
     /// The critical flag.
@@ -40,7 +40,7 @@ pub enum Query {
 }
 
 /// Parses a request path into channel and query; `Err` carries the 400 message.
-pub fn parse_path(path: &str) -> Result<(String, Query), String> {
+pub(crate) fn parse_path(path: &str) -> Result<(String, Query), String> {
     let rest = PREFIXES
         .iter()
         .find_map(|p| path.strip_prefix(p))
