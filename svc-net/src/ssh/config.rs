@@ -115,7 +115,7 @@ impl Tunables {
 /// The russh client configuration svc's SSH clients use: host certificates asked for (ed25519,
 /// the cluster CAs' key type, ahead of plain keys), `TCP_NODELAY`, and the tunnel's window,
 /// packet sizes and cipher preference (AES-GCM first). Use it for the SSH session to the node
-/// over [`connect_via_proxy`](super::connect_via_proxy)'s stream too.
+/// over `client::connect_via_proxy`'s stream too.
 pub fn client_config(tunables: &Tunables) -> russh::client::Config {
     let preferred = russh::Preferred {
         host_key_certificates: std::borrow::Cow::Borrowed(&[russh::keys::Algorithm::Ed25519]),

@@ -216,16 +216,12 @@ pub(crate) enum WebError {
 }
 
 impl WebHandler {
-    /// A handler presenting `tls` (its ALPN list should be [`WEB_ALPN`]), closing connections
-    /// idle for [`DEFAULT_WEB_IDLE_TIMEOUT`](crate::idle::DEFAULT_WEB_IDLE_TIMEOUT).
-    pub fn new(api: WebApi, tls: Arc<rustls::ServerConfig>) -> Self {
-        Self::with_idle_timeout(api, tls, crate::idle::DEFAULT_WEB_IDLE_TIMEOUT)
-    }
-
-    /// Like [`WebHandler::new`], closing a connection gracefully once no request has been in
-    /// flight on it for `idle_timeout` (HTTP/2: GOAWAY; HTTP/1.1: the kept-alive connection is
-    /// closed, at the latest after [`HEADER_READ_TIMEOUT`]).
-    pub fn with_idle_timeout(
+    /// A handler presenting `tls` (its ALPN list should be [`WEB_ALPN`]), closing a connection
+    /// gracefully once no request has been in flight on it for `idle_timeout` (HTTP/2: GOAWAY;
+    /// HTTP/1.1: the kept-alive connection is closed, at the latest after
+    /// [`HEADER_READ_TIMEOUT`]). The Proxy Service's default is
+    /// [`DEFAULT_WEB_IDLE_TIMEOUT`](crate::idle::DEFAULT_WEB_IDLE_TIMEOUT).
+    pub(crate) fn with_idle_timeout(
         api: WebApi,
         tls: Arc<rustls::ServerConfig>,
         idle_timeout: std::time::Duration,
