@@ -67,6 +67,7 @@ pub mod rbac;
 pub mod resource;
 pub mod secret;
 pub mod version;
+pub mod webapi;
 
 pub use addr::{Addr, AddrError, Host};
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -14,52 +14,62 @@ type Graph = BTreeMap<String, BTreeSet<String>>;
 
 /// Modules that may not depend on each other: `(from, to)`, `to` being forbidden for `from`.
 /// The crate is layered: foundations (`io`, `tls`, `dial`, `route`, `listen`, `diag`), then the
-/// wire protocols (`auth`, `ssh`, `tunnel`), then who runs them (`proxy`, `agent`, the client
-/// side in `services`), and `cluster` composing the processes.
+/// wire protocols (`auth`, `ssh`, `tunnel`, `services`), then who runs them (`proxy`, `agent`,
+/// `client`), and `cluster` composing the processes.
 const FORBIDDEN: &[(&str, &[&str])] = &[
     (
         "tls",
         &[
-            "listen", "route", "dial", "auth", "ssh", "tunnel", "proxy", "agent", "services", "cluster",
+            "listen", "route", "dial", "auth", "ssh", "tunnel", "proxy", "agent", "services", "client",
+            "http", "cluster",
         ],
     ),
     (
         "dial",
         &[
-            "listen", "route", "auth", "ssh", "tunnel", "proxy", "agent", "services", "cluster",
+            "listen", "route", "auth", "ssh", "tunnel", "proxy", "agent", "services", "client", "http",
+            "cluster",
         ],
     ),
     (
         "route",
         &[
-            "listen", "auth", "ssh", "tunnel", "proxy", "agent", "services", "cluster",
+            "listen", "auth", "ssh", "tunnel", "proxy", "agent", "services", "client", "http", "cluster",
         ],
     ),
     (
         "listen",
         &[
-            "route", "auth", "ssh", "tunnel", "proxy", "agent", "services", "cluster",
+            "route", "auth", "ssh", "tunnel", "proxy", "agent", "services", "client", "http", "cluster",
         ],
     ),
     (
         "diag",
         &[
-            "listen", "route", "auth", "ssh", "tunnel", "proxy", "agent", "services", "cluster",
+            "listen", "route", "auth", "ssh", "tunnel", "proxy", "agent", "services", "client", "http",
+            "cluster",
         ],
     ),
     (
         "auth",
-        &["ssh", "tunnel", "proxy", "agent", "services", "cluster"],
+        &["ssh", "tunnel", "proxy", "agent", "services", "client", "cluster"],
     ),
-    ("ssh", &["tunnel", "proxy", "agent", "cluster"]),
-    ("tunnel", &["proxy", "agent", "services", "cluster"]),
-    ("proxy", &["agent", "cluster"]),
-    ("agent", &["proxy", "cluster"]),
-    ("services", &["proxy", "agent", "cluster"]),
+    ("ssh", &["tunnel", "proxy", "agent", "client", "cluster"]),
+    ("tunnel", &["proxy", "agent", "services", "client", "cluster"]),
+    ("proxy", &["agent", "client", "cluster"]),
+    ("agent", &["proxy", "client", "cluster"]),
+    ("services", &["proxy", "agent", "client", "cluster"]),
+    (
+        "http",
+        &[
+            "listen", "route", "auth", "ssh", "tunnel", "proxy", "agent", "services", "client", "cluster",
+        ],
+    ),
+    ("client", &["proxy", "agent", "cluster"]),
 ];
 
 /// Modules that depend on nothing inside the crate.
-const LEAVES: &[&str] = &["io"];
+const LEAVES: &[&str] = &["io", "idle"];
 
 #[test]
 fn svc_net_modules_have_no_cycle_and_keep_their_layers() {

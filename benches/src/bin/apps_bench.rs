@@ -253,8 +253,7 @@ fn main() -> Result<()> {
             .addrs()
             .web
             .to_string();
-        let identity =
-            svc_net::proxy::web::login::login_via_proxy(&proxy, true, None, "bench", &password, None).await?;
+        let identity = svc_net::client::login_via_proxy(&proxy, true, None, "bench", &password, None).await?;
         let client = ResourceClient {
             proxy: svc_core::Addr::parse(&proxy)?,
             identity,

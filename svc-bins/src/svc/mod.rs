@@ -1,5 +1,5 @@
 //! `svc`: its command line ([`cli`]), the configuration it starts from, and the banner it
-//! prints once the services run. The services are `svc_net::node`'s.
+//! prints once the services run. The services are `svc_net::Cluster`'s.
 
 pub mod cli;
 

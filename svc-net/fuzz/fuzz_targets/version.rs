@@ -1,5 +1,5 @@
 //! Version strings (`svc_core::Version::parse`) and the version server's answers
-//! (`svc_net::web::version::forward::parse_version_body` / `parse_critical_body`): what
+//! (`svc_net::proxy::web::version::forward::parse_version_body` / `parse_critical_body`): what
 //! updaters and the proxy read from an upstream version channel, and what agents announce.
 //!
 //! Properties: no panic; deterministic; a parsed version prints (`v…`) and prints without `v`
@@ -11,7 +11,7 @@ use std::cmp::Ordering;
 
 use libfuzzer_sys::fuzz_target;
 use svc_core::Version;
-use svc_net::web::version::forward::{parse_critical_body, parse_version_body};
+use svc_net::proxy::web::version::forward::{parse_critical_body, parse_version_body};
 
 const URL: &str = "https://proxy.example.com/v1/webapi/automaticupgrades/channel/stable/cloud/version";
 

@@ -31,6 +31,7 @@
 mod hop;
 mod kubeconfig;
 mod local_proxy;
+mod login;
 mod profile;
 mod resource;
 pub mod ssh;
@@ -40,6 +41,7 @@ use std::path::PathBuf;
 pub use hop::{ProxiedStream, ProxyEndpoint, SshIdentity, connect_via_proxy};
 pub use kubeconfig::{kubeconfig, write_kubeconfig};
 pub use local_proxy::{db_protocol, resource_client, serve_local_proxy};
+pub use login::{LoginError, login_via_proxy, login_via_proxy_with, ping_via_proxy};
 #[cfg(feature = "node")]
 pub use profile::tctl_identity;
 pub use profile::{
@@ -137,7 +139,7 @@ pub enum Error {
     Dial(#[from] crate::dial::Error),
     /// Signing in through the proxy failed.
     #[error(transparent)]
-    Login(#[from] crate::proxy::web::login::LoginError),
+    Login(#[from] LoginError),
     /// A call to the Auth Service failed.
     #[error(transparent)]
     Auth(#[from] crate::auth::ClientError),

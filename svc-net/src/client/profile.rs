@@ -298,8 +298,8 @@ pub async fn sign_in(request: SignIn, password: &Secret) -> Result<SignedIn, Err
     let proxy = request.proxy.to_string();
     let ca = request.ca_pem.as_deref();
     let dialer = ProxyDialer::from_env()?;
-    let ping = crate::proxy::web::login::ping_via_proxy(&proxy, request.insecure, ca, Some(&dialer)).await?;
-    let identity = crate::proxy::web::login::login_via_proxy_with(
+    let ping = super::login::ping_via_proxy(&proxy, request.insecure, ca, Some(&dialer)).await?;
+    let identity = super::login::login_via_proxy_with(
         &proxy,
         request.insecure,
         ca,

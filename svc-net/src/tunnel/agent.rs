@@ -337,7 +337,11 @@ impl Shared {
     }
 
     async fn fetch_ping(&self) -> Result<serde_json::Value, TunnelError> {
-        let url = format!("https://{}/webapi/ping", self.config.proxy_addr);
+        let url = format!(
+            "https://{}{}",
+            self.config.proxy_addr,
+            svc_core::webapi::PING_PATH
+        );
         let err = |reason: String| TunnelError::Ping {
             url: url.clone(),
             reason,

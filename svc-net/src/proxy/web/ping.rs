@@ -23,11 +23,7 @@ use svc_core::{
 
 use super::{ResponseBody, full, json_error};
 
-/// Where the proxy answers the ping document.
-pub const PING_PATH: &str = "/webapi/ping";
-
-/// Where the proxy answers the find document (the ping without `auth`).
-pub const FIND_PATH: &str = "/webapi/find";
+pub use svc_core::webapi::{FIND_PATH, PING_PATH};
 
 /// What the ping says: the proxy's addresses per listener mode, the cluster, the sign-in
 /// settings. [`Default`] is a loopback-only proxy in multiplex mode.
