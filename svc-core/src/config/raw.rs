@@ -98,9 +98,9 @@ pub(crate) struct RawAuthentication {
 #[serde(deny_unknown_fields, default, expecting = "a mapping")]
 pub(crate) struct RawProxy {
     pub(crate) enabled: Option<bool>,
-    pub(crate) web_idle_timeout: Option<String>,
     pub(crate) public_addr: Option<OneOrMany>,
     pub(crate) web_listen_addr: Option<String>,
+    pub(crate) web_idle_timeout: Option<String>,
     pub(crate) tunnel_listen_addr: Option<String>,
     pub(crate) listen_addr: Option<String>,
     pub(crate) peer_listen_addr: Option<String>,

@@ -28,19 +28,12 @@ pub mod resources;
 pub mod ssh;
 pub mod web;
 
-use std::{
-    collections::BTreeMap,
-    net::SocketAddr,
-    path::PathBuf,
-    sync::Arc,
-    task::{Context, Poll},
-};
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, sync::Arc};
 
 use ipnet::IpNet;
 use svc_core::{Addr, Version, channel::ChannelSpec};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
-use tower::{BoxError, Service};
 
 use crate::{
     io::{ConnFuture, ConnService, Connection, conn_service},
@@ -349,7 +342,7 @@ impl ProxyBuilder {
             if let Ok(a) = listener.local_addr() {
                 addrs.others.push((field, a));
             }
-            let svc = handler.unwrap_or_else(|| conn_service(MissingHandler(field)));
+            let svc = handler.unwrap_or_else(|| missing_handler(field));
             tasks.push(tokio::spawn(listen::serve(
                 listener,
                 svc,
@@ -386,28 +379,6 @@ async fn bind(field: &'static str, addr: &mut Addr) -> Result<TcpListener, Proxy
         *addr = addr.with_port(local.port());
     }
     Ok(listener)
-}
-
-/// The handler of a listener whose protocol is served by work not registered in this build.
-#[derive(Clone)]
-struct MissingHandler(&'static str);
-
-impl Service<Connection> for MissingHandler {
-    type Response = ();
-    type Error = BoxError;
-    type Future = ConnFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, conn: Connection) -> Self::Future {
-        let field = self.0;
-        ConnFuture::new(async move {
-            tracing::warn!(peer = %conn.peer_addr, listener = field, "no handler registered for this listener; closing the connection");
-            Ok(())
-        })
-    }
 }
 
 /// The addresses a running proxy bound.
@@ -459,4 +430,15 @@ impl RunningProxy {
             let _ = task.await;
         }
     }
+}
+
+/// The handler of a listener whose protocol is served by work not registered in this build:
+/// each connection is closed with a log line naming the listener.
+fn missing_handler(field: &'static str) -> ConnService {
+    conn_service(tower::service_fn(move |conn: Connection| {
+        ConnFuture::new(async move {
+            tracing::warn!(peer = %conn.peer_addr, listener = field, "no handler registered for this listener; closing the connection");
+            Ok(())
+        })
+    }))
 }

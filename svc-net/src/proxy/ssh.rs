@@ -14,14 +14,7 @@
 //! its reason reaches the user inside the session), then closes the pipe, with the reason on
 //! the channel's stderr. An open session so ends within two intervals.
 
-use std::{
-    collections::HashMap,
-    future::Future,
-    net::SocketAddr,
-    sync::Arc,
-    task::{Context, Poll},
-    time::SystemTime,
-};
+use std::{collections::HashMap, future::Future, net::SocketAddr, sync::Arc, time::SystemTime};
 
 use bytes::Bytes;
 use russh::{
@@ -168,7 +161,7 @@ impl ProxySsh {
             Some(config) => conn_service(TlsTerminate::new(
                 config.clone(),
                 HandshakeDeadline::Timeout(self.inner.handshake_timeout),
-                SshInTls(self.clone()),
+                ssh_in_tls(self.clone()),
             )),
             None => entry(self.clone(), true),
         }
@@ -219,31 +212,6 @@ fn entry(ssh: ProxySsh, tls: bool) -> ConnService {
             Ok(())
         })
     }))
-}
-
-/// SSH inside a TLS connection [`TlsTerminate`] has terminated (ALPN `svc-proxy-ssh`).
-#[derive(Clone)]
-struct SshInTls(ProxySsh);
-
-impl Service<TlsConnection> for SshInTls {
-    type Response = ();
-    type Error = BoxError;
-    type Future = ConnFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, conn: TlsConnection) -> Self::Future {
-        let ssh = self.0.clone();
-        ConnFuture::new(async move {
-            let peer = conn.peer_addr;
-            if let Err(e) = ssh.serve_stream(conn.io, peer, conn.local_addr).await {
-                tracing::info!(%peer, error = %e, "SSH client connection ended with an error");
-            }
-            Ok(())
-        })
-    }
 }
 
 struct EntryHandler {
@@ -469,6 +437,22 @@ impl russh::server::Handler for EntryHandler {
         }
         Ok(())
     }
+}
+
+/// SSH inside a TLS connection [`TlsTerminate`] has terminated (ALPN `svc-proxy-ssh`).
+fn ssh_in_tls(
+    ssh: ProxySsh,
+) -> impl Service<TlsConnection, Response = (), Error = BoxError, Future = ConnFuture> + Clone {
+    tower::service_fn(move |conn: TlsConnection| {
+        let ssh = ssh.clone();
+        ConnFuture::new(async move {
+            let peer = conn.peer_addr;
+            if let Err(e) = ssh.serve_stream(conn.io, peer, conn.local_addr).await {
+                tracing::info!(%peer, error = %e, "SSH client connection ended with an error");
+            }
+            Ok(())
+        })
+    })
 }
 
 #[cfg(test)]

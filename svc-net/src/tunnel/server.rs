@@ -162,7 +162,18 @@ impl TunnelServer {
 
     /// The handler for the plain-SSH tunnel listener (`ProxyBuilder::tunnel`, port 3024).
     pub fn plain_service(&self) -> ConnService {
-        conn_service(PlainService(self.clone()))
+        let server = self.clone();
+        conn_service(tower::service_fn(move |mut conn: Connection| {
+            let server = server.clone();
+            ConnFuture::new(async move {
+                conn.classified();
+                let peer = conn.peer_addr;
+                if let Err(e) = server.serve_stream(conn.io, peer, conn.shutdown.clone()).await {
+                    tracing::info!(%peer, error = %e, "agent tunnel ended with an error");
+                }
+                Ok(())
+            })
+        }))
     }
 
     /// The handler for ALPN `svc-reversetunnel` (`ProxyBuilder::route`): terminates TLS, then
@@ -415,31 +426,9 @@ impl russh::server::Handler for TunnelHandler {
     }
 }
 
-#[derive(Clone)]
-struct PlainService(TunnelServer);
-
-impl Service<Connection> for PlainService {
-    type Response = ();
-    type Error = BoxError;
-    type Future = ConnFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut conn: Connection) -> Self::Future {
-        let server = self.0.clone();
-        ConnFuture::new(async move {
-            conn.classified();
-            let peer = conn.peer_addr;
-            if let Err(e) = server.serve_stream(conn.io, peer, conn.shutdown.clone()).await {
-                tracing::info!(%peer, error = %e, "agent tunnel ended with an error");
-            }
-            Ok(())
-        })
-    }
-}
-
+/// SSH inside TLS (ALPN `svc-reversetunnel`). Not [`TlsTerminate`](crate::tls::TlsTerminate):
+/// the TLS layer reads through a 64 KiB buffer ([`super::TLS_READ_BUFFER`]), which bulk
+/// transfers through the tunnel need, and the handshake deadline is the tunnel's own.
 #[derive(Clone)]
 struct TlsService(TunnelServer);
 
