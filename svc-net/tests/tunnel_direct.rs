@@ -181,3 +181,51 @@ async fn a_refused_announcement_is_a_refusal_naming_the_node_and_the_reason() {
     );
     assert!(err.contains("loopback"), "{err}");
 }
+
+/// SSH (3022) too: the proxy pipes a user to a node's announced listener only after the agent
+/// proved with its host certificate to be the host the Auth Service named. A listener that is
+/// not that agent (here one that records what it is sent) gets a TLS ClientHello and nothing
+/// else: no dial request, no user bytes.
+#[tokio::test]
+async fn a_node_listener_that_is_not_the_named_agent_gets_no_user_bytes() {
+    let auth = auth().await;
+    let proxy = identity(&auth, "proxy", vec![SystemRole::Proxy]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let received = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        // An SSH server's banner, as a plain sshd on the announced port would send.
+        let _ = sock.write_all(b"SSH-2.0-OpenSSH_9.2\r\n").await;
+        let _ = tokio::time::timeout(Duration::from_secs(30), sock.read_to_end(&mut got)).await;
+        got
+    });
+    let target = DirectTarget {
+        host_id: "edge.example.com".into(),
+        addr,
+    };
+    let dialer = DirectDialer::new(&proxy, Arc::new(Fixed(Some(target))))
+        .unwrap()
+        .with_allow_loopback(true);
+    let mut req = request("edge");
+    req.conn_type = ServedKind::Node;
+    req.address = "edge:3022".into();
+    let err = tokio::time::timeout(Duration::from_secs(60), dialer.dial(req))
+        .await
+        .expect("the direct dial neither failed nor succeeded within 60 s")
+        .err()
+        .expect("a listener without the agent's host certificate is refused");
+    assert!(err.to_string().contains("TLS"), "{err}");
+    drop(dialer);
+    let got = tokio::time::timeout(Duration::from_secs(60), received)
+        .await
+        .expect("the recording listener did not finish within 60 s")
+        .unwrap();
+    assert_eq!(
+        got.first(),
+        Some(&0x16),
+        "the first bytes are a TLS handshake: {got:?}"
+    );
+    let text = String::from_utf8_lossy(&got);
+    assert!(!text.contains("server_id"), "the dial request leaked: {text}");
+}

@@ -164,11 +164,16 @@ impl SshServer {
         options: crate::listen::ListenOptions,
         shutdown: CancellationToken,
     ) {
+        crate::listen::serve(listener, self.conn_handler(), options, shutdown).await;
+    }
+
+    /// The handler of one plain SSH connection (a listener's, or one a multiplexer detected).
+    pub(crate) fn conn_handler(&self) -> crate::io::ConnService {
         let this = self.clone();
-        let service = tower::service_fn(move |mut conn: crate::io::Connection| {
+        crate::io::conn_service(tower::service_fn(move |mut conn: crate::io::Connection| {
             let this = this.clone();
             async move {
-                // Nothing to classify: the SSH deadline starts now.
+                // Nothing more to classify: the SSH deadline starts now.
                 conn.classified();
                 let peer = conn.peer_addr;
                 if let Err(e) = this.serve_stream(conn.io, Some(peer)).await {
@@ -176,8 +181,7 @@ impl SshServer {
                 }
                 Ok::<(), BoxError>(())
             }
-        });
-        crate::listen::serve(listener, service, options, shutdown).await;
+        }))
     }
 
     /// The service a [`TunnelAgent`](crate::tunnel::TunnelAgent) serves `node` dial requests

@@ -5,20 +5,19 @@
 //! observed source address or a name its certificate carries, and never an unspecified,
 //! link-local, multicast, loopback (without the lab opt-in) or cluster service address
 //! ([`svc_core::auth::check_direct_addr`]); the proxy dials only resolved addresses that are
-//! not unspecified, link-local, multicast or (without the opt-in) loopback. For SSH the proxy does not
-//! check the node's host certificate itself (the client's SSH session runs end to end and the
-//! client checks it, as through a tunnel); it only dials addresses that pass this rule.
+//! not unspecified, link-local, multicast or (without the opt-in) loopback, and then sends
+//! nothing before the agent has proven, with its host certificate, to be the host the Auth
+//! Service named.
 //!
 //! Data flow: the agent binds its listeners and announces their addresses in its heartbeats
 //! (`ServedResource::direct_addr`). When the proxy's [`TunnelDialer`](super::TunnelDialer) has
 //! no tunnel for a dial request's server, it asks a [`DirectLookup`] (the Auth Service) for the
 //! agent's announced listener and dials it with the [`DirectDialer`]:
-//! - SSH (`ServedKind::Node`, port 3022): plain TCP. The client's SSH session to the node is end
-//!   to end; the node checks the user's certificate, exactly as through a tunnel.
-//! - Kubernetes (3026) and Windows Desktop (3028): mutual TLS. The agent presents its host
-//!   certificate (the proxy checks it is the host ID the Auth Service named) and requires the
-//!   proxy's host certificate (role `proxy`); then the same dial request line a tunnel carries
-//!   is answered `ok` or with the error, and bytes follow ([`serve_direct`]).
+//! every kind — SSH (`ServedKind::Node`, port 3022), Kubernetes (3026) and Windows Desktop
+//! (3028) — over mutual TLS. The agent presents its host certificate (the proxy checks it is the host ID the Auth Service named) and requires the
+//! proxy's host certificate (role `proxy`); then the same dial request line a tunnel carries
+//! is answered `ok` or with the error, and bytes follow ([`serve_direct`]). The SSH listener
+//! tells the proxy's TLS from users' plain SSH (`ssh -p 3022`) by the first bytes.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -132,8 +131,27 @@ pub async fn serve_direct_with(
     options: ListenOptions,
     shutdown: CancellationToken,
 ) {
+    crate::listen::serve(
+        listener,
+        direct_handler(tls, verifier, service),
+        options,
+        shutdown,
+    )
+    .await;
+}
+
+/// The handler of one connection from the proxy to a directly joined agent: mutual TLS (the
+/// proxy's host certificate required) within the connection's peek deadline, then the dial
+/// request a tunnel would carry, answered by `service`. The agent's SSH listener hands it the
+/// connections that start with a TLS handshake; the Kubernetes and Windows Desktop listeners
+/// all of theirs.
+pub(crate) fn direct_handler(
+    tls: Arc<rustls::ServerConfig>,
+    verifier: Arc<Verifier>,
+    service: DialService,
+) -> crate::io::ConnService {
     let acceptor = TlsAcceptor::from(tls);
-    let handler = tower::service_fn(move |conn: Connection| {
+    crate::io::conn_service(tower::service_fn(move |conn: Connection| {
         let (acceptor, verifier, service) = (acceptor.clone(), verifier.clone(), service.clone());
         async move {
             let peer = conn.peer_addr;
@@ -142,8 +160,7 @@ pub async fn serve_direct_with(
             }
             Ok::<(), BoxError>(())
         }
-    });
-    crate::listen::serve(listener, handler, options, shutdown).await;
+    }))
 }
 
 async fn serve_one(
@@ -179,8 +196,8 @@ async fn serve_one(
     Ok(())
 }
 
-/// The proxy's side: dials a directly joined agent's listener (plain TCP for SSH, mutual TLS
-/// with the proxy's host certificate for the others). Cheap to clone.
+/// The proxy's side: dials a directly joined agent's listener with mutual TLS (the proxy's
+/// host certificate; the agent's checked for the host ID the lookup named). Cheap to clone.
 #[derive(Clone)]
 pub struct DirectDialer {
     lookup: Arc<dyn DirectLookup>,
@@ -260,9 +277,6 @@ impl DirectDialer {
     async fn dial_target(&self, mut req: DialRequest, target: DirectTarget) -> Result<BoxIo, TunnelError> {
         let tcp = connect_announced(&target, &req.address, self.allow_loopback).await?;
         let _ = tcp.set_nodelay(true);
-        if req.conn_type == ServedKind::Node {
-            return Ok(Box::new(tcp));
-        }
         // The name the agent's certificate must carry: the host ID the Auth Service named.
         let name =
             ServerName::try_from(target.host_id.clone()).map_err(|e| tls_error("the agent's host ID", e))?;

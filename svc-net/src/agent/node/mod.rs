@@ -335,9 +335,10 @@ impl AgentNode {
 
     /// An agent that joined the Auth Service directly (`svc.auth_server`, no
     /// `svc.proxy_server`): no reverse tunnel; the SSH Service listens on
-    /// `ssh_service.listen_addr` (the proxy connects in plain TCP: the client's SSH session is
-    /// end to end), the Kubernetes and Windows Desktop services on their `listen_addr`s (mutual
-    /// TLS with the proxy's host certificate, then the dial request a tunnel would carry). The
+    /// `ssh_service.listen_addr` (users' plain SSH, and the proxy's mutual TLS told apart by
+    /// the first bytes), the Kubernetes and Windows Desktop services on their `listen_addr`s;
+    /// the proxy always connects with mutual TLS (its host certificate, the agent's for the host
+    /// ID the Auth Service named), then sends the dial request a tunnel would carry. The
     /// heartbeats announce each listener as the served resources' `direct_addr`, which is how
     /// the proxy finds them.
     async fn start_direct(
@@ -353,18 +354,6 @@ impl AgentNode {
         let mut resources = served_resources(config);
         let verifier = Arc::new(identity.verifier()?);
         let ssh = ssh_server(&identity, &dialer)?;
-        if config.ssh.enabled {
-            let (listener, bound) = bind("ssh_service.listen_addr", &config.ssh.listen_addr).await?;
-            let addr = announced(bound, config.ssh.public_addrs.first(), &name);
-            for node in resources.iter_mut().filter(|r| r.kind == Some(ServedKind::Node)) {
-                node.direct_addr = addr.clone();
-            }
-            let (ssh, stop) = (ssh.clone(), stop.clone());
-            tasks.push(tokio::spawn(
-                async move { ssh.serve_listener(listener, stop).await },
-            ));
-            listeners.push(("ssh_service", bound));
-        }
         let service = agent_dial_service(
             config,
             if config.ssh.enabled {
@@ -375,6 +364,30 @@ impl AgentNode {
         )?;
         let tls = crate::tunnel::agent_tls(&identity)
             .map_err(|e| NodeError::setup("the direct listeners' TLS", e))?;
+        if config.ssh.enabled {
+            let (listener, bound) = bind("ssh_service.listen_addr", &config.ssh.listen_addr).await?;
+            let addr = announced(bound, config.ssh.public_addrs.first(), &name);
+            for node in resources.iter_mut().filter(|r| r.kind == Some(ServedKind::Node)) {
+                node.direct_addr = addr.clone();
+            }
+            // Users' plain SSH (`ssh -p 3022`) and the proxy's mutual TLS share the port, told
+            // apart by their first bytes.
+            let mux = crate::route::detect::Multiplexer::builder()
+                .ssh(ssh.conn_handler())
+                .tls(crate::tunnel::direct_handler(
+                    tls.clone(),
+                    verifier.clone(),
+                    service.clone(),
+                ))
+                .build();
+            tasks.push(tokio::spawn(crate::listen::serve(
+                listener,
+                mux,
+                crate::listen::ListenOptions::default(),
+                stop.clone(),
+            )));
+            listeners.push(("ssh_service", bound));
+        }
         let resource_listeners = [
             (
                 config.kube.enabled,
