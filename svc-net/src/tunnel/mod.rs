@@ -45,6 +45,7 @@ use svc_core::auth::ServedKind;
 pub use crate::ssh::{CIPHERS, DEFAULT_SSH_AUTH_TIMEOUT, SERVER_KEEPALIVE_MAX, Tunables};
 pub use agent::{AgentConfig, AgentStatus, DialService, RunningAgent, TunnelAgent, tunnel_addr_from_ping};
 pub use backoff::Backoff;
+#[cfg(feature = "node")]
 pub(crate) use direct::direct_handler;
 pub use direct::{
     DIRECT_DIAL_TIMEOUT, DirectDialer, DirectLookup, DirectTarget, agent_tls, serve_direct, serve_direct_with,
