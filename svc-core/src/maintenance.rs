@@ -9,7 +9,7 @@
 //! [`in_window`]. Everything here is a pure function of its inputs: "now" is always passed in.
 //!
 //! A window starts at `utc_start_hour:00` UTC on each allowed weekday and lasts exactly one hour;
-//! it is open strictly between its start and its end (REFERENCE.md).
+//! it is open strictly between its start and its end.
 
 use std::{fmt, time::SystemTime};
 
@@ -23,7 +23,7 @@ pub use time::Weekday;
 /// Length of every maintenance window (specification §8).
 pub const WINDOW_LENGTH: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// First line of the Linux schedule file (REFERENCE.md, "Schedule export to agents").
+/// First line of the Linux schedule file.
 pub(crate) const SCHEDULE_FILE_HEADER: &str =
     "# periodically exported by svc, modifications are not preserved";
 
@@ -467,7 +467,7 @@ mod tests {
         );
     }
 
-    /// The bug REFERENCE.md warns about: short names in the config must open Monday windows.
+    /// A known pitfall: short names in the config must open Monday windows.
     #[test]
     fn short_weekday_name_opens_monday_window() {
         let s: AgentUpgradeWindow = serde_yaml_ng::from_str("utc_start_hour: 2\nweekdays: [Mon]").unwrap();

@@ -137,8 +137,7 @@ impl Cluster {
                     .agent()
                     .identity(identity)
                     .proxy(Addr::from(dialable(proxy.addrs().web)), ca_pem)
-                    // The updater asks this cluster's own proxy, never a global server
-                    // (REFERENCE.md, "Schedule export").
+                    // The updater asks this cluster's own proxy, never a global server.
                     .version_endpoint(crate::agent::node::version_endpoint(
                         config.proxy.web_public_addr(),
                     ));

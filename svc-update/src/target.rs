@@ -10,7 +10,7 @@
 //! `HTTPS_PROXY` / `NO_PROXY`, so an agent behind a corporate proxy reaches its cluster the same
 //! way its tunnel does.
 //!
-//! Answers are read as REFERENCE.md says: trimmed; `none` is no version; a version without `v`
+//! Answers are read leniently: trimmed; `none` is no version; a version without `v`
 //! gets one; `critical` is `yes`/`no`/`true`/`false` in any case. Anything else — a status other
 //! than 200, garbage, no answer within [`TIMEOUT`] — is an error: an updater never acts on a
 //! version it could not read.
@@ -200,7 +200,7 @@ where
     }
 
     /// Both answers, asked concurrently. The version must be read; a critical flag that cannot
-    /// be read counts as not critical (REFERENCE.md), so the update waits for the window.
+    /// be read counts as not critical, so the update waits for the window.
     pub async fn target(&self) -> Result<Target, TargetError> {
         let (version, critical) = tokio::join!(self.version(), self.critical());
         let critical = critical.unwrap_or_else(|error| {
@@ -319,7 +319,7 @@ mod tests {
         let err = client(addr, "c").target().await.unwrap_err().to_string();
         assert!(err.contains("invalid version \"<html>oops</html>\""), "{err}");
         // An unreadable critical flag is an error of its own, but the target stands as not
-        // critical (REFERENCE.md): the update then waits for the window.
+        // critical: the update then waits for the window.
         let err = client(addr, "d").critical().await.unwrap_err().to_string();
         assert!(
             err.contains("expected yes, no, true or false, got \"perhaps\""),

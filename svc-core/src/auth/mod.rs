@@ -193,8 +193,8 @@ impl Caller {
         match self {
             Caller::Admin(_) => Ok(()),
             Caller::User { roles, .. } => roles.check(verb, kind),
-            // Agents read the maintenance window to export it to their updaters (REFERENCE.md,
-            // "Schedule export"); nothing else, and never a write.
+            // Agents read the maintenance window to export it to their updaters; nothing else,
+            // and never a write.
             Caller::Host(_) if verb == Verb::Read && kind == Kind::ClusterMaintenanceConfig.as_str() => {
                 Ok(())
             }

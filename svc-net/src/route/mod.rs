@@ -27,7 +27,7 @@ pub use client_hello::ClientHello;
 
 use crate::io::{ConnFuture, ConnService, Connection};
 
-/// The ALPN names of svc's protocols (REFERENCE.md, "TLS routing").
+/// The ALPN names of svc's protocols.
 pub mod alpn {
     /// Agents' reverse tunnels (SSH inside TLS).
     pub const REVERSE_TUNNEL: &str = "svc-reversetunnel";

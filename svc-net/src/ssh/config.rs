@@ -11,8 +11,8 @@ use russh::keys::{Certificate, PrivateKey};
 /// The channel window is raised from russh's 2 MiB to 8 MiB: a tunnel carries bulk streams
 /// across high bandwidth-delay paths, where the window caps a stream at window / RTT (2 MiB
 /// over 50 ms is 335 Mbit/s; 8 MiB is 1.3 Gbit/s), and on loopback the larger window costs
-/// nothing measurable. The packet size stays at 32 KiB: 64 KiB packets, reported to help SFTP
-/// (BENCHMARKS.md), were 10–15 % slower through the tunnel with ChaCha20-Poly1305 and equal
+/// nothing measurable. The packet size stays at 32 KiB: 64 KiB packets, reported to help SFTP,
+/// were 10–15 % slower through the tunnel with ChaCha20-Poly1305 and equal
 /// with AES-GCM here (docs/performance.md, "Reverse tunnel").
 ///
 /// The cipher preference puts AES-GCM first ([`CIPHERS`]): with AES-NI and carry-less

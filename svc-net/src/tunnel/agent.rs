@@ -278,7 +278,7 @@ struct Target {
     tls: bool,
 }
 
-/// Where an agent dials its tunnel, from a `/webapi/ping` document (REFERENCE.md, "Ping"):
+/// Where an agent dials its tunnel, from a `/webapi/ping` document:
 /// with TLS routing the proxy's public web address (`proxy.ssh.public_addr`); otherwise
 /// `proxy.ssh.ssh_tunnel_public_addr`, else `proxy.ssh.tunnel_listen_addr`. An unspecified
 /// host (`0.0.0.0`) means "the host the ping was asked at". Returns the address and whether

@@ -1,4 +1,4 @@
-//! The agent's reconnect backoff (REFERENCE.md, "Reverse tunnel"): linear steps of 1 s up to
+//! The agent's reconnect backoff: linear steps of 1 s up to
 //! 8 s, with jitter, reset after a success. Pure: the caller supplies the random source, so the
 //! schedule is testable without clocks.
 

@@ -10,7 +10,7 @@
 //! `svc-reversetunnel`) and hands every transport channel to a caller-supplied
 //! `tower::Service<DialRequest>` (the SSH Service is one) whose stream it pipes to the channel.
 //!
-//! # Wire protocol (REFERENCE.md, "Reverse tunnel")
+//! # Wire protocol
 //!
 //! SSH via russh. The agent is the SSH client, user = its host ID, authenticated with its
 //! cluster-signed OpenSSH host certificate; the proxy presents its own host certificate
@@ -84,7 +84,7 @@ pub(crate) const TLS_READ_BUFFER: usize = 64 * 1024;
 /// Dial requests longer than this are refused (a JSON object of a few addresses).
 pub const MAX_DIAL_REQUEST: usize = 8 * 1024;
 
-/// A dial request, as the proxy sends it down a transport channel (REFERENCE.md).
+/// A dial request, as the proxy sends it down a transport channel.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct DialRequest {
     /// The resource address on the agent's side (`host:port`).

@@ -1,7 +1,7 @@
 //! The Kubernetes updater: a controller that keeps an agent's StatefulSet or Deployment on the
 //! version its channel serves, and the agent-side export of the maintenance schedule it reads.
 //!
-//! Data flow (specification §1.7, §6; REFERENCE.md "Kubernetes updater"):
+//! Data flow (specification §1.7, §6):
 //!
 //! ```text
 //! agent ──[schedule::export_schedule]──► shared-state Secret (agent-maintenance-schedule)

@@ -1,7 +1,7 @@
 //! The `/webapi/ping` and `/webapi/find` documents and [`PingService`], which serves them.
 //!
 //! Pure: the addresses are derived here from [`PingSettings`] (public address first, listen
-//! address otherwise; the tunnel address rule of REFERENCE.md, "Ping") and the JSON is
+//! address otherwise; the tunnel address rule of the ping document) and the JSON is
 //! serialized once when the service is built, so the thousands of clients and agents that poll
 //! it are served from memory. [`PingService`] is a plain `tower::Service` over HTTP requests: the
 //! proxy mounts it on its web API, and an integrator can mount it in a server of its own.
@@ -293,7 +293,7 @@ pub struct DbPing {
     pub mongo_public_addr: String,
 }
 
-/// Where agents dial their tunnel (REFERENCE.md, "Ping"): `override_addr` (the
+/// Where agents dial their tunnel: `override_addr` (the
 /// `SVC_TUNNEL_PUBLIC_ADDR` environment variable, read by the caller) wins; with TLS routing the
 /// public web address; otherwise the tunnel public address, else the SSH public address with
 /// port 3024, else the tunnel listen address.
