@@ -64,19 +64,7 @@ fn agent_yaml(
 }
 
 fn signed_in(cluster: &Cluster) {
-    cluster
-        .tctl_admin(
-            &[
-                "users",
-                "add",
-                "alice",
-                "--roles=access",
-                "--logins=root",
-                "--password-stdin",
-            ],
-            Some(PASSWORD),
-        )
-        .ok();
+    cluster.add_alice(PASSWORD);
     cluster.login("alice", PASSWORD).ok();
 }
 

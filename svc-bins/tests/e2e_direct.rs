@@ -41,19 +41,7 @@ fn a_directly_joined_agent_serves_ssh_kubernetes_and_desktops_on_its_own_listene
     let (_echo, echo_port) = echo_server();
 
     let cluster = Cluster::start_lab("info");
-    cluster
-        .tctl_admin(
-            &[
-                "users",
-                "add",
-                "alice",
-                "--roles=access",
-                "--logins=root",
-                "--password-stdin",
-            ],
-            Some(PASSWORD),
-        )
-        .ok();
+    cluster.add_alice(PASSWORD);
     let join = cluster
         .tctl_admin(
             &[
@@ -368,19 +356,7 @@ fn silent_peers_on_the_direct_listeners_are_cut_while_tsh_ssh_works() {
     const SLACK: Duration = Duration::from_secs(25);
     let (_echo, echo_port) = echo_server();
     let cluster = Cluster::start_lab("info");
-    cluster
-        .tctl_admin(
-            &[
-                "users",
-                "add",
-                "alice",
-                "--roles=access",
-                "--logins=root",
-                "--password-stdin",
-            ],
-            Some(PASSWORD),
-        )
-        .ok();
+    cluster.add_alice(PASSWORD);
     let join = cluster
         .tctl_admin(
             &["tokens", "add", "--type=node,windows_desktop", "--format", "json"],

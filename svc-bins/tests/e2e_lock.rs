@@ -47,19 +47,7 @@ fn tctl_as(user: &User, args: &[&str]) -> Run {
 fn tctl_lock_ends_an_open_session_and_deleted_users_are_refused() {
     let cluster = Cluster::start("info");
     for user in ["alice", "dana", "mallory"] {
-        cluster
-            .tctl_admin(
-                &[
-                    "users",
-                    "add",
-                    user,
-                    "--roles=access",
-                    "--logins=root",
-                    "--password-stdin",
-                ],
-                Some(PASSWORD),
-            )
-            .ok();
+        cluster.add_user(user, PASSWORD);
     }
     let alice = User::login(&cluster, "alice");
     let dana = User::login(&cluster, "dana");

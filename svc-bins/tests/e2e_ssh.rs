@@ -181,19 +181,7 @@ fn openssh_reaches_the_node_through_tsh_proxy_ssh() {
 #[test]
 fn tsh_login_with_cacert_keeps_the_trust_and_ssh_goes_inside_tls() {
     let cluster = Cluster::start("debug");
-    cluster
-        .tctl_admin(
-            &[
-                "users",
-                "add",
-                "bob",
-                "--roles=access",
-                "--logins=root",
-                "--password-stdin",
-            ],
-            Some(PASSWORD),
-        )
-        .ok();
+    cluster.add_user("bob", PASSWORD);
     let ca = cluster.data_dir.join("proxy-ca.pem");
     let proxy = format!("--proxy={}", cluster.web_addr);
     let cacert = format!("--cacert={}", ca.display());

@@ -243,7 +243,7 @@ mod tests {
             Some("override:443")
         );
         assert!(s.ping.kube_enabled);
-        assert!(s.ping.postgres_listen_addr.is_some() && s.ping.mysql_listen_addr.is_some());
+        assert!(s.ping.db.postgres_listen_addr.is_some() && s.ping.db.mysql_listen_addr.is_some());
         assert!(s.channels.contains_key("stable/cloud"));
         assert!(s.ping.automatic_upgrades);
         assert_eq!(

@@ -92,21 +92,30 @@ impl Cluster {
     /// with `password`.
     pub fn signed_in(password: &str) -> Cluster {
         let cluster = Cluster::start("info");
-        cluster
-            .tctl_admin(
-                &[
-                    "users",
-                    "add",
-                    "alice",
-                    "--roles=access",
-                    "--logins=root",
-                    "--password-stdin",
-                ],
-                Some(password),
-            )
-            .ok();
+        cluster.add_alice(password);
         cluster.login("alice", password).ok();
         cluster
+    }
+
+    /// Creates `alice` (role `access`, login `root`) with `password`.
+    pub fn add_alice(&self, password: &str) {
+        self.add_user("alice", password);
+    }
+
+    /// Creates `user` (role `access`, login `root`) with `password`.
+    pub fn add_user(&self, user: &str, password: &str) {
+        self.tctl_admin(
+            &[
+                "users",
+                "add",
+                user,
+                "--roles=access",
+                "--logins=root",
+                "--password-stdin",
+            ],
+            Some(password),
+        )
+        .ok();
     }
 
     /// Starts `svc start --config` in a fresh directory.

@@ -455,25 +455,7 @@ async fn run_piped(
         _ = input => None,
         _ = kill.cancelled() => None,
     };
-    match status {
-        Some(status) => {
-            let _ = wr.exit_status(exit_code(status)).await;
-            let _ = wr.eof().await;
-            let _ = wr.close().await;
-        }
-        None => {
-            let _ = child.kill().await;
-            if let Some(reason) = revoked.get() {
-                let _ = err_w
-                    .write_all(format!("\nsvc: session closed: {reason}\n").as_bytes())
-                    .await;
-                let _ = err_w.flush().await;
-                let _ = wr.exit_status(1).await;
-                let _ = wr.eof().await;
-            }
-            let _ = wr.close().await;
-        }
-    }
+    end_session(&wr, &mut child, status, &revoked, &mut err_w, "\n").await;
 }
 
 /// A command on a PTY: input and resizes from the channel, output to it, then the exit status.
@@ -516,26 +498,39 @@ async fn run_pty(
         _ = input => None,
         _ = kill.cancelled() => None,
     };
+    // A PTY has no separate stderr: a revocation's reason goes to the terminal.
+    end_session(&wr, &mut child, status, &revoked, &mut out_w, "\r\n").await;
+}
+
+/// Ends a session's channel: the command's exit status when it finished; otherwise (the client
+/// went away, or the session was revoked) the command is killed and, for a revocation, the
+/// reason is written to `notice` (lines ended with `eol`) with exit status 1.
+async fn end_session(
+    wr: &russh::ChannelWriteHalf<Msg>,
+    child: &mut tokio::process::Child,
+    status: Option<std::io::Result<std::process::ExitStatus>>,
+    revoked: &OnceLock<String>,
+    notice: &mut (impl AsyncWrite + Unpin),
+    eol: &str,
+) {
     match status {
         Some(status) => {
             let _ = wr.exit_status(exit_code(status)).await;
             let _ = wr.eof().await;
-            let _ = wr.close().await;
         }
         None => {
             let _ = child.kill().await;
             if let Some(reason) = revoked.get() {
-                // A PTY has no separate stderr: the reason goes to the terminal.
-                let _ = out_w
-                    .write_all(format!("\r\nsvc: session closed: {reason}\r\n").as_bytes())
+                let _ = notice
+                    .write_all(format!("{eol}svc: session closed: {reason}{eol}").as_bytes())
                     .await;
-                let _ = out_w.flush().await;
+                let _ = notice.flush().await;
                 let _ = wr.exit_status(1).await;
                 let _ = wr.eof().await;
             }
-            let _ = wr.close().await;
         }
     }
+    let _ = wr.close().await;
 }
 
 /// Ends a session request that starts nothing (refused by node RBAC, or the program could not

@@ -273,17 +273,17 @@ impl ProxyBuilder {
             for (field, addr, handler) in [
                 (
                     "postgres_listen_addr",
-                    &mut settings.ping.postgres_listen_addr,
+                    &mut settings.ping.db.postgres_listen_addr,
                     self.postgres.clone(),
                 ),
                 (
                     "mysql_listen_addr",
-                    &mut settings.ping.mysql_listen_addr,
+                    &mut settings.ping.db.mysql_listen_addr,
                     self.mysql.clone(),
                 ),
                 (
                     "mongo_listen_addr",
-                    &mut settings.ping.mongo_listen_addr,
+                    &mut settings.ping.db.mongo_listen_addr,
                     self.mongo.clone(),
                 ),
             ] {

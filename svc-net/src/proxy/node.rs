@@ -50,12 +50,7 @@ pub(crate) fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> 
     s.ping.kube_enabled = p.kube_listen_addr.is_some() || p.kube_public_addr.is_some();
     s.ping.kube_listen_addr = p.kube_listen_addr.clone();
     s.ping.kube_public_addr = p.kube_public_addr.clone();
-    s.ping.postgres_listen_addr = p.db.postgres_listen_addr.clone();
-    s.ping.postgres_public_addr = p.db.postgres_public_addr.clone();
-    s.ping.mysql_listen_addr = p.db.mysql_listen_addr.clone();
-    s.ping.mysql_public_addr = p.db.mysql_public_addr.clone();
-    s.ping.mongo_listen_addr = p.db.mongo_listen_addr.clone();
-    s.ping.mongo_public_addr = p.db.mongo_public_addr.clone();
+    s.ping.db = p.db.clone();
     s.tls = match p.https_keypairs.first() {
         Some(kp) => TlsSource::Files {
             cert: kp.cert_file.clone(),

@@ -54,18 +54,9 @@ pub struct PingSettings {
     pub kube_listen_addr: Option<Addr>,
     /// Where Kubernetes clients connect.
     pub kube_public_addr: Option<Addr>,
-    /// Postgres listener (separate mode; otherwise multiplexed on the web port).
-    pub postgres_listen_addr: Option<Addr>,
-    /// Where Postgres clients connect.
-    pub postgres_public_addr: Option<Addr>,
-    /// MySQL listener (separate mode).
-    pub mysql_listen_addr: Option<Addr>,
-    /// Where MySQL clients connect.
-    pub mysql_public_addr: Option<Addr>,
-    /// MongoDB listener (separate mode).
-    pub mongo_listen_addr: Option<Addr>,
-    /// Where MongoDB clients connect.
-    pub mongo_public_addr: Option<Addr>,
+    /// The database listeners (separate mode; Postgres is otherwise multiplexed on the web
+    /// port) and where database clients connect, as configured.
+    pub db: svc_core::config::ProxyDbAddrs,
     /// Whether the cluster runs automatic agent updates.
     pub automatic_upgrades: bool,
     /// How long the proxy waits when dialing resources.
@@ -97,12 +88,7 @@ impl Default for PingSettings {
             kube_enabled: false,
             kube_listen_addr: None,
             kube_public_addr: None,
-            postgres_listen_addr: None,
-            postgres_public_addr: None,
-            mysql_listen_addr: None,
-            mysql_public_addr: None,
-            mongo_listen_addr: None,
-            mongo_public_addr: None,
+            db: svc_core::config::ProxyDbAddrs::default(),
             automatic_upgrades: false,
             dial_timeout: Duration::from_secs(30),
             auth_type: "local".into(),
@@ -386,13 +372,13 @@ pub(crate) fn proxy_ping(settings: &PingSettings) -> ProxyPing {
             },
             db: DbPing {
                 // Postgres is multiplexed on the web port unless it has its own listener.
-                postgres_public_addr: public_or(&s.postgres_public_addr, &s.postgres_listen_addr)
+                postgres_public_addr: public_or(&s.db.postgres_public_addr, &s.db.postgres_listen_addr)
                     .unwrap_or_else(|| web_public.clone()),
-                mysql_listen_addr: s.mysql_listen_addr.as_ref().map(ToString::to_string),
-                mysql_public_addr: public_or(&s.mysql_public_addr, &s.mysql_listen_addr)
+                mysql_listen_addr: s.db.mysql_listen_addr.as_ref().map(ToString::to_string),
+                mysql_public_addr: public_or(&s.db.mysql_public_addr, &s.db.mysql_listen_addr)
                     .unwrap_or_else(|| web_public.clone()),
-                mongo_listen_addr: s.mongo_listen_addr.as_ref().map(ToString::to_string),
-                mongo_public_addr: public_or(&s.mongo_public_addr, &s.mongo_listen_addr)
+                mongo_listen_addr: s.db.mongo_listen_addr.as_ref().map(ToString::to_string),
+                mongo_public_addr: public_or(&s.db.mongo_public_addr, &s.db.mongo_listen_addr)
                     .unwrap_or(web_public),
             },
             tls_routing_enabled: false,
@@ -482,7 +468,7 @@ mod tests {
         assert_eq!(v["auth"]["type"], "local");
 
         s.listener_mode = ListenerMode::Separate;
-        s.mysql_listen_addr = Some(addr("0.0.0.0:3036"));
+        s.db.mysql_listen_addr = Some(addr("0.0.0.0:3036"));
         let v = serde_json::to_value(ping(&s, &Version::new(17, 1, 0))).unwrap();
         assert_eq!(v["proxy"]["tls_routing_enabled"], false);
         assert_eq!(v["proxy"]["ssh"]["listen_addr"], "127.0.0.1:3023");
