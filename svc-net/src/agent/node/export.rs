@@ -316,9 +316,16 @@ pub struct ExportStatus {
     pub failures: u64,
     /// The last failure's message.
     pub last_error: Option<String>,
-    /// The first window of the last export; `None` before the first export, when the cluster
-    /// has no maintenance configuration, and after a reset.
-    pub next_window: Option<Window>,
+    /// The windows of the last export; empty before the first export, when the cluster has no
+    /// maintenance configuration, and after a reset.
+    pub windows: Vec<Window>,
+}
+
+impl ExportStatus {
+    /// The first exported window that has not ended at `now` (the one open now, or the next).
+    pub fn next_window(&self, now: SystemTime) -> Option<Window> {
+        self.windows.iter().find(|w| w.end > now).copied()
+    }
 }
 
 /// The running export task: dropping the handle stops it.
@@ -404,7 +411,7 @@ async fn export_loop(
                         tracing::debug!(to = %sink.describe(), "exported the maintenance schedule");
                         status.send_modify(|s| {
                             s.exports += 1;
-                            s.next_window = windows.first().copied();
+                            s.windows = windows.clone();
                         });
                         settings.interval
                     }
@@ -426,7 +433,7 @@ async fn export_loop(
                     match sink.reset().await {
                         Ok(()) => {
                             reset_done = true;
-                            status.send_modify(|s| s.next_window = None);
+                            status.send_modify(|s| s.windows.clear());
                             tracing::warn!(
                                 to = %sink.describe(),
                                 "no contact with the cluster for {:?}: reset the exported maintenance schedule",
@@ -538,7 +545,7 @@ async fn watch_loop(
             (false, true) => {
                 tracing::info!(dir = %dir.display(), "the svc-upgrade directory is gone: no longer exporting the maintenance schedule");
                 exporter = None;
-                status.send_modify(|s| s.next_window = None);
+                status.send_modify(|s| s.windows.clear());
                 exporting.send_replace(false);
             }
             _ => {}
@@ -686,6 +693,7 @@ mod tests {
             "{after:?}"
         );
         assert!(s.failures >= 9, "{s:?}");
+        assert!(s.windows.is_empty(), "no next window reported after the reset");
         assert_eq!(
             std::fs::read_to_string(&schedule).unwrap(),
             "",
@@ -740,8 +748,12 @@ mod tests {
         let s = wait_for(&mut status, |s| s.exports == 1).await;
         let schedule = std::fs::read_to_string(dir.join("schedule")).unwrap();
         assert_eq!(parse_schedule_file(&schedule).unwrap().len(), 3);
-        let next = s.next_window.expect("the next window");
-        assert_eq!(parse_schedule_file(&schedule).unwrap()[0], next);
+        let exported = parse_schedule_file(&schedule).unwrap();
+        assert_eq!(s.windows, exported);
+        let at: SystemTime = datetime!(2026-11-20 09:30 UTC).into();
+        assert_eq!(s.next_window(at), Some(exported[0]));
+        // Once the first has ended, the next one.
+        assert_eq!(s.next_window(exported[0].end), Some(exported[1]));
         assert!(
             std::fs::read_to_string(dir.join("endpoint"))
                 .unwrap()
@@ -752,7 +764,7 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         watcher.check_now();
         exporting.wait_for(|e| !*e).await.unwrap();
-        assert_eq!(status.borrow().next_window, None);
+        assert!(status.borrow().windows.is_empty());
         tokio::time::sleep(EXPORT_INTERVAL * 2).await;
         assert!(!dir.exists(), "not recreated by the agent");
 

@@ -65,12 +65,17 @@ struct Exports {
 }
 
 impl Exports {
-    /// The first window of the latest export (the Linux files first, then the sinks).
-    fn next_window(&self) -> Option<Window> {
+    /// The first exported window that has not ended at `now` (the Linux files first, then the
+    /// sinks).
+    fn next_window(&self, now: SystemTime) -> Option<Window> {
         let from_dir = (*self.dir.exporting().borrow())
-            .then(|| self.dir.status().borrow().next_window)
+            .then(|| self.dir.status().borrow().next_window(now))
             .flatten();
-        from_dir.or_else(|| self.sinks.iter().find_map(|e| e.status().borrow().next_window))
+        from_dir.or_else(|| {
+            self.sinks
+                .iter()
+                .find_map(|e| e.status().borrow().next_window(now))
+        })
     }
 }
 
@@ -134,7 +139,7 @@ impl HeartbeatTask {
         (self.beat.upgrader, self.beat.upgrader_version) =
             reported_upgrader(&link.overrides, status.as_ref());
         self.beat.update_status = status.as_ref().map(|s| s.update_status());
-        self.beat.next_window = exports.next_window().map(|w| NextWindow {
+        self.beat.next_window = exports.next_window(SystemTime::now()).map(|w| NextWindow {
             start: unix(w.start),
             end: unix(w.end),
         });
