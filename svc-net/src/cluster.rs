@@ -24,7 +24,7 @@ use std::sync::Arc;
 use svc_core::Addr;
 use svc_core::config::Config;
 
-use crate::agent::node::{AgentNode, RunningNode, ScheduleSink, agent_roles};
+use crate::agent::node::{AgentNode, RunningNode, ScheduleSink, UpdateStatusSource, agent_roles};
 use crate::auth::NodeError;
 use crate::auth::node::{AuthServer, RunningAuth, dialable};
 use crate::proxy::RunningProxy;
@@ -36,6 +36,7 @@ pub struct Cluster {
     tunnel_override: Option<Addr>,
     insecure: bool,
     sinks: Vec<Arc<dyn ScheduleSink>>,
+    update_status: Option<Arc<dyn UpdateStatusSource>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -56,6 +57,7 @@ impl Cluster {
             tunnel_override: None,
             insecure: false,
             sinks: Vec::new(),
+            update_status: None,
         }
     }
 
@@ -79,10 +81,20 @@ impl Cluster {
         self
     }
 
+    /// The agent reads its updater's status from `source` (the Kubernetes shared-state Secret)
+    /// instead of the Linux updater's `status` file.
+    pub fn update_status_source(mut self, source: Arc<dyn UpdateStatusSource>) -> Self {
+        self.update_status = Some(source);
+        self
+    }
+
     fn agent(&self) -> AgentNode {
         let mut node = AgentNode::from_config(&self.config).insecure(self.insecure);
         for sink in &self.sinks {
             node = node.schedule_sink(sink.clone());
+        }
+        if let Some(source) = &self.update_status {
+            node = node.update_status_source(source.clone());
         }
         node
     }

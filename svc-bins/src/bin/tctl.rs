@@ -111,8 +111,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let (target, name) = (lock.target_text(), &lock.metadata.name);
             println!("{target} has been locked (remove lock/{name} to unlock)");
         }
-        Command::Inventory(Inventory::Ls { upgrader, format }) => {
-            output::print_inventory(auth.inventory().await?, upgrader.as_deref(), format)?;
+        Command::Inventory(Inventory::Ls {
+            upgrader,
+            older_than,
+            newer_than,
+            exact_version,
+            services,
+            format,
+        }) => {
+            let filter = output::InventoryFilter {
+                upgrader: upgrader.map(|u| u.as_str()),
+                older_than,
+                newer_than,
+                exact_version,
+                services,
+            };
+            output::print_inventory(auth.inventory().await?, &filter, format)?;
         }
     }
     Ok(())

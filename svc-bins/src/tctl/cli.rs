@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use svc_core::Version;
+use svc_core::identity::SystemRole;
 
 use crate::output::Format;
 
@@ -130,12 +132,55 @@ pub enum Tokens {
 
 #[derive(Subcommand)]
 pub enum Inventory {
-    /// List live agents.
+    /// List live agents, with their updater's last decision and next maintenance window.
     Ls {
-        /// Only agents with this upgrader (none, unit, kube).
-        #[arg(long)]
-        upgrader: Option<String>,
+        /// Only agents with this upgrader (none: not enrolled in automatic updates).
+        #[arg(long, value_enum)]
+        upgrader: Option<UpgraderFilter>,
+        /// Only agents running a version older than this one (e.g. 17.1.0).
+        #[arg(long, value_parser = parse_version)]
+        older_than: Option<Version>,
+        /// Only agents running a version newer than this one.
+        #[arg(long, value_parser = parse_version)]
+        newer_than: Option<Version>,
+        /// Only agents running exactly this version.
+        #[arg(long, value_parser = parse_version)]
+        exact_version: Option<Version>,
+        /// Only agents running any of these services (comma-separated: node, app, db, kube,
+        /// windows_desktop, proxy, auth).
+        #[arg(long, value_delimiter = ',', value_parser = parse_service)]
+        services: Vec<SystemRole>,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
+}
+
+/// `tctl inventory ls --upgrader`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UpgraderFilter {
+    /// The Kubernetes updater.
+    Kube,
+    /// The Linux updater (systemd unit).
+    Unit,
+    /// Not enrolled in automatic updates.
+    None,
+}
+
+impl UpgraderFilter {
+    /// The name the inventory prints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpgraderFilter::Kube => "kube",
+            UpgraderFilter::Unit => "unit",
+            UpgraderFilter::None => "none",
+        }
+    }
+}
+
+fn parse_version(text: &str) -> Result<Version, String> {
+    Version::parse(text).map_err(|e| e.to_string())
+}
+
+fn parse_service(text: &str) -> Result<SystemRole, String> {
+    text.trim().parse::<SystemRole>().map_err(|e| e.to_string())
 }

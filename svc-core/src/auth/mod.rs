@@ -23,6 +23,7 @@
 //! proxy may sign users in); users get exactly what their roles allow.
 
 pub mod direct;
+mod inventory;
 pub mod limit;
 mod password;
 mod served;
@@ -47,6 +48,7 @@ use crate::resource::{JoinRole, Kind, Lock, Resource, ResourceError, Token, User
 use crate::{Secret, Version};
 
 pub use direct::{Announcer, DirectAddrRefused, DirectDialPolicy, check_direct_addr};
+pub use inventory::{MAX_REASON_LEN, NextWindow, UnknownUpdateResult, UpdateResult, UpdateStatus};
 pub use limit::{LoginLimiter, LoginLimits, Refusal, Subject};
 use password::PasswordPool;
 pub use served::{ResourceRoute, RouteError, ServedKind, ServedResource, direct_ip_allowed};
@@ -309,6 +311,12 @@ pub struct InventoryRow {
     pub upgrader_version: String,
     /// When the heartbeat arrived (seconds since the Unix epoch).
     pub last_seen: u64,
+    /// The updater's last decision, when the agent reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_status: Option<UpdateStatus>,
+    /// The next maintenance window the agent exported for its updater, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_window: Option<NextWindow>,
 }
 
 /// What an agent reports in a heartbeat.
@@ -328,6 +336,11 @@ pub struct Heartbeat {
     /// The TCP peer address the heartbeat came from, as the Auth API saw it (`None` when
     /// unknown): an announced `direct_addr` that is an IP address must be this one.
     pub source: Option<std::net::IpAddr>,
+    /// The updater's last decision (`None` from agents that do not report it, or with no
+    /// updater).
+    pub update_status: Option<UpdateStatus>,
+    /// The next maintenance window the agent exported, if any.
+    pub next_window: Option<NextWindow>,
 }
 
 /// The Auth Service over a backend: CAs, users, roles, tokens, inventory.
@@ -1063,6 +1076,8 @@ impl AuthService {
             upgrader: beat.upgrader,
             upgrader_version: beat.upgrader_version,
             last_seen: now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            update_status: beat.update_status.map(UpdateStatus::bounded),
+            next_window: beat.next_window,
         };
         let value = serde_json::to_vec(&row).map_err(|e| AuthError::Corrupt {
             what: "inventory row",

@@ -260,6 +260,53 @@ async fn heartbeats_fill_the_inventory_until_they_stop() {
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].services, ["node"]);
     assert_eq!(rows[0].upgrader, "");
+    assert_eq!(
+        rows[0].update_status, None,
+        "an older agent reports no update status"
+    );
+    assert_eq!(rows[0].next_window, None);
+
+    // The updater's last decision and the next window are stored as reported, the reason cut.
+    let status = UpdateStatus {
+        result: UpdateResult::RolledBack,
+        from: "17.1.0".into(),
+        to: "17.0.0".into(),
+        reason: "x".repeat(MAX_REASON_LEN * 2),
+        at: 1_764_000_000,
+    };
+    let window = NextWindow {
+        start: 1_764_003_600,
+        end: 1_764_007_200,
+    };
+    f.auth
+        .heartbeat(
+            &node,
+            Heartbeat {
+                hostname: "node-1".into(),
+                version: "17.0.0".into(),
+                upgrader: "unit".into(),
+                upgrader_version: "17.0.0".into(),
+                update_status: Some(status.clone()),
+                next_window: Some(window),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let rows = f.auth.inventory(&admin).await.unwrap();
+    let stored = rows[0].update_status.clone().expect("the update status");
+    assert_eq!(stored.result, UpdateResult::RolledBack);
+    assert_eq!((stored.from.as_str(), stored.to.as_str()), ("17.1.0", "17.0.0"));
+    assert_eq!(stored.reason.len(), MAX_REASON_LEN);
+    assert_eq!(rows[0].next_window, Some(window));
+    assert_eq!(rows[0].upgrader, "unit");
+
+    // A row stored before these fields existed still reads.
+    let old: InventoryRow = serde_json::from_str(
+        r#"{"server_id":"a","hostname":"h","services":["node"],"version":"16.0.0","upgrader":"","upgrader_version":"","last_seen":5}"#,
+    )
+    .unwrap();
+    assert_eq!(old.update_status, None);
     f.clock.advance(HEARTBEAT_TTL + Duration::from_secs(1));
     assert!(f.auth.inventory(&admin).await.unwrap().is_empty());
 }

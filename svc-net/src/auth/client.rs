@@ -205,6 +205,8 @@ impl AuthClient {
                 upgrader: beat.upgrader.clone(),
                 upgrader_version: beat.upgrader_version.clone(),
                 resources: super::resources::list_to_proto(&beat.resources),
+                update_status: beat.update_status.as_ref().map(super::inventory::status_to_proto),
+                next_window: beat.next_window.as_ref().map(super::inventory::window_to_proto),
             })
             .await?;
         Ok(())
@@ -224,6 +226,8 @@ impl AuthClient {
                 upgrader: r.upgrader,
                 upgrader_version: r.upgrader_version,
                 last_seen: u64::try_from(r.last_seen_unix).unwrap_or(0),
+                update_status: r.update_status.and_then(super::inventory::status_from_proto),
+                next_window: r.next_window.map(super::inventory::window_from_proto),
             })
             .collect())
     }

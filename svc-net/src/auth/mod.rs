@@ -16,6 +16,7 @@
 mod admin;
 mod client;
 mod identity;
+mod inventory;
 #[cfg(feature = "node")]
 pub mod node;
 #[cfg(feature = "node")]

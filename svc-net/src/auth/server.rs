@@ -352,6 +352,8 @@ impl proto::auth_server::Auth for AuthGrpc {
                 .collect::<Result<_, _>>()
                 .map_err(status)?,
             source,
+            update_status: r.update_status.and_then(super::inventory::status_from_proto),
+            next_window: r.next_window.map(super::inventory::window_from_proto),
         };
         self.auth.heartbeat(&caller, beat).await.map_err(status)?;
         Ok(Response::new(proto::Empty {}))
@@ -374,6 +376,8 @@ impl proto::auth_server::Auth for AuthGrpc {
                     upgrader: r.upgrader,
                     upgrader_version: r.upgrader_version,
                     last_seen_unix: i64::try_from(r.last_seen).unwrap_or(i64::MAX),
+                    update_status: r.update_status.as_ref().map(super::inventory::status_to_proto),
+                    next_window: r.next_window.as_ref().map(super::inventory::window_to_proto),
                 })
                 .collect(),
         }))

@@ -19,6 +19,10 @@
 //! directory allows it; an agent running as another user, which owns only the file it was given
 //! (`install.sh` with `SVC_AGENT_USER`), rewrites it in place.
 //!
+//! The Linux updater's directory belongs to its package: the agent exports there only while it
+//! exists, and notices it appearing or going away without a restart ([`UpgradeDirWatcher`]
+//! checks at start and about every [`DIR_CHECK_INTERVAL`]).
+//!
 //! The pure parts ([`schedule_text`], [`jittered`]) are separate from the task
 //! ([`ScheduleExporter::spawn`]), which takes its clock for the window arithmetic and tokio's
 //! timer for waiting, so tests run it with paused time.
@@ -36,7 +40,11 @@ use svc_core::{
     Clock,
     maintenance::{AgentUpgradeWindow, Window, render_schedule_file},
 };
-use tokio::{sync::watch, task::JoinHandle, time::Instant};
+use tokio::{
+    sync::{Notify, watch},
+    task::JoinHandle,
+    time::Instant,
+};
 
 use tower::BoxError;
 
@@ -64,6 +72,8 @@ pub(crate) const RETRY_INTERVAL: Duration = Duration::from_secs(60);
 pub const CONTACT_TIMEOUT: Duration = Duration::from_secs(9 * 60);
 /// How many windows the schedule lists.
 pub const EXPORTED_WINDOWS: usize = 3;
+/// How often the agent checks whether the Linux updater's directory exists (before jitter).
+pub const DIR_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// The spread of every wait: ±10 %.
 pub(crate) const JITTER: f64 = 0.1;
 
@@ -306,6 +316,16 @@ pub struct ExportStatus {
     pub failures: u64,
     /// The last failure's message.
     pub last_error: Option<String>,
+    /// The windows of the last export; empty before the first export, when the cluster has no
+    /// maintenance configuration, and after a reset.
+    pub windows: Vec<Window>,
+}
+
+impl ExportStatus {
+    /// The first exported window that has not ended at `now` (the one open now, or the next).
+    pub fn next_window(&self, now: SystemTime) -> Option<Window> {
+        self.windows.iter().find(|w| w.end > now).copied()
+    }
 }
 
 /// The running export task: dropping the handle stops it.
@@ -341,9 +361,25 @@ impl ScheduleExporter {
         sink: Arc<dyn ScheduleSink>,
         settings: ExportSettings,
     ) -> Self {
-        let (tx, status) = watch::channel(ExportStatus::default());
-        let task = tokio::spawn(export_loop(source, clock, sink, settings, tx));
-        ScheduleExporter { task, status }
+        let (tx, _) = watch::channel(ExportStatus::default());
+        Self::spawn_reporting(source, clock, sink, settings, Arc::new(tx))
+    }
+
+    /// Starts exporting to `sink`, reporting into `status` (shared by the exporters an
+    /// [`UpgradeDirWatcher`] starts one after another).
+    fn spawn_reporting(
+        source: Arc<dyn MaintenanceSource>,
+        clock: Arc<dyn Clock>,
+        sink: Arc<dyn ScheduleSink>,
+        settings: ExportSettings,
+        status: Arc<watch::Sender<ExportStatus>>,
+    ) -> Self {
+        let receiver = status.subscribe();
+        let task = tokio::spawn(export_loop(source, clock, sink, settings, status));
+        ScheduleExporter {
+            task,
+            status: receiver,
+        }
     }
 
     /// The status, updated after every attempt.
@@ -357,7 +393,7 @@ async fn export_loop(
     clock: Arc<dyn Clock>,
     sink: Arc<dyn ScheduleSink>,
     settings: ExportSettings,
-    status: watch::Sender<ExportStatus>,
+    status: Arc<watch::Sender<ExportStatus>>,
 ) {
     // Since when the cluster has not answered; `None` while in contact.
     let mut lost_since: Option<Instant> = None;
@@ -373,7 +409,10 @@ async fn export_loop(
                 match sink.export(&windows).await {
                     Ok(()) => {
                         tracing::debug!(to = %sink.describe(), "exported the maintenance schedule");
-                        status.send_modify(|s| s.exports += 1);
+                        status.send_modify(|s| {
+                            s.exports += 1;
+                            s.windows = windows.clone();
+                        });
                         settings.interval
                     }
                     Err(e) => {
@@ -394,6 +433,7 @@ async fn export_loop(
                     match sink.reset().await {
                         Ok(()) => {
                             reset_done = true;
+                            status.send_modify(|s| s.windows.clear());
                             tracing::warn!(
                                 to = %sink.describe(),
                                 "no contact with the cluster for {:?}: reset the exported maintenance schedule",
@@ -412,6 +452,108 @@ async fn export_loop(
             }
         };
         tokio::time::sleep(jittered(wait, JITTER, rand::random::<f64>())).await;
+    }
+}
+
+/// Watches for the Linux updater's directory: exports to it (a [`ScheduleExporter`] on the
+/// [`FileSink`]) while it exists, starting as soon as it appears — checked at once, then about
+/// every `check_every` (jittered ±10 %), and whenever [`check_now`](Self::check_now) asks — and
+/// stopping when it goes away (the updater was removed). Dropping the handle stops it.
+#[derive(Debug)]
+pub struct UpgradeDirWatcher {
+    task: JoinHandle<()>,
+    check: Arc<Notify>,
+    status: watch::Receiver<ExportStatus>,
+    exporting: watch::Receiver<bool>,
+}
+
+impl Drop for UpgradeDirWatcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl UpgradeDirWatcher {
+    /// Watches `settings.dir`, exporting there with `settings` while it exists.
+    pub fn spawn(
+        source: Arc<dyn MaintenanceSource>,
+        clock: Arc<dyn Clock>,
+        settings: ExportSettings,
+        check_every: Duration,
+    ) -> Self {
+        let (status_tx, status) = watch::channel(ExportStatus::default());
+        let (exporting_tx, exporting) = watch::channel(false);
+        let check = Arc::new(Notify::new());
+        let task = tokio::spawn(watch_loop(
+            source,
+            clock,
+            settings,
+            check_every,
+            check.clone(),
+            Arc::new(status_tx),
+            exporting_tx,
+        ));
+        UpgradeDirWatcher {
+            task,
+            check,
+            status,
+            exporting,
+        }
+    }
+
+    /// Checks for the directory now instead of at the next interval.
+    pub fn check_now(&self) {
+        self.check.notify_one();
+    }
+
+    /// The exports' status (counting over every exporter this watcher started).
+    pub fn status(&self) -> watch::Receiver<ExportStatus> {
+        self.status.clone()
+    }
+
+    /// Whether the directory exists and is exported to.
+    pub fn exporting(&self) -> watch::Receiver<bool> {
+        self.exporting.clone()
+    }
+}
+
+async fn watch_loop(
+    source: Arc<dyn MaintenanceSource>,
+    clock: Arc<dyn Clock>,
+    settings: ExportSettings,
+    check_every: Duration,
+    check: Arc<Notify>,
+    status: Arc<watch::Sender<ExportStatus>>,
+    exporting: watch::Sender<bool>,
+) {
+    let dir = settings.dir.clone();
+    let mut exporter: Option<ScheduleExporter> = None;
+    loop {
+        match (dir.is_dir(), exporter.is_some()) {
+            (true, false) => {
+                tracing::info!(dir = %dir.display(), "exporting the maintenance schedule for svc-upgrade");
+                let sink = Arc::new(FileSink::new(dir.clone(), settings.endpoint.clone()));
+                exporter = Some(ScheduleExporter::spawn_reporting(
+                    source.clone(),
+                    clock.clone(),
+                    sink,
+                    settings.clone(),
+                    status.clone(),
+                ));
+                exporting.send_replace(true);
+            }
+            (false, true) => {
+                tracing::info!(dir = %dir.display(), "the svc-upgrade directory is gone: no longer exporting the maintenance schedule");
+                exporter = None;
+                status.send_modify(|s| s.windows.clear());
+                exporting.send_replace(false);
+            }
+            _ => {}
+        }
+        tokio::select! {
+            () = tokio::time::sleep(jittered(check_every, JITTER, rand::random::<f64>())) => {}
+            () = check.notified() => {}
+        }
     }
 }
 
@@ -551,6 +693,7 @@ mod tests {
             "{after:?}"
         );
         assert!(s.failures >= 9, "{s:?}");
+        assert!(s.windows.is_empty(), "no next window reported after the reset");
         assert_eq!(
             std::fs::read_to_string(&schedule).unwrap(),
             "",
@@ -568,5 +711,70 @@ mod tests {
             3
         );
         drop(exporter);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn exports_start_when_the_directory_appears_and_stop_when_it_goes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("svc-upgrade.d");
+        let source = Arc::new(Scripted {
+            config: Some(AgentUpgradeWindow::new(3, []).unwrap()),
+            down: Mutex::new(false),
+        });
+        let clock = Arc::new(ManualClock::new(datetime!(2026-11-20 09:30 UTC).into()));
+        let watcher = UpgradeDirWatcher::spawn(
+            source,
+            clock,
+            ExportSettings::new(&dir)
+                .with_endpoint("proxy.example.com:443/v1/webapi/automaticupgrades/channel/default"),
+            DIR_CHECK_INTERVAL,
+        );
+        let mut exporting = watcher.exporting();
+        let mut status = watcher.status();
+
+        // Several checks without the directory: nothing exported, and the directory (the
+        // package's) is not created.
+        tokio::time::sleep(Duration::from_secs(5 * 60)).await;
+        assert!(!*exporting.borrow());
+        assert!(!dir.exists());
+        assert_eq!(status.borrow().exports, 0);
+
+        // The updater is installed: the next check (within about a minute) starts the exports.
+        std::fs::create_dir(&dir).unwrap();
+        let created = Instant::now();
+        exporting.wait_for(|e| *e).await.unwrap();
+        let waited = created.elapsed();
+        assert!(waited <= Duration::from_secs(66), "{waited:?}");
+        let s = wait_for(&mut status, |s| s.exports == 1).await;
+        let schedule = std::fs::read_to_string(dir.join("schedule")).unwrap();
+        assert_eq!(parse_schedule_file(&schedule).unwrap().len(), 3);
+        let exported = parse_schedule_file(&schedule).unwrap();
+        assert_eq!(s.windows, exported);
+        let at: SystemTime = datetime!(2026-11-20 09:30 UTC).into();
+        assert_eq!(s.next_window(at), Some(exported[0]));
+        // Once the first has ended, the next one.
+        assert_eq!(s.next_window(exported[0].end), Some(exported[1]));
+        assert!(
+            std::fs::read_to_string(dir.join("endpoint"))
+                .unwrap()
+                .starts_with("proxy.example.com:443/")
+        );
+
+        // The updater is removed: the exports stop and the directory stays gone.
+        std::fs::remove_dir_all(&dir).unwrap();
+        watcher.check_now();
+        exporting.wait_for(|e| !*e).await.unwrap();
+        assert!(status.borrow().windows.is_empty());
+        tokio::time::sleep(EXPORT_INTERVAL * 2).await;
+        assert!(!dir.exists(), "not recreated by the agent");
+
+        // Installed again, and the agent told at once (after a heartbeat saw it).
+        std::fs::create_dir(&dir).unwrap();
+        let asked = Instant::now();
+        watcher.check_now();
+        exporting.wait_for(|e| *e).await.unwrap();
+        assert_eq!(asked.elapsed(), Duration::ZERO);
+        wait_for(&mut status, |s| s.exports == 2).await;
+        assert!(dir.join("schedule").exists());
     }
 }

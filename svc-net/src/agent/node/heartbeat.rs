@@ -1,25 +1,48 @@
-//! The agent's heartbeats to the inventory, and the schedule exports that start with them.
+//! The agent's heartbeats to the inventory, the schedule exports that start with them, and what
+//! the agent and its updater tell each other around every heartbeat ([`super::updater`]).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use svc_core::SystemClock;
-use svc_core::auth::Heartbeat;
+use svc_core::auth::{Heartbeat, NextWindow};
+use svc_core::maintenance::Window;
 
-use super::export::{AuthMaintenanceSource, ExportSettings, ScheduleExporter, ScheduleSink};
+use super::export::{
+    AuthMaintenanceSource, ExportSettings, ScheduleExporter, ScheduleSink, UpgradeDirWatcher,
+};
+use super::updater::{AgentFile, UpdateStatusSource, reported_upgrader, write_agent_file};
 use crate::auth::{AuthClient, ClientIdentity};
 use crate::diag::NodeMetrics;
 use crate::dial::ProxyDialer;
 
 /// Where the schedule goes.
 pub(super) struct ExportTargets {
-    /// The Linux updater's directory: exported to only when it exists (the package owns it,
-    /// and creating it here would claim a system path nobody asked for).
+    /// The Linux updater's directory: exported to only while it exists (the package owns it,
+    /// and creating it here would claim a system path nobody asked for), checked about every
+    /// `check_every` and after every accepted heartbeat.
     pub(super) upgrade_dir: PathBuf,
+    /// How often the directory is checked (before jitter).
+    pub(super) check_every: Duration,
     /// The version endpoint written there while the endpoint file is empty.
     pub(super) endpoint: String,
     /// Further sinks (the Kubernetes shared-state Secret).
     pub(super) sinks: Vec<Arc<dyn ScheduleSink>>,
+}
+
+/// What the heartbeats say about the updater, and what the agent tells the updater.
+pub(super) struct UpdaterLink {
+    /// `SVC_UPGRADER` / `SVC_UPGRADER_VERSION` or `AgentNode::upgrader`: each wins over the
+    /// status when not empty.
+    pub(super) overrides: (String, String),
+    /// Where the updater's status is read, before every heartbeat.
+    pub(super) status: Arc<dyn UpdateStatusSource>,
+    /// The host ID written to the `agent` file.
+    pub(super) host_id: String,
+    /// The bound diagnostics address, written to the `agent` file.
+    pub(super) diag_addr: Option<SocketAddr>,
 }
 
 /// Connects to the Auth API (retrying with the reconnect backoff: the proxy or the Auth
@@ -32,10 +55,36 @@ pub(super) struct HeartbeatTask {
     pub(super) metrics: NodeMetrics,
     pub(super) first_beat: Arc<tokio::sync::Notify>,
     pub(super) exports: ExportTargets,
+    pub(super) updater: UpdaterLink,
+}
+
+/// The running exports: the watched Linux directory and the extra sinks.
+struct Exports {
+    dir: UpgradeDirWatcher,
+    sinks: Vec<ScheduleExporter>,
+}
+
+impl Exports {
+    /// The first exported window that has not ended at `now` (the Linux files first, then the
+    /// sinks).
+    fn next_window(&self, now: SystemTime) -> Option<Window> {
+        let from_dir = (*self.dir.exporting().borrow())
+            .then(|| self.dir.status().borrow().next_window(now))
+            .flatten();
+        from_dir.or_else(|| {
+            self.sinks
+                .iter()
+                .find_map(|e| e.status().borrow().next_window(now))
+        })
+    }
+}
+
+fn unix(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 impl HeartbeatTask {
-    pub(super) async fn run(self) {
+    pub(super) async fn run(mut self) {
         let mut backoff = crate::tunnel::Backoff::default();
         let mut client = loop {
             match AuthClient::connect_via(&self.identity.auth_addr, &self.identity, Some(&self.dialer)).await
@@ -49,21 +98,55 @@ impl HeartbeatTask {
                 }
             }
         };
-        self.beat_once(&mut client).await;
+        let exports = self.exports(client.clone());
+        let mut last_status_error = None;
+        self.beat_once(&mut client, &exports, &mut last_status_error)
+            .await;
         self.first_beat.notify_one();
-        let _exports = self.exports(client.clone());
         let mut tick = tokio::time::interval(svc_core::auth::HEARTBEAT_INTERVAL);
         tick.tick().await;
         loop {
             tick.tick().await;
-            self.beat_once(&mut client).await;
+            self.beat_once(&mut client, &exports, &mut last_status_error)
+                .await;
         }
     }
 
-    async fn beat_once(&self, client: &mut AuthClient) {
+    /// One heartbeat with the updater's current status and the next exported window; once
+    /// accepted, the `agent` file for the updater (when its directory exists).
+    async fn beat_once(
+        &mut self,
+        client: &mut AuthClient,
+        exports: &Exports,
+        last_status_error: &mut Option<String>,
+    ) {
+        let link = &self.updater;
+        let status = match link.status.status().await {
+            Ok(status) => {
+                *last_status_error = None;
+                status
+            }
+            Err(e) => {
+                // Logged once per distinct problem, not every heartbeat.
+                let text = e.to_string();
+                if last_status_error.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(error = %text, from = %link.status.describe(), "ignoring the updater's status");
+                    *last_status_error = Some(text);
+                }
+                None
+            }
+        };
+        (self.beat.upgrader, self.beat.upgrader_version) =
+            reported_upgrader(&link.overrides, status.as_ref());
+        self.beat.update_status = status.as_ref().map(|s| s.update_status());
+        self.beat.next_window = exports.next_window(SystemTime::now()).map(|w| NextWindow {
+            start: unix(w.start),
+            end: unix(w.end),
+        });
         match client.heartbeat(&self.beat).await {
             Ok(()) => {
                 self.metrics.heartbeats.inc();
+                self.after_accepted(exports);
             }
             Err(e) => {
                 self.metrics.heartbeat_failures.inc();
@@ -72,30 +155,50 @@ impl HeartbeatTask {
         };
     }
 
-    /// The schedule exports: the Linux updater's files (the endpoint file, written only while
-    /// empty, points the updater at this cluster's proxy) and the extra sinks. Dropping the
-    /// exporters stops them.
-    fn exports(&self, client: AuthClient) -> Vec<ScheduleExporter> {
+    /// Tells the updater the agent is alive (the `agent` file), and the directory watcher to
+    /// look now when the directory appeared since its last check.
+    fn after_accepted(&self, exports: &Exports) {
+        let dir = &self.exports.upgrade_dir;
+        if !dir.is_dir() {
+            return;
+        }
+        if !*exports.dir.exporting().borrow() {
+            exports.dir.check_now();
+        }
+        let agent = AgentFile {
+            version: self.beat.version.clone(),
+            host_id: self.updater.host_id.clone(),
+            pid: std::process::id(),
+            heartbeat_at: unix(SystemTime::now()),
+            diag_addr: self.updater.diag_addr,
+        };
+        if let Err(e) = write_agent_file(dir, &agent) {
+            tracing::warn!(error = %e, dir = %dir.display(), "cannot write the agent file for svc-upgrade");
+        }
+    }
+
+    /// The schedule exports: the Linux updater's files while its directory exists (the endpoint
+    /// file, written only while empty, points the updater at this cluster's proxy) and the
+    /// extra sinks. Dropping them stops them.
+    fn exports(&self, client: AuthClient) -> Exports {
         let targets = &self.exports;
         let source = Arc::new(AuthMaintenanceSource::new(client));
-        let mut out = Vec::new();
-        if targets.upgrade_dir.is_dir() {
-            tracing::info!(dir = %targets.upgrade_dir.display(), "exporting the maintenance schedule for svc-upgrade");
-            out.push(ScheduleExporter::spawn(
-                source.clone(),
-                Arc::new(SystemClock),
-                ExportSettings::new(&targets.upgrade_dir).with_endpoint(targets.endpoint.clone()),
-            ));
-        }
+        let dir = UpgradeDirWatcher::spawn(
+            source.clone(),
+            Arc::new(SystemClock),
+            ExportSettings::new(&targets.upgrade_dir).with_endpoint(targets.endpoint.clone()),
+            targets.check_every,
+        );
+        let mut sinks = Vec::new();
         for sink in &targets.sinks {
             tracing::info!(sink = %sink.describe(), "exporting the maintenance schedule");
-            out.push(ScheduleExporter::spawn_to(
+            sinks.push(ScheduleExporter::spawn_to(
                 source.clone(),
                 Arc::new(SystemClock),
                 sink.clone(),
                 ExportSettings::default(),
             ));
         }
-        out
+        Exports { dir, sinks }
     }
 }

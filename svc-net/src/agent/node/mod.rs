@@ -7,9 +7,13 @@
 //! port with TLS routing → the services behind a reverse tunnel to the proxy (dialed through
 //! `HTTPS_PROXY`/`NO_PROXY`), or, joined at `svc.auth_server` without `svc.proxy_server`, on
 //! listeners of their own that the proxy dials → heartbeats to the inventory → the maintenance
-//! schedule exported for the updater ([`export`]: the Linux updater's directory when it exists,
-//! plus any [`ScheduleSink`] given with [`AgentNode::schedule_sink`], such as the Kubernetes
-//! shared-state Secret) → `/healthz`, `/readyz`, `/metrics` on `svc.diag_addr` ([`crate::diag`]).
+//! schedule exported for the updater ([`export`]: the Linux updater's directory while it exists,
+//! noticed without a restart, plus any [`ScheduleSink`] given with [`AgentNode::schedule_sink`],
+//! such as the Kubernetes shared-state Secret) → `/healthz`, `/readyz`, `/metrics` on
+//! `svc.diag_addr` ([`crate::diag`]). Every heartbeat reports the updater's status ([`updater`]:
+//! the `status` file, or an [`UpdateStatusSource`] given with
+//! [`AgentNode::update_status_source`]) and, once accepted, writes the `agent` file the Linux
+//! updater checks health with.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), svc_net::NodeError> {
@@ -24,6 +28,7 @@
 pub mod export;
 mod heartbeat;
 mod resources;
+pub mod updater;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,8 +44,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use export::ScheduleSink;
 pub use resources::{agent_dial_service, agent_roles, served_resources};
+pub use updater::UpdateStatusSource;
 
-use self::heartbeat::{ExportTargets, HeartbeatTask};
+use self::heartbeat::{ExportTargets, HeartbeatTask, UpdaterLink};
 use crate::agent::ssh::{SshServer, SshServerConfig};
 use crate::auth::{ClientIdentity, JoinParams};
 use crate::auth::{NodeError, bind};
@@ -79,6 +85,8 @@ pub struct AgentNode {
     endpoint: Option<String>,
     sinks: Vec<Arc<dyn ScheduleSink>>,
     upgrader: (String, String),
+    update_status: Option<Arc<dyn UpdateStatusSource>>,
+    dir_check_interval: Duration,
 }
 
 impl std::fmt::Debug for AgentNode {
@@ -112,6 +120,8 @@ impl AgentNode {
                 env(UPGRADER_ENV).unwrap_or_default(),
                 env(UPGRADER_VERSION_ENV).unwrap_or_default(),
             ),
+            update_status: None,
+            dir_check_interval: export::DIR_CHECK_INTERVAL,
         }
     }
 
@@ -162,9 +172,24 @@ impl AgentNode {
         self
     }
 
-    /// Reports `upgrader` (`unit`, `kube`) and its version in the heartbeats.
+    /// Reports `upgrader` (`unit`, `kube`) and its version in the heartbeats, whatever the
+    /// updater's status says (an empty value leaves that one to the status).
     pub fn upgrader(mut self, upgrader: impl Into<String>, version: impl Into<String>) -> Self {
         self.upgrader = (upgrader.into(), version.into());
+        self
+    }
+
+    /// Reads the updater's status from `source` (the Kubernetes shared-state Secret) instead of
+    /// the `status` file in the Linux updater's directory.
+    pub fn update_status_source(mut self, source: Arc<dyn UpdateStatusSource>) -> Self {
+        self.update_status = Some(source);
+        self
+    }
+
+    /// Checks whether the Linux updater's directory exists this often (default
+    /// [`export::DIR_CHECK_INTERVAL`], jittered ±10 %), besides after every accepted heartbeat.
+    pub fn upgrade_dir_check_interval(mut self, every: Duration) -> Self {
+        self.dir_check_interval = every;
         self
     }
 
@@ -209,6 +234,8 @@ impl AgentNode {
             resources,
             // The Auth Service fills this in from the connection; an agent cannot claim it.
             source: None,
+            // Filled in before every heartbeat from the updater's status and the exports.
+            ..Heartbeat::default()
         }
     }
 
@@ -265,7 +292,6 @@ impl AgentNode {
             .clone()
             .unwrap_or_else(|| version_endpoint(&proxy_addr));
         let beat = self.beat(served_resources(config));
-        tasks.push(self.heartbeats(&identity, dialer, beat, &metrics, endpoint).await);
         let status = agent.watch();
         let diag_addr = serve_diag(
             config.svc.diag_addr.as_ref(),
@@ -288,6 +314,11 @@ impl AgentNode {
             },
         )
         .await?;
+        // After the diagnostics: the `agent` file names their address.
+        tasks.push(
+            self.heartbeats(&identity, dialer, beat, &metrics, endpoint, diag_addr)
+                .await,
+        );
         Ok(RunningNode {
             name: self.config.svc.nodename.clone(),
             host_id: identity.name,
@@ -309,6 +340,7 @@ impl AgentNode {
         beat: Heartbeat,
         metrics: &NodeMetrics,
         endpoint: String,
+        diag_addr: Option<SocketAddr>,
     ) -> tokio::task::JoinHandle<()> {
         let first_beat = Arc::new(tokio::sync::Notify::new());
         let task = HeartbeatTask {
@@ -319,8 +351,18 @@ impl AgentNode {
             first_beat: first_beat.clone(),
             exports: ExportTargets {
                 upgrade_dir: self.upgrade_dir.clone(),
+                check_every: self.dir_check_interval,
                 endpoint,
                 sinks: self.sinks.clone(),
+            },
+            updater: UpdaterLink {
+                overrides: self.upgrader.clone(),
+                status: self
+                    .update_status
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(updater::FileStatusSource::new(&self.upgrade_dir))),
+                host_id: identity.name.clone(),
+                diag_addr,
             },
         };
         let handle = tokio::spawn(task.run());
@@ -434,7 +476,6 @@ impl AgentNode {
             None => version_endpoint(&auth_target(config)?),
         };
         let beat = self.beat(resources);
-        tasks.push(self.heartbeats(&identity, dialer, beat, &metrics, endpoint).await);
         let beats = metrics.heartbeats.clone();
         let diag_addr = serve_diag(
             config.svc.diag_addr.as_ref(),
@@ -450,6 +491,10 @@ impl AgentNode {
             },
         )
         .await?;
+        tasks.push(
+            self.heartbeats(&identity, dialer, beat, &metrics, endpoint, diag_addr)
+                .await,
+        );
         Ok(RunningNode {
             name,
             host_id: identity.name,
