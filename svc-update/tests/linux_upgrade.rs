@@ -588,3 +588,99 @@ async fn force_clears_bad_versions_and_unhealthy_agents_update_outside_windows()
     next.shutdown().await;
     Ok(())
 }
+
+/// The nop installer, except that a forced install (the rollback's) fails as a package manager
+/// would.
+#[derive(Debug)]
+struct RollbackFails(Nop);
+
+#[async_trait::async_trait]
+impl PackageManager for RollbackFails {
+    fn kind(&self) -> svc_update::linux::InstallerKind {
+        self.0.kind()
+    }
+
+    async fn install(
+        &self,
+        package: &str,
+        version: &Version,
+        force: bool,
+    ) -> Result<(), svc_update::linux::PkgError> {
+        if force {
+            return Err(svc_update::linux::PkgError::Failed {
+                command: format!("apt-get install --allow-downgrades {package}={version}"),
+                code: Some(100),
+                stderr: "E: Version not found".to_owned(),
+            });
+        }
+        self.0.install(package, version, force).await
+    }
+
+    async fn hold(&self, package: &str) -> Result<(), svc_update::linux::PkgError> {
+        self.0.hold(package).await
+    }
+
+    async fn unhold(&self, package: &str) -> Result<(), svc_update::linux::PkgError> {
+        self.0.unhold(package).await
+    }
+
+    async fn installed_version(&self, package: &str) -> Result<Option<Version>, svc_update::linux::PkgError> {
+        self.0.installed_version(package).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_rollback_is_failed_with_both_reasons_and_held() -> Result<()> {
+    let data = tempfile::tempdir()?;
+    let mut s = setup("restart")?;
+    let running = agent_playing_systemctl(&mut s, 1)?;
+    std::fs::write(&running, "17.0.0")?;
+    let clock = ManualClock::new(SystemTime::now());
+    let pm = RollbackFails(Nop::new(Some(v("17.0.0"))));
+    schedule(&s.dir, &[window_at(clock.now())])?;
+    let bad = version_server(data.path(), "17.1.0", false).await?;
+    let (decision, out) = run(&s, Mode::Run, &client(&bad)?, &pm, &clock).await;
+    let err = decision.expect_err("the rollback failed").to_string();
+    assert_eq!(
+        err,
+        "v17.1.0 did not prove healthy (no heartbeat with 17.1.0 within 1s (the agent last reported 17.0.0 at \
+         {at})), and rolling back to v17.0.0 failed; v17.1.0 stays installed and held: `apt-get install \
+         --allow-downgrades svc=v17.0.0` failed (exit code 100): E: Version not found"
+            .replace(
+                "{at}",
+                &serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(s.dir.join("agent"))?)?
+                    ["heartbeat_at"]
+                    .to_string()
+            ),
+        "{out}"
+    );
+    // The hold is back after the failed reinstall.
+    assert_eq!(
+        pm.0.actions(),
+        [
+            "unhold svc",
+            "install svc=17.1.0",
+            "hold svc",
+            "unhold svc",
+            "hold svc"
+        ]
+    );
+    let st = status(&s)?;
+    assert_eq!(
+        (
+            st.result,
+            st.from.as_str(),
+            st.to.as_str(),
+            st.bad_versions.clone()
+        ),
+        (
+            UpdateResult::Failed,
+            "17.0.0",
+            "17.1.0",
+            vec!["17.1.0".to_owned()]
+        )
+    );
+    assert_eq!(st.reason, err);
+    bad.shutdown().await;
+    Ok(())
+}

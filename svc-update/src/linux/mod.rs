@@ -21,7 +21,7 @@ pub mod version;
 pub use config::{ConfigError, RestartMode, UpgradeConfig};
 pub use decision::{Decision, Mode, Reason, Refusal, decide};
 pub use pkg::{InstallerKind, PackageManager, PkgError, install_and_hold, package_manager};
-pub use runner::{RunError, RunReport, Runner};
+pub use runner::{RollbackFailure, RunError, RunReport, Runner};
 pub use state::{InstallRecord, StateError, UpgradeState};
 pub use status::{AgentReport, UpdateResult, UpdateStatus};
 pub use version::{PackageVersionError, from_package_version, to_package_version};

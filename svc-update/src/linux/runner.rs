@@ -99,42 +99,36 @@ pub enum RunError {
         /// The operating system's reason.
         source: io::Error,
     },
-    /// The new version did not prove healthy, and installing the previous one again failed.
-    #[error(
-        "{bad} did not prove healthy ({unhealthy}), and rolling back to {previous} failed: {reason}; \
-         {bad} stays installed and held"
-    )]
-    Rollback {
-        /// The version that did not prove healthy.
-        bad: Version,
-        /// The version the rollback tried to restore.
-        previous: Version,
-        /// Why the new version counted as unhealthy.
-        unhealthy: String,
-        /// Why the rollback failed.
-        reason: String,
-    },
-    /// The rollback installed the previous version, but restarting the agent with it failed.
-    #[error(
-        "{bad} did not prove healthy ({unhealthy}); {previous} is installed and held again, but \
-         restarting the agent failed: {reason}"
-    )]
-    RollbackRestart {
-        /// The version that did not prove healthy.
-        bad: Version,
-        /// The version restored.
-        previous: Version,
-        /// Why the new version counted as unhealthy.
-        unhealthy: String,
-        /// Why the restart failed.
-        reason: String,
-    },
+    /// The new version did not prove healthy, and the rollback failed.
+    #[error(transparent)]
+    Rollback(Box<RollbackFailure>),
     /// The `status` file could not be written.
     #[error("writing the updater's status: {0}")]
     Status(#[from] FileError),
     /// Writing the report failed.
     #[error("writing the report: {0}")]
     Output(#[from] io::Error),
+}
+
+/// A rollback that failed: [`RunError::Rollback`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+#[error("{bad} did not prove healthy ({unhealthy}), and {}: {reason}", if *.restored {
+    format!("{previous} is installed and held again, but restarting the agent failed")
+} else {
+    format!("rolling back to {previous} failed; {bad} stays installed and held")
+})]
+pub struct RollbackFailure {
+    /// The version that did not prove healthy.
+    pub bad: Version,
+    /// The version the rollback restores.
+    pub previous: Version,
+    /// Why the new version counted as unhealthy.
+    pub unhealthy: String,
+    /// Whether `previous` was installed again (then the restart failed).
+    pub restored: bool,
+    /// Why the rollback failed.
+    pub reason: String,
 }
 
 /// Where a run looks for things; [`Runner::new`] gives the system's places.
@@ -248,10 +242,9 @@ impl Runner {
             }
             Err(e) => {
                 let result = match e {
-                    RunError::Install(_)
-                    | RunError::NotInstalled { .. }
-                    | RunError::Rollback { .. }
-                    | RunError::RollbackRestart { .. } => UpdateResult::Failed,
+                    RunError::Install(_) | RunError::NotInstalled { .. } | RunError::Rollback(_) => {
+                        UpdateResult::Failed
+                    }
                     _ => UpdateResult::None,
                 };
                 UpdateStatus::new(
@@ -531,34 +524,33 @@ impl Runner {
             state.bad_versions.push(bad.clone());
         }
         state.save(&self.state_path)?;
-        let failed = |reason: String| RunError::Rollback {
-            bad: bad.clone(),
-            previous: previous.clone(),
-            unhealthy: unhealthy.to_owned(),
-            reason,
+        let failed = |restored: bool, reason: String| {
+            RunError::Rollback(Box::new(RollbackFailure {
+                bad: bad.clone(),
+                previous: previous.clone(),
+                unhealthy: unhealthy.to_owned(),
+                restored,
+                reason,
+            }))
         };
         install_and_hold(pm, package, previous, true)
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| failed(false, e.to_string()))?;
         let found = pm
             .installed_version(package)
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| failed(false, e.to_string()))?;
         if found.as_ref() != Some(previous) && pm.kind() != InstallerKind::Nop {
             let found = found.map_or_else(|| "nothing".to_owned(), |v| v.to_string());
-            return Err(failed(format!("the package manager reports {found} installed")));
+            return Err(failed(
+                false,
+                format!("the package manager reports {found} installed"),
+            ));
         }
         say(out, &format!("reinstalled {package} {previous} and held it"))?;
         match self.restart(previous, true, out).await? {
             Restarted::Yes(_) | Restarted::No(_) => {}
-            Restarted::Failed(reason) => {
-                return Err(RunError::RollbackRestart {
-                    bad: bad.clone(),
-                    previous: previous.clone(),
-                    unhealthy: unhealthy.to_owned(),
-                    reason,
-                });
-            }
+            Restarted::Failed(reason) => return Err(failed(true, reason)),
         }
         say(
             out,
