@@ -17,7 +17,8 @@
 #                     "metadata" only the signed repomd.xml, "0" nothing (unsigned self-hosted repos)
 #   SVC_INSTALLER     apt | yum | zypper: use this package manager instead of detecting it
 #   SVC_AGENT_USER    the user the agent runs as when it is not root: it is given
-#                     /etc/svc-upgrade.d/schedule so it can export its maintenance schedule
+#                     /etc/svc-upgrade.d/schedule and /etc/svc-upgrade.d/agent so it can export
+#                     its maintenance schedule and report its heartbeats to the updater
 set -euo pipefail
 
 die() { echo "install.sh: error: $*" >&2; exit 1; }
@@ -192,10 +193,12 @@ chmod 0755 "$config_dir"
 
 if [ -n "${SVC_AGENT_USER:-}" ]; then
   id -u "$SVC_AGENT_USER" >/dev/null 2>&1 || die "SVC_AGENT_USER=\"$SVC_AGENT_USER\": no such user"
-  [ -e "$config_dir/schedule" ] || : >"$config_dir/schedule"
-  chmod 0644 "$config_dir/schedule"
-  chown "$SVC_AGENT_USER" "$config_dir/schedule"
-  say "gave $config_dir/schedule to $SVC_AGENT_USER so the agent can export its maintenance schedule"
+  for file in schedule agent; do
+    [ -e "$config_dir/$file" ] || : >"$config_dir/$file"
+    chmod 0644 "$config_dir/$file"
+    chown "$SVC_AGENT_USER" "$config_dir/$file"
+  done
+  say "gave $config_dir/schedule and $config_dir/agent to $SVC_AGENT_USER so the agent can export its maintenance schedule and report its health"
 fi
 
 say "installed and held: ${packages[*]} $pkg_version"
@@ -204,4 +207,5 @@ Next steps:
   svc version            # should print: svc v$version
   svc-upgrade dry-run    # warnings about no valid upgrade schedule are expected until the agent
                          # has exported one (within about 40 minutes of joining)
+  cat $config_dir/status # the updater's last result ("enrolled" until its first run)
 NEXT

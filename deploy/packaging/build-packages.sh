@@ -70,10 +70,28 @@ fi
 SH
 }
 
+# $1: the package version. Besides the directory, it writes the updater's initial `status` (the
+# JSON svc-upgrade rewrites after every run), so the agent reports the updater and its version
+# from enrolment on, before the first timer run. An upgrade of the package keeps the last run's
+# status and only updates upgrader_version in it.
 updater_postinst() {
+  local svc_version=${1/\~/-}
   cat <<'SH'
 mkdir -p /etc/svc-upgrade.d
 chmod 0755 /etc/svc-upgrade.d
+SH
+  printf 'UPGRADER_VERSION=%s\n' "$svc_version"
+  cat <<'SH'
+status=/etc/svc-upgrade.d/status
+if [ "${FIRST_INSTALL:-no}" = yes ] || [ ! -s "$status" ]; then
+  current=$(/usr/bin/svc version 2>/dev/null | sed -n 's/^svc v//p' || true)
+  printf '{"upgrader":"unit","upgrader_version":"%s","result":"none","from":"%s","to":"%s","reason":"enrolled","at":%s,"bad_versions":[]}\n' \
+    "$UPGRADER_VERSION" "$current" "$current" "$(date +%s)" >"$status.tmp"
+  chmod 0644 "$status.tmp"
+  mv -f "$status.tmp" "$status"
+else
+  sed -i "s/\"upgrader_version\":\"[^\"]*\"/\"upgrader_version\":\"$UPGRADER_VERSION\"/" "$status" || true
+fi
 if [ -d /run/systemd/system ]; then
   systemctl daemon-reload || true
   # Enable the timer on first install only: an administrator who suspended updates with
@@ -115,7 +133,7 @@ build_deb() { # name version bin_dir out_dir files_fn postinst_fn prerm_fn depen
     echo '#!/bin/sh'
     echo 'set -e'
     echo 'FIRST_INSTALL=no; [ "$1" = configure ] && [ -z "${2:-}" ] && FIRST_INSTALL=yes'
-    "$postinst_fn"
+    "$postinst_fn" "$version"
   } >"$root/DEBIAN/postinst"
   chmod 0755 "$root/DEBIAN/postinst"
   if [ -n "$prerm_fn" ]; then
@@ -167,7 +185,8 @@ build_rpm() { # name version bin_dir out_dir files_fn postinst_fn prerm_fn requi
     done < <("$files_fn" "$bin_dir")
     echo "%post"
     echo 'FIRST_INSTALL=no; [ "$1" -eq 1 ] && FIRST_INSTALL=yes'
-    "$postinst_fn"
+    # rpm expands % in scripts as macros; %% is a literal % (printf formats).
+    "$postinst_fn" "$version" | sed 's/%/%%/g'
     if [ -n "$prerm_fn" ]; then
       echo "%preun"
       echo 'LAST_REMOVAL=no; [ "$1" -eq 0 ] && LAST_REMOVAL=yes'

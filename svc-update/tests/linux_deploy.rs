@@ -382,7 +382,11 @@ fn deb_packages_hold_what_exists_and_map_the_version() -> Result<()> {
         .arg("postinst"))?;
     let postinst = String::from_utf8(postinst.stdout)?;
     ensure!(
-        postinst.contains("mkdir -p /etc/svc-upgrade.d") && postinst.contains("[ -d /run/systemd/system ]"),
+        postinst.contains("mkdir -p /etc/svc-upgrade.d")
+            && postinst.contains("[ -d /run/systemd/system ]")
+            && postinst.contains(r#""result":"none""#)
+            && postinst.contains(r#""reason":"enrolled""#)
+            && postinst.contains("UPGRADER_VERSION=17.0.0-dev"),
         "{postinst}"
     );
     Ok(())
@@ -423,7 +427,11 @@ fn rpm_packages_hold_what_exists_and_map_the_version() -> Result<()> {
     );
     let scripts = query("svc-ent-updater", &["--scripts"])?;
     ensure!(
-        scripts.contains("mkdir -p /etc/svc-upgrade.d") && scripts.contains("[ \"$1\" -eq 1 ]"),
+        scripts.contains("mkdir -p /etc/svc-upgrade.d")
+            && scripts.contains("[ \"$1\" -eq 1 ]")
+            // rpm turned the escaped %% back into the printf formats.
+            && scripts.contains(r#""upgrader_version":"%s","result":"none""#)
+            && scripts.contains(r#""reason":"enrolled""#),
         "{scripts}"
     );
     Ok(())

@@ -597,6 +597,26 @@ async fn run_install_script(
     let schedule = Path::new("/etc/svc-upgrade.d/schedule");
     let owner = sh(Command::new("stat").args(["-c", "%U %a"]).arg(schedule))?;
     assert_eq!(owner.trim(), "nobody 644");
+    // The agent reports its heartbeats to the updater in `agent`.
+    let owner = sh(Command::new("stat")
+        .args(["-c", "%U %a"])
+        .arg("/etc/svc-upgrade.d/agent"))?;
+    assert_eq!(owner.trim(), "nobody 644");
+    // The updater package announced the enrolment.
+    let status: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("/etc/svc-upgrade.d/status")?)?;
+    ensure!(
+        status["upgrader"] == "unit"
+            && status["upgrader_version"] == V2
+            && status["result"] == "none"
+            && status["reason"] == "enrolled"
+            && status["from"] == V2,
+        "initial status: {status}"
+    );
+    let mode = sh(Command::new("stat")
+        .args(["-c", "%a"])
+        .arg("/etc/svc-upgrade.d/status"))?;
+    assert_eq!(mode.trim(), "644");
     let dir_mode = sh(Command::new("stat").args(["-c", "%a"]).arg("/etc/svc-upgrade.d"))?;
     assert_eq!(dir_mode.trim(), "755");
     assert_eq!(

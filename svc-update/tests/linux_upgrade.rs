@@ -24,7 +24,7 @@ use svc_net::{
 };
 use svc_update::{
     linux::{
-        Decision, Mode, RunError, Runner, UpgradeConfig, UpgradeState,
+        Decision, Mode, RunError, Runner, UpdateResult, UpdateStatus, UpgradeConfig, UpgradeState,
         decision::Refusal,
         pkg::{Nop, PackageManager},
     },
@@ -79,7 +79,8 @@ fn script(path: &Path, body: &str) -> Result<()> {
     Ok(())
 }
 
-/// A configuration directory, state file, fake systemd directory and recording `systemctl`.
+/// A configuration directory, state file, fake systemd directory and recording `systemctl`
+/// that says the agent is not running (`is-active` exits 3), so no health check follows.
 struct Setup {
     _tmp: tempfile::TempDir,
     dir: PathBuf,
@@ -99,7 +100,10 @@ fn setup(restart_mode: &str) -> Result<Setup> {
     runner.systemctl = tmp.path().join("systemctl");
     script(
         &runner.systemctl,
-        &format!("echo \"$@\" >> '{}'", systemctl_log.display()),
+        &format!(
+            "echo \"$@\" >> '{}'\ncase \"$1\" in is-active) exit 3;; esac",
+            systemctl_log.display()
+        ),
     )?;
     runner.systemd_dir = tmp.path().join("run-systemd-system");
     std::fs::create_dir_all(&runner.systemd_dir)?;
@@ -175,6 +179,19 @@ async fn windows_critical_flips_and_restart() -> Result<()> {
     assert!(pm.actions().is_empty());
 
     // Inside the window: dry-run changes nothing, run installs and restarts.
+    // The run outside the window wrote `none` and why.
+    let status_before = std::fs::read_to_string(s.dir.join("status"))?;
+    let waited: UpdateStatus = serde_json::from_str(&status_before)?;
+    assert_eq!(
+        (waited.result, waited.from.as_str(), waited.to.as_str()),
+        (UpdateResult::None, "17.0.0", "17.1.0")
+    );
+    assert!(
+        waited
+            .reason
+            .ends_with("upgrade is non-critical and we are outside of maintenance window, not attempting"),
+        "{waited:?}"
+    );
     schedule(&s.dir, &[window_at(clock.now())])?;
     let (_, out) = run(&s, Mode::DryRun, &next_client, &pm, &clock).await;
     assert!(
@@ -183,6 +200,11 @@ async fn windows_critical_flips_and_restart() -> Result<()> {
     );
     assert!(pm.actions().is_empty());
     assert!(!s.runner.state_path.exists(), "dry-run wrote state");
+    assert_eq!(
+        std::fs::read_to_string(s.dir.join("status"))?,
+        status_before,
+        "dry-run wrote status"
+    );
     let (decision, out) = run(&s, Mode::Run, &next_client, &pm, &clock).await;
     assert!(decision?.install_target().is_some());
     assert_eq!(pm.actions(), ["unhold svc", "install svc=17.1.0", "hold svc"]);
@@ -193,7 +215,18 @@ async fn windows_critical_flips_and_restart() -> Result<()> {
     assert!(out.contains("installed svc v17.1.0 and held it\n"), "{out}");
     assert_eq!(
         std::fs::read_to_string(&s.systemctl_log)?,
-        "try-restart svc.service\n"
+        "is-active --quiet svc.service\ntry-restart svc.service\n"
+    );
+    assert!(
+        out.ends_with(
+            "svc.service was not running, so it was not restarted: v17.1.0 runs when it is started; health not checked\n"
+        ),
+        "{out}"
+    );
+    let status = UpdateStatus::load(&s.dir.join("status"))?.context("status written")?;
+    assert_eq!(
+        (status.result, status.from.as_str(), status.to.as_str()),
+        (UpdateResult::Updated, "17.0.0", "17.1.0")
     );
     let state = UpgradeState::load(&s.runner.state_path)?;
     assert_eq!(
@@ -238,6 +271,13 @@ async fn refusals_and_failures_install_nothing() -> Result<()> {
     );
     assert_eq!(out, "an upgrade is available (v17.2.0 -> v17.1.0)\n");
     assert!(pm.actions().is_empty());
+    // A refusal installs nothing: `none`, with the refusal as the reason.
+    let status = UpdateStatus::load(&s.dir.join("status"))?.context("status written")?;
+    assert_eq!(
+        (status.result, status.from.as_str(), status.to.as_str()),
+        (UpdateResult::None, "17.2.0", "17.1.0")
+    );
+    assert!(status.reason.starts_with("refusing to downgrade"), "{status:?}");
     // force goes below, and restart-mode none leaves the agent alone.
     let (decision, out) = run(&s, Mode::Force, &client(&older)?, &pm, &clock).await;
     assert!(decision?.install_target().is_some());
@@ -275,6 +315,10 @@ async fn refusals_and_failures_install_nothing() -> Result<()> {
     let (decision, _) = run(&s, Mode::Run, &client(&unpackageable)?, &pm, &clock).await;
     let err = decision.expect_err("no package version");
     assert!(err.to_string().contains("cannot be packaged"), "{err}");
+    let status = UpdateStatus::load(&s.dir.join("status"))?.context("status written")?;
+    assert_eq!(status.result, UpdateResult::Failed, "{status:?}");
+    assert_eq!(status.to, "17.3.0-rc-1");
+    assert!(status.reason.contains("cannot be packaged"), "{status:?}");
     assert_eq!(pm.actions()[3..], ["unhold svc", "hold svc"]);
     assert_eq!(UpgradeState::load(&s.runner.state_path)?.in_progress, None);
     unpackageable.shutdown().await;
@@ -296,6 +340,7 @@ async fn an_interrupted_install_is_resumed() -> Result<()> {
             clock.now(),
             Some(window),
         )),
+        bad_versions: Vec::new(),
     }
     .save(&s.runner.state_path)?;
     let pm = Nop::new(Some(v("17.2.0")));
@@ -351,5 +396,291 @@ async fn a_self_signed_proxy_needs_its_ca_or_insecure() -> Result<()> {
     assert_eq!(ask(Trust::Roots(Some(&ca)))?.version().await?, Some(v("17.0.3")));
     assert_eq!(ask(Trust::Insecure)?.version().await?, Some(v("17.0.3")));
     proxy.shutdown().await;
+    Ok(())
+}
+
+/// A stand-in `systemctl` that plays the agent: `is-active` succeeds, and a restart writes the
+/// `agent` file as the agent does after an accepted heartbeat, with the version in
+/// `<tmp>/running` (what the restarted agent runs) and the current time.
+fn agent_playing_systemctl(s: &mut Setup, health_timeout_secs: u64) -> Result<PathBuf> {
+    let running = s.dir.join("../running");
+    let agent = s.dir.join("agent");
+    script(
+        &s.runner.systemctl,
+        &format!(
+            "echo \"$@\" >> '{log}'\n\
+             case \"$1\" in\n\
+             is-active) exit 0;;\n\
+             restart|try-restart|try-reload-or-restart)\n\
+               printf '{{\"version\":\"%s\",\"pid\":1,\"heartbeat_at\":%s,\"diag_addr\":null}}' \"$(cat '{running}')\" \"$(date +%s)\" > '{agent}.tmp'\n\
+               mv '{agent}.tmp' '{agent}';;\n\
+             esac",
+            log = s.systemctl_log.display(),
+            running = running.display(),
+            agent = agent.display(),
+        ),
+    )?;
+    std::fs::write(s.dir.join("health-timeout"), format!("{health_timeout_secs}\n"))?;
+    s.runner.config = UpgradeConfig::load_dir(&s.dir)?;
+    Ok(running)
+}
+
+fn status(s: &Setup) -> Result<UpdateStatus> {
+    UpdateStatus::load(&s.dir.join("status"))?.context("no status written")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unhealthy_versions_are_rolled_back_and_not_retried() -> Result<()> {
+    let data = tempfile::tempdir()?;
+    let mut s = setup("restart")?;
+    let running = agent_playing_systemctl(&mut s, 2)?;
+    let clock = ManualClock::new(SystemTime::now());
+    let pm = Nop::new(Some(v("17.0.0")));
+    // The agent keeps running 17.0.0 whatever is installed: 17.1.0 never reports.
+    std::fs::write(&running, "17.0.0")?;
+    schedule(&s.dir, &[window_at(clock.now())])?;
+    let bad = version_server(data.path(), "17.1.0", false).await?;
+    let (decision, out) = run(&s, Mode::Run, &client(&bad)?, &pm, &clock).await;
+    assert!(decision?.install_target().is_some(), "{out}");
+    assert_eq!(
+        pm.actions(),
+        [
+            "unhold svc",
+            "install svc=17.1.0",
+            "hold svc",
+            "unhold svc",
+            "install --force svc=17.0.0",
+            "hold svc"
+        ]
+    );
+    assert_eq!(
+        std::fs::read_to_string(&s.systemctl_log)?,
+        "is-active --quiet svc.service\ntry-restart svc.service\nreset-failed svc.service\nrestart svc.service\n"
+    );
+    assert!(
+        out.contains("waiting up to 2s (health-timeout) for v17.1.0 to prove healthy\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("v17.1.0 did not prove healthy: no heartbeat with 17.1.0 within 2s (the agent last reported 17.0.0 at "),
+        "{out}"
+    );
+    assert!(
+        out.contains("rolled back from v17.1.0 to v17.0.0; v17.1.0 is not installed again"),
+        "{out}"
+    );
+    let st = status(&s)?;
+    assert_eq!(
+        (
+            st.result,
+            st.from.as_str(),
+            st.to.as_str(),
+            st.bad_versions.clone()
+        ),
+        (
+            UpdateResult::RolledBack,
+            "17.1.0",
+            "17.0.0",
+            vec!["17.1.0".to_owned()]
+        )
+    );
+    assert!(
+        st.reason.starts_with("no heartbeat with 17.1.0 within 2s"),
+        "{st:?}"
+    );
+    assert_eq!(
+        UpgradeState::load(&s.runner.state_path)?.bad_versions,
+        [v("17.1.0")]
+    );
+
+    // The next window: 17.1.0 is not tried again, critical or not.
+    clock.advance(Duration::from_secs(86_400));
+    schedule(&s.dir, &[window_at(clock.now())])?;
+    let (decision, out) = run(&s, Mode::Run, &client(&bad)?, &pm, &clock).await;
+    assert!(matches!(decision?, Decision::BadVersion { .. }), "{out}");
+    assert!(
+        out.contains("not installing v17.1.0: it was installed before"),
+        "{out}"
+    );
+    assert!(out.contains("`svc-upgrade force`"), "{out}");
+    assert_eq!(pm.actions().len(), 6, "a bad version was installed again");
+    let st = status(&s)?;
+    assert_eq!(st.result, UpdateResult::None);
+    assert!(st.reason.contains("not installing v17.1.0"), "{st:?}");
+    assert_eq!(st.bad_versions, ["17.1.0"]);
+    bad.shutdown().await;
+
+    // A newer version is installed, proves healthy, and drops the older bad version.
+    let newer = version_server(data.path(), "17.2.0", false).await?;
+    std::fs::write(&running, "17.2.0")?;
+    clock.advance(Duration::from_secs(86_400));
+    schedule(&s.dir, &[window_at(clock.now())])?;
+    let (decision, out) = run(&s, Mode::Run, &client(&newer)?, &pm, &clock).await;
+    assert!(decision?.install_target().is_some(), "{out}");
+    assert!(out.contains("v17.2.0 is healthy"), "{out}");
+    let st = status(&s)?;
+    assert_eq!(
+        (st.result, st.from.as_str(), st.to.as_str()),
+        (UpdateResult::Updated, "17.0.0", "17.2.0")
+    );
+    assert!(st.bad_versions.is_empty(), "{st:?}");
+    newer.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_clears_bad_versions_and_unhealthy_agents_update_outside_windows() -> Result<()> {
+    let data = tempfile::tempdir()?;
+    let mut s = setup("restart")?;
+    let running = agent_playing_systemctl(&mut s, 5)?;
+    let clock = ManualClock::new(SystemTime::now());
+    let pm = Nop::new(Some(v("17.0.0")));
+    UpgradeState {
+        bad_versions: vec![v("17.1.0")],
+        ..UpgradeState::default()
+    }
+    .save(&s.runner.state_path)?;
+    let proxy = version_server(data.path(), "17.1.0", false).await?;
+    schedule(&s.dir, &[window_at(clock.now() + Duration::from_secs(86_400))])?;
+    std::fs::write(&running, "17.1.0")?;
+    let (decision, out) = run(&s, Mode::Force, &client(&proxy)?, &pm, &clock).await;
+    assert!(decision?.install_target().is_some(), "{out}");
+    assert!(
+        out.starts_with("force: cleared the versions marked bad (v17.1.0)\n"),
+        "{out}"
+    );
+    let st = status(&s)?;
+    assert_eq!((st.result, st.to.as_str()), (UpdateResult::Updated, "17.1.0"));
+    assert!(st.bad_versions.is_empty());
+    proxy.shutdown().await;
+
+    // Outside every window, a healthy agent waits...
+    let next = version_server(data.path(), "17.2.0", false).await?;
+    let heartbeat = |at: SystemTime| -> Result<()> {
+        let at = at.duration_since(SystemTime::UNIX_EPOCH)?.as_secs();
+        std::fs::write(
+            s.dir.join("agent"),
+            format!(r#"{{"version":"17.1.0","pid":1,"heartbeat_at":{at},"diag_addr":null}}"#),
+        )?;
+        Ok(())
+    };
+    heartbeat(clock.now() - Duration::from_secs(60))?;
+    // (the forced install above was outside a window too: a day later, so the hourly limit is not what stops it)
+    clock.advance(Duration::from_secs(86_400));
+    schedule(&s.dir, &[window_at(clock.now() + Duration::from_secs(86_400))])?;
+    heartbeat(clock.now() - Duration::from_secs(60))?;
+    let (decision, out) = run(&s, Mode::Run, &client(&next)?, &pm, &clock).await;
+    assert!(matches!(decision?, Decision::Wait { .. }), "{out}");
+    // ...one whose last accepted heartbeat is older than unhealthy-after (15 min) is updated.
+    heartbeat(clock.now() - Duration::from_secs(16 * 60))?;
+    std::fs::write(&running, "17.2.0")?;
+    let (decision, out) = run(&s, Mode::Run, &client(&next)?, &pm, &clock).await;
+    assert!(decision?.install_target().is_some(), "{out}");
+    assert!(
+        out.contains(
+            "the agent's last accepted heartbeat was 960s ago (more than unhealthy-after, 900s) and no diagnostics address to ask /readyz\n\
+             an upgrade is available (v17.1.0 -> v17.2.0)\n\
+             the agent has been unhealthy for a sustained time, upgrade will be attempted outside of maintenance window\n"
+        ),
+        "{out}"
+    );
+    assert_eq!(status(&s)?.result, UpdateResult::Updated);
+    next.shutdown().await;
+    Ok(())
+}
+
+/// The nop installer, except that a forced install (the rollback's) fails as a package manager
+/// would.
+#[derive(Debug)]
+struct RollbackFails(Nop);
+
+#[async_trait::async_trait]
+impl PackageManager for RollbackFails {
+    fn kind(&self) -> svc_update::linux::InstallerKind {
+        self.0.kind()
+    }
+
+    async fn install(
+        &self,
+        package: &str,
+        version: &Version,
+        force: bool,
+    ) -> Result<(), svc_update::linux::PkgError> {
+        if force {
+            return Err(svc_update::linux::PkgError::Failed {
+                command: format!("apt-get install --allow-downgrades {package}={version}"),
+                code: Some(100),
+                stderr: "E: Version not found".to_owned(),
+            });
+        }
+        self.0.install(package, version, force).await
+    }
+
+    async fn hold(&self, package: &str) -> Result<(), svc_update::linux::PkgError> {
+        self.0.hold(package).await
+    }
+
+    async fn unhold(&self, package: &str) -> Result<(), svc_update::linux::PkgError> {
+        self.0.unhold(package).await
+    }
+
+    async fn installed_version(&self, package: &str) -> Result<Option<Version>, svc_update::linux::PkgError> {
+        self.0.installed_version(package).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_rollback_is_failed_with_both_reasons_and_held() -> Result<()> {
+    let data = tempfile::tempdir()?;
+    let mut s = setup("restart")?;
+    let running = agent_playing_systemctl(&mut s, 1)?;
+    std::fs::write(&running, "17.0.0")?;
+    let clock = ManualClock::new(SystemTime::now());
+    let pm = RollbackFails(Nop::new(Some(v("17.0.0"))));
+    schedule(&s.dir, &[window_at(clock.now())])?;
+    let bad = version_server(data.path(), "17.1.0", false).await?;
+    let (decision, out) = run(&s, Mode::Run, &client(&bad)?, &pm, &clock).await;
+    let err = decision.expect_err("the rollback failed").to_string();
+    assert_eq!(
+        err,
+        "v17.1.0 did not prove healthy (no heartbeat with 17.1.0 within 1s (the agent last reported 17.0.0 at \
+         {at})), and rolling back to v17.0.0 failed; v17.1.0 stays installed and held: `apt-get install \
+         --allow-downgrades svc=v17.0.0` failed (exit code 100): E: Version not found"
+            .replace(
+                "{at}",
+                &serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(s.dir.join("agent"))?)?
+                    ["heartbeat_at"]
+                    .to_string()
+            ),
+        "{out}"
+    );
+    // The hold is back after the failed reinstall.
+    assert_eq!(
+        pm.0.actions(),
+        [
+            "unhold svc",
+            "install svc=17.1.0",
+            "hold svc",
+            "unhold svc",
+            "hold svc"
+        ]
+    );
+    let st = status(&s)?;
+    assert_eq!(
+        (
+            st.result,
+            st.from.as_str(),
+            st.to.as_str(),
+            st.bad_versions.clone()
+        ),
+        (
+            UpdateResult::Failed,
+            "17.0.0",
+            "17.1.0",
+            vec!["17.1.0".to_owned()]
+        )
+    );
+    assert_eq!(st.reason, err);
+    bad.shutdown().await;
     Ok(())
 }

@@ -2,8 +2,9 @@
 //!
 //! Glue only: parse the command, read `/etc/svc-upgrade.d/` (`SVC_UPGRADE_CONFIG`), build the
 //! version-server client and the package manager, and hand them to
-//! `svc_update::linux::Runner`. Exit code 0 when the run finished (installed or not), 1 when it
-//! stopped on an error (nothing installed unless the message says so).
+//! `svc_update::linux::Runner`. Exit code 0 when the run finished (nothing installed, updated,
+//! or rolled back to the previous version), 1 when it stopped on an error (nothing installed
+//! unless the message says so). `run` and `force` write `/etc/svc-upgrade.d/status` either way.
 
 use std::{path::PathBuf, sync::Arc};
 
@@ -36,11 +37,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Check and, when due (critical, or inside a maintenance window), install and restart.
+    /// Check and, when due (critical, inside a maintenance window, or the agent unhealthy for a
+    /// sustained time), install, restart, wait for proof of health, and roll back when it fails.
     Run,
     /// Check and report what `run` would do; change nothing.
     DryRun,
-    /// Install the advertised version now, outside windows and below the installed version.
+    /// Install the advertised version now, outside windows and below the installed version; clears
+    /// the list of versions that were rolled back.
     Force,
     /// Print the version of svc-upgrade.
     Version,
@@ -102,7 +105,11 @@ fn run(mode: Mode, ca_file: Option<PathBuf>, insecure: bool) -> anyhow::Result<(
     };
     let client = version_client(&config, trust)?;
     let pm = package_manager(config.installer)?;
-    let runner = Runner::new(config, UpgradeState::path_from_env(env));
+    let mut runner = Runner::new(config, UpgradeState::path_from_env(env));
+    // Another supervisor than systemd (and the package tests) restarts the agent its own way.
+    if let Some(program) = env("SVC_UPGRADE_SYSTEMCTL").filter(|p| !p.trim().is_empty()) {
+        runner = runner.with_systemctl(PathBuf::from(program.trim()));
+    }
     let clock = Arc::new(SystemClock);
     tokio::runtime::Runtime::new()?.block_on(async {
         let mut out = std::io::stdout();

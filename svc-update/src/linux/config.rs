@@ -11,6 +11,12 @@
 //! | `package` | the package to update | `svc` |
 //! | `restart-mode` | `restart`, `reload` or `none` | `restart` |
 //! | `schedule` | maintenance windows exported by the agent (read elsewhere) | no window |
+//! | `health-timeout` | how long to wait for proof of health after a restart ([`parse_duration`] form) | 120 s |
+//! | `unhealthy-after` | how stale the agent's last heartbeat may be before an update outside a window is allowed | 15 min |
+//!
+//! Two files are written here rather than read as configuration: `status` (the updater's last
+//! result, [`super::status`]) and `agent` (the agent's last accepted heartbeat, written by the
+//! agent, read by [`super::health`]).
 //!
 //! `SVC_UPGRADE_CONFIG` names another directory (self-hosting, tests). Values are read whole
 //! and trimmed, so a trailing newline from `echo apt > installer` is fine.
@@ -19,6 +25,7 @@ use std::{
     fmt, io,
     path::{Path, PathBuf},
     str::FromStr,
+    time::Duration,
 };
 
 use super::pkg::InstallerKind;
@@ -31,6 +38,22 @@ pub use svc_net::agent::node::export::UPGRADE_DIR_ENV as DIR_ENV;
 
 /// The package updated when the `package` file is absent.
 pub(crate) const DEFAULT_PACKAGE: &str = "svc";
+
+/// How long a run waits for proof of health after restarting the agent, when the
+/// `health-timeout` file is absent.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How stale the agent's last accepted heartbeat must be (with `/readyz` not answering 200)
+/// before a non-critical update may be installed outside a maintenance window, when the
+/// `unhealthy-after` file is absent.
+pub const DEFAULT_UNHEALTHY_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// The longest `health-timeout` or `unhealthy-after` accepted: one day.
+const MAX_DURATION: Duration = Duration::from_secs(86_400);
+
+/// What a duration file must hold.
+const DURATION_FORM: &str = "a whole number of seconds from 1 to 86400, optionally with the unit s, m or h \
+                             (for example 120, 90s, 15m)";
 
 /// What the updater does to the running agent after installing a new version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -113,6 +136,12 @@ pub struct UpgradeConfig {
     pub package: String,
     /// What to do to the running agent after an install.
     pub restart_mode: RestartMode,
+    /// How long to wait, after restarting the agent, for proof that the new version is healthy
+    /// before rolling back (`health-timeout`).
+    pub health_timeout: Duration,
+    /// How stale the agent's last accepted heartbeat may be before the agent counts as
+    /// unhealthy and a non-critical update may be installed outside a window (`unhealthy-after`).
+    pub unhealthy_after: Duration,
 }
 
 impl UpgradeConfig {
@@ -160,13 +189,27 @@ impl UpgradeConfig {
             })?,
             None => RestartMode::default(),
         };
+        let health_timeout = read_duration(dir, "health-timeout")?.unwrap_or(DEFAULT_HEALTH_TIMEOUT);
+        let unhealthy_after = read_duration(dir, "unhealthy-after")?.unwrap_or(DEFAULT_UNHEALTHY_AFTER);
         Ok(UpgradeConfig {
             dir: dir.to_owned(),
             endpoint,
             installer,
             package,
             restart_mode,
+            health_timeout,
+            unhealthy_after,
         })
+    }
+
+    /// The updater's last result, written at the end of every run (`<dir>/status`).
+    pub fn status_path(&self) -> PathBuf {
+        self.dir.join("status")
+    }
+
+    /// The agent's last accepted heartbeat, written by the agent (`<dir>/agent`).
+    pub fn agent_path(&self) -> PathBuf {
+        self.dir.join("agent")
     }
 
     /// The maintenance schedule file the agent exports (`<dir>/schedule`).
@@ -189,6 +232,44 @@ fn read_value(dir: &Path, name: &str) -> Result<Option<(PathBuf, String)>, Confi
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(ConfigError::Read { path, source }),
     }
+}
+
+/// The duration in `dir/name`, `None` when the file is missing or blank.
+fn read_duration(dir: &Path, name: &str) -> Result<Option<Duration>, ConfigError> {
+    match read_value(dir, name)? {
+        Some((path, value)) => match parse_duration(&value) {
+            Some(d) => Ok(Some(d)),
+            None => Err(ConfigError::Invalid {
+                path,
+                expected: DURATION_FORM,
+                found: value,
+            }),
+        },
+        None => Ok(None),
+    }
+}
+
+/// A duration as the `health-timeout` and `unhealthy-after` files hold it: a whole number of
+/// seconds, or of seconds, minutes or hours with the unit `s`, `m` or `h` (`120`, `90s`, `15m`,
+/// `1h`); at least one second and at most one day. `None` for anything else.
+pub fn parse_duration(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    let (number, unit) = match value.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => value.split_at(i),
+        None => (value, "s"),
+    };
+    let scale = match unit.trim() {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return None,
+    };
+    if number.is_empty() {
+        return None;
+    }
+    let seconds = number.parse::<u64>().ok()?.checked_mul(scale)?;
+    let d = Duration::from_secs(seconds);
+    (seconds >= 1 && d <= MAX_DURATION).then_some(d)
 }
 
 fn parse_endpoint(path: &Path, value: String) -> Result<String, ConfigError> {
@@ -231,6 +312,10 @@ mod tests {
         assert_eq!(config.package, "svc");
         assert_eq!(config.restart_mode, RestartMode::Restart);
         assert_eq!(config.schedule_path(), dir.join("schedule"));
+        assert_eq!(config.health_timeout, Duration::from_secs(120));
+        assert_eq!(config.unhealthy_after, Duration::from_secs(900));
+        assert_eq!(config.status_path(), dir.join("status"));
+        assert_eq!(config.agent_path(), dir.join("agent"));
     }
 
     #[test]
@@ -245,6 +330,8 @@ mod tests {
         write(tmp.path(), "package", " svc-ent \n");
         write(tmp.path(), "restart-mode", "reload");
         write(tmp.path(), "schedule", "# periodically exported by svc\n");
+        write(tmp.path(), "health-timeout", "90\n");
+        write(tmp.path(), "unhealthy-after", "30m\n");
         let config = UpgradeConfig::load_dir(tmp.path()).expect("valid");
         assert_eq!(
             config.endpoint.as_deref(),
@@ -253,6 +340,36 @@ mod tests {
         assert_eq!(config.installer, Some(InstallerKind::Zypper));
         assert_eq!(config.package, "svc-ent");
         assert_eq!(config.restart_mode, RestartMode::Reload);
+        assert_eq!(config.health_timeout, Duration::from_secs(90));
+        assert_eq!(config.unhealthy_after, Duration::from_secs(1800));
+    }
+
+    #[test]
+    fn durations() {
+        for (text, secs) in [
+            ("120", 120),
+            ("90s", 90),
+            ("15m", 900),
+            ("1h", 3600),
+            (" 2 m", 120),
+            ("86400", 86_400),
+        ] {
+            assert_eq!(parse_duration(text), Some(Duration::from_secs(secs)), "{text}");
+        }
+        for text in [
+            "",
+            "0",
+            "-5",
+            "1.5",
+            "2d",
+            "m",
+            "86401",
+            "25h",
+            "99999999999999999999",
+            "10 minutes",
+        ] {
+            assert_eq!(parse_duration(text), None, "{text}");
+        }
     }
 
     #[test]
@@ -279,6 +396,16 @@ mod tests {
                 "package",
                 "Svc Agent",
                 "package: expected a package name of lowercase letters, digits and . + - (for example svc), found \"Svc Agent\"",
+            ),
+            (
+                "health-timeout",
+                "soon",
+                "health-timeout: expected a whole number of seconds from 1 to 86400, optionally with the unit s, m or h (for example 120, 90s, 15m), found \"soon\"",
+            ),
+            (
+                "unhealthy-after",
+                "0",
+                "unhealthy-after: expected a whole number of seconds from 1 to 86400",
             ),
             (
                 "endpoint",

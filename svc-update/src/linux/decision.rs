@@ -14,11 +14,18 @@
 //!    behind), and never jumps from 15 to 17 on one misconfigured answer.
 //! 4. A target below the installed version is refused unless forced ([`Refusal::Downgrade`]).
 //! 5. `force`: install now.
-//! 6. Critical: install now — unless a critical install already happened outside any window
-//!    within the last [`WINDOW_LENGTH`] (proxies flipping between two critical versions).
-//! 7. Inside a window: install — unless an install already happened in this very window: during
+//! 6. A target in the state's `bad_versions` (installed before, not healthy, rolled back) is not
+//!    installed again ([`Decision::BadVersion`]) until a newer version is published or an
+//!    operator runs `svc-upgrade force`, which clears the list.
+//! 7. Critical: install now — unless an install already happened outside any window within the
+//!    last [`WINDOW_LENGTH`] (proxies flipping between two critical versions).
+//! 8. Inside a window: install — unless an install already happened in this very window: during
 //!    a rolling upgrade proxies answer different versions, and one window gets one install.
-//! 8. Otherwise: wait for a window.
+//! 9. Outside every window, when the agent has been unhealthy for a sustained time
+//!    ([`Inputs::agent_unhealthy`]): install now, at most once an hour as for critical updates —
+//!    the specification's "an agent unhealthy for a sustained time may be updated outside the
+//!    window".
+//! 10. Otherwise: wait for a window.
 
 use std::{fmt, time::SystemTime};
 
@@ -52,6 +59,8 @@ pub enum Reason {
     Window(Window),
     /// `svc-upgrade force`.
     Forced,
+    /// Outside every window, but the agent has been unhealthy for a sustained time.
+    Unhealthy,
 }
 
 /// The outcome of [`decide`].
@@ -82,6 +91,13 @@ pub enum Decision {
         /// The installed version.
         current: Version,
         /// The advertised version.
+        target: Version,
+    },
+    /// The target was installed before, did not prove healthy and was rolled back.
+    BadVersion {
+        /// The installed version.
+        current: Version,
+        /// The advertised (bad) version.
         target: Version,
     },
     /// An install already happened in this window (or, for critical updates, within the hour).
@@ -139,6 +155,9 @@ pub struct Inputs<'a> {
     pub mode: Mode,
     /// The state file.
     pub state: &'a UpgradeState,
+    /// Whether the agent has been unhealthy for longer than `unhealthy-after` (its last accepted
+    /// heartbeat older than that, and `/readyz` not answering 200).
+    pub agent_unhealthy: bool,
 }
 
 /// Applies the rules of this module (see its documentation).
@@ -164,21 +183,25 @@ pub fn decide(inputs: Inputs<'_>) -> Result<Decision, Refusal> {
             reason: Reason::Forced,
         });
     }
-    if inputs.target.critical {
-        return Ok(match last {
-            Some(last) if last.window.is_none() && last.age(inputs.now) < WINDOW_LENGTH => {
-                Decision::AlreadyUpgraded {
-                    current,
-                    target,
-                    last: last.clone(),
-                }
+    if inputs.state.bad_versions.contains(&target) {
+        return Ok(Decision::BadVersion { current, target });
+    }
+    let out_of_window = |reason: Reason| match last {
+        Some(last) if last.window.is_none() && last.age(inputs.now) < WINDOW_LENGTH => {
+            Decision::AlreadyUpgraded {
+                current: current.clone(),
+                target: target.clone(),
+                last: last.clone(),
             }
-            _ => Decision::Install {
-                current,
-                target,
-                reason: Reason::Critical,
-            },
-        });
+        }
+        _ => Decision::Install {
+            current: current.clone(),
+            target: target.clone(),
+            reason,
+        },
+    };
+    if inputs.target.critical {
+        return Ok(out_of_window(Reason::Critical));
     }
     match inputs.windows.iter().find(|w| w.contains(inputs.now)) {
         Some(window) => Ok(match last {
@@ -193,6 +216,7 @@ pub fn decide(inputs: Inputs<'_>) -> Result<Decision, Refusal> {
                 reason: Reason::Window(*window),
             },
         }),
+        None if inputs.agent_unhealthy => Ok(out_of_window(Reason::Unhealthy)),
         None => Ok(Decision::Wait { current, target }),
     }
 }
@@ -222,7 +246,20 @@ impl Decision {
                     }
                     Reason::Window(_) => "within maintenance window, upgrade will be attempted".to_owned(),
                     Reason::Forced => "forced upgrade, upgrade will be attempted".to_owned(),
+                    Reason::Unhealthy => {
+                        "the agent has been unhealthy for a sustained time, upgrade will be \
+                                          attempted outside of maintenance window"
+                            .to_owned()
+                    }
                 },
+            ],
+            Decision::BadVersion { current, target } => vec![
+                available(current, target),
+                format!(
+                    "not installing {target}: it was installed before, did not prove healthy and was rolled \
+                     back; waiting for a newer version (run `svc-upgrade force` to clear the list of bad \
+                     versions and install it anyway)"
+                ),
             ],
             Decision::Wait { current, target } => vec![
                 available(current, target),
@@ -242,8 +279,8 @@ impl Decision {
                     )
                 } else {
                     format!(
-                        "already applied a critical upgrade to {} within the last hour, not attempting \
-                         another one yet",
+                        "already applied an upgrade outside of a maintenance window ({}) within the last \
+                         hour, not attempting another one yet",
                         last.version
                     )
                 },
@@ -318,6 +355,7 @@ mod tests {
             now: now(),
             mode,
             state,
+            agent_unhealthy: false,
         })
     }
 
@@ -438,6 +476,7 @@ mod tests {
                 Some(window),
             )),
             in_progress: None,
+            bad_versions: Vec::new(),
         };
         // The other proxy answers 17.0.1 in the same window: no second install.
         let d = decide_with("17.0.0", Some("17.0.1"), false, &[window], Mode::Run, &state).unwrap();
@@ -462,6 +501,7 @@ mod tests {
             now: now() + Duration::from_secs(86_400),
             mode: Mode::Run,
             state: &state,
+            agent_unhealthy: false,
         })
         .unwrap();
         assert!(later.install_target().is_some());
@@ -476,10 +516,132 @@ mod tests {
                 None,
             )),
             in_progress: None,
+            bad_versions: Vec::new(),
         };
         let d = decide_with("17.0.1", Some("17.0.2"), true, &[], Mode::Run, &critical).unwrap();
         assert!(matches!(d, Decision::AlreadyUpgraded { .. }));
         let d = decide_with("17.0.1", Some("17.0.2"), true, &[], Mode::Force, &critical).unwrap();
         assert_eq!(d.install_target(), Some((&v("17.0.2"), Reason::Forced)));
+    }
+
+    #[test]
+    fn bad_versions_are_not_installed_again_until_newer_or_forced() {
+        let state = UpgradeState {
+            bad_versions: vec![v("17.0.2")],
+            ..UpgradeState::default()
+        };
+        for critical in [false, true] {
+            let d = decide_with(
+                "17.0.1",
+                Some("17.0.2"),
+                critical,
+                &[around_now()],
+                Mode::Run,
+                &state,
+            )
+            .unwrap();
+            assert!(matches!(d, Decision::BadVersion { .. }), "{d:?}");
+            assert_eq!(d.install_target(), None);
+            assert_eq!(
+                d.messages(),
+                [
+                    "an upgrade is available (v17.0.1 -> v17.0.2)",
+                    "not installing v17.0.2: it was installed before, did not prove healthy and was rolled back; \
+                     waiting for a newer version (run `svc-upgrade force` to clear the list of bad versions and \
+                     install it anyway)"
+                ]
+            );
+        }
+        // A dry run says the same.
+        let d = decide_with(
+            "17.0.1",
+            Some("17.0.2"),
+            false,
+            &[around_now()],
+            Mode::DryRun,
+            &state,
+        )
+        .unwrap();
+        assert!(matches!(d, Decision::BadVersion { .. }));
+        // A newer version is installed as usual.
+        let d = decide_with(
+            "17.0.1",
+            Some("17.0.3"),
+            false,
+            &[around_now()],
+            Mode::Run,
+            &state,
+        )
+        .unwrap();
+        assert!(
+            matches!(d.install_target(), Some((_, Reason::Window(_)))),
+            "{d:?}"
+        );
+        // force installs it (the runner clears the list first).
+        let d = decide_with("17.0.1", Some("17.0.2"), false, &[], Mode::Force, &state).unwrap();
+        assert_eq!(d.install_target(), Some((&v("17.0.2"), Reason::Forced)));
+    }
+
+    #[test]
+    fn an_unhealthy_agent_is_updated_outside_the_window_once_an_hour() {
+        let unhealthy = |state: &UpgradeState, windows: &[Window], critical: bool, current: &str| {
+            decide(Inputs {
+                current: &v(current),
+                target: &Target {
+                    version: Some(v("17.0.2")),
+                    critical,
+                },
+                windows,
+                now: now(),
+                mode: Mode::Run,
+                state,
+                agent_unhealthy: true,
+            })
+        };
+        let none = UpgradeState::default();
+        let d = unhealthy(&none, &[far_away()], false, "17.0.1").unwrap();
+        assert_eq!(d.install_target(), Some((&v("17.0.2"), Reason::Unhealthy)));
+        assert_eq!(
+            d.messages()[1],
+            "the agent has been unhealthy for a sustained time, upgrade will be attempted outside of maintenance window"
+        );
+        // Inside a window it is the window's install; critical stays critical.
+        let d = unhealthy(&none, &[around_now()], false, "17.0.1").unwrap();
+        assert!(matches!(d.install_target(), Some((_, Reason::Window(_)))));
+        let d = unhealthy(&none, &[], true, "17.0.1").unwrap();
+        assert_eq!(d.install_target(), Some((&v("17.0.2"), Reason::Critical)));
+        // One out-of-window install an hour.
+        let recent = UpgradeState {
+            last_install: Some(InstallRecord::new(
+                v("17.0.1"),
+                now() - Duration::from_secs(600),
+                None,
+            )),
+            ..UpgradeState::default()
+        };
+        let d = unhealthy(&recent, &[], false, "17.0.1").unwrap();
+        assert!(matches!(d, Decision::AlreadyUpgraded { .. }), "{d:?}");
+        assert!(
+            d.messages()[1]
+                .starts_with("already applied an upgrade outside of a maintenance window (v17.0.1)"),
+            "{:?}",
+            d.messages()
+        );
+        // A bad version stays bad, unhealthy agent or not; downgrades stay refused.
+        let bad = UpgradeState {
+            bad_versions: vec![v("17.0.2")],
+            ..UpgradeState::default()
+        };
+        assert!(matches!(
+            unhealthy(&bad, &[], false, "17.0.1").unwrap(),
+            Decision::BadVersion { .. }
+        ));
+        assert!(matches!(
+            unhealthy(&none, &[], false, "17.0.3"),
+            Err(Refusal::Downgrade { .. })
+        ));
+        // A healthy agent outside the window waits.
+        let d = decide_with("17.0.1", Some("17.0.2"), false, &[far_away()], Mode::Run, &none).unwrap();
+        assert!(matches!(d, Decision::Wait { .. }));
     }
 }

@@ -12,7 +12,11 @@
 //! 6. [`decide`]; a refusal stops the run, nothing installed;
 //! 7. install: record `in_progress`, [`install_and_hold`], check the installed version, record
 //!    `last_install`;
-//! 8. restart the agent as `restart-mode` says, when systemd runs.
+//! 8. restart the agent as `restart-mode` says, when systemd runs and the agent was running;
+//! 9. wait (at most `health-timeout`) for proof of health ([`super::health::wait_healthy`]);
+//!    not healthy in time: install the previous version again (forced, so below the bad one),
+//!    hold it, restart, and record the bad version in the state's `bad_versions`;
+//! 10. write `status` ([`UpdateStatus`]) — after every `run` and `force`, whatever happened.
 //!
 //! Everything a person should read goes to the `out` writer (the binary passes stdout) as whole
 //! lines (also emitted as `tracing` debug events).
@@ -28,8 +32,10 @@ use svc_core::{Clock, Version, maintenance::parse_schedule_file};
 use super::{
     config::{RestartMode, UpgradeConfig},
     decision::{Decision, Inputs, Mode, Reason, Refusal, decide},
+    health,
     pkg::{InstallerKind, PackageManager, PkgError, install_and_hold},
     state::{InstallRecord, StateError, UpgradeState},
+    status::{FileError, UpdateResult, UpdateStatus, unix},
 };
 use crate::target::{TargetError, Trust, VersionClient};
 
@@ -93,19 +99,36 @@ pub enum RunError {
         /// The operating system's reason.
         source: io::Error,
     },
-    /// Restarting the agent failed (the new version is installed).
-    #[error("installed {version}, but restarting the agent failed: `{command}` {reason}")]
-    Restart {
-        /// The version now installed.
-        version: Version,
-        /// The command run.
-        command: String,
-        /// Its exit status or why it could not run.
-        reason: String,
-    },
+    /// The new version did not prove healthy, and the rollback failed.
+    #[error(transparent)]
+    Rollback(Box<RollbackFailure>),
+    /// The `status` file could not be written.
+    #[error("writing the updater's status: {0}")]
+    Status(#[from] FileError),
     /// Writing the report failed.
     #[error("writing the report: {0}")]
     Output(#[from] io::Error),
+}
+
+/// A rollback that failed: [`RunError::Rollback`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+#[error("{bad} did not prove healthy ({unhealthy}), and {}: {reason}", if *.restored {
+    format!("{previous} is installed and held again, but restarting the agent failed")
+} else {
+    format!("rolling back to {previous} failed; {bad} stays installed and held")
+})]
+pub struct RollbackFailure {
+    /// The version that did not prove healthy.
+    pub bad: Version,
+    /// The version the rollback restores.
+    pub previous: Version,
+    /// Why the new version counted as unhealthy.
+    pub unhealthy: String,
+    /// Whether `previous` was installed again (then the restart failed).
+    pub restored: bool,
+    /// Why the rollback failed.
+    pub reason: String,
 }
 
 /// Where a run looks for things; [`Runner::new`] gives the system's places.
@@ -128,8 +151,32 @@ pub struct Runner {
 pub struct RunReport {
     /// The decision taken.
     pub decision: Decision,
-    /// The version installed by this run, if any.
+    /// The version installed by this run and kept, if any (`None` after a rollback).
     pub installed: Option<Version>,
+    /// The result written to `status`: [`UpdateResult::None`], [`UpdateResult::Updated`] or
+    /// [`UpdateResult::RolledBack`] (a run that ends in [`UpdateResult::Failed`] returns an
+    /// error).
+    pub result: UpdateResult,
+    /// The health check's finding after a rollback, or a note on an update whose health was not
+    /// checked; empty otherwise.
+    pub reason: String,
+}
+
+/// What restarting the agent did.
+enum Restarted {
+    /// Restarted at this Unix second: its health can be checked.
+    Yes(u64),
+    /// Not restarted (restart-mode none, no systemd, the agent not running): why.
+    No(String),
+    /// The restart command failed: why.
+    Failed(String),
+}
+
+/// What a run learnt before it stopped, for the `status` of a run that ends in an error.
+#[derive(Default)]
+struct Progress {
+    current: Option<Version>,
+    target: Option<Version>,
 }
 
 impl Runner {
@@ -145,7 +192,19 @@ impl Runner {
         }
     }
 
-    /// One run in `mode`. Lines for a person go to `out`.
+    /// Restarts the agent with `program` instead of `systemctl` (`SVC_UPGRADE_SYSTEMCTL`: another
+    /// supervisor, tests). It is called as systemctl would be (`is-active --quiet svc.service`,
+    /// `try-restart svc.service`, ...), whether or not systemd runs.
+    pub fn with_systemctl(mut self, program: PathBuf) -> Self {
+        self.systemctl = program;
+        // The root directory always exists: "systemd runs" as far as the check is concerned.
+        self.systemd_dir = PathBuf::from("/");
+        self
+    }
+
+    /// One run in `mode`. Lines for a person go to `out`. Except in a dry run, `status` is
+    /// written at the end, whatever happened; a run that ends in an error records the result
+    /// `failed` when installing or rolling back failed, else `none` with the error as reason.
     pub async fn run<C>(
         &self,
         mode: Mode,
@@ -161,6 +220,69 @@ impl Runner {
             Mode::DryRun => None,
             _ => Some(self.lock().await?),
         };
+        let mut progress = Progress::default();
+        let result = self.run_locked(mode, client, pm, clock, out, &mut progress).await;
+        if mode == Mode::DryRun {
+            return result;
+        }
+        let bad_versions = UpgradeState::load(&self.state_path)
+            .map(|s| s.bad_versions)
+            .unwrap_or_default();
+        let status = match &result {
+            Ok(report) => {
+                let (from, to) = match report.result {
+                    UpdateResult::RolledBack => (report.decision_target(), report.decision_current()),
+                    _ => (report.decision_current(), report.decision_target()),
+                };
+                let reason = match report.result {
+                    UpdateResult::None => report.decision.messages().join("; "),
+                    _ => report.reason.clone(),
+                };
+                UpdateStatus::new(report.result, from, to, reason, clock.now(), &bad_versions)
+            }
+            Err(e) => {
+                let result = match e {
+                    RunError::Install(_) | RunError::NotInstalled { .. } | RunError::Rollback(_) => {
+                        UpdateResult::Failed
+                    }
+                    _ => UpdateResult::None,
+                };
+                UpdateStatus::new(
+                    result,
+                    progress.current.as_ref(),
+                    progress.target.as_ref(),
+                    e.to_string(),
+                    clock.now(),
+                    &bad_versions,
+                )
+            }
+        };
+        let path = self.config.status_path();
+        match (status.save(&path), result) {
+            (Ok(()), result) => result,
+            (Err(e), Ok(_)) => Err(e.into()),
+            (Err(e), Err(run)) => {
+                say(
+                    out,
+                    &format!("warning: could not write the updater's status: {e}"),
+                )?;
+                Err(run)
+            }
+        }
+    }
+
+    async fn run_locked<C>(
+        &self,
+        mode: Mode,
+        client: &VersionClient<C>,
+        pm: &dyn PackageManager,
+        clock: &dyn Clock,
+        out: &mut dyn Write,
+        progress: &mut Progress,
+    ) -> Result<RunReport, RunError>
+    where
+        C: svc_net::http::Connector,
+    {
         let package = self.config.package.as_str();
         let mut state = UpgradeState::load(&self.state_path)?;
         if let Some(interrupted) = &state.in_progress
@@ -194,7 +316,18 @@ impl Runner {
             state.save(&self.state_path)?;
         }
 
+        if mode == Mode::Force && !state.bad_versions.is_empty() {
+            let listed: Vec<String> = state.bad_versions.iter().map(ToString::to_string).collect();
+            say(
+                out,
+                &format!("force: cleared the versions marked bad ({})", listed.join(", ")),
+            )?;
+            state.bad_versions.clear();
+            state.save(&self.state_path)?;
+        }
+
         let current = self.current_version(pm).await?;
+        progress.current = Some(current.clone());
         let schedule = self.config.schedule_path();
         let windows = match std::fs::read_to_string(&schedule) {
             Ok(text) => match parse_schedule_file(&text) {
@@ -240,7 +373,16 @@ impl Runner {
         };
 
         let target = client.target().await?;
+        progress.target.clone_from(&target.version);
         let now = clock.now();
+        // Asked only when it matters: a non-critical update outside every window.
+        let outside = !windows.iter().any(|w| w.contains(now));
+        let unhealthy =
+            if outside && !target.critical && target.version.as_ref().is_some_and(|t| *t != current) {
+                health::sustained_unhealth(&self.config.agent_path(), now, self.config.unhealthy_after).await
+            } else {
+                None
+            };
         let decision = decide(Inputs {
             current: &current,
             target: &target,
@@ -248,6 +390,7 @@ impl Runner {
             now,
             mode,
             state: &state,
+            agent_unhealthy: unhealthy.is_some(),
         });
         let decision = match decision {
             Ok(d) => d,
@@ -258,6 +401,9 @@ impl Runner {
                 return Err(refusal.into());
             }
         };
+        if let (Some(why), Some((_, Reason::Unhealthy))) = (&unhealthy, decision.install_target()) {
+            say(out, why)?;
+        }
         for line in decision.messages() {
             say(out, &line)?;
         }
@@ -265,6 +411,8 @@ impl Runner {
             return Ok(RunReport {
                 decision,
                 installed: None,
+                result: UpdateResult::None,
+                reason: String::new(),
             });
         };
         let version = version.clone();
@@ -276,6 +424,8 @@ impl Runner {
             return Ok(RunReport {
                 decision,
                 installed: None,
+                result: UpdateResult::None,
+                reason: String::new(),
             });
         }
 
@@ -304,11 +454,112 @@ impl Runner {
         state.last_install = Some(InstallRecord::new(version.clone(), clock.now(), window));
         state.save(&self.state_path)?;
         say(out, &format!("installed {package} {version} and held it"))?;
-        self.restart(&version, out).await?;
+        let unhealthy = match self.restart(&version, false, out).await? {
+            Restarted::No(note) => {
+                return Ok(RunReport {
+                    decision,
+                    installed: Some(version),
+                    result: UpdateResult::Updated,
+                    reason: note,
+                });
+            }
+            Restarted::Failed(why) => why,
+            Restarted::Yes(restarted_at) => {
+                let timeout = self.config.health_timeout;
+                say(
+                    out,
+                    &format!(
+                        "waiting up to {}s (health-timeout) for {version} to prove healthy",
+                        timeout.as_secs()
+                    ),
+                )?;
+                match health::wait_healthy(&self.config.agent_path(), &version, restarted_at, timeout).await {
+                    Ok(()) => {
+                        say(
+                            out,
+                            &format!("{version} is healthy: its heartbeat was accepted after the restart"),
+                        )?;
+                        // A bad version below the one now running can no longer be offered.
+                        state.bad_versions.retain(|bad| *bad > version);
+                        state.save(&self.state_path)?;
+                        return Ok(RunReport {
+                            decision,
+                            installed: Some(version),
+                            result: UpdateResult::Updated,
+                            reason: String::new(),
+                        });
+                    }
+                    Err(why) => why,
+                }
+            }
+        };
+        self.roll_back(pm, &mut state, &version, &current, &unhealthy, out)
+            .await?;
         Ok(RunReport {
             decision,
-            installed: Some(version),
+            installed: None,
+            result: UpdateResult::RolledBack,
+            reason: unhealthy,
         })
+    }
+
+    /// `bad` did not prove healthy (`unhealthy` says why): records it as bad, installs
+    /// `previous` again (forced: apt `--allow-downgrades`, dnf `downgrade`, zypper
+    /// `--oldpackage`), holds it and restarts the agent.
+    async fn roll_back(
+        &self,
+        pm: &dyn PackageManager,
+        state: &mut UpgradeState,
+        bad: &Version,
+        previous: &Version,
+        unhealthy: &str,
+        out: &mut dyn Write,
+    ) -> Result<(), RunError> {
+        let package = self.config.package.as_str();
+        say(
+            out,
+            &format!("{bad} did not prove healthy: {unhealthy}; rolling back to {previous}"),
+        )?;
+        if !state.bad_versions.contains(bad) {
+            state.bad_versions.push(bad.clone());
+        }
+        state.save(&self.state_path)?;
+        let failed = |restored: bool, reason: String| {
+            RunError::Rollback(Box::new(RollbackFailure {
+                bad: bad.clone(),
+                previous: previous.clone(),
+                unhealthy: unhealthy.to_owned(),
+                restored,
+                reason,
+            }))
+        };
+        install_and_hold(pm, package, previous, true)
+            .await
+            .map_err(|e| failed(false, e.to_string()))?;
+        let found = pm
+            .installed_version(package)
+            .await
+            .map_err(|e| failed(false, e.to_string()))?;
+        if found.as_ref() != Some(previous) && pm.kind() != InstallerKind::Nop {
+            let found = found.map_or_else(|| "nothing".to_owned(), |v| v.to_string());
+            return Err(failed(
+                false,
+                format!("the package manager reports {found} installed"),
+            ));
+        }
+        say(out, &format!("reinstalled {package} {previous} and held it"))?;
+        match self.restart(previous, true, out).await? {
+            Restarted::Yes(_) | Restarted::No(_) => {}
+            Restarted::Failed(reason) => return Err(failed(true, reason)),
+        }
+        say(
+            out,
+            &format!(
+                "rolled back from {bad} to {previous}; {bad} is not installed again until a newer version is \
+                 published or `svc-upgrade force` is run"
+            ),
+        )?;
+        Ok(())
     }
 
     /// The installed version: the package's, else the one `svc version` prints.
@@ -356,15 +607,22 @@ impl Runner {
             .map_err(lock_err)
     }
 
-    async fn restart(&self, version: &Version, out: &mut dyn Write) -> Result<(), RunError> {
+    /// Restarts the agent as `restart-mode` says, when systemd runs and the agent was running.
+    /// A rollback (`rollback`) restarts it with `systemctl restart` after `reset-failed`, so an
+    /// agent the bad version left failing comes back too.
+    async fn restart(
+        &self,
+        version: &Version,
+        rollback: bool,
+        out: &mut dyn Write,
+    ) -> Result<Restarted, RunError> {
         let action = match self.config.restart_mode {
             RestartMode::None => {
-                say(
-                    out,
-                    &format!("restart-mode is none: {version} runs after the agent's next restart"),
-                )?;
-                return Ok(());
+                let note = format!("restart-mode is none: {version} runs after the agent's next restart");
+                say(out, &note)?;
+                return Ok(Restarted::No(format!("{note}; health not checked")));
             }
+            _ if rollback => "restart",
             RestartMode::Restart => "try-restart",
             RestartMode::Reload => "try-reload-or-restart",
         };
@@ -376,32 +634,73 @@ impl Runner {
                     self.systemd_dir.display()
                 ),
             )?;
-            return Ok(());
+            return Ok(Restarted::No(format!(
+                "systemd is not running: the agent was not restarted and {version}'s health not checked"
+            )));
+        }
+        let running = rollback
+            || self
+                .systemctl_ok(&["is-active", "--quiet", AGENT_UNIT])
+                .await
+                .is_ok();
+        if rollback {
+            // A unit that hit its start limit with the bad version refuses to start until reset.
+            let _ = self.systemctl_ok(&["reset-failed", AGENT_UNIT]).await;
         }
         let command = format!("{} {action} {AGENT_UNIT}", self.systemctl.display());
+        let restarted_at = unix(std::time::SystemTime::now());
+        if let Err(reason) = self.systemctl_ok(&[action, AGENT_UNIT]).await {
+            say(out, &format!("`{command}` failed: {reason}"))?;
+            return Ok(Restarted::Failed(format!("`{command}` failed: {reason}")));
+        }
+        say(out, &format!("ran `{command}`"))?;
+        if !running {
+            let note = format!(
+                "{AGENT_UNIT} was not running, so it was not restarted: {version} runs when it is started; health not checked"
+            );
+            say(out, &note)?;
+            return Ok(Restarted::No(note));
+        }
+        Ok(Restarted::Yes(restarted_at))
+    }
+
+    /// Runs the `systemctl` program with `args`; `Err` carries the exit status or why it could not
+    /// run.
+    async fn systemctl_ok(&self, args: &[&str]) -> Result<(), String> {
         let status = tokio::process::Command::new(&self.systemctl)
-            .args([action, AGENT_UNIT])
+            .args(args)
             .stdin(Stdio::null())
             .status()
             .await;
         match status {
-            Ok(s) if s.success() => say(out, &format!("ran `{command}`"))?,
-            Ok(s) => {
-                return Err(RunError::Restart {
-                    version: version.clone(),
-                    command,
-                    reason: s.to_string(),
-                });
-            }
-            Err(e) => {
-                return Err(RunError::Restart {
-                    version: version.clone(),
-                    command,
-                    reason: e.to_string(),
-                });
-            }
+            Ok(s) if s.success() => Ok(()),
+            Ok(s) => Err(s.to_string()),
+            Err(e) => Err(e.to_string()),
         }
-        Ok(())
+    }
+}
+
+impl RunReport {
+    fn decision_current(&self) -> Option<&Version> {
+        match &self.decision {
+            Decision::NoTarget { current }
+            | Decision::UpToDate { current }
+            | Decision::Install { current, .. }
+            | Decision::Wait { current, .. }
+            | Decision::BadVersion { current, .. }
+            | Decision::AlreadyUpgraded { current, .. } => Some(current),
+        }
+    }
+
+    fn decision_target(&self) -> Option<&Version> {
+        match &self.decision {
+            Decision::NoTarget { .. } => None,
+            Decision::UpToDate { current } => Some(current),
+            Decision::Install { target, .. }
+            | Decision::Wait { target, .. }
+            | Decision::BadVersion { target, .. }
+            | Decision::AlreadyUpgraded { target, .. } => Some(target),
+        }
     }
 }
 

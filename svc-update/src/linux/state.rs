@@ -7,7 +7,9 @@
 //!   behind one address answer different versions (specification §2.6 rule 3, "agents flip
 //!   between versions"), and without this every other run would reinstall;
 //! - an `in_progress` entry left behind means the previous run was killed mid-install: the next
-//!   run repairs the package database and holds before it does anything else.
+//!   run repairs the package database and holds before it does anything else;
+//! - `bad_versions`: versions that were installed, did not prove healthy and were rolled back;
+//!   `run` does not install them again (`force` clears the list).
 //!
 //! The file is written atomically (temporary file, fsync, rename), so a kill leaves the old or
 //! the new state, never half of one. `SVC_UPGRADE_STATE` names another file.
@@ -93,6 +95,10 @@ pub struct UpgradeState {
     /// An install that started and has not finished: the run doing it was killed.
     #[serde(default)]
     pub in_progress: Option<InstallRecord>,
+    /// Versions installed, found unhealthy and rolled back: not installed again by `run` until
+    /// `svc-upgrade force` clears the list. A newer version is installed as usual.
+    #[serde(default)]
+    pub bad_versions: Vec<Version>,
 }
 
 impl UpgradeState {
@@ -167,6 +173,7 @@ mod tests {
         let state = UpgradeState {
             last_install: Some(InstallRecord::new(Version::new(17, 0, 1), now, Some(window))),
             in_progress: Some(InstallRecord::new(Version::new(17, 0, 2), now, None)),
+            bad_versions: vec![Version::new(17, 0, 3)],
         };
         state.save(&path).unwrap();
         let back = UpgradeState::load(&path).unwrap();
@@ -179,6 +186,9 @@ mod tests {
         );
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("\"version\": \"v17.0.1\""), "{text}");
+        // A state file written before bad versions were recorded still reads.
+        std::fs::write(&path, "{\"last_install\": null, \"in_progress\": null}").unwrap();
+        assert_eq!(UpgradeState::load(&path).unwrap(), UpgradeState::default());
     }
 
     #[test]

@@ -13,7 +13,17 @@
 //!    the agent binary still works, and the next `run` repairs, finishes at v2 and re-holds;
 //! 5. a critical v3 outside the window installs at once;
 //! 6. `force` back to v1, then two proxies answering v2 and v3 in turn within one window: one
-//!    install (v2), then "already upgraded", then "no upgrades available".
+//!    install (v2), then "already upgraded", then "no upgrades available";
+//! 7. health and rollback, with a stand-in `systemctl` (`SVC_UPGRADE_SYSTEMCTL`) that plays the
+//!    agent: its restart writes the `agent` file with the version the installed `/usr/bin/svc`
+//!    prints, unless that version is marked as one that never reports. v3 never reports: the run
+//!    installs it, waits `health-timeout` (5 s), reinstalls v2 with the real package manager
+//!    (apt `--allow-downgrades`, dnf `downgrade`, zypper `--oldpackage`), holds it, and writes
+//!    `rolled_back`; the next window's run does not retry v3; `force` clears the list and
+//!    installs v3, which now reports: `updated`.
+//!
+//! The `status` file is checked along the way: the package's initial one (`enrolled`), then
+//! what each run wrote.
 
 use std::{
     path::{Path, PathBuf},
@@ -141,8 +151,17 @@ fn updater(ca: &Path, state: &Path, command: &str) -> tokio::process::Command {
 }
 
 async fn upgrade(ca: &Path, state: &Path, command: &str) -> Result<Outcome> {
+    upgrade_with(ca, state, command, None).await
+}
+
+/// `svc-upgrade <command>`, restarting the agent with `systemctl` when given.
+async fn upgrade_with(ca: &Path, state: &Path, command: &str, systemctl: Option<&Path>) -> Result<Outcome> {
+    let mut cmd = updater(ca, state, command);
+    if let Some(systemctl) = systemctl {
+        cmd.env("SVC_UPGRADE_SYSTEMCTL", systemctl);
+    }
     // The command's child is killed on drop (kill_on_drop in `updater`) when the time runs out.
-    let out = tokio::time::timeout(Duration::from_secs(600), updater(ca, state, command).output())
+    let out = tokio::time::timeout(Duration::from_secs(600), cmd.output())
         .await
         .map_err(|_| anyhow::anyhow!("svc-upgrade {command} did not finish within 600 s"))??;
     let outcome = Outcome {
@@ -182,6 +201,54 @@ fn far_away() -> Window {
         start,
         end: start + Duration::from_secs(3600),
     }
+}
+
+/// The `status` file as JSON.
+fn status() -> Result<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(Path::new(CONFIG_DIR).join("status")).context("reading the status file")?;
+    serde_json::from_str(&text).with_context(|| format!("status is not JSON: {text}"))
+}
+
+/// Checks `status`'s result, from, to and bad_versions (versions without `v`).
+fn expect_status(result: &str, from: &str, to: &str, bad: &[&str]) -> Result<serde_json::Value> {
+    let st = status()?;
+    ensure!(
+        st["upgrader"] == "unit"
+            && st["result"] == result
+            && st["from"] == from
+            && st["to"] == to
+            && st["bad_versions"] == serde_json::json!(bad),
+        "expected status {result} {from} -> {to} bad {bad:?}, found {st}"
+    );
+    Ok(st)
+}
+
+/// A stand-in `systemctl` playing the agent (see the module documentation); it logs its
+/// arguments to `<dir>/systemctl.log` and never reports the versions listed in
+/// `<dir>/never-reports`.
+fn agent_playing_systemctl(dir: &Path) -> Result<PathBuf> {
+    let path = dir.join("systemctl");
+    let agent = Path::new(CONFIG_DIR).join("agent");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\n\
+             echo \"$@\" >> '{dir}/systemctl.log'\n\
+             case \"$1\" in\n\
+             is-active) exit 0 ;;\n\
+             restart|try-restart|try-reload-or-restart)\n\
+               v=$(/usr/bin/svc version | sed -n 's/^svc v//p')\n\
+               if grep -qx \"$v\" '{dir}/never-reports' 2>/dev/null; then exit 0; fi\n\
+               printf '{{\"version\":\"%s\",\"pid\":%s,\"heartbeat_at\":%s,\"diag_addr\":null}}\\n' \"$v\" $$ \"$(date +%s)\" > '{agent}.tmp'\n\
+               mv '{agent}.tmp' '{agent}' ;;\n\
+             esac\n",
+            dir = dir.display(),
+            agent = agent.display(),
+        ),
+    )?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    Ok(path)
 }
 
 /// The process group `pgid`'s members: (pid, comm, cmdline).
@@ -277,6 +344,12 @@ pub(super) async fn updater_story(
         .env("SVC_REPO_URL", format!("file://{}", fixture.repo.display()))
         .env("SVC_INSTALLER", installer))?;
     assert_eq!(installed_svc_says()?, format!("svc v{V1}"));
+    // The package announced the enrolment before any run.
+    let st = expect_status("none", V1, V1, &[])?;
+    ensure!(
+        st["reason"] == "enrolled" && st["upgrader_version"] == V1,
+        "initial status: {st}"
+    );
     let said = sh(std::process::Command::new("/usr/bin/svc-upgrade").arg("version"))?;
     assert_eq!(said.trim(), format!("svc-upgrade v{V1}"), "the packaged updater");
     let help = sh(std::process::Command::new("/usr/bin/svc-upgrade").arg("help"))?;
@@ -345,6 +418,14 @@ pub(super) async fn updater_story(
     ensure!(
         !out.ok && out.stderr.contains("version server: GET https://127.0.0.1:"),
         "{out}"
+    );
+    // Nothing installed: `none`, the error as the reason.
+    let st = expect_status("none", V1, "", &[])?;
+    ensure!(
+        st["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("version server: GET https://127.0.0.1:")),
+        "{st}"
     );
     set_endpoint(&channel.garbage_endpoint())?;
     let out = upgrade(&ca, &state, "run").await?;
@@ -444,5 +525,73 @@ pub(super) async fn updater_story(
     assert_eq!(installed_svc_says()?, format!("svc {v2}"));
     a.proxy.shutdown().await;
     b.proxy.shutdown().await;
+
+    // 7. Health and rollback: v3 never reports.
+    let systemctl = agent_playing_systemctl(tmp.path())?;
+    std::fs::write(tmp.path().join("never-reports"), format!("{V3}\n"))?;
+    std::fs::write(Path::new(CONFIG_DIR).join("health-timeout"), "5\n")?;
+    let channel = Channel::start(&data, Some(V3), false).await?;
+    set_endpoint(&channel.endpoint())?;
+    set_schedule(&[window_around_now(200)])?;
+    let out = upgrade_with(&ca, &state, "run", Some(&systemctl)).await?;
+    ensure!(out.ok, "a rollback is a finished run: {out}");
+    for line in [
+        format!("installed svc {v3} and held it"),
+        format!("waiting up to 5s (health-timeout) for {v3} to prove healthy"),
+        format!("{v3} did not prove healthy: no heartbeat with {V3} within 5s"),
+        format!("reinstalled svc {v2} and held it"),
+        format!("rolled back from {v3} to {v2}"),
+    ] {
+        ensure!(out.stdout.contains(&line), "no {line:?} in:\n{out}");
+    }
+    assert_eq!(installed_svc_says()?, format!("svc {v2}"));
+    ensure!(held()?, "svc is not held after the rollback");
+    let st = expect_status("rolled_back", V3, V2, &[V3])?;
+    ensure!(
+        st["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with(&format!("no heartbeat with {V3} within 5s"))),
+        "{st}"
+    );
+    let log = std::fs::read_to_string(tmp.path().join("systemctl.log"))?;
+    assert_eq!(
+        log,
+        "is-active --quiet svc.service\ntry-restart svc.service\nreset-failed svc.service\nrestart svc.service\n",
+        "the restarts"
+    );
+    // The agent reports v2 again after the rollback's restart.
+    let agent: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(Path::new(CONFIG_DIR).join("agent"))?)?;
+    assert_eq!(agent["version"], V2);
+
+    // The next window: v3 is not tried again.
+    set_schedule(&[window_around_now(100)])?;
+    let out = upgrade_with(&ca, &state, "run", Some(&systemctl)).await?;
+    ensure!(
+        out.ok
+            && out
+                .stdout
+                .contains(&format!("not installing {v3}: it was installed before"))
+            && !out.stdout.contains("installed svc"),
+        "{out}"
+    );
+    assert_eq!(installed_svc_says()?, format!("svc {v2}"));
+    expect_status("none", V2, V3, &[V3])?;
+
+    // force clears the list; v3 reports this time: updated.
+    std::fs::remove_file(tmp.path().join("never-reports"))?;
+    let out = upgrade_with(&ca, &state, "force", Some(&systemctl)).await?;
+    ensure!(
+        out.ok
+            && out
+                .stdout
+                .contains(&format!("force: cleared the versions marked bad ({v3})"))
+            && out.stdout.contains(&format!("{v3} is healthy")),
+        "{out}"
+    );
+    assert_eq!(installed_svc_says()?, format!("svc {v3}"));
+    ensure!(held()?, "svc is not held after the forced install");
+    expect_status("updated", V2, V3, &[])?;
+    channel.proxy.shutdown().await;
     Ok(())
 }
