@@ -1,9 +1,18 @@
 //! The storage contract, run against every `Backend` implementation: the same tests for the
-//! in-memory backend and the embedded (redb) one. A new implementation (etcd) adds one line to
-//! the `conformance!` invocations at the bottom.
+//! in-memory backend, the embedded (redb) one and, with the `etcd` feature, etcd (a real `etcd`
+//! member started per test on loopback ports, killed at the end). A new implementation adds
+//! one line to the `conformance!` invocations at the bottom.
+//!
+//! The etcd-only tests at the end: a watch survives the restart of the member it streams from
+//! in a 3-member cluster, a watch whose history was compacted meanwhile ends with
+//! `WatchError::Compacted`, the prefix isolates two clusters, TLS with client certificates and
+//! etcd users. Each test prints how long it took, so the suite's time on each backend can be
+//! compared (`--nocapture`).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use svc_core::backend::{
@@ -15,31 +24,65 @@ fn clock() -> Arc<ManualClock> {
     Arc::new(ManualClock::at_unix(1_800_000_000))
 }
 
-/// A backend under test plus whatever keeps it alive (a temporary directory).
+/// A backend under test plus whatever keeps it alive (a temporary directory, an etcd member).
 struct Subject {
     backend: Arc<dyn Backend>,
     _dir: Option<tempfile::TempDir>,
+    #[cfg(feature = "etcd")]
+    _etcd: Option<etcd_support::EtcdCluster>,
 }
 
-fn memory(clock: Arc<dyn Clock>, buffer: usize) -> Subject {
-    Subject {
-        backend: Arc::new(MemoryBackend::with_options(clock, buffer)),
-        _dir: None,
+impl Subject {
+    fn local(backend: Arc<dyn Backend>, dir: Option<tempfile::TempDir>) -> Self {
+        Self {
+            backend,
+            _dir: dir,
+            #[cfg(feature = "etcd")]
+            _etcd: None,
+        }
     }
 }
 
-fn embedded(clock: Arc<dyn Clock>, buffer: usize) -> Subject {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let backend = EmbeddedBackend::open_with_options(dir.path().join("db.redb"), clock, buffer)
-        .expect("open embedded backend");
-    Subject {
-        backend: Arc::new(backend),
-        _dir: Some(dir),
-    }
+/// Makes a fresh backend reading time from the clock, with a watch buffer of that many events.
+type Make = fn(Arc<dyn Clock>, usize) -> Pin<Box<dyn Future<Output = Result<Subject>> + Send>>;
+
+fn memory(clock: Arc<dyn Clock>, buffer: usize) -> Pin<Box<dyn Future<Output = Result<Subject>> + Send>> {
+    Box::pin(async move {
+        Ok(Subject::local(
+            Arc::new(MemoryBackend::with_options(clock, buffer)),
+            None,
+        ))
+    })
 }
 
-async fn crud_and_typed_errors(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
-    let s = make(clock(), 64);
+fn embedded(clock: Arc<dyn Clock>, buffer: usize) -> Pin<Box<dyn Future<Output = Result<Subject>> + Send>> {
+    Box::pin(async move {
+        let dir = tempfile::tempdir()?;
+        let backend = EmbeddedBackend::open_with_options(dir.path().join("db.redb"), clock, buffer)?;
+        Ok(Subject::local(Arc::new(backend), Some(dir)))
+    })
+}
+
+#[cfg(feature = "etcd")]
+#[path = "support/etcd.rs"]
+mod etcd_support;
+
+/// A single etcd member of its own, the backend under a cluster prefix.
+#[cfg(feature = "etcd")]
+fn etcd(clock: Arc<dyn Clock>, buffer: usize) -> Pin<Box<dyn Future<Output = Result<Subject>> + Send>> {
+    Box::pin(async move {
+        let cluster = etcd_support::EtcdCluster::start(1).await?;
+        let backend = cluster.backend("/svc/conformance", clock, buffer).await?;
+        Ok(Subject {
+            backend: Arc::new(backend),
+            _dir: None,
+            _etcd: Some(cluster),
+        })
+    })
+}
+
+async fn crud_and_typed_errors(make: Make) -> Result<()> {
+    let s = make(clock(), 64).await?;
     let b = &s.backend;
     let key = Key::from("/users/alice");
     ensure!(b.get(&key).await?.is_none());
@@ -95,8 +138,8 @@ async fn crud_and_typed_errors(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Re
     Ok(())
 }
 
-async fn range_prefix_and_bounds(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
-    let s = make(clock(), 64);
+async fn range_prefix_and_bounds(make: Make) -> Result<()> {
+    let s = make(clock(), 64).await?;
     let b = &s.backend;
     for key in ["/a/2", "/a/1", "/ab", "/a/3/x", "/b/1", "/c"] {
         b.put(Item::new(key, key)).await?;
@@ -119,9 +162,9 @@ async fn range_prefix_and_bounds(make: fn(Arc<dyn Clock>, usize) -> Subject) -> 
     Ok(())
 }
 
-async fn expiry(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+async fn expiry(make: Make) -> Result<()> {
     let clock = clock();
-    let s = make(clock.clone(), 64);
+    let s = make(clock.clone(), 64).await?;
     let b = &s.backend;
     let soon = clock.now() + Duration::from_secs(10);
     b.put(Item::new("/tokens/t1", "x").with_expiry(soon)).await?;
@@ -164,10 +207,10 @@ async fn expiry(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
     Ok(())
 }
 
-async fn cas_race_loses_no_update(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
+async fn cas_race_loses_no_update(make: Make) -> Result<()> {
     const TASKS: u64 = 8;
     const INCREMENTS: u64 = 20;
-    let s = make(clock(), 4096);
+    let s = make(clock(), 4096).await?;
     let key = Key::from("/counter");
     s.backend.create(Item::new(key.clone(), "0")).await?;
     let mut tasks = Vec::new();
@@ -205,8 +248,8 @@ async fn cas_race_loses_no_update(make: fn(Arc<dyn Clock>, usize) -> Subject) ->
     Ok(())
 }
 
-async fn watch_delivers_every_change_in_order(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
-    let s = make(clock(), 4096);
+async fn watch_delivers_every_change_in_order(make: Make) -> Result<()> {
+    let s = make(clock(), 4096).await?;
     let b = &s.backend;
     b.put(Item::new("/nodes/before", "old")).await?;
     let start = b.current_revision().await?;
@@ -272,13 +315,24 @@ async fn watch_delivers_every_change_in_order(make: fn(Arc<dyn Clock>, usize) ->
     Ok(())
 }
 
-async fn slow_watcher_gets_lagged(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
-    let s = make(clock(), 4);
+async fn slow_watcher_gets_lagged(make: Make) -> Result<()> {
+    let s = make(clock(), 4).await?;
     let b = &s.backend;
     let mut w = b.watch(&Key::from("/")).await?;
     ensure!(matches!(w.next().await?, Event::Init { .. }));
     for i in 0..10 {
         b.put(Item::new(format!("/k/{i}"), "v")).await?;
+    }
+    // A remote backend relays its events asynchronously: wait until all ten reached the
+    // watcher (a local backend has them at once).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while w.backlog() < 10 {
+        ensure!(
+            Instant::now() < deadline,
+            "the 10 writes did not reach the watcher within 20s (backlog {})",
+            w.backlog()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     match w.next().await {
         Err(WatchError::Lagged { missed }) => ensure!(missed == 6, "missed {missed}"),
@@ -292,8 +346,8 @@ async fn slow_watcher_gets_lagged(make: fn(Arc<dyn Clock>, usize) -> Subject) ->
     Ok(())
 }
 
-async fn watch_closes_with_backend(make: fn(Arc<dyn Clock>, usize) -> Subject) -> Result<()> {
-    let s = make(clock(), 4);
+async fn watch_closes_with_backend(make: Make) -> Result<()> {
+    let s = make(clock(), 4).await?;
     let mut w = s.backend.watch(&Key::from("/")).await?;
     ensure!(matches!(w.next().await?, Event::Init { .. }));
     drop(s);
@@ -306,9 +360,12 @@ async fn watch_closes_with_backend(make: fn(Arc<dyn Clock>, usize) -> Subject) -
 const TEST_LIMIT: Duration = Duration::from_secs(60);
 
 async fn within(test: &str, run: impl std::future::Future<Output = Result<()>>) -> Result<()> {
-    tokio::time::timeout(TEST_LIMIT, run).await.map_err(|_| {
+    let started = Instant::now();
+    let result = tokio::time::timeout(TEST_LIMIT, run).await.map_err(|_| {
         anyhow::anyhow!("{test} did not finish within {TEST_LIMIT:?} (a watch event or a write never came)")
-    })?
+    })?;
+    println!("{test}: {:?}", started.elapsed());
+    result
 }
 
 macro_rules! conformance {
@@ -319,7 +376,11 @@ macro_rules! conformance {
             #[tokio::test]
             async fn crud_and_typed_errors() -> Result<()> {
                 within(
-                    stringify!(crud_and_typed_errors),
+                    concat!(
+                        stringify!($backend),
+                        "::",
+                        stringify!(crud_and_typed_errors)
+                    ),
                     super::crud_and_typed_errors(super::$backend),
                 )
                 .await
@@ -327,19 +388,31 @@ macro_rules! conformance {
             #[tokio::test]
             async fn range_prefix_and_bounds() -> Result<()> {
                 within(
-                    stringify!(range_prefix_and_bounds),
+                    concat!(
+                        stringify!($backend),
+                        "::",
+                        stringify!(range_prefix_and_bounds)
+                    ),
                     super::range_prefix_and_bounds(super::$backend),
                 )
                 .await
             }
             #[tokio::test]
             async fn expiry() -> Result<()> {
-                within(stringify!(expiry), super::expiry(super::$backend)).await
+                within(
+                    concat!(stringify!($backend), "::", stringify!(expiry)),
+                    super::expiry(super::$backend),
+                )
+                .await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn cas_race_loses_no_update() -> Result<()> {
                 within(
-                    stringify!(cas_race_loses_no_update),
+                    concat!(
+                        stringify!($backend),
+                        "::",
+                        stringify!(cas_race_loses_no_update)
+                    ),
                     super::cas_race_loses_no_update(super::$backend),
                 )
                 .await
@@ -347,7 +420,11 @@ macro_rules! conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn watch_delivers_every_change_in_order() -> Result<()> {
                 within(
-                    stringify!(watch_delivers_every_change_in_order),
+                    concat!(
+                        stringify!($backend),
+                        "::",
+                        stringify!(watch_delivers_every_change_in_order)
+                    ),
                     super::watch_delivers_every_change_in_order(super::$backend),
                 )
                 .await
@@ -355,7 +432,11 @@ macro_rules! conformance {
             #[tokio::test]
             async fn slow_watcher_gets_lagged() -> Result<()> {
                 within(
-                    stringify!(slow_watcher_gets_lagged),
+                    concat!(
+                        stringify!($backend),
+                        "::",
+                        stringify!(slow_watcher_gets_lagged)
+                    ),
                     super::slow_watcher_gets_lagged(super::$backend),
                 )
                 .await
@@ -363,7 +444,11 @@ macro_rules! conformance {
             #[tokio::test]
             async fn watch_closes_with_backend() -> Result<()> {
                 within(
-                    stringify!(watch_closes_with_backend),
+                    concat!(
+                        stringify!($backend),
+                        "::",
+                        stringify!(watch_closes_with_backend)
+                    ),
                     super::watch_closes_with_backend(super::$backend),
                 )
                 .await
@@ -374,6 +459,8 @@ macro_rules! conformance {
 
 conformance!(memory);
 conformance!(embedded);
+#[cfg(feature = "etcd")]
+conformance!(etcd);
 
 /// Embedded only: data and the revision counter survive closing and reopening the file.
 #[tokio::test]
