@@ -485,3 +485,436 @@ async fn embedded_reopen_keeps_items_and_revisions() -> Result<()> {
     );
     Ok(())
 }
+
+/// etcd only: member restarts, compaction, prefixes, TLS and etcd users, on real members.
+#[cfg(feature = "etcd")]
+mod etcd_only {
+    use std::path::Path;
+    use std::process::Command;
+
+    use anyhow::{Context, bail};
+    use svc_core::backend::{EtcdBackend, EtcdOptions, EtcdTls};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::watch;
+
+    use super::etcd_support::{EtcdCluster, MemberFlags, wait_ready};
+    use super::*;
+
+    /// Reads `n` puts of `/ha/<i>` for `i` in `from..from + n`, in order, revisions strictly
+    /// increasing from after `last`; returns the last revision.
+    async fn expect_puts(
+        w: &mut svc_core::backend::Watcher,
+        from: usize,
+        n: usize,
+        mut last: Revision,
+    ) -> Result<Revision> {
+        for i in from..from + n {
+            match w.next().await? {
+                Event::Put(item) => {
+                    ensure!(
+                        item.key == Key::from(format!("/ha/{i:04}")),
+                        "expected /ha/{i:04} next (no gap, no duplicate), got {}",
+                        item.key
+                    );
+                    ensure!(item.revision > last, "revision {} after {last}", item.revision);
+                    last = item.revision;
+                }
+                other => bail!("expected the put of /ha/{i:04}, got {other:?}"),
+            }
+        }
+        Ok(last)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watch_survives_a_member_restart() -> Result<()> {
+        within("etcd_only::watch_survives_a_member_restart", async {
+            let mut cluster = EtcdCluster::start(3).await?;
+            let peers = cluster.peers();
+            // One watcher streams from the member that will be killed; one knows every member.
+            let on_m0 = EtcdBackend::connect(EtcdOptions::new([peers[0].clone()], "/svc/ha")).await?;
+            let on_all = cluster.backend("/svc/ha", clock(), 4096).await?;
+            let writer = EtcdBackend::connect(EtcdOptions::new(peers[1..].to_vec(), "/svc/ha")).await?;
+            let mut w0 = on_m0.watch(&Key::from("/ha/")).await?;
+            let mut wall = on_all.watch(&Key::from("/ha/")).await?;
+            let start = match (w0.next().await?, wall.next().await?) {
+                (Event::Init { revision }, Event::Init { .. }) => revision,
+                other => bail!("watches start with Init, got {other:?}"),
+            };
+            for i in 0..20 {
+                writer.put(Item::new(format!("/ha/{i:04}"), "v")).await?;
+            }
+            let last0 = expect_puts(&mut w0, 0, 20, start).await?;
+            let last_all = expect_puts(&mut wall, 0, 20, start).await?;
+
+            cluster.members[0].kill()?;
+            // If m0 led, the two members left elect a new leader (about a second); a write sent
+            // meanwhile fails with an unknown outcome, so wait until a linearizable read passes.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while let Err(e) = writer.current_revision().await {
+                ensure!(
+                    Instant::now() < deadline,
+                    "no leader among the two members left within 30s: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // Writes continue on the two members left (a quorum).
+            for i in 20..50 {
+                writer.put(Item::new(format!("/ha/{i:04}"), "v")).await?;
+            }
+            // The watcher on every member resumes on another one, even before m0 is back.
+            expect_puts(&mut wall, 20, 30, last_all).await?;
+            cluster.members[0].restart()?;
+            // The watcher bound to m0 resumes from the revision after its last event.
+            let last0 = expect_puts(&mut w0, 20, 30, last0).await?;
+            writer.put(Item::new("/ha/marker", "m")).await?;
+            match w0.next().await? {
+                Event::Put(item) => ensure!(item.key == Key::from("/ha/marker") && item.revision > last0),
+                other => bail!("expected the marker after the restart, got {other:?}"),
+            }
+            println!("watch survived the restart of its member: 50 puts in order, no gap, no duplicate");
+            Ok(())
+        })
+        .await
+    }
+
+    /// A TCP relay in front of one member that the test can cut: a watch stream through it
+    /// breaks while the member stays up.
+    struct Cut {
+        addr: String,
+        open: watch::Sender<bool>,
+    }
+
+    async fn relay_to(upstream: &str) -> Result<Cut> {
+        let target = upstream.trim_start_matches("http://").to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = format!("http://{}", listener.local_addr()?);
+        let (open, is_open) = watch::channel(true);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut is_open = is_open.clone();
+                if !*is_open.borrow() {
+                    continue; // refused: dropped at once
+                }
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = is_open.wait_for(|open| !open) => {}
+                    }
+                });
+            }
+        });
+        Ok(Cut { addr, open })
+    }
+
+    fn etcdctl(endpoint: &str, args: &[&str]) -> Result<String> {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(endpoint)
+            .args(args)
+            .output()
+            .context("running etcdctl (install the Debian package etcd-client)")?;
+        ensure!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn compaction_while_reconnecting_ends_the_watch_for_a_resync() -> Result<()> {
+        within("etcd_only::compaction_ends_the_watch_for_a_resync", async {
+            let cluster = EtcdCluster::start(1).await?;
+            let member = cluster.peers()[0].clone();
+            let cut = relay_to(&member).await?;
+            let watching = EtcdBackend::connect(EtcdOptions::new([cut.addr.clone()], "/svc/c")).await?;
+            let writer = cluster.backend("/svc/c", clock(), 64).await?;
+            let mut w = watching.watch(&Key::from("/ha/")).await?;
+            let start = match w.next().await? {
+                Event::Init { revision } => revision,
+                other => bail!("a watch starts with Init, got {other:?}"),
+            };
+            writer.put(Item::new("/ha/0000", "v")).await?;
+            expect_puts(&mut w, 0, 1, start).await?;
+
+            cut.open.send_replace(false);
+            for i in 1..10 {
+                writer.put(Item::new(format!("/ha/{i:04}"), "v")).await?;
+            }
+            // Compact everything up to now: the history the watch needs to resume is gone.
+            let etcd_revision = writer.current_revision().await?.0 + 1;
+            etcdctl(&member, &["compact", &etcd_revision.to_string()])?;
+            cut.open.send_replace(true);
+            match w.next().await {
+                Err(WatchError::Compacted { revision }) => {
+                    ensure!(revision.0 + 1 == etcd_revision, "compacted up to {revision}")
+                }
+                other => bail!("a watch whose history was compacted must say so, got {other:?}"),
+            }
+            ensure!(
+                matches!(w.next().await, Err(WatchError::Compacted { .. })),
+                "it stays finished"
+            );
+            // The re-sync: list, then watch again.
+            ensure!(watching.range(&KeyRange::prefix("/ha/")).await?.len() == 10);
+            let mut w = watching.watch(&Key::from("/ha/")).await?;
+            let start = match w.next().await? {
+                Event::Init { revision } => revision,
+                other => bail!("a watch starts with Init, got {other:?}"),
+            };
+            writer.put(Item::new("/ha/0010", "v")).await?;
+            expect_puts(&mut w, 10, 1, start).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn the_prefix_isolates_two_clusters() -> Result<()> {
+        within("etcd_only::the_prefix_isolates_two_clusters", async {
+            let cluster = EtcdCluster::start(1).await?;
+            let clock = clock();
+            // `/svc/a` is a byte prefix of `/svc/ab`: the namespaces must still not overlap.
+            let a = cluster.backend("/svc/a", clock.clone(), 64).await?;
+            let b = cluster.backend("/svc/ab", clock.clone(), 64).await?;
+            let mut wa = a.watch(&Key::from("")).await?;
+            ensure!(matches!(wa.next().await?, Event::Init { .. }));
+            b.put(Item::new("/users/x", "b")).await?;
+            b.put(Item::new("b-no-slash", "b")).await?;
+            b.put(Item::new("/tokens/t", "b").with_expiry(clock.now() + Duration::from_secs(5)))
+                .await?;
+            a.put(Item::new("/users/x", "a")).await?;
+            ensure!(a.get(&Key::from("/users/x")).await?.expect("a's item").value == b"a");
+            ensure!(b.get(&Key::from("/users/x")).await?.expect("b's item").value == b"b");
+            let all_a = a.range(&KeyRange::prefix("")).await?;
+            ensure!(all_a.len() == 1, "a sees only its own keys: {all_a:?}");
+            ensure!(b.range(&KeyRange::prefix("")).await?.len() == 3);
+            // a's watch saw only a's write.
+            match wa.next().await? {
+                Event::Put(item) => ensure!(item.value == b"a", "a's watch saw {item:?}"),
+                other => bail!("expected a's put, got {other:?}"),
+            }
+            // a's purge leaves b's expired items to b.
+            clock.advance(Duration::from_secs(5));
+            ensure!(a.purge_expired().await? == 0);
+            ensure!(b.purge_expired().await? == 1);
+            Ok(())
+        })
+        .await
+    }
+
+    fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
+        let out = Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .context("running openssl")?;
+        ensure!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
+    /// A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by it; and
+    /// a second, unrelated CA.
+    fn make_pki(dir: &Path) -> Result<()> {
+        const EC: [&str; 5] = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+        for ca in ["ca", "other-ca"] {
+            let (key, crt) = (format!("{ca}.key"), format!("{ca}.crt"));
+            let mut args = vec!["req", "-x509"];
+            args.extend(EC);
+            args.extend([
+                "-keyout",
+                &key,
+                "-out",
+                &crt,
+                "-subj",
+                "/CN=test etcd CA",
+                "-days",
+                "2",
+            ]);
+            openssl(dir, &args)?;
+        }
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+        )?;
+        std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n")?;
+        for (name, cn) in [("server", "etcd"), ("client", "svc-auth")] {
+            let (key, csr, crt, ext) = (
+                format!("{name}.key"),
+                format!("{name}.csr"),
+                format!("{name}.crt"),
+                format!("{name}.ext"),
+            );
+            let subj = format!("/CN={cn}");
+            let mut args = vec!["req"];
+            args.extend(EC);
+            args.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
+            openssl(dir, &args)?;
+            openssl(
+                dir,
+                &[
+                    "x509",
+                    "-req",
+                    "-in",
+                    &csr,
+                    "-CA",
+                    "ca.crt",
+                    "-CAkey",
+                    "ca.key",
+                    "-CAcreateserial",
+                    "-out",
+                    &crt,
+                    "-days",
+                    "2",
+                    "-extfile",
+                    &ext,
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn tls_with_client_certificates() -> Result<()> {
+        within("etcd_only::tls_with_client_certificates", async {
+            let pki = tempfile::tempdir()?;
+            make_pki(pki.path())?;
+            let path = |f: &str| pki.path().join(f).to_string_lossy().into_owned();
+            let cluster = EtcdCluster::start_with(
+                1,
+                MemberFlags {
+                    https: true,
+                    args: vec![
+                        "--cert-file".into(),
+                        path("server.crt"),
+                        "--key-file".into(),
+                        path("server.key"),
+                        "--trusted-ca-file".into(),
+                        path("ca.crt"),
+                        "--client-cert-auth".into(),
+                    ],
+                },
+            )
+            .await?;
+            let read = |f: &str| std::fs::read(pki.path().join(f));
+            let tls = EtcdTls {
+                ca_pem: read("ca.crt")?,
+                client: Some((read("client.crt")?, read("client.key")?)),
+            };
+            let options = EtcdOptions::new(cluster.peers(), "/svc/tls").tls(tls.clone());
+            let debug = format!("{options:?}");
+            ensure!(
+                !debug.contains("PRIVATE KEY"),
+                "no key material in Debug: {debug}"
+            );
+            let backend = wait_ready(options).await?;
+            let r = backend.create(Item::new("/users/alice", "v")).await?;
+            ensure!(
+                backend
+                    .get(&Key::from("/users/alice"))
+                    .await?
+                    .expect("stored")
+                    .revision
+                    == r
+            );
+
+            // Without a client certificate etcd refuses the connection.
+            let no_cert = EtcdOptions::new(cluster.peers(), "/svc/tls").tls(EtcdTls {
+                ca_pem: tls.ca_pem.clone(),
+                client: None,
+            });
+            let err = EtcdBackend::connect(no_cert)
+                .await
+                .expect_err("a client without a certificate is refused");
+            let msg = format!("{err:#}");
+            let chain = std::iter::successors(Some(&err as &dyn std::error::Error), |e| e.source())
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join(": ");
+            ensure!(
+                chain.contains(&cluster.peers()[0]),
+                "the error names the peer: {chain} ({msg})"
+            );
+            // A server certificate from another CA is not trusted.
+            let wrong_ca = EtcdOptions::new(cluster.peers(), "/svc/tls").tls(EtcdTls {
+                ca_pem: read("other-ca.crt")?,
+                client: tls.client.clone(),
+            });
+            ensure!(
+                EtcdBackend::connect(wrong_ca).await.is_err(),
+                "a server from another CA is refused"
+            );
+            Ok(())
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn etcd_users_and_roles() -> Result<()> {
+        within("etcd_only::etcd_users_and_roles", async {
+            let cluster = EtcdCluster::start(1).await?;
+            let ep = cluster.peers()[0].clone();
+            for args in [
+                &["user", "add", "root", "--new-user-password=root-secret"][..],
+                &["user", "grant-role", "root", "root"],
+                &["role", "add", "svc"],
+                &[
+                    "role",
+                    "grant-permission",
+                    "svc",
+                    "--prefix=true",
+                    "readwrite",
+                    "/svc/auth/",
+                ],
+                &["user", "add", "svc", "--new-user-password=svc-secret-pw"],
+                &["user", "grant-role", "svc", "svc"],
+                &["auth", "enable"],
+            ] {
+                etcdctl(&ep, args)?;
+            }
+            let options = EtcdOptions::new(cluster.peers(), "/svc/auth").user("svc", "svc-secret-pw");
+            ensure!(
+                !format!("{options:?}").contains("svc-secret-pw"),
+                "no password in Debug"
+            );
+            let b = EtcdBackend::connect(options).await?;
+            let mut w = b.watch(&Key::from("/")).await?;
+            ensure!(matches!(w.next().await?, Event::Init { .. }));
+            b.create(Item::new("/users/alice", "v")).await?;
+            b.put(
+                Item::new("/tokens/t", "x")
+                    .with_expiry(svc_core::SystemClock.now() + Duration::from_secs(60)),
+            )
+            .await?;
+            ensure!(b.range(&KeyRange::prefix("/")).await?.len() == 2);
+            ensure!(matches!(w.next().await?, Event::Put(_)));
+
+            // No user, a wrong password, another cluster's prefix: refused, the password never
+            // in the error.
+            let anonymous = EtcdBackend::connect(EtcdOptions::new(cluster.peers(), "/svc/auth")).await;
+            ensure!(anonymous.is_err(), "an anonymous client is refused");
+            let wrong = EtcdBackend::connect(
+                EtcdOptions::new(cluster.peers(), "/svc/auth").user("svc", "not-the-password"),
+            )
+            .await
+            .expect_err("a wrong password is refused");
+            ensure!(!format!("{wrong:?} {wrong}").contains("not-the-password"));
+            let elsewhere = EtcdBackend::connect(
+                EtcdOptions::new(cluster.peers(), "/svc/other").user("svc", "svc-secret-pw"),
+            )
+            .await;
+            ensure!(elsewhere.is_err(), "the role grants only /svc/auth/");
+            Ok(())
+        })
+        .await
+    }
+}
