@@ -917,4 +917,62 @@ mod etcd_only {
         })
         .await
     }
+
+    /// Figures, not assertions: puts/s and compare-and-swap/s on the embedded store and on a
+    /// single etcd member, same run, one writer and eight concurrent writers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn throughput_figures_embedded_vs_etcd() -> Result<()> {
+        within("etcd_only::throughput_figures_embedded_vs_etcd", async {
+            const N: usize = 400;
+            let subjects = [
+                ("embedded", embedded(clock(), 4096).await?),
+                ("etcd", super::etcd(clock(), 4096).await?),
+            ];
+            for (name, s) in &subjects {
+                for writers in [1usize, 8] {
+                    let b = &s.backend;
+                    let started = Instant::now();
+                    let mut tasks = Vec::new();
+                    for w in 0..writers {
+                        let b = Arc::clone(b);
+                        tasks.push(tokio::spawn(async move {
+                            for i in 0..N / writers {
+                                b.put(Item::new(format!("/bench/put/{w}/{i}"), "value")).await?;
+                            }
+                            anyhow::Ok(())
+                        }));
+                    }
+                    for t in tasks {
+                        t.await??;
+                    }
+                    let puts = N as f64 / started.elapsed().as_secs_f64();
+
+                    // Each writer compare-and-swaps its own key: no conflicts, the cost of the
+                    // guarded write itself (the etcd backend reads, then commits a transaction).
+                    let started = Instant::now();
+                    let mut tasks = Vec::new();
+                    for w in 0..writers {
+                        let b = Arc::clone(b);
+                        tasks.push(tokio::spawn(async move {
+                            let key = Key::from(format!("/bench/cas/{writers}/{w}"));
+                            let mut rev = b.put(Item::new(key.clone(), "0")).await?;
+                            for i in 0..N / writers {
+                                rev = b
+                                    .compare_and_swap(rev, Item::new(key.clone(), i.to_string()))
+                                    .await?;
+                            }
+                            anyhow::Ok(())
+                        }));
+                    }
+                    for t in tasks {
+                        t.await??;
+                    }
+                    let cas = N as f64 / started.elapsed().as_secs_f64();
+                    println!("throughput {name}, {writers} writer(s): {puts:.0} puts/s, {cas:.0} CAS/s");
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
 }
