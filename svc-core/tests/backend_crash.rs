@@ -29,8 +29,11 @@ const ETCD_PREFIX: &str = "/svc/crash";
 #[path = "support/etcd.rs"]
 mod etcd_support;
 
+/// One test: a function that fails with its reason.
+type Test = fn() -> Result<()>;
+
 /// The tests, by name.
-const TESTS: &[(&str, fn() -> Result<()>)] = &[
+const TESTS: &[(&str, Test)] = &[
     (
         "kill9_keeps_every_acknowledged_write",
         kill9_keeps_every_acknowledged_write,
