@@ -204,6 +204,10 @@ pub enum TunnelError {
     /// The proxy closed the tunnel and said why (an incompatible version, a shutdown).
     #[error("the proxy closed the reverse tunnel: {0}")]
     ProxyClosed(String),
+    /// The dial reached a proxy another of the agent's tunnels already holds (proxies behind
+    /// one load balancer address); the new connection was closed.
+    #[error("already holding a tunnel to proxy {0}")]
+    AlreadyHeld(String),
     /// The proxy refused the agent's credentials.
     #[error("the proxy at {0} refused the agent's host certificate")]
     AuthRefused(String),
