@@ -718,7 +718,9 @@ async fn run_tunnel_on(
                         };
                         match serde_json::from_str::<Discovery>(&line) {
                             Ok(d) => d_shared.announced(&d_proxy, d),
-                            Err(e) => tracing::warn!(proxy_id = %d_proxy, error = %e, "malformed discovery message"),
+                            Err(e) => {
+                                tracing::warn!(proxy_id = %d_proxy, error = %e, "malformed discovery message")
+                            }
                         }
                     }
                 });
