@@ -165,6 +165,9 @@ struct Shared {
     pool: Mutex<Pool>,
     /// Wakes the pool's manager (a list arrived, a tunnel came or went).
     pool_changed: Notify,
+    /// Counts changes of the set of announced proxies: slots waiting out a backoff dial again
+    /// at once (a proxy joined or left the registry).
+    roster: watch::Sender<u64>,
 }
 
 /// A running agent: its status and its stop switch.
@@ -257,6 +260,7 @@ impl TunnelAgent {
                 shutdown: CancellationToken::new(),
                 pool: Mutex::new(Pool::default()),
                 pool_changed: Notify::new(),
+                roster: watch::channel(0).0,
             }),
         })
     }
@@ -494,10 +498,16 @@ impl Shared {
 /// tunnels of proxies that left the registry.
 async fn pool_loop(shared: Arc<Shared>) {
     let tracker = tokio_util::task::TaskTracker::new();
+    let mut roster: BTreeSet<String> = BTreeSet::new();
     loop {
         let woken = shared.pool_changed.notified();
         let (start, retire) = {
             let mut pool = lock_pool(&shared);
+            let known: BTreeSet<String> = pool.known().into_keys().map(str::to_owned).collect();
+            if known != roster {
+                roster = known;
+                shared.roster.send_modify(|n| *n += 1);
+            }
             let retire: Vec<(String, Arc<ConnShared>)> = pool
                 .unlisted()
                 .into_iter()
@@ -531,6 +541,8 @@ async fn pool_loop(shared: Arc<Shared>) {
 async fn slot_loop(shared: Arc<Shared>, tracker: tokio_util::task::TaskTracker) {
     let mut backoff = shared.config.backoff.clone();
     let mut turn = rand::random::<u32>() as usize;
+    let mut roster = shared.roster.subscribe();
+    roster.mark_unchanged();
     loop {
         if shared.shutdown.is_cancelled() {
             return;
@@ -575,6 +587,12 @@ async fn slot_loop(shared: Arc<Shared>, tracker: tokio_util::task::TaskTracker) 
         tracing::debug!(?delay, "reconnecting the reverse tunnel after backoff");
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
+            // A proxy joined or left: count again, and dial at once if still needed.
+            r = roster.changed() => {
+                if r.is_ok() {
+                    backoff.reset();
+                }
+            }
             _ = shared.shutdown.cancelled() => return,
         }
     }
