@@ -368,3 +368,170 @@ async fn proxy_headers_are_honoured_only_from_trusted_sources() {
     trusted.shutdown().await;
     untrusted.shutdown().await;
 }
+
+/// The whole path with the real Auth Service: proxies started as `svc start` starts them
+/// (`ProxyServer`, from `svc.yaml`) announce themselves through the Auth API, `ListProxies`
+/// lists them for any cluster member, an agent told only the load balancer's address ends up
+/// with a tunnel to each (the lists come from the registry), a proxy's clean stop removes its
+/// record, and a directly joined agent writes as the updater's endpoint the version endpoint of
+/// a registered proxy — nothing, with a log line saying why, while no proxy is registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_register_through_the_auth_api_and_direct_agents_point_their_updater_at_one() {
+    use svc_net::agent::node::AgentNode;
+    use svc_net::auth::{AuthClient, ClientIdentity, node::AuthServer};
+    use svc_net::proxy::node::ProxyServer;
+
+    let logs = logs();
+    let data = tempfile::tempdir().unwrap();
+    let lb = loopback(svc_testkit::free_port("127.0.0.1"));
+    let yaml = format!(
+        "version: v1\nsvc:\n  data_dir: {}\nauth_service:\n  cluster_name: ha.example.com\n  listen_addr: 127.0.0.1:0\nproxy_service:\n  public_addr: {lb}\n  web_listen_addr: 127.0.0.1:0\n  proxy_protocol: on\n  proxy_protocol_trusted_networks: [127.0.0.1/32]\nssh_service:\n  enabled: false\n",
+        data.path().display()
+    );
+    let config = svc_core::config::Config::from_yaml_str_with_hostname(&yaml, "ha-auth").unwrap();
+    let auth = AuthServer::from_config(&config).start().await.unwrap();
+    let auth_addr = auth.dialable_addr();
+
+    // A directly joined agent, before any proxy is registered: no endpoint, and a log line.
+    let direct_yaml = |dir: &std::path::Path| {
+        format!(
+            "version: v1\nsvc:\n  data_dir: {}\n  auth_server: {auth_addr}\nauth_service:\n  enabled: false\nproxy_service:\n  enabled: false\nssh_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n",
+            dir.display()
+        )
+    };
+    let start_direct = |name: &'static str| {
+        let dir = tempfile::tempdir().unwrap();
+        let upgrade = dir.path().join("svc-upgrade.d");
+        std::fs::create_dir(&upgrade).unwrap();
+        let cfg = svc_core::config::Config::from_yaml_str_with_hostname(&direct_yaml(dir.path()), name).unwrap();
+        let identity = auth.host_identity(name, vec![SystemRole::Node]).unwrap();
+        let node = AgentNode::from_config(&cfg)
+            .identity(identity)
+            .dialer(direct_dialer())
+            .upgrade_dir(&upgrade);
+        (dir, upgrade, node)
+    };
+    let (_d1, upgrade1, node1) = start_direct("direct-early");
+    let direct1 = node1.start().within("the first direct agent starting").await.unwrap();
+    async {
+        while !std::fs::exists(upgrade1.join("schedule")).unwrap() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    .within("the first direct agent exporting its schedule")
+    .await;
+    assert!(
+        !upgrade1.join("endpoint").exists(),
+        "no endpoint while no proxy is registered (never the Auth address)"
+    );
+    assert!(
+        logs.text().contains("no proxy is registered with the Auth Service"),
+        "{}",
+        logs.text()
+    );
+
+    // Two proxies behind haproxy, each announcing itself.
+    let ports: Vec<u16> = (0..2).map(|_| svc_testkit::free_port("127.0.0.1")).collect();
+    let mut proxies = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let mut settings = ProxyServer::from_config(&config).settings().clone();
+        settings.ping.web_listen_addr = Addr::from(loopback(*port));
+        let proxy = ProxyServer::new(settings, format!("proxy-{i}"))
+            .start(&auth)
+            .within("a proxy starting")
+            .await
+            .unwrap();
+        proxies.push(proxy);
+    }
+    let _haproxy = Haproxy::start(lb, &ports.iter().map(|p| loopback(*p)).collect::<Vec<_>>());
+    wait_for_port(lb).await;
+
+    let admin = ClientIdentity::load(&auth.admin_identity).unwrap();
+    let mut client = AuthClient::connect(&auth_addr.to_string(), &admin).await.unwrap();
+    let listed = async {
+        loop {
+            let list = client.list_proxies().await.unwrap();
+            if list.len() == 2 {
+                return list;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    .within("both proxies in ListProxies")
+    .await;
+    for record in &listed {
+        assert_eq!(record.public_addr, lb.to_string());
+        assert_eq!(record.tunnel_addr, lb.to_string());
+        assert!(record.tls_routing);
+        assert_eq!(record.version, svc_core::version::current().to_string());
+        assert!(record.expires > record.last_seen);
+    }
+    // Any cluster member may list them.
+    let node_identity = auth.host_identity("lister", vec![SystemRole::Node]).unwrap();
+    let mut as_node = AuthClient::connect(&auth_addr.to_string(), &node_identity).await.unwrap();
+    assert_eq!(as_node.list_proxies().await.unwrap().len(), 2);
+
+    // A directly joined agent now points its updater at a registered proxy.
+    let (_d2, upgrade2, node2) = start_direct("direct-late");
+    let direct2 = node2.start().within("the second direct agent starting").await.unwrap();
+    let endpoint = async {
+        loop {
+            if let Ok(text) = std::fs::read_to_string(upgrade2.join("endpoint")) {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    .within("the second direct agent writing the updater's endpoint")
+    .await;
+    assert_eq!(
+        endpoint.trim(),
+        format!("{lb}/v1/webapi/automaticupgrades/channel/default")
+    );
+    assert!(!endpoint.contains(&auth_addr.port().to_string()));
+
+    // An agent told only the load balancer holds a tunnel to each registered proxy.
+    let ca_pem = std::fs::read(proxies[0].ca_file().unwrap()).unwrap();
+    let agent_cfg_dir = tempfile::tempdir().unwrap();
+    let agent_yaml = format!(
+        "version: v1\nsvc:\n  data_dir: {}\n  proxy_server: {lb}\nauth_service:\n  enabled: false\nproxy_service:\n  enabled: false\nssh_service:\n  enabled: true\n",
+        agent_cfg_dir.path().display()
+    );
+    let agent_cfg = svc_core::config::Config::from_yaml_str_with_hostname(&agent_yaml, "node-lb").unwrap();
+    let started = Instant::now();
+    let tunneled = AgentNode::from_config(&agent_cfg)
+        .identity(auth.host_identity("node-lb", vec![SystemRole::Node]).unwrap())
+        .dialer(direct_dialer())
+        .proxy(Addr::from(lb), Some(ca_pem))
+        .upgrade_dir(agent_cfg_dir.path().join("none"))
+        .start()
+        .within("the tunnel agent starting")
+        .await
+        .unwrap();
+    let tunnels = tunneled.agent.as_ref().unwrap();
+    tunnels
+        .wait_for(|s| s.connected.len() == 2)
+        .within("the agent holding a tunnel to both registered proxies")
+        .await;
+    println!(
+        "FIGURE: with the registry (lists every 5 s), tunnels to both proxies after {:?}",
+        started.elapsed()
+    );
+
+    // A clean stop removes the record; the agent lets go of that proxy.
+    let stopped = proxies.remove(1);
+    stopped.shutdown().within("the proxy's clean stop").await;
+    assert_eq!(client.list_proxies().await.unwrap().len(), 1);
+    tunnels
+        .wait_for(|s| s.connected.len() == 1)
+        .within("the agent letting go of the stopped proxy")
+        .await;
+
+    tunneled.shutdown().await;
+    direct1.shutdown().await;
+    direct2.shutdown().await;
+    for p in proxies {
+        p.shutdown().await;
+    }
+    auth.shutdown().await;
+}

@@ -16,7 +16,7 @@ use crate::proxy::{BoundAddrs, ProxySettings};
 use crate::tunnel::{DiscoveredProxy, Discovery, TunnelServer};
 
 /// How often the proxy asks for the live proxies by default.
-pub const DEFAULT_REFRESH: Duration = Duration::from_secs(10);
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(5);
 
 /// How long removing the record may take on a clean stop.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(5);
