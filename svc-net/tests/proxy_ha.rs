@@ -403,7 +403,8 @@ async fn proxies_register_through_the_auth_api_and_direct_agents_point_their_upd
         let dir = tempfile::tempdir().unwrap();
         let upgrade = dir.path().join("svc-upgrade.d");
         std::fs::create_dir(&upgrade).unwrap();
-        let cfg = svc_core::config::Config::from_yaml_str_with_hostname(&direct_yaml(dir.path()), name).unwrap();
+        let cfg =
+            svc_core::config::Config::from_yaml_str_with_hostname(&direct_yaml(dir.path()), name).unwrap();
         let identity = auth.host_identity(name, vec![SystemRole::Node]).unwrap();
         let node = AgentNode::from_config(&cfg)
             .identity(identity)
@@ -412,7 +413,11 @@ async fn proxies_register_through_the_auth_api_and_direct_agents_point_their_upd
         (dir, upgrade, node)
     };
     let (_d1, upgrade1, node1) = start_direct("direct-early");
-    let direct1 = node1.start().within("the first direct agent starting").await.unwrap();
+    let direct1 = node1
+        .start()
+        .within("the first direct agent starting")
+        .await
+        .unwrap();
     async {
         while !std::fs::exists(upgrade1.join("schedule")).unwrap() {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -425,7 +430,8 @@ async fn proxies_register_through_the_auth_api_and_direct_agents_point_their_upd
         "no endpoint while no proxy is registered (never the Auth address)"
     );
     assert!(
-        logs.text().contains("no proxy is registered with the Auth Service"),
+        logs.text()
+            .contains("no proxy is registered with the Auth Service"),
         "{}",
         logs.text()
     );
@@ -435,6 +441,11 @@ async fn proxies_register_through_the_auth_api_and_direct_agents_point_their_upd
     let mut proxies = Vec::new();
     for (i, port) in ports.iter().enumerate() {
         let mut settings = ProxyServer::from_config(&config).settings().clone();
+        assert_eq!(
+            settings.listen.drain_timeout,
+            Duration::from_secs(30),
+            "proxy_service.shutdown_drain_timeout's default bounds the drain"
+        );
         settings.ping.web_listen_addr = Addr::from(loopback(*port));
         let proxy = ProxyServer::new(settings, format!("proxy-{i}"))
             .start(&auth)
@@ -468,12 +479,18 @@ async fn proxies_register_through_the_auth_api_and_direct_agents_point_their_upd
     }
     // Any cluster member may list them.
     let node_identity = auth.host_identity("lister", vec![SystemRole::Node]).unwrap();
-    let mut as_node = AuthClient::connect(&auth_addr.to_string(), &node_identity).await.unwrap();
+    let mut as_node = AuthClient::connect(&auth_addr.to_string(), &node_identity)
+        .await
+        .unwrap();
     assert_eq!(as_node.list_proxies().await.unwrap().len(), 2);
 
     // A directly joined agent now points its updater at a registered proxy.
     let (_d2, upgrade2, node2) = start_direct("direct-late");
-    let direct2 = node2.start().within("the second direct agent starting").await.unwrap();
+    let direct2 = node2
+        .start()
+        .within("the second direct agent starting")
+        .await
+        .unwrap();
     let endpoint = async {
         loop {
             if let Ok(text) = std::fs::read_to_string(upgrade2.join("endpoint")) {

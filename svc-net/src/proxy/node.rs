@@ -64,6 +64,7 @@ pub(crate) fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> 
     s.channels = p.channels().clone();
     s.ping.automatic_upgrades = !s.channels.is_empty();
     s.web_idle_timeout = p.web_idle_timeout;
+    s.listen = s.listen.clone().with_drain_timeout(p.shutdown_drain_timeout);
     s
 }
 
