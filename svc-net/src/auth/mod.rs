@@ -21,6 +21,7 @@ mod inventory;
 pub mod node;
 #[cfg(feature = "node")]
 mod node_error;
+mod proxies;
 mod resources;
 mod route;
 mod server;

@@ -64,6 +64,7 @@ pub(crate) fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> 
     s.channels = p.channels().clone();
     s.ping.automatic_upgrades = !s.channels.is_empty();
     s.web_idle_timeout = p.web_idle_timeout;
+    s.listen = s.listen.clone().with_drain_timeout(p.shutdown_drain_timeout);
     s
 }
 
@@ -128,11 +129,18 @@ impl ProxyServer {
             auth: auth.service.clone(),
         };
         let allow_loopback = auth.service.direct_dial_policy().allow_loopback;
-        let builder = install_ssh(builder, &identity, client, Arc::new(lookup), allow_loopback)?;
+        let (builder, tunnel) = install_ssh(
+            builder,
+            &identity,
+            client.clone(),
+            Arc::new(lookup),
+            allow_loopback,
+        )?;
         let running = builder
             .bind()
             .await
             .map_err(|e| NodeError::setup("the proxy's listeners", e))?;
+        let running = crate::proxy::registry::register(running, client, tunnel, &identity, &self.node_name);
         // Agents may never announce the proxy's own listeners for it to dial.
         let addrs = running.addrs();
         auth.service
@@ -166,7 +174,7 @@ fn install_ssh(
     auth: AuthClient,
     direct: Arc<dyn DirectLookup>,
     allow_loopback: bool,
-) -> Result<ProxyBuilder, NodeError> {
+) -> Result<(ProxyBuilder, TunnelServer), NodeError> {
     let settings = builder.settings();
     let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
     let key = identity.ssh_private_key()?;
@@ -179,7 +187,8 @@ fn install_ssh(
             cert.clone(),
             verifier.clone(),
         )
-        .with_tls(tls.server_config(&[alpn::REVERSE_TUNNEL])?),
+        .with_tls(tls.server_config(&[alpn::REVERSE_TUNNEL])?)
+        .with_drain_timeout(settings.listen.drain_timeout),
     );
     // Agents behind a reverse tunnel first; agents that joined the Auth Service directly on
     // the listeners they announced.
@@ -199,11 +208,12 @@ fn install_ssh(
         .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),
     );
     let builder = install_resource_routes(builder, identity, auth, dialer)?;
-    Ok(builder
+    let builder = builder
         .tunnel(tunnel.plain_service())
         .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
         .ssh(ssh.plain_service())
-        .route(alpn::PROXY_SSH, ssh.tls_service()))
+        .route(alpn::PROXY_SSH, ssh.tls_service());
+    Ok((builder, tunnel))
 }
 
 /// Registers the proxy's entries for resource clients: Kubernetes (SNI `kube-svc-proxy-alpn.`

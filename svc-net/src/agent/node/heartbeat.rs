@@ -26,8 +26,9 @@ pub(super) struct ExportTargets {
     pub(super) upgrade_dir: PathBuf,
     /// How often the directory is checked (before jitter).
     pub(super) check_every: Duration,
-    /// The version endpoint written there while the endpoint file is empty.
-    pub(super) endpoint: String,
+    /// The version endpoint written there while the endpoint file is empty (`None`: none known;
+    /// nothing is written).
+    pub(super) endpoint: Option<String>,
     /// Further sinks (the Kubernetes shared-state Secret).
     pub(super) sinks: Vec<Arc<dyn ScheduleSink>>,
 }
@@ -183,10 +184,14 @@ impl HeartbeatTask {
     fn exports(&self, client: AuthClient) -> Exports {
         let targets = &self.exports;
         let source = Arc::new(AuthMaintenanceSource::new(client));
+        let settings = match &targets.endpoint {
+            Some(endpoint) => ExportSettings::new(&targets.upgrade_dir).with_endpoint(endpoint.clone()),
+            None => ExportSettings::new(&targets.upgrade_dir),
+        };
         let dir = UpgradeDirWatcher::spawn(
             source.clone(),
             Arc::new(SystemClock),
-            ExportSettings::new(&targets.upgrade_dir).with_endpoint(targets.endpoint.clone()),
+            settings,
             targets.check_every,
         );
         let mut sinks = Vec::new();
