@@ -112,7 +112,7 @@ impl Cluster {
                     .start_joined()
                     .await?;
                 return Ok(RunningCluster {
-                    cluster: config.cluster_name().to_owned(),
+                    cluster: proxy.settings().ping.cluster_name.clone(),
                     auth: None,
                     proxy: Some(proxy),
                     node: None,

@@ -208,6 +208,9 @@ impl ProxyServer {
             ));
         }
         let identity = proxy_identity(&join, &self.node_name, self.insecure).await?;
+        let mut settings = self.settings;
+        // The cluster is the one that signed the identity, whatever this file says.
+        settings.ping.cluster_name = identity.cluster.clone();
         let link = Arc::new(FailoverClient::new(
             join.auth_servers.clone(),
             identity.clone(),
@@ -225,9 +228,9 @@ impl ProxyServer {
         let decisions = ProxyDecisions::over_cache(&cache, &identity)
             .await
             .map_err(|e| NodeError::setup("the proxy's decisions", e))?;
-        let routed = self.settings.ping.listener_mode.tls_routing();
+        let routed = settings.ping.listener_mode.tls_routing();
         let public_auth = (!routed).then(|| join.auth_servers[0].clone());
-        let mut builder = ProxyBuilder::new(self.settings).web_mount(
+        let mut builder = ProxyBuilder::new(settings).web_mount(
             crate::proxy::web::login::LOGIN_PATH,
             crate::proxy::web::login::login_service_with(link.clone(), public_auth, Some(SIGN_IN_DEADLINE)),
         );
@@ -322,7 +325,9 @@ fn validity(identity: &ClientIdentity) -> Option<(SystemTime, SystemTime)> {
 fn renew_at(identity: &ClientIdentity, ttl: Option<Duration>) -> SystemTime {
     let now = SystemTime::now();
     let Some((from, until)) = validity(identity) else { return now };
-    let life = until.duration_since(from).unwrap_or_default();
+    // Certificates start CLOCK_SKEW before they were issued.
+    let issued = from + svc_core::identity::CLOCK_SKEW;
+    let life = until.duration_since(issued).unwrap_or_default();
     if ttl.is_some_and(|ttl| life > ttl + Duration::from_secs(60)) {
         return now;
     }
