@@ -33,7 +33,7 @@ fn is_unreachable(e: &ClientError) -> bool {
 
 /// Runs `attempt` on each of `addrs` in turn, each within `deadline`, until one answers: its
 /// result (an answer, or a refusal) is returned. When none can be reached, the error names
-/// every address tried and why.
+/// every address tried and why. A single address is simply attempted.
 pub(crate) async fn first_reachable<T, F, Fut>(
     addrs: &[String],
     deadline: Duration,
@@ -43,6 +43,10 @@ where
     F: FnMut(String) -> Fut,
     Fut: std::future::Future<Output = Result<T, ClientError>>,
 {
+    if let [only] = addrs {
+        // One address: nothing to fail over to; its own error, its own deadlines.
+        return attempt(only.clone()).await;
+    }
     let mut tried = Vec::new();
     for addr in addrs {
         match tokio::time::timeout(deadline, attempt(addr.clone())).await {

@@ -7,11 +7,13 @@
 //! is the Auth Service's `AuthorizeNode` call ([`AuthNodeAuthorizer`]), which applies the one
 //! rule, [`RoleSet::check_node`](svc_core::rbac::RoleSet::check_node), to the user's current
 //! roles and the node's announced labels. When the question cannot be answered (the Auth
-//! Service is unreachable), the answer is a refusal — fail closed — except for a grant the
-//! Auth Service gave for the very same certificate, node and login less than
-//! [`OUTAGE_GRACE`] ago: a short Auth Service outage does not stop sessions the cluster just
-//! allowed (the proxy decides from its own watched copy meanwhile). A refusal, and any answer
-//! the Auth Service gives, always wins.
+//! Service is unreachable), the answer is a refusal: fail closed. A node's authorizer for the
+//! sessions that came through the cluster's proxy ([`AuthNodeAuthorizer::with_outage_grace`])
+//! makes one exception: a grant the Auth Service gave for the very same certificate, node and
+//! login less than [`OUTAGE_GRACE`] ago still counts while the Auth Service cannot be reached,
+//! so a short outage does not stop sessions the proxy (deciding from its own watched copy)
+//! lets through. A refusal, and any answer the Auth Service gives, always wins; a client on
+//! the node's own listener never gets the exception.
 
 use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Duration};
 
@@ -54,6 +56,8 @@ pub struct AuthNodeAuthorizer {
     client: Mutex<Option<AuthClient>>,
     /// Recent grants: (certificate, node, login) → the route and when it was granted.
     recent: std::sync::Mutex<HashMap<(String, String, String), (ResourceRoute, tokio::time::Instant)>>,
+    /// How long a grant counts while the Auth Service cannot be reached (`None`: never).
+    grace: Option<Duration>,
 }
 
 impl std::fmt::Debug for AuthNodeAuthorizer {
@@ -73,6 +77,20 @@ impl AuthNodeAuthorizer {
             dialer,
             client: Mutex::new(None),
             recent: std::sync::Mutex::new(HashMap::new()),
+            grace: None,
+        })
+    }
+
+    /// Like [`new`](Self::new), for the sessions that came through the cluster's proxy: a grant
+    /// less than [`OUTAGE_GRACE`] old for the same certificate, node and login still counts
+    /// while the Auth Service cannot be reached.
+    pub fn with_outage_grace(identity: ClientIdentity, dialer: Option<ProxyDialer>) -> Arc<Self> {
+        Arc::new(Self {
+            identity,
+            dialer,
+            client: Mutex::new(None),
+            recent: std::sync::Mutex::new(HashMap::new()),
+            grace: Some(OUTAGE_GRACE),
         })
     }
 
@@ -83,6 +101,7 @@ impl AuthNodeAuthorizer {
             dialer: None,
             client: Mutex::new(Some(client)),
             recent: std::sync::Mutex::new(HashMap::new()),
+            grace: None,
         })
     }
 
@@ -93,11 +112,14 @@ impl AuthNodeAuthorizer {
             login.to_owned(),
         );
         let answer = self.ask_auth(user_cert, node, login).await;
+        let Some(grace) = self.grace else {
+            return answer.unwrap_or_else(|(cannot, _)| Err(cannot));
+        };
         let mut recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match answer {
             Ok(Ok(route)) => {
                 if recent.len() >= MAX_RECENT {
-                    recent.retain(|_, (_, at)| at.elapsed() < OUTAGE_GRACE);
+                    recent.retain(|_, (_, at)| at.elapsed() < grace);
                 }
                 if recent.len() < MAX_RECENT {
                     recent.insert(key, (route.clone(), tokio::time::Instant::now()));
@@ -110,7 +132,7 @@ impl AuthNodeAuthorizer {
             }
             Err((cannot, false)) => Err(cannot),
             Err((cannot, true)) => match recent.get(&key) {
-                Some((route, at)) if at.elapsed() < OUTAGE_GRACE && !key.0.is_empty() => {
+                Some((route, at)) if at.elapsed() < grace && !key.0.is_empty() => {
                     tracing::warn!(%node, %login, reason = %cannot, "the Auth Service cannot be reached: using its grant from {:?} ago", at.elapsed());
                     Ok(route.clone())
                 }
