@@ -97,7 +97,11 @@ fn run(bin: &str, home: &Path, args: &[&str], stdin: Option<&str>) -> Run {
         .args(args)
         .env("SVC_HOME", home)
         .env_remove("RUST_LOG")
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -120,7 +124,15 @@ fn token(auth_data: &Path, home: &Path, kind: &str) -> (String, String) {
     let out = run(
         TCTL,
         home,
-        &["--data-dir", &data, "tokens", "add", &format!("--type={kind}"), "--format", "json"],
+        &[
+            "--data-dir",
+            &data,
+            "tokens",
+            "add",
+            &format!("--type={kind}"),
+            "--format",
+            "json",
+        ],
         None,
     )
     .ok();
@@ -190,7 +202,9 @@ fn a_proxy_apart_serves_tsh_and_keeps_routing_while_the_auth_service_is_down() {
     )
     .expect("agent.yaml");
     let mut agent_cmd = Command::new(SVC);
-    agent_cmd.args(["start", "--insecure", "--config"]).arg(&agent_yaml);
+    agent_cmd
+        .args(["start", "--insecure", "--config"])
+        .arg(&agent_yaml);
     let agent = Agent::start(agent_cmd, dir.join("agent.stderr"));
 
     // alice signs in through the proxy and reaches the node.
@@ -198,7 +212,16 @@ fn a_proxy_apart_serves_tsh_and_keeps_routing_while_the_auth_service_is_down() {
     run(
         TCTL,
         &home,
-        &["--data-dir", &data, "users", "add", "alice", "--roles=access", "--logins=root", "--password-stdin"],
+        &[
+            "--data-dir",
+            &data,
+            "users",
+            "add",
+            "alice",
+            "--roles=access",
+            "--logins=root",
+            "--password-stdin",
+        ],
         Some(PASSWORD),
     )
     .ok();
@@ -227,7 +250,13 @@ fn a_proxy_apart_serves_tsh_and_keeps_routing_while_the_auth_service_is_down() {
         ),
     )
     .expect("tctl.yaml");
-    let status = run(TCTL, &home, &["--config", tctl_yaml.to_str().expect("utf-8"), "status"], None).ok();
+    let status = run(
+        TCTL,
+        &home,
+        &["--config", tctl_yaml.to_str().expect("utf-8"), "status"],
+        None,
+    )
+    .ok();
     assert!(status.stdout.contains("apart.test"), "{}", status.stdout);
 
     // A session that stays open across the outage: established (it printed `ready`) before
@@ -243,8 +272,10 @@ fn a_proxy_apart_serves_tsh_and_keeps_routing_while_the_auth_service_is_down() {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn tsh ssh");
-    wait::first_line(open.stdout.take().expect("stdout"), wait::STEP, |l| (l == "ready").then_some(()))
-        .expect("the open session starts");
+    wait::first_line(open.stdout.take().expect("stdout"), wait::STEP, |l| {
+        (l == "ready").then_some(())
+    })
+    .expect("the open session starts");
 
     // The Auth Service goes down.
     auth.kill9();

@@ -10,13 +10,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use svc_core::Secret;
 use svc_core::SystemClock;
 use svc_core::auth::{AuthService, Caller, Heartbeat, LoginRequest, ServedKind, ServedResource};
 use svc_core::backend::MemoryBackend;
 use svc_core::config::Config;
 use svc_core::identity::{HostCertRequest, SystemRole};
 use svc_core::resource::{JoinRole, LOGINS_TRAIT, Lock, Resource, User};
-use svc_core::Secret;
 use svc_net::auth::{ClientIdentity, FailoverClient, KeyMaterial};
 use svc_net::proxy::cache::{ProxyCache, ProxyDecisions};
 use tokio_util::sync::CancellationToken;
@@ -42,14 +42,22 @@ async fn auth_on(service: Arc<AuthService>, addr: &str) -> Auth {
         match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => break l,
             Err(e) => {
-                assert!(tokio::time::Instant::now() < deadline, "bind the Auth API on {addr}: {e}");
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "bind the Auth API on {addr}: {e}"
+                );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     };
     let addr = listener.local_addr().expect("local addr");
     let stop = CancellationToken::new();
-    tokio::spawn(svc_net::auth::serve(listener, service.clone(), identity, stop.clone()));
+    tokio::spawn(svc_net::auth::serve(
+        listener,
+        service.clone(),
+        identity,
+        stop.clone(),
+    ));
     Auth { service, addr, stop }
 }
 
@@ -160,7 +168,9 @@ async fn a_proxy_apart_joins_with_a_proxy_token_at_the_first_reachable_auth_serv
     // Its web port answers the ping with the cluster's name.
     let proxy = running.proxy.as_ref().expect("proxy");
     let web = proxy.addrs().web.to_string();
-    let ping = svc_net::client::ping_via_proxy(&web, true, None, None).await.expect("ping the proxy apart");
+    let ping = svc_net::client::ping_via_proxy(&web, true, None, None)
+        .await
+        .expect("ping the proxy apart");
     assert_eq!(ping["cluster_name"], CLUSTER, "{ping}");
     running.shutdown().await;
     auth.stop.cancel();
@@ -275,7 +285,8 @@ async fn the_proxy_decides_from_its_watched_cache_and_keeps_deciding_while_the_a
         .await
         .expect("lock alice");
     decided_within(&decisions, &cert, WITHIN, "the lock", |a| {
-        a.as_ref().is_err_and(|e| e.contains("locked") && e.contains("incident 7"))
+        a.as_ref()
+            .is_err_and(|e| e.contains("locked") && e.contains("incident 7"))
     })
     .await;
     auth.service
@@ -305,7 +316,9 @@ async fn the_proxy_decides_from_its_watched_cache_and_keeps_deciding_while_the_a
     auth.service
         .put_resources(
             &admin,
-            vec![Resource::Role(svc_core::rbac::preset_access(Vec::<String>::new()))],
+            vec![Resource::Role(
+                svc_core::rbac::preset_access(Vec::<String>::new()),
+            )],
             true,
         )
         .await
@@ -320,7 +333,10 @@ async fn the_proxy_decides_from_its_watched_cache_and_keeps_deciding_while_the_a
         .expect("the cache notices the Auth Service is gone")
         .expect("status channel");
     let during = decisions.authorize_node(&cert, "node-1", "root").await;
-    assert!(during.is_ok(), "decisions while the Auth Service is down: {during:?}");
+    assert!(
+        during.is_ok(),
+        "decisions while the Auth Service is down: {during:?}"
+    );
 
     // While it is down, alice is deleted (on the shared storage); when the Auth Service is
     // back on the same address, the proxy re-syncs and the deletion reaches its decisions.
@@ -366,7 +382,11 @@ async fn a_user_deletion_reaches_the_proxy_within_a_second() {
         .expect("heartbeat");
     let (proxy_identity, _) = host_caller(&auth.service, vec![SystemRole::Proxy], "proxy-1");
     let proxy_caller = caller_of(&auth.service, &proxy_identity).await;
-    let link = Arc::new(FailoverClient::new(vec![auth.addr.to_string()], proxy_identity.clone(), None));
+    let link = Arc::new(FailoverClient::new(
+        vec![auth.addr.to_string()],
+        proxy_identity.clone(),
+        None,
+    ));
     let stop = CancellationToken::new();
     let cache = ProxyCache::spawn(link, stop.clone());
     cache.wait_synced(STEP).await.expect("the first snapshot");
@@ -420,19 +440,31 @@ async fn the_proxy_renews_its_host_identity_before_it_expires_and_keeps_serving(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(seen[1] < joined.not_after_unix, "the first renewal asks for the short lifetime: {seen:?}");
+    assert!(
+        seen[1] < joined.not_after_unix,
+        "the first renewal asks for the short lifetime: {seen:?}"
+    );
     assert!(seen[3] > seen[1], "{seen:?}");
     // The first short-lived certificate has expired by now (renewals come a third of the
     // lifetime before the end); the proxy still reaches the Auth Service: a sign-in works.
     let admin = admin(&auth.service).await;
     auth.service
-        .create_user(&admin, User::new("alice", ["access"]), &Secret::new(PASSWORD.into()))
+        .create_user(
+            &admin,
+            User::new("alice", ["access"]),
+            &Secret::new(PASSWORD.into()),
+        )
         .await
         .expect("create alice");
     let web = proxy.addrs().web.to_string();
-    let signed = svc_net::client::login_via_proxy(&web, true, None, "alice", &Secret::new(PASSWORD.into()), None)
-        .await;
-    assert!(signed.is_ok(), "sign-in through the renewed proxy: {:?}", signed.err());
+    let signed =
+        svc_net::client::login_via_proxy(&web, true, None, "alice", &Secret::new(PASSWORD.into()), None)
+            .await;
+    assert!(
+        signed.is_ok(),
+        "sign-in through the renewed proxy: {:?}",
+        signed.err()
+    );
     proxy.shutdown().await;
     auth.stop.cancel();
 }

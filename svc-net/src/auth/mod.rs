@@ -107,7 +107,8 @@ pub mod proto {
 
 pub use admin::{AdminError, Invite, generate_password};
 pub use client::{
-    AuthClient, ClientError, FAILOVER_CONNECT_TIMEOUT, FailoverClient, JoinParams, join, join_any, join_via};
+    AuthClient, ClientError, FAILOVER_CONNECT_TIMEOUT, FailoverClient, JoinParams, join, join_any, join_via,
+};
 pub use identity::{ClientIdentity, IdentityFileError, KeyMaterial, TrustedCaPem};
 #[cfg(feature = "node")]
 pub use node_error::NodeError;

@@ -65,7 +65,10 @@ pub fn auth_route_any(addrs: Vec<String>) -> ConnService {
                         break;
                     }
                     Ok(Err(e)) => tried.push(format!("{addr}: {e}")),
-                    Err(_) => tried.push(format!("{addr}: no answer within {:?}", super::FAILOVER_CONNECT_TIMEOUT)),
+                    Err(_) => tried.push(format!(
+                        "{addr}: no answer within {:?}",
+                        super::FAILOVER_CONNECT_TIMEOUT
+                    )),
                 }
             }
             let Some(mut upstream) = upstream else {

@@ -308,10 +308,7 @@ pub(crate) type WatchStream =
 impl proto::auth_server::Auth for AuthGrpc {
     type WatchStream = WatchStream;
 
-    async fn watch(
-        &self,
-        req: Request<proto::WatchRequest>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
+    async fn watch(&self, req: Request<proto::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let caller = self.caller(&req).await?;
         if !caller.is_host_with(SystemRole::Proxy) {
             return Err(Status::permission_denied(
@@ -321,9 +318,11 @@ impl proto::auth_server::Auth for AuthGrpc {
         let rx = super::watch::start(self.auth.backend().clone(), self.shutdown.clone())
             .await
             .map_err(|e| status(e.into()))?;
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|event| (event, rx))
-        });
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|event| (event, rx)) },
+            );
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -66,7 +66,9 @@ pub(super) async fn start(
                 return;
             }
             Err(e) => {
-                let _ = tx.send(Err(Status::unavailable(format!("backend watch: {e}")))).await;
+                let _ = tx
+                    .send(Err(Status::unavailable(format!("backend watch: {e}"))))
+                    .await;
                 return;
             }
         };

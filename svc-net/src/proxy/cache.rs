@@ -97,7 +97,11 @@ impl CacheBackend {
 
     /// How many keys the cache holds.
     pub fn len(&self) -> usize {
-        self.state.read().unwrap_or_else(PoisonError::into_inner).items.len()
+        self.state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .items
+            .len()
     }
 
     /// Whether the cache holds nothing.
@@ -285,7 +289,11 @@ async fn watch_once(
                     s.revision = revision;
                     s.last_error = None;
                 });
-                tracing::info!(keys = count, revision, "the proxy's cache holds the Auth Service's snapshot");
+                tracing::info!(
+                    keys = count,
+                    revision,
+                    "the proxy's cache holds the Auth Service's snapshot"
+                );
             }
             watch_event::Event::Put(i) => {
                 let item = item_from_proto(i);
@@ -349,7 +357,11 @@ impl ProxyDecisions {
     pub async fn authorize_node(&self, user_cert: &Certificate, node: &str, login: &str) -> Resolved {
         let answer = match &self.local_auth {
             Some(auth) => auth.authorize_node(&self.caller, user_cert, node, login).await,
-            None => self.rules.authorize_node(&self.caller, user_cert, node, login).await,
+            None => {
+                self.rules
+                    .authorize_node(&self.caller, user_cert, node, login)
+                    .await
+            }
         };
         match answer {
             Ok(Ok(route)) => Ok(route),
@@ -447,10 +459,7 @@ impl RouteResolver {
         match self {
             RouteResolver::Local(d) => Ok(d.resolve_resource(kind, name, user_cert).await),
             RouteResolver::Remote(client) => {
-                client
-                    .clone()
-                    .resolve_resource(kind, name, Some(user_cert))
-                    .await
+                client.clone().resolve_resource(kind, name, Some(user_cert)).await
             }
         }
     }

@@ -21,8 +21,8 @@ use svc_core::identity::{IdentityKind, UserIdentity, Verifier};
 use tokio_rustls::TlsAcceptor;
 use tower::BoxError;
 
-use crate::proxy::cache::RouteResolver;
 use crate::io::{ConnFuture, ConnService, Connection, conn_service};
+use crate::proxy::cache::RouteResolver;
 use crate::route::alpn;
 use crate::services::kube::{Body, status};
 use crate::tls::{ServerIdentity, TlsError};
@@ -110,9 +110,7 @@ impl KubeProxy {
         let user = self.verifier.verify_user_x509(&chain, SystemTime::now())?;
         let leaf = chain.first().map(|c| c.to_vec()).unwrap_or_default();
         let auth = &self.auth;
-        let route = auth
-            .resolve_resource(ServedKind::Kube, &cluster, &leaf)
-            .await;
+        let route = auth.resolve_resource(ServedKind::Kube, &cluster, &leaf).await;
         let upstream = match route {
             Ok(Ok(route)) => {
                 let dial = DialRequest {

@@ -264,7 +264,11 @@ impl ProxyServer {
 /// The proxy's host identity: the one saved in the data directory while it is valid and has
 /// the `proxy` role, else a join with the `proxy` token (`svc.auth_token`) at the first
 /// reachable Auth Service address, checking the CA pin; saved for the next start.
-async fn proxy_identity(join: &JoinSettings, node_name: &str, insecure: bool) -> Result<ClientIdentity, NodeError> {
+async fn proxy_identity(
+    join: &JoinSettings,
+    node_name: &str,
+    insecure: bool,
+) -> Result<ClientIdentity, NodeError> {
     svc_core::fs::secure_data_dir(&join.data_dir)?;
     let path = join.data_dir.join(PROXY_IDENTITY_FILE);
     if path.exists() {
@@ -302,8 +306,12 @@ async fn proxy_identity(join: &JoinSettings, node_name: &str, insecure: bool) ->
 }
 
 fn has_proxy_role(identity: &ClientIdentity) -> bool {
-    let Ok(verifier) = identity.verifier() else { return false };
-    let Ok((chain, _)) = identity.tls_parts() else { return false };
+    let Ok(verifier) = identity.verifier() else {
+        return false;
+    };
+    let Ok((chain, _)) = identity.tls_parts() else {
+        return false;
+    };
     matches!(
         verifier.verify_any_x509(&chain, SystemTime::now()),
         Ok(svc_core::identity::Identity::Host(h)) if h.has_role(SystemRole::Proxy)
@@ -324,7 +332,9 @@ fn validity(identity: &ClientIdentity) -> Option<(SystemTime, SystemTime)> {
 /// are valid for longer than `ttl` asks.
 fn renew_at(identity: &ClientIdentity, ttl: Option<Duration>) -> SystemTime {
     let now = SystemTime::now();
-    let Some((from, until)) = validity(identity) else { return now };
+    let Some((from, until)) = validity(identity) else {
+        return now;
+    };
     // Certificates start CLOCK_SKEW before they were issued.
     let issued = from + svc_core::identity::CLOCK_SKEW;
     let life = until.duration_since(issued).unwrap_or_default();
@@ -338,7 +348,9 @@ fn renew_at(identity: &ClientIdentity, ttl: Option<Duration>) -> SystemTime {
 /// `link` for every new Auth connection. A failed renewal is retried every few seconds (and
 /// logged) until the certificates end.
 async fn renew(link: Arc<FailoverClient>, path: PathBuf, ttl: Option<Duration>, stop: CancellationToken) {
-    let Some(mut identity) = link.identity() else { return };
+    let Some(mut identity) = link.identity() else {
+        return;
+    };
     loop {
         let at = renew_at(&identity, ttl);
         let wait = at.duration_since(SystemTime::now()).unwrap_or_default();

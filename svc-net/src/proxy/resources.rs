@@ -16,8 +16,8 @@ use svc_core::identity::{IdentityKind, Verifier};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
 
-use crate::proxy::cache::RouteResolver;
 use crate::io::{ConnFuture, Connection};
+use crate::proxy::cache::RouteResolver;
 use crate::route::detect::POSTGRES_SSL_REQUEST as SSL_REQUEST;
 use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest};
 use crate::tls::{ServerIdentity, TlsError};

@@ -45,6 +45,9 @@ pub trait NodeAuthorizer: Send + Sync + 'static {
 /// reached (see the module docs).
 pub const OUTAGE_GRACE: Duration = Duration::from_secs(300);
 
+/// Recent grants: (certificate, node, login) → the route and when it was granted.
+type RecentGrants = HashMap<(String, String, String), (ResourceRoute, tokio::time::Instant)>;
+
 /// At most this many recent grants are remembered.
 const MAX_RECENT: usize = 4096;
 
@@ -55,7 +58,7 @@ pub struct AuthNodeAuthorizer {
     dialer: Option<ProxyDialer>,
     client: Mutex<Option<AuthClient>>,
     /// Recent grants: (certificate, node, login) → the route and when it was granted.
-    recent: std::sync::Mutex<HashMap<(String, String, String), (ResourceRoute, tokio::time::Instant)>>,
+    recent: std::sync::Mutex<RecentGrants>,
     /// How long a grant counts while the Auth Service cannot be reached (`None`: never).
     grace: Option<Duration>,
 }
@@ -115,7 +118,10 @@ impl AuthNodeAuthorizer {
         let Some(grace) = self.grace else {
             return answer.unwrap_or_else(|(cannot, _)| Err(cannot));
         };
-        let mut recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match answer {
             Ok(Ok(route)) => {
                 if recent.len() >= MAX_RECENT {
