@@ -520,7 +520,7 @@ async fn a_proxy_apart_can_reach_the_auth_service_through_another_proxys_web_por
     let via = first.addrs().web.to_string();
     let second_dir = tempfile::tempdir().expect("tempdir");
     let second_token = token(&auth.service, JoinRole::Proxy).await;
-    let mut config = proxy_config(second_dir.path(), &[via.clone()], &second_token, &pin);
+    let mut config = proxy_config(second_dir.path(), &[via], &second_token, &pin);
     config.svc.nodename = "proxy-2".into();
     let second = svc_net::ProxyServer::from_config(&config)
         .start_joined()
