@@ -335,6 +335,9 @@ fn etcd_storage_reads_its_files_and_hides_the_password() {
         err.starts_with("auth_service.storage.tls_ca_file: cannot read") && err.contains("absent.pem"),
         "{err}"
     );
+}
+
+#[test]
 fn the_shutdown_drain_timeout_parses_and_must_be_positive() {
     let c = parse("version: v1\nproxy_service: {shutdown_drain_timeout: 2m 30s}").unwrap();
     assert_eq!(

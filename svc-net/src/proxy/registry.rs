@@ -5,13 +5,13 @@
 //! interval — so that each agent keeps one tunnel per proxy. On a clean stop it removes its
 //! record.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use svc_core::auth::{PROXY_ANNOUNCE_INTERVAL, ProxyRecord};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::AuthClient;
+use crate::auth::FailoverClient;
 use crate::proxy::{BoundAddrs, ProxySettings};
 use crate::tunnel::{DiscoveredProxy, Discovery, TunnelServer};
 
@@ -110,7 +110,7 @@ pub fn record_for(
 pub struct Registration {
     stop: CancellationToken,
     task: JoinHandle<()>,
-    client: AuthClient,
+    link: Arc<FailoverClient>,
     host_id: String,
 }
 
@@ -131,11 +131,11 @@ fn discovered(record: &ProxyRecord) -> DiscoveredProxy {
 }
 
 impl Registration {
-    /// Starts announcing `config.record` as the proxy `client` speaks for (its host ID is
-    /// `host_id`), telling `tunnel`'s agents about the live proxies. Must be called inside a
-    /// tokio runtime.
+    /// Starts announcing `config.record` as the proxy `link` speaks for (its host ID is
+    /// `host_id`), telling `tunnel`'s agents about the live proxies. `link` fails over between
+    /// the Auth Service's addresses. Must be called inside a tokio runtime.
     pub fn spawn(
-        client: AuthClient,
+        link: Arc<FailoverClient>,
         tunnel: TunnelServer,
         host_id: &str,
         config: RegistrationConfig,
@@ -143,21 +143,23 @@ impl Registration {
         let stop = CancellationToken::new();
         let mut record = config.record.clone();
         record.host_id = host_id.to_owned();
-        let task = tokio::spawn(run(client.clone(), tunnel, record, config, stop.clone()));
+        let task = tokio::spawn(run(link.clone(), tunnel, record, config, stop.clone()));
         Registration {
             stop,
             task,
-            client,
+            link,
             host_id: host_id.to_owned(),
         }
     }
 
     /// Stops announcing and removes the record (bounded: a failure is logged, and the record
     /// then expires on its own).
-    pub async fn leave(mut self) {
+    pub async fn leave(self) {
         self.stop.cancel();
         let _ = self.task.await;
-        match tokio::time::timeout(LEAVE_TIMEOUT, self.client.delete_proxy()).await {
+        let link = self.link.clone();
+        let leave = async move { link.client().await?.delete_proxy().await };
+        match tokio::time::timeout(LEAVE_TIMEOUT, leave).await {
             Ok(Ok(())) => {
                 tracing::info!(host_id = %self.host_id, "removed this proxy from the cluster's proxy registry")
             }
@@ -172,7 +174,7 @@ impl Registration {
 }
 
 async fn run(
-    mut client: AuthClient,
+    link: Arc<FailoverClient>,
     tunnel: TunnelServer,
     record: ProxyRecord,
     config: RegistrationConfig,
@@ -189,24 +191,30 @@ async fn run(
     loop {
         tokio::select! {
             _ = announce.tick() => {
-                match client.upsert_proxy(&record, config.ttl).await {
+                let upsert = async { link.client().await?.upsert_proxy(&record, config.ttl).await };
+                match upsert.await {
                     Ok(_) => {
                         if !announced {
                             tracing::info!(host_id = %record.host_id, public_addr = %record.public_addr, "announced this proxy in the cluster's proxy registry");
                         }
                         announced = true;
                     }
-                    Err(e) => tracing::warn!(host_id = %record.host_id, error = %e, "announcing this proxy failed; retrying at the next interval"),
+                    Err(e) => {
+                        tracing::warn!(host_id = %record.host_id, error = %e, "announcing this proxy failed; retrying at the next interval");
+                        link.reset().await;
+                    }
                 }
                 continue;
             }
             _ = refresh.tick() => {}
             _ = stop.cancelled() => return,
         }
-        let proxies = match client.list_proxies().await {
+        let listed = async { link.client().await?.list_proxies().await };
+        let proxies = match listed.await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "listing the cluster's proxies failed; agents keep the last list");
+                link.reset().await;
                 continue;
             }
         };
@@ -236,12 +244,12 @@ async fn run(
 /// after the listeners are bound).
 pub(crate) fn register(
     running: super::RunningProxy,
-    client: AuthClient,
+    link: Arc<FailoverClient>,
     tunnel: TunnelServer,
     identity: &crate::auth::ClientIdentity,
     hostname: &str,
 ) -> super::RunningProxy {
     let record = record_for(running.settings(), running.addrs(), &identity.name, hostname);
-    let registration = Registration::spawn(client, tunnel, &identity.name, RegistrationConfig::new(record));
+    let registration = Registration::spawn(link, tunnel, &identity.name, RegistrationConfig::new(record));
     running.with_registration(registration)
 }
