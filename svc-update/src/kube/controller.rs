@@ -507,7 +507,7 @@ async fn record(
     };
     let status = UpdateStatus {
         upgrader: UPGRADER_NAME.to_owned(),
-        upgrader_version: plain_version(&svc_core::version::current()),
+        upgrader_version: plain_version(svc_core::version::current()),
         result,
         from: from.map(plain_version).unwrap_or_default(),
         to: to.map(plain_version).unwrap_or_default(),
@@ -612,7 +612,7 @@ async fn verify_rollout<K: Workload>(ctx: &Context, rollout: Rollout) -> Result<
 
 fn humanize(d: Duration) -> String {
     let secs = d.as_secs();
-    if secs >= 60 && secs % 60 == 0 {
+    if secs >= 60 && secs.is_multiple_of(60) {
         format!("{}m", secs / 60)
     } else if secs > 0 {
         format!("{secs}s")
