@@ -515,7 +515,7 @@ async fn record(
         at: unix_seconds(ctx.clock.now()),
         bad_versions: bad_versions.iter().map(plain_version).collect(),
     };
-    if let Err(error) = write_status(
+    match write_status(
         ctx.client.clone(),
         &config.namespace,
         &config.secret_name,
@@ -523,7 +523,15 @@ async fn record(
     )
     .await
     {
-        tracing::warn!(%error, "could not record the update status");
+        Ok(()) if result != UpdateResult::None => tracing::info!(
+            result = %status.result,
+            from = %status.from,
+            to = %status.to,
+            reason = %status.reason,
+            "recorded the update status"
+        ),
+        Ok(()) => {}
+        Err(error) => tracing::warn!(%error, "could not record the update status"),
     }
 }
 

@@ -40,6 +40,24 @@ pub enum UpdateResult {
     Failed,
 }
 
+impl UpdateResult {
+    /// The name written in the status: `none`, `updated`, `rolled_back`, `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Updated => "updated",
+            Self::RolledBack => "rolled_back",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for UpdateResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The updater's last decision, as stored under [`STATUS_SECRET_KEY`]. Unknown fields are
 /// ignored when reading; missing ones take their defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -335,6 +353,14 @@ mod tests {
                 "from": "17.1.0", "to": "17.0.0", "reason": "pods not ready", "at": 1_764_000_000,
                 "bad_versions": ["17.1.0"]})
         );
+        for r in [
+            UpdateResult::None,
+            UpdateResult::Updated,
+            UpdateResult::RolledBack,
+            UpdateResult::Failed,
+        ] {
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
+        }
         let read: UpdateStatus =
             serde_json::from_str(r#"{"result":"updated","to":"17.1.0","future":1}"#).unwrap();
         assert_eq!(read.result, UpdateResult::Updated);
