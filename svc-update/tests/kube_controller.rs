@@ -967,3 +967,39 @@ async fn a_downgrade_is_refused_and_the_status_says_why() {
     );
     assert_eq!(load(&h.metrics.updates), 0);
 }
+
+/// An updater that stops while it waits for a rollout (a new leader, a crash): the next one
+/// finds the rollout recorded in the shared-state Secret and finishes the wait — here with the
+/// rollback.
+#[tokio::test]
+async fn a_restarted_updater_resumes_the_rollout_wait() {
+    let mut h = Harness::new(sts("17.0.0"), vec![], "v17.1.0", true).await;
+    let mut c = config(WorkloadKind::StatefulSet);
+    c.rollout_timeout = Duration::from_secs(3600);
+    c.rollout_poll = Duration::from_millis(50);
+    h.run_with_kubelet(c.clone(), |image| !image.ends_with(":17.1.0"));
+    wait_until("the update", || load(&h.metrics.updates) == 1).await;
+    let recorded = || {
+        h.api
+            .get("Secret", NS, "svc-agent-shared-state")
+            .is_some_and(|s| s["data"]["agent-update-rollout"].is_string())
+    };
+    wait_until("the rollout recorded", recorded).await;
+    // The updater stops in the middle of its hour-long wait.
+    h.task.take().unwrap().abort();
+
+    // Its successor, with a short timeout, resumes the wait and rolls back.
+    c.rollout_timeout = Duration::from_secs(1);
+    let ctx = h.context(c, h.metrics.clone());
+    h.task = Some(tokio::spawn(controller::run(ctx)));
+    wait_until("the rollback", || load(&h.metrics.rollbacks) == 1).await;
+    assert_eq!(load(&h.metrics.updates), 1, "17.1.0 was not set again");
+    assert_eq!(image_of(&h.api, "StatefulSet"), format!("{BASE}:17.0.0"));
+    assert_eq!(bad_versions(&h), Some(json!(["17.1.0"])));
+    assert!(
+        h.logs.text().contains("resuming the wait for a rollout"),
+        "{}",
+        h.logs.text()
+    );
+    wait_until("the recorded rollout forgotten", || !recorded()).await;
+}

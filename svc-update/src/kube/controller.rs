@@ -54,8 +54,8 @@ use super::{
     health::Metrics,
     schedule::read_schedule,
     status::{
-        StatusError, UPGRADER_NAME, UpdateResult, UpdateStatus, plain_version, read_bad_versions,
-        write_bad_versions, write_status,
+        PendingRollout, StatusError, UPGRADER_NAME, UpdateResult, UpdateStatus, plain_version,
+        read_bad_versions, read_pending_rollout, write_bad_versions, write_pending_rollout, write_status,
     },
     target::{TargetError, TargetSource},
 };
@@ -320,6 +320,8 @@ struct Rollout {
     previous_image: Option<String>,
     new_version: Version,
     new_image: String,
+    /// How long the pods may still take.
+    timeout: Duration,
 }
 
 async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<Option<Rollout>, ReconcileError> {
@@ -357,6 +359,9 @@ async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<Option<Ro
     let bad_versions = read_bad_versions(ctx.client.clone(), &config.namespace, &config.secret_name)
         .await
         .map_err(ReconcileError::BadVersions)?;
+    if let Some(rollout) = pending_rollout(obj, ctx).await {
+        return Ok(Some(rollout));
+    }
     let containers = obj
         .pod_spec()
         .map(|s| s.containers.as_slice())
@@ -460,11 +465,28 @@ async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<Option<Ro
                 return Err(error);
             }
             ctx.metrics.updates.inc();
+            let pending = PendingRollout {
+                version: plain_version(version),
+                image: image.clone(),
+                previous_image: container.image.clone(),
+                deadline: unix_seconds(now + config.rollout_timeout),
+            };
+            if let Err(error) = write_pending_rollout(
+                ctx.client.clone(),
+                &config.namespace,
+                &config.secret_name,
+                Some(&pending),
+            )
+            .await
+            {
+                tracing::warn!(%error, "could not record the rollout; an updater restarted during the wait will not resume it");
+            }
             rollout = Some(Rollout {
                 name: name.clone(),
                 previous_image: container.image.clone(),
                 new_version: version.clone(),
                 new_image: image,
+                timeout: config.rollout_timeout,
             });
         }
     }
@@ -474,6 +496,58 @@ async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<Option<Ro
         unstick_rollout(ctx, &pods, update_revision).await?;
     }
     Ok(rollout)
+}
+
+/// A rollout an earlier updater (or reconcile) started and did not see through, when the
+/// workload still runs its image: it is resumed for the rest of its time (at most the rollout
+/// timeout). A recorded rollout the workload no longer runs (the image was changed since) is
+/// forgotten.
+async fn pending_rollout<K: Workload>(obj: &K, ctx: &Context) -> Option<Rollout> {
+    let config = &ctx.config;
+    let pending = match read_pending_rollout(ctx.client.clone(), &config.namespace, &config.secret_name).await
+    {
+        Ok(pending) => pending?,
+        Err(error) => {
+            tracing::warn!(%error, "the recorded rollout is unreadable; forgetting it");
+            forget_rollout(ctx).await;
+            return None;
+        }
+    };
+    let image = obj
+        .pod_spec()?
+        .containers
+        .iter()
+        .find(|c| c.name == config.container)?
+        .image
+        .clone();
+    let version = Version::parse(&pending.version).ok();
+    match (image, version) {
+        (Some(image), Some(new_version)) if image == pending.image => {
+            let left = u64::try_from(pending.deadline - unix_seconds(ctx.clock.now())).unwrap_or(0);
+            let timeout = Duration::from_secs(left).min(config.rollout_timeout);
+            tracing::info!(name = %obj.name_any(), %image, ?timeout, "resuming the wait for a rollout an earlier reconcile started");
+            Some(Rollout {
+                name: obj.name_any(),
+                previous_image: pending.previous_image,
+                new_version,
+                new_image: image,
+                timeout,
+            })
+        }
+        _ => {
+            forget_rollout(ctx).await;
+            None
+        }
+    }
+}
+
+async fn forget_rollout(ctx: &Context) {
+    let config = &ctx.config;
+    if let Err(error) =
+        write_pending_rollout(ctx.client.clone(), &config.namespace, &config.secret_name, None).await
+    {
+        tracing::warn!(%error, "could not clear the recorded rollout");
+    }
 }
 
 /// The version in the agent container's image tag.
@@ -565,12 +639,18 @@ async fn clear_bad_versions<K: Workload>(ctx: &Context, name: &str) -> Result<()
 /// Waits, bounded by the rollout timeout, for the new image's pods to be ready; then records
 /// the update, or restores the previous image and marks the version bad.
 async fn verify_rollout<K: Workload>(ctx: &Context, rollout: Rollout) -> Result<(), ReconcileError> {
+    let result = wait_for_rollout::<K>(ctx, &rollout).await;
+    forget_rollout(ctx).await;
+    result
+}
+
+async fn wait_for_rollout<K: Workload>(ctx: &Context, rollout: &Rollout) -> Result<(), ReconcileError> {
     let config = &ctx.config;
     let previous = rollout.previous_image.as_deref().and_then(image_version);
-    let deadline = tokio::time::Instant::now() + config.rollout_timeout;
+    let deadline = tokio::time::Instant::now() + rollout.timeout;
     let mut last;
     loop {
-        match rollout_progress::<K>(ctx, &rollout).await {
+        match rollout_progress::<K>(ctx, rollout).await {
             Ok(Ok(())) => {
                 tracing::info!(kind = K::KIND, name = %rollout.name, image = %rollout.new_image, "the agent's pods are ready with the new image");
                 // Versions at or below the one now running can no longer be offered as updates.
@@ -615,7 +695,7 @@ async fn verify_rollout<K: Workload>(ctx: &Context, rollout: Rollout) -> Result<
         humanize(config.rollout_timeout)
     );
     tracing::warn!(kind = K::KIND, name = %rollout.name, %reason, "rolling back");
-    roll_back::<K>(ctx, &rollout, previous.as_ref(), &reason).await
+    roll_back::<K>(ctx, rollout, previous.as_ref(), &reason).await
 }
 
 fn humanize(d: Duration) -> String {

@@ -21,6 +21,9 @@ use svc_core::Version;
 pub const STATUS_SECRET_KEY: &str = "agent-update-status";
 /// Key of the shared-state Secret holding the versions marked bad (a JSON array of versions).
 pub const BAD_VERSIONS_SECRET_KEY: &str = "agent-bad-versions";
+/// Key of the shared-state Secret holding the rollout the updater is waiting for, so an updater
+/// restarted during the wait resumes it.
+pub const PENDING_ROLLOUT_SECRET_KEY: &str = "agent-update-rollout";
 /// The updater's name in the status and the heartbeat.
 pub const UPGRADER_NAME: &str = "kube";
 
@@ -80,6 +83,20 @@ pub struct UpdateStatus {
     /// The versions the updater will not install again until a newer one is published or the
     /// list is cleared.
     pub bad_versions: Vec<String>,
+}
+
+/// An image change whose pods have not yet proven themselves, kept under
+/// [`PENDING_ROLLOUT_SECRET_KEY`] while the updater waits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingRollout {
+    /// The version installed, without `v`.
+    pub version: String,
+    /// The image set.
+    pub image: String,
+    /// The image it replaced, restored on a rollback.
+    pub previous_image: Option<String>,
+    /// Until when (Unix seconds) the pods may take to become ready.
+    pub deadline: i64,
 }
 
 /// Why the shared-state Secret could not be read or written.
@@ -280,6 +297,43 @@ pub async fn write_bad_versions(
     )
     .await
     .map_err(api_error(namespace, secret_name))
+}
+
+/// Writes (`Some`) or removes (`None`) the pending rollout.
+pub async fn write_pending_rollout(
+    client: Client,
+    namespace: &str,
+    secret_name: &str,
+    rollout: Option<&PendingRollout>,
+) -> Result<(), StatusError> {
+    let value = rollout.map(|r| serde_json::to_vec(r).unwrap_or_default());
+    merge_secret_data(
+        client,
+        namespace,
+        secret_name,
+        &[(PENDING_ROLLOUT_SECRET_KEY, value)],
+    )
+    .await
+    .map_err(api_error(namespace, secret_name))
+}
+
+/// Reads the pending rollout, if any.
+pub async fn read_pending_rollout(
+    client: Client,
+    namespace: &str,
+    secret_name: &str,
+) -> Result<Option<PendingRollout>, StatusError> {
+    let Some(bytes) = read_key(client, namespace, secret_name, PENDING_ROLLOUT_SECRET_KEY).await? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| StatusError::Malformed {
+            namespace: namespace.to_owned(),
+            name: secret_name.to_owned(),
+            key: PENDING_ROLLOUT_SECRET_KEY,
+            reason: e.to_string(),
+        })
 }
 
 /// The agent's view of the updater's status in Kubernetes: its shared-state Secret. The agent
