@@ -66,6 +66,65 @@ async fn binary_updates_the_agent_and_holds_the_lease() {
     child.kill().await.unwrap();
 }
 
+/// The binary with `--rollout-timeout`: the new image's pods never become ready, the previous
+/// image comes back and the version is marked bad in the shared-state Secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_rolls_back_an_image_whose_pods_never_become_ready() {
+    let api = FakeApiServer::start().await;
+    api.insert(json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "svc-agent", "namespace": "svc"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "svc-agent"}},
+                 "template": {"metadata": {"labels": {"app": "svc-agent"}},
+                              "spec": {"containers": [{"name": "svc", "image": "registry.example.com/svc:17.0.0"}]}}}
+    }));
+    let _kubelet = api.kubelet("StatefulSet", "svc", "svc-agent", "svc", |image| {
+        !image.ends_with(":17.0.3")
+    });
+    let versions = VersionServer::start("stable/cloud", "v17.0.3", true).await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig("svc")).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_svc-kube-updater"))
+        .args([
+            "--agent-name=svc-agent",
+            "--agent-namespace=svc",
+            "--base-image=registry.example.com/svc",
+            &format!("--version-server={}", versions.url()),
+            "--health-addr=127.0.0.1:0",
+            "--rollout-timeout=2s",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let client = api.client("svc");
+    let bad = || async {
+        svc_update::kube::status::read_bad_versions(client.clone(), "svc", "svc-agent-shared-state")
+            .await
+            .unwrap_or_default()
+    };
+    support::wait_until_async("17.0.3 marked bad", || async { !bad().await.is_empty() }).await;
+    assert_eq!(bad().await, vec![svc_core::Version::new(17, 0, 3)]);
+    let image = api.get("StatefulSet", "svc", "svc-agent").unwrap()["spec"]["template"]["spec"]["containers"]
+        [0]["image"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        image, "registry.example.com/svc:17.0.0",
+        "the previous image is back"
+    );
+    assert!(child.try_wait().unwrap().is_none(), "still running");
+    child.kill().await.unwrap();
+}
+
 #[test]
 fn binary_requires_agent_name_and_namespace() {
     // Refused at argument parsing: a binary that started instead would run until killed.
