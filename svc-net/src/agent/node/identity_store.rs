@@ -99,3 +99,52 @@ impl IdentityStore for DataDirIdentityStore {
         self.identity_path().display().to_string()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use svc_core::Secret;
+
+    use super::*;
+
+    fn identity(name: &str) -> ClientIdentity {
+        ClientIdentity {
+            cluster: "example.test".into(),
+            name: name.into(),
+            auth_addr: "127.0.0.1:3025".into(),
+            tls_cert_pem: String::new(),
+            tls_key_pem: Secret::new("tls key material".to_owned()),
+            ssh_cert: String::new(),
+            ssh_key: Secret::new("ssh key material".to_owned()),
+            trusted: Vec::new(),
+            not_after_unix: 4_102_444_800,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_data_directory_store_keeps_the_identity_in_private_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let store = DataDirIdentityStore::new(&data);
+        assert!(store.load().await.unwrap().is_none());
+        store
+            .save(&identity("host-1.example.test"), "node,app")
+            .await
+            .unwrap();
+        let saved = store.load().await.unwrap().expect("saved");
+        assert_eq!(saved.identity.name, "host-1.example.test");
+        assert_eq!(saved.identity.ssh_key.expose(), "ssh key material");
+        assert_eq!(saved.roles, "node,app");
+        for file in [HOST_IDENTITY_FILE, HOST_ROLES_FILE] {
+            let mode = std::fs::metadata(data.join(file)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{file} is private: {mode:o}");
+        }
+        assert_eq!(
+            store.describe(),
+            data.join(HOST_IDENTITY_FILE).display().to_string()
+        );
+        let shown = format!("{saved:?} {store:?}");
+        assert!(!shown.contains("key material"), "{shown}");
+    }
+}

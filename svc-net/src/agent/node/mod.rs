@@ -2,7 +2,8 @@
 //! one host, reachable through the Proxy Service.
 //!
 //! Order at [`AgentNode::start`]: the host identity — given ([`AgentNode::identity`], as the
-//! all-in-one process does), saved in the data directory by an earlier start, or a fresh join
+//! all-in-one process does), saved by an earlier start in its [`IdentityStore`] (the data
+//! directory, or a Secret per replica in Kubernetes), or a fresh join
 //! with `svc.auth_token` (checking `svc.ca_pin`) through `svc.auth_server`, or the proxy's web
 //! port with TLS routing → the services behind a reverse tunnel to the proxy (dialed through
 //! `HTTPS_PROXY`/`NO_PROXY`), or, joined at `svc.auth_server` without `svc.proxy_server`, on
