@@ -78,12 +78,21 @@ check updater-channel contains updater "--version-channel=stable/v17"
 check updater-secret contains updater "--shared-state-secret=svc-agent-shared-state"
 check agent-image-tag-without-v contains updater 'image: "public.ecr.aws/svc/svc-ent-distroless:17.1.0"'
 check updater-rbac-by-name contains updater 'resourceNames: \["svc-agent"\]'
+check updater-rollout-timeout contains updater "--rollout-timeout=5m"
+check updater-writes-status contains updater 'verbs: \["get", "watch", "update", "patch"\]'
+check agent-state-secret contains updater 'value: "$(POD_NAME)-state"'
+check agent-state-rbac contains updater 'resourceNames: \["svc-agent-0-state"\]'
+
+check render-replicas render replicas "${base[@]}" --set updater.enabled=true --set updater.version=v17.2.0 --set replicaCount=3
+check agent-state-rbac-per-replica contains replicas 'resourceNames: \["svc-agent-0-state", "svc-agent-1-state", "svc-agent-2-state"\]'
+check agent-upgrader-version-without-v contains replicas 'value: "17.2.0"'
 
 check render-deployment render deployment "${base[@]}" --set workloadKind=deployment --set updater.enabled=true \
   --set updater.versionServer=https://versions.example.com
 check deployment-kind contains deployment "kind: Deployment"
 check deployment-kind-flag contains deployment "--agent-kind=deployment"
 check deployment-version-server contains deployment "--version-server=https://versions.example.com"
+check deployment-has-no-state-secret lacks deployment "SVC_KUBE_STATE_SECRET"
 
 check render-annotations render annotations "${base[@]}" --set updater.enabled=true \
   --set-json 'annotations.deployment={"svc.dev/skipreconcile":"true"}' --set-json 'annotations.pod={"a.example.com/b":"c"}'

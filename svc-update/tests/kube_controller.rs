@@ -95,11 +95,12 @@ struct Harness {
     logs: Logs,
     _guard: tracing::subscriber::DefaultGuard,
     task: Option<tokio::task::JoinHandle<()>>,
+    kubelet: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        if let Some(t) = self.task.take() {
+        for t in [self.task.take(), self.kubelet.take()].into_iter().flatten() {
             t.abort();
         }
     }
@@ -133,6 +134,7 @@ impl Harness {
             logs,
             _guard: guard,
             task: None,
+            kubelet: None,
         }
     }
 
@@ -149,7 +151,22 @@ impl Harness {
         })
     }
 
+    /// Runs the controller, with a fake kubelet whose pods become ready with every image.
     fn run(&mut self, config: UpdaterConfig) {
+        self.run_with_kubelet(config, |_| true);
+    }
+
+    /// Runs the controller, with a fake kubelet whose pods are ready as `ready(image)` says.
+    fn run_with_kubelet(
+        &mut self,
+        config: UpdaterConfig,
+        ready: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) {
+        let kind = match config.kind {
+            WorkloadKind::StatefulSet => "StatefulSet",
+            WorkloadKind::Deployment => "Deployment",
+        };
+        self.kubelet = Some(self.api.kubelet(kind, NS, AGENT, "svc", ready));
         let ctx = self.context(config, self.metrics.clone());
         self.task = Some(tokio::spawn(controller::run(ctx)));
     }
@@ -764,4 +781,225 @@ async fn the_schedule_exporter_loop_writes_and_resets_the_secret() {
     wait_until("the reset after lost contact", || status.borrow().resets >= 1).await;
     let windows = read_schedule(client, NS, "svc-agent-shared-state").await.unwrap();
     assert!(windows.is_empty(), "{windows:?}");
+}
+
+/// The update status the controller left in the shared-state Secret.
+async fn status(h: &Harness) -> Option<svc_update::kube::status::UpdateStatus> {
+    svc_update::kube::status::read_update_status(h.api.client(NS), NS, "svc-agent-shared-state")
+        .await
+        .expect("a readable status")
+}
+
+/// The versions marked bad, as stored.
+fn bad_versions(h: &Harness) -> Option<Value> {
+    let secret = h.api.get("Secret", NS, "svc-agent-shared-state")?;
+    let encoded = secret["data"]["agent-bad-versions"].as_str()?;
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .expect("base64");
+    Some(serde_json::from_slice(&bytes).expect("a JSON list"))
+}
+
+#[tokio::test]
+async fn an_update_whose_pods_become_ready_is_recorded_as_updated() {
+    let mut h = Harness::new(sts("17.0.0"), vec![], "v17.1.0", true).await;
+    h.run(config(WorkloadKind::StatefulSet));
+    wait_until("the update", || load(&h.metrics.updates) == 1).await;
+    // The follow-up reconcile overwrites it with "none" soon: keep the one that said updated.
+    let updated = std::sync::Mutex::new(None);
+    support::wait_until_async("the status says updated", || async {
+        let s = status(&h).await;
+        let found = s
+            .as_ref()
+            .is_some_and(|s| s.result == svc_update::kube::status::UpdateResult::Updated);
+        if found {
+            *updated.lock().unwrap() = s;
+        }
+        found
+    })
+    .await;
+    let s = updated.into_inner().unwrap().unwrap();
+    assert_eq!(
+        (s.upgrader.as_str(), s.from.as_str(), s.to.as_str()),
+        ("kube", "17.0.0", "17.1.0")
+    );
+    assert!(s.at > 0);
+    assert_eq!(load(&h.metrics.rollbacks), 0);
+    assert_eq!(image_of(&h.api, "StatefulSet"), format!("{BASE}:17.1.0"));
+    // The next reconcile finds nothing to do and says so.
+    wait_until("the follow-up reconcile", || load(&h.metrics.no_new_version) >= 1).await;
+    support::wait_until_async("the status says none", || async {
+        status(&h)
+            .await
+            .is_some_and(|s| s.result == svc_update::kube::status::UpdateResult::None)
+    })
+    .await;
+    assert_eq!(status(&h).await.unwrap().reason, "no new version available");
+}
+
+/// New pods that never become ready: the previous image comes back, the version is marked bad
+/// and not tried again, until the annotation clears the list or a newer version is published.
+#[tokio::test]
+async fn pods_never_ready_roll_back_and_mark_the_version_bad() {
+    use svc_update::kube::status::UpdateResult;
+    let mut h = Harness::new(sts("17.0.0"), vec![], "v17.1.0", true).await;
+    let mut c = config(WorkloadKind::StatefulSet);
+    c.rollout_timeout = Duration::from_secs(1);
+    c.rollout_poll = Duration::from_millis(50);
+    h.run_with_kubelet(c, |image| !image.ends_with(":17.1.0"));
+    wait_until("the rollback", || load(&h.metrics.rollbacks) == 1).await;
+    assert_eq!(image_of(&h.api, "StatefulSet"), format!("{BASE}:17.0.0"));
+    assert_eq!(bad_versions(&h), Some(json!(["17.1.0"])));
+    // The follow-up reconcile (the restored image is a watch event) replaces the status with
+    // its "not installing again" soon, so the rolled_back record is checked in the log the
+    // controller writes with it, and in the Secret when the test reads it first.
+    let logs = h.logs.text();
+    assert!(
+        logs.contains(
+            "recorded the update status result=rolled_back from=17.1.0 to=17.0.0 reason=pods not ready with 17.1.0 within 1s: 0 of 1 ready"
+        ),
+        "{logs}"
+    );
+    let s = status(&h).await.expect("a status");
+    if s.result == UpdateResult::RolledBack {
+        assert_eq!((s.from.as_str(), s.to.as_str()), ("17.1.0", "17.0.0"));
+        assert!(
+            s.reason.starts_with("pods not ready with 17.1.0 within 1s"),
+            "{}",
+            s.reason
+        );
+    } else {
+        assert_eq!(s.result, UpdateResult::None, "{s:?}");
+        assert!(
+            s.reason.starts_with("not installing v17.1.0 again"),
+            "{}",
+            s.reason
+        );
+    }
+    assert_eq!(s.bad_versions, vec!["17.1.0".to_owned()]);
+    assert!(h.logs.text().contains("rolling back"), "{}", h.logs.text());
+    // The restored image's pod comes back ready.
+    support::wait_until("the agent pod back on 17.0.0", || {
+        h.api.get("Pod", NS, "svc-agent-0").is_some_and(|p| {
+            p["spec"]["containers"][1]["image"] == format!("{BASE}:17.0.0")
+                && p["status"]["conditions"][0]["status"] == "True"
+        })
+    })
+    .await;
+
+    // The next reconcile (triggered) does not try 17.1.0 again, critical as it is.
+    let patches = h.workload_patches();
+    let skipped = load(&h.metrics.skipped);
+    h.annotate("StatefulSet", "debug.svc.dev/trigger-event", "1")
+        .await;
+    wait_until("the refused reconcile", || load(&h.metrics.skipped) > skipped).await;
+    assert_eq!(h.workload_patches(), patches + 1, "only the test's annotation");
+    assert_eq!(image_of(&h.api, "StatefulSet"), format!("{BASE}:17.0.0"));
+    assert!(
+        h.logs.text().contains("not installing v17.1.0 again"),
+        "{}",
+        h.logs.text()
+    );
+    support::wait_until_async("the status says why nothing was installed", || async {
+        status(&h).await.is_some_and(|s| {
+            s.result == UpdateResult::None && s.reason.starts_with("not installing v17.1.0 again")
+        })
+    })
+    .await;
+
+    // The operator clears the list: the annotation and the list go, and 17.1.0 is tried again
+    // (and, still not ready, rolled back again).
+    h.annotate("StatefulSet", "svc.dev/clear-bad-versions", "true")
+        .await;
+    wait_until("the second rollback", || load(&h.metrics.rollbacks) == 2).await;
+    let annotations = h.api.get("StatefulSet", NS, AGENT).unwrap()["metadata"]["annotations"].clone();
+    assert!(
+        annotations.get("svc.dev/clear-bad-versions").is_none(),
+        "the annotation is removed: {annotations}"
+    );
+    assert!(h.logs.text().contains("the versions marked bad are cleared"));
+    assert_eq!(bad_versions(&h), Some(json!(["17.1.0"])), "marked bad again");
+
+    // A newer version is published: it is installed, and the list no longer holds what it
+    // replaced.
+    h.versions.set("v17.1.1", true);
+    h.annotate("StatefulSet", "debug.svc.dev/trigger-event", "2")
+        .await;
+    // Updated, or already the follow-up reconcile's "none" from the new version.
+    support::wait_until_async("the newer version installed", || async {
+        status(&h).await.is_some_and(|s| {
+            (s.result == UpdateResult::Updated && s.to == "17.1.1")
+                || (s.result == UpdateResult::None && s.from == "17.1.1")
+        })
+    })
+    .await;
+    assert!(
+        h.logs
+            .text()
+            .contains("recorded the update status result=updated from=17.0.0 to=17.1.1"),
+        "{}",
+        h.logs.text()
+    );
+    assert_eq!(image_of(&h.api, "StatefulSet"), format!("{BASE}:17.1.1"));
+    assert_eq!(bad_versions(&h), None, "17.1.0 can no longer be offered");
+    assert_eq!(load(&h.metrics.rollbacks), 2);
+}
+
+/// The version server advertising an older version than the agent runs: refused, critical or
+/// not, with the reason in the status; the workload is not written.
+#[tokio::test]
+async fn a_downgrade_is_refused_and_the_status_says_why() {
+    let mut h = Harness::new(sts("17.1.0"), vec![], "v17.0.5", true).await;
+    h.run(config(WorkloadKind::StatefulSet));
+    wait_until("a refused reconcile", || load(&h.metrics.skipped) >= 1).await;
+    assert_eq!(h.workload_patches(), 0);
+    assert_eq!(image_of(&h.api, "StatefulSet"), format!("{BASE}:17.1.0"));
+    support::wait_until_async("the status", || async { status(&h).await.is_some() }).await;
+    let s = status(&h).await.unwrap();
+    assert_eq!(s.result, svc_update::kube::status::UpdateResult::None);
+    assert_eq!((s.from.as_str(), s.to.as_str()), ("17.1.0", "17.0.5"));
+    assert!(
+        s.reason
+            .starts_with("refusing to downgrade from v17.1.0 to v17.0.5"),
+        "{}",
+        s.reason
+    );
+    assert_eq!(load(&h.metrics.updates), 0);
+}
+
+/// An updater that stops while it waits for a rollout (a new leader, a crash): the next one
+/// finds the rollout recorded in the shared-state Secret and finishes the wait — here with the
+/// rollback.
+#[tokio::test]
+async fn a_restarted_updater_resumes_the_rollout_wait() {
+    let mut h = Harness::new(sts("17.0.0"), vec![], "v17.1.0", true).await;
+    let mut c = config(WorkloadKind::StatefulSet);
+    c.rollout_timeout = Duration::from_secs(3600);
+    c.rollout_poll = Duration::from_millis(50);
+    h.run_with_kubelet(c.clone(), |image| !image.ends_with(":17.1.0"));
+    wait_until("the update", || load(&h.metrics.updates) == 1).await;
+    let recorded = || {
+        h.api
+            .get("Secret", NS, "svc-agent-shared-state")
+            .is_some_and(|s| s["data"]["agent-update-rollout"].is_string())
+    };
+    wait_until("the rollout recorded", recorded).await;
+    // The updater stops in the middle of its hour-long wait.
+    h.task.take().unwrap().abort();
+
+    // Its successor, with a short timeout, resumes the wait and rolls back.
+    c.rollout_timeout = Duration::from_secs(1);
+    let ctx = h.context(c, h.metrics.clone());
+    h.task = Some(tokio::spawn(controller::run(ctx)));
+    wait_until("the rollback", || load(&h.metrics.rollbacks) == 1).await;
+    assert_eq!(load(&h.metrics.updates), 1, "17.1.0 was not set again");
+    assert_eq!(image_of(&h.api, "StatefulSet"), format!("{BASE}:17.0.0"));
+    assert_eq!(bad_versions(&h), Some(json!(["17.1.0"])));
+    assert!(
+        h.logs.text().contains("resuming the wait for a rollout"),
+        "{}",
+        h.logs.text()
+    );
+    wait_until("the recorded rollout forgotten", || !recorded()).await;
 }

@@ -364,6 +364,8 @@ async fn kubectl_annotations_drive_the_controller() {
         clock: Arc::new(SystemClock),
         metrics: metrics.clone(),
     });
+    // The new image's pods come up ready, as a kubelet would make them.
+    let kubelet = api.kubelet("StatefulSet", "svc", "svc-agent", "svc", |_| true);
     let task = tokio::spawn(controller::run(ctx));
     let load = |a: &prometheus_client::metrics::counter::Counter| a.get();
     wait_until("the first reconcile", || load(&metrics.reconciles_ok) == 1).await;
@@ -412,4 +414,147 @@ async fn kubectl_annotations_drive_the_controller() {
     })
     .await;
     task.abort();
+    kubelet.abort();
+}
+
+/// A value of the shared-state Secret as the documentation reads it:
+/// `kubectl get secret … -o jsonpath={.data.<key>}`, base64-decoded.
+async fn secret_value(k: &Kubectl, key: &str) -> String {
+    use base64::Engine as _;
+    let encoded = k
+        .run(&[
+            "get",
+            "secret",
+            "svc-agent-shared-state",
+            "-o",
+            &format!("jsonpath={{.data.{key}}}"),
+        ])
+        .await;
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(encoded.trim())
+            .unwrap_or_else(|e| panic!("{key}: {e}: {encoded:?}")),
+    )
+    .unwrap()
+}
+
+/// The documented rollback procedure: the status and the versions marked bad read with
+/// `kubectl get secret`, the list cleared with `kubectl annotate … svc.dev/clear-bad-versions=true`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_reads_the_rollback_and_clears_the_bad_versions() {
+    let api = FakeApiServer::start().await;
+    let k = Kubectl::new(&api);
+    let file = k.file("sts.yaml", STS);
+    k.run(&["create", "-f", &file, "--validate=false"]).await;
+    let versions = VersionServer::start("stable/cloud", "v17.1.0", true).await;
+    let metrics = Arc::new(Metrics::default());
+    let mut config = UpdaterConfig::new(
+        "svc",
+        "svc-agent",
+        WorkloadKind::StatefulSet,
+        "svc",
+        "public.ecr.aws/svc/svc-ent-distroless",
+    );
+    config.sync_period = Duration::from_secs(3600);
+    config.rollout_timeout = Duration::from_secs(1);
+    config.rollout_poll = Duration::from_millis(50);
+    let ctx = Arc::new(Context {
+        client: api.client("svc"),
+        config,
+        target: Arc::new(support::version_client(channel_base_url(
+            &versions.url(),
+            "stable/cloud",
+        ))),
+        clock: Arc::new(SystemClock),
+        metrics: metrics.clone(),
+    });
+    // 17.1.0 never becomes ready.
+    let kubelet = api.kubelet("StatefulSet", "svc", "svc-agent", "svc", |image| {
+        !image.ends_with(":17.1.0")
+    });
+    let task = tokio::spawn(controller::run(ctx));
+    let load = |a: &prometheus_client::metrics::counter::Counter| a.get();
+    wait_until("the rollback", || load(&metrics.rollbacks) == 1).await;
+    let image = k
+        .run(&[
+            "get",
+            "statefulset",
+            "svc-agent",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[1].image}",
+        ])
+        .await;
+    assert_eq!(image, "public.ecr.aws/svc/svc-ent-distroless:17.0.0");
+    assert_eq!(secret_value(&k, "agent-bad-versions").await, r#"["17.1.0"]"#);
+    let status: Value = serde_json::from_str(&secret_value(&k, "agent-update-status").await).unwrap();
+    assert_eq!(status["upgrader"], "kube");
+    assert!(
+        status["result"] == "rolled_back"
+            || status["reason"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("not installing v17.1.0 again"),
+        "{status}"
+    );
+
+    k.run(&[
+        "annotate",
+        "statefulset",
+        "svc-agent",
+        "svc.dev/clear-bad-versions=true",
+    ])
+    .await;
+    wait_until("the retry, rolled back again", || load(&metrics.rollbacks) == 2).await;
+    let annotations = k
+        .run(&[
+            "get",
+            "statefulset",
+            "svc-agent",
+            "-o",
+            "jsonpath={.metadata.annotations}",
+        ])
+        .await;
+    assert!(
+        !annotations.contains("svc.dev/clear-bad-versions"),
+        "the updater removes the annotation: {annotations}"
+    );
+    task.abort();
+    kubelet.abort();
+}
+
+/// `kubectl replace` with a stale resourceVersion is refused with a conflict, as the identity
+/// store's updates rely on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_replace_of_a_stale_secret_is_a_conflict() {
+    let api = FakeApiServer::start().await;
+    let k = Kubectl::new(&api);
+    let file = k.file(
+        "secret.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: svc-agent-0-state\n  namespace: svc\ndata:\n  a: MQ==\n",
+    );
+    k.run(&["create", "-f", &file, "--validate=false"]).await;
+    let stale = k.run(&["get", "secret", "svc-agent-0-state", "-o", "json"]).await;
+    k.run(&[
+        "patch",
+        "secret",
+        "svc-agent-0-state",
+        "-p",
+        r#"{"data":{"a":"Mg=="}}"#,
+    ])
+    .await;
+    let file = k.file("stale.json", &stale);
+    let out = within(
+        Duration::from_secs(60),
+        "kubectl replace finishing",
+        k.command(&["replace", "-f", &file, "--validate=false"]).output(),
+    )
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a stale replace must fail");
+    assert!(stderr.contains("the object has been modified"), "{stderr}");
+    let value = k
+        .run(&["get", "secret", "svc-agent-0-state", "-o", "jsonpath={.data.a}"])
+        .await;
+    assert_eq!(value, "Mg==", "the newer value stays");
 }

@@ -57,6 +57,10 @@ struct Args {
     /// Time a pod must stay not ready before the agent counts as unhealthy.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     unhealthy_after: Duration,
+    /// Bound on the wait for the new image's pods to become ready after an update; not ready by
+    /// then → the previous image is restored and the version marked bad.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    rollout_timeout: Duration,
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080")]
     health_addr: SocketAddr,
@@ -89,6 +93,7 @@ async fn main() -> anyhow::Result<()> {
     );
     config.sync_period = args.sync_period;
     config.unhealthy_after = args.unhealthy_after;
+    config.rollout_timeout = args.rollout_timeout;
     config.channel_major = args
         .channel_major
         .or_else(|| channel_major(&args.version_channel));

@@ -14,8 +14,16 @@
 //!    write at all.
 //! 5. StatefulSets: while a rollout is in progress, delete not-ready pods of the old revision
 //!    (with the default `OrderedReady` policy such a pod blocks the rollout for ever).
+//! 6. After an image patch: wait (bounded by the rollout timeout, 5 min by default) until as
+//!    many pods as the workload wants run the new image and are ready. Otherwise restore the
+//!    previous image, delete the new image's not-ready pods (so an `OrderedReady` StatefulSet
+//!    can roll back), and mark the version bad (`agent-bad-versions` in the shared-state
+//!    Secret): it is refused until a newer version is published or the workload carries
+//!    `svc.dev/clear-bad-versions: "true"` (removed again, with the list, at the next reconcile).
+//! 7. The decision — none (with the reason), updated, rolled back, failed — is written to the
+//!    shared-state Secret (`agent-update-status`), where the agent reads it for the inventory.
 //!
-//! Each reconcile is bounded by a timeout (2 min).
+//! Steps 1–5 are bounded by the reconcile timeout (2 min); step 6 by the rollout timeout.
 
 use std::{
     fmt::Debug,
@@ -41,10 +49,14 @@ use serde::de::DeserializeOwned;
 use svc_core::{Version, clock::Clock, maintenance::in_window};
 
 use super::{
-    SKIP_RECONCILE_ANNOTATION,
+    CLEAR_BAD_VERSIONS_ANNOTATION, SKIP_RECONCILE_ANNOTATION,
     decision::{Decision, DecisionInput, decide},
     health::Metrics,
     schedule::read_schedule,
+    status::{
+        PendingRollout, StatusError, UPGRADER_NAME, UpdateResult, UpdateStatus, plain_version,
+        read_bad_versions, read_pending_rollout, write_bad_versions, write_pending_rollout, write_status,
+    },
     target::{TargetError, TargetSource},
 };
 
@@ -56,6 +68,10 @@ pub(crate) const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(120);
 pub(crate) const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(10);
 /// Default time a pod must stay not ready before the agent counts as unhealthy.
 pub(crate) const DEFAULT_UNHEALTHY_AFTER: Duration = Duration::from_secs(10 * 60);
+/// Default bound on the wait for the new image's pods to become ready after an update.
+pub(crate) const DEFAULT_ROLLOUT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// Default period between readiness checks while waiting for a rollout.
+pub(crate) const DEFAULT_ROLLOUT_POLL: Duration = Duration::from_secs(2);
 /// Label the StatefulSet controller puts on each pod: the revision it was created from.
 pub(crate) const REVISION_LABEL: &str = "controller-revision-hash";
 
@@ -93,11 +109,17 @@ pub struct UpdaterConfig {
     pub reconcile_timeout: Duration,
     /// Time a pod must stay not ready before the agent counts as unhealthy.
     pub unhealthy_after: Duration,
+    /// Bound on the wait for the new image's pods to become ready after an update; not ready
+    /// by then → the previous image is restored and the version marked bad.
+    pub rollout_timeout: Duration,
+    /// Period between readiness checks during that wait.
+    pub rollout_poll: Duration,
 }
 
 impl UpdaterConfig {
     /// A config with the defaults: shared-state Secret `<agent>-shared-state`, 30 min sync,
-    /// 10 s retry, 2 min reconcile timeout, 10 min before not-ready pods count as unhealthy.
+    /// 10 s retry, 2 min reconcile timeout, 10 min before not-ready pods count as unhealthy,
+    /// 5 min for a rollout's pods to become ready (checked every 2 s).
     pub fn new(
         namespace: impl Into<String>,
         agent_name: impl Into<String>,
@@ -118,6 +140,8 @@ impl UpdaterConfig {
             retry_after: DEFAULT_RETRY_AFTER,
             reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
             unhealthy_after: DEFAULT_UNHEALTHY_AFTER,
+            rollout_timeout: DEFAULT_ROLLOUT_TIMEOUT,
+            rollout_poll: DEFAULT_ROLLOUT_POLL,
         }
     }
 
@@ -158,6 +182,9 @@ pub enum ReconcileError {
     /// The reconcile took longer than its timeout.
     #[error("reconcile did not finish within {0:?}")]
     Timeout(Duration),
+    /// The versions marked bad could not be read or changed.
+    #[error("the versions marked bad: {0}")]
+    BadVersions(#[source] StatusError),
 }
 
 /// A workload that runs the agent: what the controller needs from a StatefulSet or Deployment.
@@ -176,6 +203,8 @@ pub trait Workload:
     fn pod_spec(&self) -> Option<&PodSpec>;
     /// The pod selector.
     fn selector(&self) -> Option<&LabelSelector>;
+    /// How many pods the workload wants (`spec.replicas`, default 1).
+    fn replicas(&self) -> i32;
     /// `(currentRevision, updateRevision)` while a StatefulSet rollout is in progress.
     fn rollout_revisions(&self) -> Option<(Option<&str>, &str)> {
         None
@@ -189,6 +218,9 @@ impl Workload for StatefulSet {
     }
     fn selector(&self) -> Option<&LabelSelector> {
         Some(&self.spec.as_ref()?.selector)
+    }
+    fn replicas(&self) -> i32 {
+        self.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
     }
     fn rollout_revisions(&self) -> Option<(Option<&str>, &str)> {
         let status = self.status.as_ref()?;
@@ -204,6 +236,9 @@ impl Workload for Deployment {
     }
     fn selector(&self) -> Option<&LabelSelector> {
         Some(&self.spec.as_ref()?.selector)
+    }
+    fn replicas(&self) -> i32 {
+        self.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
     }
 }
 
@@ -267,16 +302,29 @@ fn error_policy<K: Workload>(_obj: Arc<K>, error: &ReconcileError, ctx: Arc<Cont
 /// One reconcile of the workload, bounded by the configured timeout.
 pub async fn reconcile<K: Workload>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let timeout = ctx.config.reconcile_timeout;
-    let result = match tokio::time::timeout(timeout, reconcile_once(obj.as_ref(), &ctx)).await {
-        Ok(result) => result,
-        Err(_) => Err(ReconcileError::Timeout(timeout)),
+    let rollout = match tokio::time::timeout(timeout, reconcile_once(obj.as_ref(), &ctx)).await {
+        Ok(result) => result?,
+        Err(_) => return Err(ReconcileError::Timeout(timeout)),
     };
-    result?;
+    if let Some(rollout) = rollout {
+        verify_rollout::<K>(&ctx, rollout).await?;
+    }
     ctx.metrics.reconciles_ok.inc();
     Ok(Action::requeue(ctx.config.sync_period))
 }
 
-async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<(), ReconcileError> {
+/// An image patch whose pods are still to prove themselves.
+#[derive(Debug)]
+struct Rollout {
+    name: String,
+    previous_image: Option<String>,
+    new_version: Version,
+    new_image: String,
+    /// How long the pods may still take.
+    timeout: Duration,
+}
+
+async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<Option<Rollout>, ReconcileError> {
     let config = &ctx.config;
     let name = obj.name_any();
     if obj
@@ -286,8 +334,33 @@ async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<(), Recon
         == Some("true")
     {
         ctx.metrics.skipped.inc();
-        tracing::info!(kind = K::KIND, %name, "{SKIP_RECONCILE_ANNOTATION} is \"true\": automatic updates suspended");
-        return Ok(());
+        let reason = format!("{SKIP_RECONCILE_ANNOTATION} is \"true\": automatic updates suspended");
+        tracing::info!(kind = K::KIND, %name, "{reason}");
+        let current = current_image_version(obj, config);
+        record(
+            ctx,
+            UpdateResult::None,
+            current.as_ref(),
+            current.as_ref(),
+            &reason,
+            None,
+        )
+        .await;
+        return Ok(None);
+    }
+    if obj
+        .annotations()
+        .get(CLEAR_BAD_VERSIONS_ANNOTATION)
+        .map(String::as_str)
+        == Some("true")
+    {
+        clear_bad_versions::<K>(ctx, &name).await?;
+    }
+    let bad_versions = read_bad_versions(ctx.client.clone(), &config.namespace, &config.secret_name)
+        .await
+        .map_err(ReconcileError::BadVersions)?;
+    if let Some(rollout) = pending_rollout(obj, ctx).await {
+        return Ok(Some(rollout));
     }
     let containers = obj
         .pod_spec()
@@ -329,15 +402,37 @@ async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<(), Recon
         channel_major: config.channel_major,
         window_open: in_window(&windows, now),
         pods_unhealthy: !unhealthy.is_empty(),
+        bad_versions: &bad_versions,
     });
+    let mut rollout = None;
     match &decision {
         Decision::NoNewVersion => {
             ctx.metrics.no_new_version.inc();
             tracing::info!(kind = K::KIND, %name, current = ?current.as_ref().map(ToString::to_string), "no new version available");
+            let to = target.version.as_ref().or(current.as_ref());
+            record(
+                ctx,
+                UpdateResult::None,
+                current.as_ref(),
+                to,
+                "no new version available",
+                Some(&bad_versions),
+            )
+            .await;
         }
         Decision::Skip(reason) => {
             ctx.metrics.skipped.inc();
             tracing::info!(kind = K::KIND, %name, "{reason}");
+            let to = target.version.as_ref();
+            record(
+                ctx,
+                UpdateResult::None,
+                current.as_ref(),
+                to,
+                &reason.to_string(),
+                Some(&bad_versions),
+            )
+            .await;
         }
         Decision::Update(version, reason) => {
             let image = config.image_for(version);
@@ -348,13 +443,51 @@ async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<(), Recon
                 ]}}}
             });
             let api: Api<K> = Api::namespaced(ctx.client.clone(), &config.namespace);
-            api.patch(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+            let patched = api
+                .patch(&name, &PatchParams::default(), &Patch::Strategic(&patch))
                 .await
+                .map(drop)
                 .map_err(|source| ReconcileError::Kube {
                     action: format!("patching {} {name}", K::KIND),
                     source,
-                })?;
+                });
+            if let Err(error) = patched {
+                let reason = format!("setting the image {image}: {error}");
+                record(
+                    ctx,
+                    UpdateResult::Failed,
+                    current.as_ref(),
+                    Some(version),
+                    &reason,
+                    Some(&bad_versions),
+                )
+                .await;
+                return Err(error);
+            }
             ctx.metrics.updates.inc();
+            let pending = PendingRollout {
+                version: plain_version(version),
+                image: image.clone(),
+                previous_image: container.image.clone(),
+                deadline: unix_seconds(now + config.rollout_timeout),
+            };
+            if let Err(error) = write_pending_rollout(
+                ctx.client.clone(),
+                &config.namespace,
+                &config.secret_name,
+                Some(&pending),
+            )
+            .await
+            {
+                tracing::warn!(%error, "could not record the rollout; an updater restarted during the wait will not resume it");
+            }
+            rollout = Some(Rollout {
+                name: name.clone(),
+                previous_image: container.image.clone(),
+                new_version: version.clone(),
+                new_image: image,
+                timeout: config.rollout_timeout,
+            });
         }
     }
     if let Some((current_revision, update_revision)) = obj.rollout_revisions()
@@ -362,6 +495,373 @@ async fn reconcile_once<K: Workload>(obj: &K, ctx: &Context) -> Result<(), Recon
     {
         unstick_rollout(ctx, &pods, update_revision).await?;
     }
+    Ok(rollout)
+}
+
+/// A rollout an earlier updater (or reconcile) started and did not see through, when the
+/// workload still runs its image: it is resumed for the rest of its time (at most the rollout
+/// timeout). A recorded rollout the workload no longer runs (the image was changed since) is
+/// forgotten.
+async fn pending_rollout<K: Workload>(obj: &K, ctx: &Context) -> Option<Rollout> {
+    let config = &ctx.config;
+    let pending = match read_pending_rollout(ctx.client.clone(), &config.namespace, &config.secret_name).await
+    {
+        Ok(pending) => pending?,
+        Err(error) => {
+            tracing::warn!(%error, "the recorded rollout is unreadable; forgetting it");
+            forget_rollout(ctx).await;
+            return None;
+        }
+    };
+    let image = obj
+        .pod_spec()?
+        .containers
+        .iter()
+        .find(|c| c.name == config.container)?
+        .image
+        .clone();
+    let version = Version::parse(&pending.version).ok();
+    match (image, version) {
+        (Some(image), Some(new_version)) if image == pending.image => {
+            let left = u64::try_from(pending.deadline - unix_seconds(ctx.clock.now())).unwrap_or(0);
+            let timeout = Duration::from_secs(left).min(config.rollout_timeout);
+            tracing::info!(name = %obj.name_any(), %image, ?timeout, "resuming the wait for a rollout an earlier reconcile started");
+            Some(Rollout {
+                name: obj.name_any(),
+                previous_image: pending.previous_image,
+                new_version,
+                new_image: image,
+                timeout,
+            })
+        }
+        _ => {
+            forget_rollout(ctx).await;
+            None
+        }
+    }
+}
+
+async fn forget_rollout(ctx: &Context) {
+    let config = &ctx.config;
+    if let Err(error) =
+        write_pending_rollout(ctx.client.clone(), &config.namespace, &config.secret_name, None).await
+    {
+        tracing::warn!(%error, "could not clear the recorded rollout");
+    }
+}
+
+/// The version in the agent container's image tag.
+fn current_image_version<K: Workload>(obj: &K, config: &UpdaterConfig) -> Option<Version> {
+    obj.pod_spec()?
+        .containers
+        .iter()
+        .find(|c| c.name == config.container)?
+        .image
+        .as_deref()
+        .and_then(image_version)
+}
+
+/// Writes the decision to the shared-state Secret. `bad` is the current list of versions
+/// marked bad (read again when `None`). A failed write is logged: the status informs, it does
+/// not decide.
+async fn record(
+    ctx: &Context,
+    result: UpdateResult,
+    from: Option<&Version>,
+    to: Option<&Version>,
+    reason: &str,
+    bad: Option<&[Version]>,
+) {
+    let config = &ctx.config;
+    let bad_versions = match bad {
+        Some(bad) => bad.to_vec(),
+        None => read_bad_versions(ctx.client.clone(), &config.namespace, &config.secret_name)
+            .await
+            .unwrap_or_default(),
+    };
+    let status = UpdateStatus {
+        upgrader: UPGRADER_NAME.to_owned(),
+        upgrader_version: plain_version(svc_core::version::current()),
+        result,
+        from: from.map(plain_version).unwrap_or_default(),
+        to: to.map(plain_version).unwrap_or_default(),
+        reason: reason.to_owned(),
+        at: unix_seconds(ctx.clock.now()),
+        bad_versions: bad_versions.iter().map(plain_version).collect(),
+    };
+    match write_status(
+        ctx.client.clone(),
+        &config.namespace,
+        &config.secret_name,
+        &status,
+    )
+    .await
+    {
+        Ok(()) if result != UpdateResult::None => tracing::info!(
+            result = %status.result,
+            from = %status.from,
+            to = %status.to,
+            reason = %status.reason,
+            "recorded the update status"
+        ),
+        Ok(()) => {}
+        Err(error) => tracing::warn!(%error, "could not record the update status"),
+    }
+}
+
+fn unix_seconds(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Removes the versions marked bad and the annotation that asked for it.
+async fn clear_bad_versions<K: Workload>(ctx: &Context, name: &str) -> Result<(), ReconcileError> {
+    let config = &ctx.config;
+    write_bad_versions(ctx.client.clone(), &config.namespace, &config.secret_name, &[])
+        .await
+        .map_err(ReconcileError::BadVersions)?;
+    let patch = serde_json::json!({ "metadata": { "annotations": { CLEAR_BAD_VERSIONS_ANNOTATION: null } } });
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &config.namespace);
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|source| ReconcileError::Kube {
+            action: format!(
+                "removing the annotation {CLEAR_BAD_VERSIONS_ANNOTATION} from {} {name}",
+                K::KIND
+            ),
+            source,
+        })?;
+    tracing::info!(kind = K::KIND, %name, "{CLEAR_BAD_VERSIONS_ANNOTATION}: the versions marked bad are cleared");
+    Ok(())
+}
+
+/// Waits, bounded by the rollout timeout, for the new image's pods to be ready; then records
+/// the update, or restores the previous image and marks the version bad.
+async fn verify_rollout<K: Workload>(ctx: &Context, rollout: Rollout) -> Result<(), ReconcileError> {
+    let result = wait_for_rollout::<K>(ctx, &rollout).await;
+    forget_rollout(ctx).await;
+    result
+}
+
+async fn wait_for_rollout<K: Workload>(ctx: &Context, rollout: &Rollout) -> Result<(), ReconcileError> {
+    let config = &ctx.config;
+    let previous = rollout.previous_image.as_deref().and_then(image_version);
+    let deadline = tokio::time::Instant::now() + rollout.timeout;
+    let mut last;
+    loop {
+        match rollout_progress::<K>(ctx, rollout).await {
+            Ok(Ok(())) => {
+                tracing::info!(kind = K::KIND, name = %rollout.name, image = %rollout.new_image, "the agent's pods are ready with the new image");
+                // Versions at or below the one now running can no longer be offered as updates.
+                let bad = read_bad_versions(ctx.client.clone(), &config.namespace, &config.secret_name)
+                    .await
+                    .unwrap_or_default();
+                let kept: Vec<Version> = bad
+                    .iter()
+                    .filter(|v| **v > rollout.new_version)
+                    .cloned()
+                    .collect();
+                if kept.len() != bad.len()
+                    && let Err(error) =
+                        write_bad_versions(ctx.client.clone(), &config.namespace, &config.secret_name, &kept)
+                            .await
+                {
+                    tracing::warn!(%error, "could not prune the versions marked bad");
+                }
+                record(
+                    ctx,
+                    UpdateResult::Updated,
+                    previous.as_ref(),
+                    Some(&rollout.new_version),
+                    "",
+                    Some(&kept),
+                )
+                .await;
+                return Ok(());
+            }
+            Ok(Err(not_ready)) => last = not_ready,
+            Err(error) => last = error.to_string(),
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            break;
+        }
+        tokio::time::sleep(config.rollout_poll.min(deadline - now)).await;
+    }
+    let reason = format!(
+        "pods not ready with {} within {}: {last}",
+        plain_version(&rollout.new_version),
+        humanize(config.rollout_timeout)
+    );
+    tracing::warn!(kind = K::KIND, name = %rollout.name, %reason, "rolling back");
+    roll_back::<K>(ctx, rollout, previous.as_ref(), &reason).await
+}
+
+fn humanize(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{}m", secs / 60)
+    } else if secs > 0 {
+        format!("{secs}s")
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// `Ok(Ok(()))` once as many ready pods as the workload wants run the new image;
+/// `Ok(Err(what))` with what is missing otherwise.
+async fn rollout_progress<K: Workload>(
+    ctx: &Context,
+    rollout: &Rollout,
+) -> Result<Result<(), String>, ReconcileError> {
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    let obj = api
+        .get(&rollout.name)
+        .await
+        .map_err(|source| ReconcileError::Kube {
+            action: format!("reading {} {}", K::KIND, rollout.name),
+            source,
+        })?;
+    let wanted = usize::try_from(obj.replicas()).unwrap_or(0);
+    let pods = list_pods(&obj, ctx).await?;
+    let new: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && runs_image(p, &ctx.config.container, &rollout.new_image)
+        })
+        .collect();
+    let ready = new.iter().filter(|p| pod_ready(p)).count();
+    if ready >= wanted {
+        return Ok(Ok(()));
+    }
+    let waiting: Vec<String> = new
+        .iter()
+        .filter(|p| !pod_ready(p))
+        .map(|p| {
+            let why = ready_condition(p)
+                .and_then(|c| c.message.clone().or_else(|| c.reason.clone()))
+                .unwrap_or_else(|| "not ready".to_owned());
+            format!("{} {why}", p.name_any())
+        })
+        .collect();
+    Ok(Err(format!(
+        "{ready} of {wanted} ready{}",
+        if waiting.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", waiting.join("; "))
+        }
+    )))
+}
+
+fn runs_image(pod: &Pod, container: &str, image: &str) -> bool {
+    pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .any(|c| c.name == container && c.image.as_deref() == Some(image))
+    })
+}
+
+/// Restores the previous image, deletes the bad image's not-ready pods, marks the version bad
+/// and records `rolled_back` (or `failed` when the image could not be restored).
+async fn roll_back<K: Workload>(
+    ctx: &Context,
+    rollout: &Rollout,
+    previous: Option<&Version>,
+    reason: &str,
+) -> Result<(), ReconcileError> {
+    let config = &ctx.config;
+    let name = &rollout.name;
+    let Some(previous_image) = rollout.previous_image.as_deref() else {
+        let reason = format!("{reason}; no previous image to restore");
+        record(
+            ctx,
+            UpdateResult::Failed,
+            Some(&rollout.new_version),
+            None,
+            &reason,
+            None,
+        )
+        .await;
+        return Ok(());
+    };
+    let patch = serde_json::json!({
+        "spec": { "template": { "spec": { "containers": [
+            { "name": config.container, "image": previous_image }
+        ]}}}
+    });
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &config.namespace);
+    let restored = tokio::time::timeout(
+        config.reconcile_timeout,
+        api.patch(name, &PatchParams::default(), &Patch::Strategic(&patch)),
+    )
+    .await;
+    let error = match restored {
+        Ok(Ok(_)) => None,
+        Ok(Err(source)) => Some(ReconcileError::Kube {
+            action: format!("restoring the image {previous_image} of {} {name}", K::KIND),
+            source,
+        }),
+        Err(_) => Some(ReconcileError::Timeout(config.reconcile_timeout)),
+    };
+    if let Some(error) = error {
+        let reason = format!("{reason}; restoring {previous_image} failed: {error}");
+        record(
+            ctx,
+            UpdateResult::Failed,
+            Some(&rollout.new_version),
+            previous,
+            &reason,
+            None,
+        )
+        .await;
+        return Err(error);
+    }
+    tracing::warn!(kind = K::KIND, %name, image = %previous_image, bad = %rollout.new_version, "restored the previous image; the version is marked bad");
+    // A not-ready pod of the bad image blocks an OrderedReady StatefulSet's way back.
+    if let Ok(obj) = api.get(name).await
+        && let Ok(pods) = list_pods(&obj, ctx).await
+    {
+        let pod_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &config.namespace);
+        for pod in pods.iter().filter(|p| {
+            runs_image(p, &config.container, &rollout.new_image)
+                && !pod_ready(p)
+                && p.metadata.deletion_timestamp.is_none()
+        }) {
+            let pod_name = pod.name_any();
+            match pod_api.delete(&pod_name, &DeleteParams::default()).await {
+                Ok(_) => {
+                    ctx.metrics.pods_deleted.inc();
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %pod_name, %error, "could not delete a not-ready pod of the bad image");
+                }
+            }
+        }
+    }
+    let mut bad = read_bad_versions(ctx.client.clone(), &config.namespace, &config.secret_name)
+        .await
+        .unwrap_or_default();
+    if !bad.contains(&rollout.new_version) {
+        bad.push(rollout.new_version.clone());
+    }
+    if let Err(error) =
+        write_bad_versions(ctx.client.clone(), &config.namespace, &config.secret_name, &bad).await
+    {
+        tracing::warn!(%error, "could not mark the version bad");
+    }
+    record(
+        ctx,
+        UpdateResult::RolledBack,
+        Some(&rollout.new_version),
+        previous,
+        reason,
+        Some(&bad),
+    )
+    .await;
+    ctx.metrics.rollbacks.inc();
     Ok(())
 }
 

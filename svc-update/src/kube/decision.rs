@@ -71,6 +71,13 @@ pub enum SkipReason {
         /// The version the server offered.
         target: Version,
     },
+    /// The target was installed before, its pods did not become ready in time and it was
+    /// rolled back: not tried again until a newer version is published or an operator clears
+    /// the list (`svc.dev/clear-bad-versions: "true"`).
+    MarkedBad {
+        /// The version the server offered.
+        target: Version,
+    },
     /// Non-critical, no open window, agent healthy: wait for the next window.
     OutsideWindow {
         /// The version that will be installed in the next window.
@@ -99,6 +106,10 @@ impl fmt::Display for SkipReason {
                 current.major(),
                 target.major()
             ),
+            Self::MarkedBad { target } => write!(
+                f,
+                "not installing {target} again: it was rolled back after its pods did not become ready; waiting for a newer version (or the annotation svc.dev/clear-bad-versions: \"true\")"
+            ),
             Self::OutsideWindow { target } => write!(
                 f,
                 "update to {target} is non-critical and we are outside of maintenance window, not attempting"
@@ -121,14 +132,16 @@ pub struct DecisionInput<'a> {
     pub window_open: bool,
     /// Whether the agent's pods have been unhealthy for a sustained time.
     pub pods_unhealthy: bool,
+    /// Versions rolled back earlier and not to be installed again.
+    pub bad_versions: &'a [Version],
 }
 
 /// Decides what to do with the workload.
 ///
 /// Order: no advertised version or an equal version → [`Decision::NoNewVersion`]; a target of
 /// another major than the channel's → refused; a target older than the running version, or
-/// more than one major away from it → refused, critical or not (the Linux updater's rules);
-/// then critical, open window, unhealthy pods → update; else skip until the next window. When
+/// more than one major away from it → refused, critical or not (the Linux updater's rules); a
+/// version marked bad → refused, critical or not; then critical, open window, unhealthy pods → update; else skip until the next window. When
 /// the running version is unknown (`latest`, a digest) the target is an update.
 pub fn decide(input: DecisionInput<'_>) -> Decision {
     let Some(target) = input.target.version.as_ref() else {
@@ -158,6 +171,11 @@ pub fn decide(input: DecisionInput<'_>) -> Decision {
                 target: target.clone(),
             });
         }
+    }
+    if input.bad_versions.contains(target) {
+        return Decision::Skip(SkipReason::MarkedBad {
+            target: target.clone(),
+        });
     }
     let reason = if input.target.critical {
         UpdateReason::Critical
@@ -204,6 +222,7 @@ mod tests {
             channel_major: major,
             window_open: window,
             pods_unhealthy: unhealthy,
+            bad_versions: &[],
         })
     }
 
@@ -311,6 +330,39 @@ mod tests {
             run(Some("17.1.0"), &t, None, false, false),
             Decision::Update(v("18.0.0"), UpdateReason::Critical)
         );
+    }
+
+    #[test]
+    fn versions_marked_bad_are_not_retried_but_newer_ones_are() {
+        let bad = [v("17.1.0")];
+        let input = |t: &'static str| {
+            let target = target(Some(t), true);
+            let current = v("17.0.0");
+            decide(DecisionInput {
+                current: Some(&current),
+                target: &target,
+                channel_major: None,
+                window_open: true,
+                pods_unhealthy: false,
+                bad_versions: &bad,
+            })
+        };
+        let d = input("v17.1.0");
+        assert_eq!(d, Decision::Skip(SkipReason::MarkedBad { target: v("17.1.0") }));
+        let Decision::Skip(reason) = d else { unreachable!() };
+        assert!(
+            reason.to_string().starts_with("not installing v17.1.0 again"),
+            "{reason}"
+        );
+        assert_eq!(
+            input("v17.1.1"),
+            Decision::Update(v("17.1.1"), UpdateReason::Critical)
+        );
+        // A downgrade is refused as a downgrade, bad or not.
+        assert!(matches!(
+            input("v16.9.0"),
+            Decision::Skip(SkipReason::Downgrade { .. })
+        ));
     }
 
     #[test]

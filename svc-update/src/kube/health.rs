@@ -33,6 +33,8 @@ pub struct Metrics {
     pub no_new_version: Counter,
     /// Reconciles skipped: suspended, outside the window, refused major.
     pub skipped: Counter,
+    /// Updates rolled back because the new image's pods did not become ready in time.
+    pub rollbacks: Counter,
     /// Unhealthy old-revision pods deleted to unstick a StatefulSet rollout.
     pub pods_deleted: Counter,
     /// Attempts to acquire or renew the leader Lease.
@@ -56,6 +58,7 @@ impl Default for Metrics {
             updates: Counter::default(),
             no_new_version: Counter::default(),
             skipped: Counter::default(),
+            rollbacks: Counter::default(),
             pods_deleted: Counter::default(),
             lease_attempts: Counter::default(),
             leader: Gauge::default(),
@@ -81,6 +84,11 @@ impl Metrics {
             "skipped",
             "Reconciles that skipped an update",
             self.skipped.clone(),
+        );
+        r.register(
+            "rollbacks",
+            "Updates rolled back: the new pods were not ready in time",
+            self.rollbacks.clone(),
         );
         r.register(
             "pods_deleted",

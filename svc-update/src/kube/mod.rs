@@ -8,6 +8,10 @@
 //! version server ──[target::TargetSource]──┐
 //! Secret + pods + workload ────────────────┼─► [decision::decide] ─► patch image / nothing
 //! watch events, 30 min resync ─────────────┘   ([controller::run], one leader: [leader])
+//!     patch image ─► wait for the new pods to be ready (bounded) ─► or restore the previous
+//!     image and mark the version bad ─► shared-state Secret (agent-update-status,
+//!     agent-bad-versions: [status]) ─► read back by the agent for its heartbeat
+//! agent ──[identity::SecretIdentityStore]──► its own Secret per replica (host identity)
 //! ```
 //!
 //! [`decision::decide`] is a pure function; everything that talks to the API server lives in
@@ -17,8 +21,10 @@
 pub mod controller;
 pub mod decision;
 pub mod health;
+pub mod identity;
 pub mod leader;
 pub mod schedule;
+pub mod status;
 pub mod target;
 pub mod updater;
 
@@ -28,6 +34,10 @@ pub use target::{Target, TargetError, TargetSource, VersionClient};
 
 /// Annotation that suspends automatic updates of the workload when set to `"true"` (§6.3).
 pub(crate) const SKIP_RECONCILE_ANNOTATION: &str = "svc.dev/skipreconcile";
+
+/// Annotation that clears the versions marked bad when set to `"true"`; the updater removes
+/// it (and the list) at its next reconcile.
+pub const CLEAR_BAD_VERSIONS_ANNOTATION: &str = "svc.dev/clear-bad-versions";
 
 /// Annotation whose change is just a watch event, and so an immediate reconcile (§6.2).
 pub const TRIGGER_EVENT_ANNOTATION: &str = "debug.svc.dev/trigger-event";

@@ -6,7 +6,9 @@
 //! compaction), create, update (guarded by `resourceVersion`), delete, JSON merge patch and
 //! strategic-merge patch (maps merge; `containers`, `env`, `volumes`, … merge by their keys) for
 //! Pods, Secrets, Deployments, StatefulSets and Leases. Every request is recorded so tests can
-//! assert that a resource was *not* written. The same server is exercised by the real `kubectl`
+//! assert that a resource was *not* written. [`FakeApiServer::kubelet`] stands in for the
+//! workload controllers and the kubelet where a test needs pods to follow an image change. The
+//! same server is exercised by the real `kubectl`
 //! in `kube_fake_apiserver.rs`, which keeps it honest.
 
 #![allow(dead_code, unreachable_pub)]
@@ -288,6 +290,91 @@ impl FakeApiServer {
     /// How many watches were answered with 410 Gone.
     pub fn gone_watches(&self) -> usize {
         self.state.inner.lock().unwrap().gone
+    }
+
+    /// Stands in for the StatefulSet/Deployment controller and the kubelet of workload
+    /// `kind`/`namespace`/`name`: once its pod template's image differs from the one it had
+    /// when this was called, it keeps `spec.replicas` pods `<name>-<i>` (the template's labels
+    /// and containers) on the current template, each `Ready` as `ready(image of container
+    /// `container`)` says — recreated whenever the template changes or a pod is deleted. Runs
+    /// until the returned task is aborted.
+    pub fn kubelet(
+        &self,
+        kind: &'static str,
+        namespace: &str,
+        name: &str,
+        container: &str,
+        ready: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        let res = *RESOURCES.iter().find(|r| r.kind == kind).expect("known kind");
+        let pods = *RESOURCES.iter().find(|r| r.kind == "Pod").expect("pods");
+        let state = self.state.clone();
+        let (namespace, name, container) = (namespace.to_owned(), name.to_owned(), container.to_owned());
+        let key = (res.plural, namespace.clone(), name.clone());
+        let template_of = move |state: &State| {
+            let inner = state.inner.lock().unwrap();
+            inner.objects.get(&key).map(|w| {
+                (
+                    w["spec"]["template"].clone(),
+                    w["spec"]["replicas"].as_u64().unwrap_or(1),
+                )
+            })
+        };
+        let initial = template_of(&state).map(|(t, _)| t);
+        let image_of = move |template: &Value| {
+            template["spec"]["containers"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["name"] == container.as_str()))
+                .and_then(|c| c["image"].as_str())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let workload = name.clone();
+        tokio::spawn(async move {
+            let mut active = false;
+            let mut rx = state.rv_tx.subscribe();
+            loop {
+                let Some((template, replicas)) = template_of(&state) else {
+                    return;
+                };
+                active |= Some(&template) != initial.as_ref();
+                if active {
+                    let image = image_of(&template);
+                    let mut inner = state.inner.lock().unwrap();
+                    for i in 0..replicas {
+                        let pod_name = format!("{workload}-{i}");
+                        let key = (pods.plural, namespace.clone(), pod_name.clone());
+                        if inner
+                            .objects
+                            .get(&key)
+                            .is_some_and(|p| p["spec"] == template["spec"])
+                        {
+                            continue;
+                        }
+                        if inner.objects.contains_key(&key) {
+                            let _ = delete(&mut inner, pods, &namespace, &pod_name);
+                        }
+                        let since = now_rfc3339();
+                        let pod = json!({
+                            "apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": pod_name, "namespace": namespace,
+                                         "labels": template["metadata"]["labels"].clone()},
+                            "spec": template["spec"].clone(),
+                            "status": {"conditions": [{"type": "Ready",
+                                "status": if ready(&image) { "True" } else { "False" },
+                                "reason": if ready(&image) { "" } else { "ContainersNotReady" },
+                                "lastTransitionTime": since}]}
+                        });
+                        let _ = create(&mut inner, pods, &namespace, pod);
+                    }
+                    let rv = inner.rv;
+                    drop(inner);
+                    state.rv_tx.send_replace(rv);
+                }
+                // Any write is a reason to look again; a timer bounds a missed wake-up.
+                let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
+            }
+        })
     }
 
     /// Ends every open watch stream, as an API server restart would.

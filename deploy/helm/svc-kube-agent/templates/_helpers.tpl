@@ -2,6 +2,14 @@
 {{- define "svc-kube-agent.name" -}}{{ .Release.Name }}{{- end -}}
 {{- define "svc-kube-agent.updaterName" -}}{{ .Release.Name }}-updater{{- end -}}
 {{- define "svc-kube-agent.sharedState" -}}{{ .Release.Name }}-shared-state{{- end -}}
+{{/* The identity Secrets of the StatefulSet's replicas: <release>-<ordinal>-state, quoted, comma-separated. */}}
+{{- define "svc-kube-agent.stateSecrets" -}}
+{{- $names := list -}}
+{{- range $i := until (int .Values.replicaCount) -}}
+{{- $names = append $names (printf "%q" (printf "%s-%d-state" $.Release.Name $i)) -}}
+{{- end -}}
+{{- join ", " $names -}}
+{{- end -}}
 {{- define "svc-kube-agent.agentImage" -}}{{ .Values.image }}:{{ .Values.version | default .Chart.AppVersion | trimPrefix "v" }}{{- end -}}
 {{- define "svc-kube-agent.updaterImage" -}}{{ .Values.updater.image }}:{{ .Values.updater.version | default .Chart.AppVersion | trimPrefix "v" }}{{- end -}}
 

@@ -2,7 +2,8 @@
 //! one host, reachable through the Proxy Service.
 //!
 //! Order at [`AgentNode::start`]: the host identity — given ([`AgentNode::identity`], as the
-//! all-in-one process does), saved in the data directory by an earlier start, or a fresh join
+//! all-in-one process does), saved by an earlier start in its [`IdentityStore`] (the data
+//! directory, or a Secret per replica in Kubernetes), or a fresh join
 //! with `svc.auth_token` (checking `svc.ca_pin`) through `svc.auth_server`, or the proxy's web
 //! port with TLS routing → the services behind a reverse tunnel to the proxy (dialed through
 //! `HTTPS_PROXY`/`NO_PROXY`), or, joined at `svc.auth_server` without `svc.proxy_server`, on
@@ -27,6 +28,7 @@
 
 pub mod export;
 mod heartbeat;
+pub mod identity_store;
 mod resources;
 pub mod updater;
 
@@ -43,6 +45,7 @@ use svc_core::identity::SystemRole;
 use tokio_util::sync::CancellationToken;
 
 pub use export::ScheduleSink;
+pub use identity_store::{DataDirIdentityStore, IdentityStore, StoredIdentity};
 pub use resources::{agent_dial_service, agent_roles, served_resources};
 pub use updater::UpdateStatusSource;
 
@@ -87,6 +90,7 @@ pub struct AgentNode {
     upgrader: (String, String),
     update_status: Option<Arc<dyn UpdateStatusSource>>,
     dir_check_interval: Duration,
+    identity_store: Option<Arc<dyn IdentityStore>>,
 }
 
 impl std::fmt::Debug for AgentNode {
@@ -122,12 +126,20 @@ impl AgentNode {
             ),
             update_status: None,
             dir_check_interval: export::DIR_CHECK_INTERVAL,
+            identity_store: None,
         }
     }
 
     /// Runs with this host identity instead of loading or joining for one.
     pub fn identity(mut self, identity: ClientIdentity) -> Self {
         self.identity = Some(identity);
+        self
+    }
+
+    /// Keeps the host identity in `store` instead of the data directory
+    /// ([`DataDirIdentityStore`]): loaded at start, saved after a join.
+    pub fn identity_store(mut self, store: Arc<dyn IdentityStore>) -> Self {
+        self.identity_store = Some(store);
         self
     }
 
@@ -211,7 +223,13 @@ impl AgentNode {
         };
         let identity = match self.identity.clone() {
             Some(identity) => identity,
-            None => agent_identity(&self.config, &dialer, self.insecure).await?,
+            None => {
+                let store = self
+                    .identity_store
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(DataDirIdentityStore::new(&self.config.svc.data_dir)));
+                agent_identity(&self.config, &dialer, self.insecure, store.as_ref()).await?
+            }
         };
         let proxy = self
             .proxy
@@ -608,43 +626,39 @@ fn auth_target(config: &Config) -> Result<Addr, NodeError> {
         })
 }
 
-/// The agent's identity: the one saved in the data directory when it was issued for the same
-/// services and has not expired, else a fresh join with `svc.auth_token` (saved for the next
-/// start, so the token is needed once), checking the Auth Service against `svc.ca_pin`. A join
-/// without a pin is refused unless `trust_on_first_use` (`svc start --insecure`).
+/// The agent's identity: the one saved in `store` (the data directory by default) when it was
+/// issued for the same services and has not expired, else a fresh join with `svc.auth_token`
+/// (saved in `store` for the next start, so the token is needed once), checking the Auth Service
+/// against `svc.ca_pin`. A join without a pin is refused unless `trust_on_first_use`
+/// (`svc start --insecure`).
 pub(crate) async fn agent_identity(
     config: &Config,
     dialer: &ProxyDialer,
     trust_on_first_use: bool,
+    store: &dyn IdentityStore,
 ) -> Result<ClientIdentity, NodeError> {
     let roles = agent_roles(config);
-    let data_dir = &config.svc.data_dir;
-    let path = data_dir.join(HOST_IDENTITY_FILE);
-    let roles_path = data_dir.join(HOST_ROLES_FILE);
     let target = auth_target(config)?;
-    svc_core::fs::secure_data_dir(data_dir)?;
-    if path.exists() {
-        let saved = ClientIdentity::load(&path)?;
-        let saved_roles = std::fs::read_to_string(&roles_path).unwrap_or_default();
-        let fresh = !saved.is_expired(std::time::SystemTime::now());
-        if fresh && saved_roles.trim() == roles_line(&roles) {
-            tracing::info!(host_id = %saved.name, identity = %path.display(), "using the saved host identity");
-            let mut saved = saved;
-            saved.auth_addr = target.to_string();
-            return Ok(saved);
+    let place = store.describe();
+    if let Some(saved) = store.load().await? {
+        let fresh = !saved.identity.is_expired(std::time::SystemTime::now());
+        if fresh && saved.roles == roles_line(&roles) {
+            tracing::info!(host_id = %saved.identity.name, identity = %place, "using the saved host identity");
+            let mut identity = saved.identity;
+            identity.auth_addr = target.to_string();
+            return Ok(identity);
         }
         tracing::info!(
-            identity = %path.display(),
+            identity = %place,
             expired = !fresh,
-            saved_services = saved_roles.trim(),
+            saved_services = %saved.roles,
             services = %roles_line(&roles),
             "the saved host identity does not fit this configuration; joining again"
         );
     }
     let Some(token) = config.svc.auth_token.clone() else {
         return Err(NodeError::Config(format!(
-            "svc.auth_token is required to join the cluster at {target} (no usable host identity in {})",
-            path.display()
+            "svc.auth_token is required to join the cluster at {target} (no usable host identity in {place})"
         )));
     };
     let params = JoinParams {
@@ -667,9 +681,8 @@ pub(crate) async fn agent_identity(
             target: targets.join(", "),
             source,
         })?;
-    identity.save(&path)?;
-    svc_core::fs::write_private_file(&roles_path, format!("{}\n", roles_line(&roles)).as_bytes())?;
-    tracing::info!(host_id = %identity.name, cluster = %identity.cluster, "joined the cluster");
+    store.save(&identity, &roles_line(&roles)).await?;
+    tracing::info!(host_id = %identity.name, cluster = %identity.cluster, identity = %place, "joined the cluster");
     Ok(identity)
 }
 
