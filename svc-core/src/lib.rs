@@ -19,6 +19,7 @@
 //! | [`resource`] | dynamic resources (`role`, `cluster_maintenance_config`, `user`, connectors, `token`): strict parsing, serialization |
 //! | [`rbac`] | [`RoleSet`]: verbs on resources, logins, label selectors, preset roles |
 //! | [`maintenance`] | maintenance windows and the schedules exported to updaters |
+//! | [`updater`] | what an agent and its updater tell each other: the updater's status, the agent's report |
 //! | [`backend`] | storage: the [`Backend`](backend::Backend) trait, in-memory and embedded (redb) backends |
 //! | [`auth`] | the Auth Service's domain logic: RBAC-checked calls over the backend and the CAs |
 //! | [`identity`] | certificate authorities, X.509 and OpenSSH certificates, identity verification |
@@ -66,6 +67,7 @@ pub mod proxy_env;
 pub mod rbac;
 pub mod resource;
 pub mod secret;
+pub mod updater;
 pub mod version;
 pub mod webapi;
 

@@ -26,7 +26,9 @@ use std::sync::Arc;
 use svc_core::Addr;
 use svc_core::config::Config;
 
-use crate::agent::node::{AgentNode, RunningNode, ScheduleSink, UpdateStatusSource, agent_roles};
+use crate::agent::node::{
+    AgentNode, IdentityStore, RunningNode, ScheduleSink, UpdateStatusSource, agent_roles,
+};
 use crate::auth::NodeError;
 use crate::auth::node::{AuthServer, RunningAuth, dialable};
 use crate::proxy::RunningProxy;
@@ -39,6 +41,7 @@ pub struct Cluster {
     insecure: bool,
     sinks: Vec<Arc<dyn ScheduleSink>>,
     update_status: Option<Arc<dyn UpdateStatusSource>>,
+    identity_store: Option<Arc<dyn IdentityStore>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -60,6 +63,7 @@ impl Cluster {
             insecure: false,
             sinks: Vec::new(),
             update_status: None,
+            identity_store: None,
         }
     }
 
@@ -90,6 +94,14 @@ impl Cluster {
         self
     }
 
+    /// A standalone agent keeps its host identity in `store` (the Kubernetes per-replica Secret)
+    /// instead of its data directory. Ignored when this process runs the Auth Service, which
+    /// issues its local agent's identity itself (logged).
+    pub fn identity_store(mut self, store: Arc<dyn IdentityStore>) -> Self {
+        self.identity_store = Some(store);
+        self
+    }
+
     fn agent(&self) -> AgentNode {
         let mut node = AgentNode::from_config(&self.config).insecure(self.insecure);
         for sink in &self.sinks {
@@ -97,6 +109,13 @@ impl Cluster {
         }
         if let Some(source) = &self.update_status {
             node = node.update_status_source(source.clone());
+        }
+        if let Some(store) = &self.identity_store {
+            if self.config.auth.enabled {
+                tracing::warn!(store = %store.describe(), "ignoring the identity store: this process runs the Auth Service, which issues its local agent's identity itself");
+            } else {
+                node = node.identity_store(store.clone());
+            }
         }
         node
     }

@@ -784,7 +784,7 @@ async fn the_schedule_exporter_loop_writes_and_resets_the_secret() {
 }
 
 /// The update status the controller left in the shared-state Secret.
-async fn status(h: &Harness) -> Option<svc_update::kube::status::UpdateStatus> {
+async fn status(h: &Harness) -> Option<svc_core::updater::UpdaterStatus> {
     svc_update::kube::status::read_update_status(h.api.client(NS), NS, "svc-agent-shared-state")
         .await
         .expect("a readable status")
@@ -812,7 +812,7 @@ async fn an_update_whose_pods_become_ready_is_recorded_as_updated() {
         let s = status(&h).await;
         let found = s
             .as_ref()
-            .is_some_and(|s| s.result == svc_update::kube::status::UpdateResult::Updated);
+            .is_some_and(|s| s.result == svc_core::updater::UpdateResult::Updated);
         if found {
             *updated.lock().unwrap() = s;
         }
@@ -832,7 +832,7 @@ async fn an_update_whose_pods_become_ready_is_recorded_as_updated() {
     support::wait_until_async("the status says none", || async {
         status(&h)
             .await
-            .is_some_and(|s| s.result == svc_update::kube::status::UpdateResult::None)
+            .is_some_and(|s| s.result == svc_core::updater::UpdateResult::None)
     })
     .await;
     assert_eq!(status(&h).await.unwrap().reason, "no new version available");
@@ -842,7 +842,7 @@ async fn an_update_whose_pods_become_ready_is_recorded_as_updated() {
 /// and not tried again, until the annotation clears the list or a newer version is published.
 #[tokio::test]
 async fn pods_never_ready_roll_back_and_mark_the_version_bad() {
-    use svc_update::kube::status::UpdateResult;
+    use svc_core::updater::UpdateResult;
     let mut h = Harness::new(sts("17.0.0"), vec![], "v17.1.0", true).await;
     let mut c = config(WorkloadKind::StatefulSet);
     c.rollout_timeout = Duration::from_secs(1);
@@ -957,7 +957,7 @@ async fn a_downgrade_is_refused_and_the_status_says_why() {
     assert_eq!(image_of(&h.api, "StatefulSet"), format!("{BASE}:17.1.0"));
     support::wait_until_async("the status", || async { status(&h).await.is_some() }).await;
     let s = status(&h).await.unwrap();
-    assert_eq!(s.result, svc_update::kube::status::UpdateResult::None);
+    assert_eq!(s.result, svc_core::updater::UpdateResult::None);
     assert_eq!((s.from.as_str(), s.to.as_str()), ("17.1.0", "17.0.5"));
     assert!(
         s.reason

@@ -11,6 +11,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
+use svc_core::updater::{UpdateResult, UpdaterStatus};
 use svc_core::{
     Clock, ManualClock, Version,
     channel::ChannelSpec,
@@ -24,7 +25,7 @@ use svc_net::{
 };
 use svc_update::{
     linux::{
-        Decision, Mode, RunError, Runner, UpdateResult, UpdateStatus, UpgradeConfig, UpgradeState,
+        Decision, Mode, RunError, Runner, UpgradeConfig, UpgradeState,
         decision::Refusal,
         pkg::{Nop, PackageManager},
     },
@@ -181,7 +182,7 @@ async fn windows_critical_flips_and_restart() -> Result<()> {
     // Inside the window: dry-run changes nothing, run installs and restarts.
     // The run outside the window wrote `none` and why.
     let status_before = std::fs::read_to_string(s.dir.join("status"))?;
-    let waited: UpdateStatus = serde_json::from_str(&status_before)?;
+    let waited: UpdaterStatus = serde_json::from_str(&status_before)?;
     assert_eq!(
         (waited.result, waited.from.as_str(), waited.to.as_str()),
         (UpdateResult::None, "17.0.0", "17.1.0")
@@ -223,7 +224,7 @@ async fn windows_critical_flips_and_restart() -> Result<()> {
         ),
         "{out}"
     );
-    let status = UpdateStatus::load(&s.dir.join("status"))?.context("status written")?;
+    let status = UpdaterStatus::load(&s.dir.join("status"))?.context("status written")?;
     assert_eq!(
         (status.result, status.from.as_str(), status.to.as_str()),
         (UpdateResult::Updated, "17.0.0", "17.1.0")
@@ -272,7 +273,7 @@ async fn refusals_and_failures_install_nothing() -> Result<()> {
     assert_eq!(out, "an upgrade is available (v17.2.0 -> v17.1.0)\n");
     assert!(pm.actions().is_empty());
     // A refusal installs nothing: `none`, with the refusal as the reason.
-    let status = UpdateStatus::load(&s.dir.join("status"))?.context("status written")?;
+    let status = UpdaterStatus::load(&s.dir.join("status"))?.context("status written")?;
     assert_eq!(
         (status.result, status.from.as_str(), status.to.as_str()),
         (UpdateResult::None, "17.2.0", "17.1.0")
@@ -315,7 +316,7 @@ async fn refusals_and_failures_install_nothing() -> Result<()> {
     let (decision, _) = run(&s, Mode::Run, &client(&unpackageable)?, &pm, &clock).await;
     let err = decision.expect_err("no package version");
     assert!(err.to_string().contains("cannot be packaged"), "{err}");
-    let status = UpdateStatus::load(&s.dir.join("status"))?.context("status written")?;
+    let status = UpdaterStatus::load(&s.dir.join("status"))?.context("status written")?;
     assert_eq!(status.result, UpdateResult::Failed, "{status:?}");
     assert_eq!(status.to, "17.3.0-rc-1");
     assert!(status.reason.contains("cannot be packaged"), "{status:?}");
@@ -425,8 +426,8 @@ fn agent_playing_systemctl(s: &mut Setup, health_timeout_secs: u64) -> Result<Pa
     Ok(running)
 }
 
-fn status(s: &Setup) -> Result<UpdateStatus> {
-    UpdateStatus::load(&s.dir.join("status"))?.context("no status written")
+fn status(s: &Setup) -> Result<UpdaterStatus> {
+    UpdaterStatus::load(&s.dir.join("status"))?.context("no status written")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

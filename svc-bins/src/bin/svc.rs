@@ -3,17 +3,13 @@
 //! Glue only: parse the CLI, load the configuration, start the services
 //! ([`svc_net::Cluster`]), run until SIGTERM or SIGINT, drain.
 
-use std::sync::Arc;
-
 use anyhow::Context;
 use clap::Parser;
 use svc_bins::svc::cli::{Cli, Command};
 use svc_core::Addr;
 use svc_core::config::Config;
-use svc_net::AgentNode;
-use svc_net::cluster::{Cluster, RunningCluster};
-use svc_update::kube::identity::SecretIdentityStore;
-use svc_update::kube::schedule::SecretSink;
+use svc_net::cluster::Cluster;
+use svc_update::kube::agent::KubeAgent;
 
 fn main() {
     svc_bins::exit_on_error(run_cli(Cli::parse()));
@@ -44,68 +40,17 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
             let cluster = Cluster::from_config(&config)
                 .tunnel_public_addr_override(tunnel_override)
                 .insecure(insecure);
-            tokio::runtime::Runtime::new()?.block_on(run(config, cluster, insecure))?;
+            tokio::runtime::Runtime::new()?.block_on(run(config, cluster))?;
         }
     }
     Ok(())
 }
 
-async fn run(config: Config, mut cluster: Cluster, insecure: bool) -> anyhow::Result<()> {
-    let env = |k: &str| std::env::var(k).ok();
-    // In Kubernetes (the chart sets the variables), the agent's schedule also goes to its
-    // shared-state Secret for the updater controller.
-    let sink = match SecretSink::from_env(env).await {
-        Ok(sink) => sink.map(Arc::new),
-        Err(e) => {
-            tracing::error!(
-                error = %e,
-                "the shared-state secret is configured but there is no Kubernetes API client configuration; \
-                 the maintenance schedule is not exported there"
-            );
-            None
-        }
-    };
-    if let Some(sink) = &sink {
-        cluster = cluster.schedule_sink(sink.clone());
-    }
-    // In Kubernetes the agent keeps its host identity in a Secret of its own (the chart sets
-    // SVC_KUBE_STATE_SECRET per replica), so a recreated pod rejoins without a token.
-    let store = SecretIdentityStore::from_env(env).await.with_context(|| {
-        format!(
-            "{} is set but there is no Kubernetes API client configuration to reach that secret",
-            svc_update::kube::identity::STATE_SECRET_ENV
-        )
-    })?;
-    let running = match store {
-        Some(store) if !config.auth.enabled && !config.proxy.enabled => {
-            let mut node = AgentNode::from_config(&config)
-                .insecure(insecure)
-                .identity_store(Arc::new(store));
-            if let Some(sink) = sink {
-                node = node.schedule_sink(sink);
-            }
-            let node = node.start().await?;
-            let cluster = node
-                .host_id
-                .split_once('.')
-                .map(|(_, c)| c.to_owned())
-                .unwrap_or_default();
-            RunningCluster {
-                cluster,
-                auth: None,
-                proxy: None,
-                node: Some(node),
-            }
-        }
-        Some(store) => {
-            tracing::warn!(
-                store = ?store,
-                "ignoring the identity secret: this process runs the Auth Service, which issues its local agent's identity itself"
-            );
-            cluster.start().await?
-        }
-        None => cluster.start().await?,
-    };
+async fn run(config: Config, cluster: Cluster) -> anyhow::Result<()> {
+    // In Kubernetes (the chart sets the variables): the schedule and the updater's status go
+    // through the shared-state Secret, the host identity lives in the replica's own Secret.
+    let kube = KubeAgent::from_env(|k| std::env::var(k).ok()).await?;
+    let running = kube.apply(cluster).start().await?;
     svc_bins::svc::banner(&config, &running);
     println!("svc: ready");
     use tokio::signal::unix::{SignalKind, signal};

@@ -4,70 +4,13 @@
 //! Both travel in the heartbeat and are stored in the agent's inventory row as they came (the
 //! reason shortened to [`MAX_REASON_LEN`] characters); `tctl inventory ls` prints them.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 
 /// The longest reason kept in the inventory (in characters); longer ones are cut.
 pub const MAX_REASON_LEN: usize = 1024;
 
-/// What the updater did on its last run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum UpdateResult {
-    /// Nothing was installed (outside the window, already current, just enrolled).
-    None,
-    /// A new version was installed and proven healthy.
-    Updated,
-    /// A new version was installed, was not healthy in time, and the previous one was
-    /// reinstalled.
-    RolledBack,
-    /// The updater could not install (or could not roll back).
-    Failed,
-}
-
-impl UpdateResult {
-    /// Every result, in declaration order.
-    pub const ALL: [UpdateResult; 4] = [
-        UpdateResult::None,
-        UpdateResult::Updated,
-        UpdateResult::RolledBack,
-        UpdateResult::Failed,
-    ];
-
-    /// The name in the updater's status and on the wire: `none`, `updated`, `rolled_back`,
-    /// `failed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UpdateResult::None => "none",
-            UpdateResult::Updated => "updated",
-            UpdateResult::RolledBack => "rolled_back",
-            UpdateResult::Failed => "failed",
-        }
-    }
-}
-
-impl fmt::Display for UpdateResult {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A `result` that is not one of [`UpdateResult::ALL`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown update result {0:?}, expected none, updated, rolled_back or failed")]
-pub struct UnknownUpdateResult(pub String);
-
-impl FromStr for UpdateResult {
-    type Err = UnknownUpdateResult;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        UpdateResult::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| UnknownUpdateResult(s.to_owned()))
-    }
-}
+use crate::updater::UpdaterStatus;
+pub use crate::updater::{UnknownUpdateResult, UpdateResult};
 
 /// The updater's last decision, as the agent read it from the updater (the Linux `status` file,
 /// the Kubernetes shared-state Secret).
@@ -99,6 +42,19 @@ impl UpdateStatus {
     }
 }
 
+impl From<&UpdaterStatus> for UpdateStatus {
+    /// The decision part of the updater's status, as the heartbeat reports it.
+    fn from(status: &UpdaterStatus) -> Self {
+        UpdateStatus {
+            result: status.result,
+            from: status.from.clone(),
+            to: status.to.clone(),
+            reason: status.reason.clone(),
+            at: status.at,
+        }
+    }
+}
+
 /// The next maintenance window the agent exported for its updater (seconds since the Unix
 /// epoch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,16 +68,6 @@ pub struct NextWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn results_round_trip_by_name() {
-        for r in UpdateResult::ALL {
-            assert_eq!(r.as_str().parse::<UpdateResult>(), Ok(r));
-            assert_eq!(serde_json::to_string(&r).unwrap(), format!("\"{}\"", r.as_str()));
-        }
-        let err = "exploded".parse::<UpdateResult>().unwrap_err();
-        assert!(err.to_string().contains("\"exploded\""), "{err}");
-    }
 
     #[test]
     fn long_reasons_are_cut_on_a_character_boundary() {

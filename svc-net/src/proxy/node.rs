@@ -254,7 +254,8 @@ impl ProxyServer {
         };
         // Announced in the cluster's proxy registry (through whichever Auth Service answers),
         // so agents keep a tunnel to this proxy too.
-        let mut running = crate::proxy::registry::register(running, link.clone(), tunnel, &identity, &self.node_name);
+        let mut running =
+            crate::proxy::registry::register(running, link.clone(), tunnel, &identity, &self.node_name);
         tokio::spawn(renew(
             link,
             join.data_dir.join(PROXY_IDENTITY_FILE),

@@ -46,7 +46,12 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 use serde::de::DeserializeOwned;
-use svc_core::{Version, clock::Clock, maintenance::in_window};
+use svc_core::{
+    Version,
+    clock::Clock,
+    maintenance::in_window,
+    updater::{UPGRADER_KUBE, UpdateResult, UpdaterStatus},
+};
 
 use super::{
     CLEAR_BAD_VERSIONS_ANNOTATION, SKIP_RECONCILE_ANNOTATION,
@@ -54,8 +59,8 @@ use super::{
     health::Metrics,
     schedule::read_schedule,
     status::{
-        PendingRollout, StatusError, UPGRADER_NAME, UpdateResult, UpdateStatus, plain_version,
-        read_bad_versions, read_pending_rollout, write_bad_versions, write_pending_rollout, write_status,
+        PendingRollout, StatusError, plain_version, read_bad_versions, read_pending_rollout,
+        write_bad_versions, write_pending_rollout, write_status,
     },
     target::{TargetError, TargetSource},
 };
@@ -579,14 +584,14 @@ async fn record(
             .await
             .unwrap_or_default(),
     };
-    let status = UpdateStatus {
-        upgrader: UPGRADER_NAME.to_owned(),
+    let status = UpdaterStatus {
+        upgrader: UPGRADER_KUBE.to_owned(),
         upgrader_version: plain_version(svc_core::version::current()),
         result,
         from: from.map(plain_version).unwrap_or_default(),
         to: to.map(plain_version).unwrap_or_default(),
         reason: reason.to_owned(),
-        at: unix_seconds(ctx.clock.now()),
+        at: u64::try_from(unix_seconds(ctx.clock.now())).unwrap_or(0),
         bad_versions: bad_versions.iter().map(plain_version).collect(),
     };
     match write_status(

@@ -18,6 +18,7 @@
 //! [`controller`], [`leader`] and [`schedule`]; [`health`] serves `/healthz`, `/readyz` and
 //! `/metrics`.
 
+pub mod agent;
 pub mod controller;
 pub mod decision;
 pub mod health;

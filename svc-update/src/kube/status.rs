@@ -2,7 +2,7 @@
 //! shared-state Secret next to the maintenance schedule.
 //!
 //! Data flow: [`super::controller`] decides → [`write_status`] (key `agent-update-status`, the
-//! same JSON as the Linux updater's `status` file, upgrader `kube`) and
+//! same JSON as the Linux updater's `status` file, [`svc_core::updater`]'s, upgrader `kube`) and
 //! [`write_bad_versions`] (key `agent-bad-versions`, a JSON array) → the agent reads the status
 //! back with [`read_update_status`] (or a [`SecretStatusSource`]) and reports it in its
 //! heartbeat, so `tctl inventory ls` shows it.
@@ -15,7 +15,7 @@ use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
 };
 use serde::{Deserialize, Serialize};
-use svc_core::Version;
+use svc_core::{Version, updater::UpdaterStatus};
 
 /// Key of the shared-state Secret holding the updater's last decision.
 pub const STATUS_SECRET_KEY: &str = "agent-update-status";
@@ -24,67 +24,6 @@ pub const BAD_VERSIONS_SECRET_KEY: &str = "agent-bad-versions";
 /// Key of the shared-state Secret holding the rollout the updater is waiting for, so an updater
 /// restarted during the wait resumes it.
 pub const PENDING_ROLLOUT_SECRET_KEY: &str = "agent-update-rollout";
-/// The updater's name in the status and the heartbeat.
-pub const UPGRADER_NAME: &str = "kube";
-
-/// What the updater's last reconcile did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum UpdateResult {
-    /// Nothing was installed (`reason` says why: no new version, outside the window, suspended,
-    /// refused).
-    #[default]
-    None,
-    /// The new image was set and its pods became ready.
-    Updated,
-    /// The new image's pods did not become ready in time: the previous image was restored.
-    RolledBack,
-    /// The image could not be changed or restored.
-    Failed,
-}
-
-impl UpdateResult {
-    /// The name written in the status: `none`, `updated`, `rolled_back`, `failed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Updated => "updated",
-            Self::RolledBack => "rolled_back",
-            Self::Failed => "failed",
-        }
-    }
-}
-
-impl std::fmt::Display for UpdateResult {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The updater's last decision, as stored under [`STATUS_SECRET_KEY`]. Unknown fields are
-/// ignored when reading; missing ones take their defaults.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(default)]
-pub struct UpdateStatus {
-    /// Always [`UPGRADER_NAME`] when written by this updater.
-    pub upgrader: String,
-    /// The updater's own version.
-    pub upgrader_version: String,
-    /// What happened.
-    pub result: UpdateResult,
-    /// The version before (for `rolled_back`: the bad version), without `v`; empty if unknown.
-    pub from: String,
-    /// The version after (for `rolled_back`: the version restored), without `v`.
-    pub to: String,
-    /// Why, in words; empty for a plain update.
-    pub reason: String,
-    /// When, in Unix seconds.
-    pub at: i64,
-    /// The versions the updater will not install again until a newer one is published or the
-    /// list is cleared.
-    pub bad_versions: Vec<String>,
-}
-
 /// An image change whose pods have not yet proven themselves, kept under
 /// [`PENDING_ROLLOUT_SECRET_KEY`] while the updater waits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -221,7 +160,7 @@ pub async fn write_status(
     client: Client,
     namespace: &str,
     secret_name: &str,
-    status: &UpdateStatus,
+    status: &UpdaterStatus,
 ) -> Result<(), StatusError> {
     let json = serde_json::to_vec(status).map_err(|e| StatusError::Malformed {
         namespace: namespace.to_owned(),
@@ -240,7 +179,7 @@ pub async fn read_update_status(
     client: Client,
     namespace: &str,
     secret_name: &str,
-) -> Result<Option<UpdateStatus>, StatusError> {
+) -> Result<Option<UpdaterStatus>, StatusError> {
     let Some(bytes) = read_key(client, namespace, secret_name, STATUS_SECRET_KEY).await? else {
         return Ok(None);
     };
@@ -379,46 +318,7 @@ impl SecretStatusSource {
     }
 
     /// The updater's last decision; `None` before its first reconcile.
-    pub async fn read(&self) -> Result<Option<UpdateStatus>, StatusError> {
+    pub async fn read(&self) -> Result<Option<UpdaterStatus>, StatusError> {
         read_update_status(self.client.clone(), &self.namespace, &self.secret_name).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_json_is_the_contract_shape_and_tolerant_when_read() {
-        let status = UpdateStatus {
-            upgrader: UPGRADER_NAME.into(),
-            upgrader_version: "17.0.0".into(),
-            result: UpdateResult::RolledBack,
-            from: "17.1.0".into(),
-            to: "17.0.0".into(),
-            reason: "pods not ready".into(),
-            at: 1_764_000_000,
-            bad_versions: vec!["17.1.0".into()],
-        };
-        let json: serde_json::Value = serde_json::to_value(&status).unwrap();
-        assert_eq!(
-            json,
-            serde_json::json!({"upgrader": "kube", "upgrader_version": "17.0.0", "result": "rolled_back",
-                "from": "17.1.0", "to": "17.0.0", "reason": "pods not ready", "at": 1_764_000_000,
-                "bad_versions": ["17.1.0"]})
-        );
-        for r in [
-            UpdateResult::None,
-            UpdateResult::Updated,
-            UpdateResult::RolledBack,
-            UpdateResult::Failed,
-        ] {
-            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
-        }
-        let read: UpdateStatus =
-            serde_json::from_str(r#"{"result":"updated","to":"17.1.0","future":1}"#).unwrap();
-        assert_eq!(read.result, UpdateResult::Updated);
-        assert_eq!(read.to, "17.1.0");
-        assert!(read.bad_versions.is_empty());
     }
 }

@@ -19,7 +19,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use svc_core::Version;
 
-use super::status::{AgentReport, unix};
+use super::status::unix;
+use svc_core::updater::AgentReport;
 
 /// How long one `/readyz` request may take.
 pub(crate) const READYZ_TIMEOUT: Duration = Duration::from_secs(3);

@@ -23,5 +23,5 @@ pub use decision::{Decision, Mode, Reason, Refusal, decide};
 pub use pkg::{InstallerKind, PackageManager, PkgError, install_and_hold, package_manager};
 pub use runner::{RollbackFailure, RunError, RunReport, Runner};
 pub use state::{InstallRecord, StateError, UpgradeState};
-pub use status::{AgentReport, UpdateResult, UpdateStatus};
+pub use status::{new_status, save_status};
 pub use version::{PackageVersionError, from_package_version, to_package_version};

@@ -16,7 +16,7 @@
 //! 9. wait (at most `health-timeout`) for proof of health ([`super::health::wait_healthy`]);
 //!    not healthy in time: install the previous version again (forced, so below the bad one),
 //!    hold it, restart, and record the bad version in the state's `bad_versions`;
-//! 10. write `status` ([`UpdateStatus`]) — after every `run` and `force`, whatever happened.
+//! 10. write `status` ([`UpdaterStatus`](svc_core::updater::UpdaterStatus)) — after every `run` and `force`, whatever happened.
 //!
 //! Everything a person should read goes to the `out` writer (the binary passes stdout) as whole
 //! lines (also emitted as `tracing` debug events).
@@ -27,7 +27,11 @@ use std::{
     process::Stdio,
 };
 
-use svc_core::{Clock, Version, maintenance::parse_schedule_file};
+use svc_core::{
+    Clock, Version,
+    maintenance::parse_schedule_file,
+    updater::{SharedFileError, UpdateResult},
+};
 
 use super::{
     config::{RestartMode, UpgradeConfig},
@@ -35,7 +39,7 @@ use super::{
     health,
     pkg::{InstallerKind, PackageManager, PkgError, install_and_hold},
     state::{InstallRecord, StateError, UpgradeState},
-    status::{FileError, UpdateResult, UpdateStatus, unix},
+    status::{new_status, save_status, unix},
 };
 use crate::target::{TargetError, Trust, VersionClient};
 
@@ -104,7 +108,7 @@ pub enum RunError {
     Rollback(Box<RollbackFailure>),
     /// The `status` file could not be written.
     #[error("writing the updater's status: {0}")]
-    Status(#[from] FileError),
+    Status(#[from] SharedFileError),
     /// Writing the report failed.
     #[error("writing the report: {0}")]
     Output(#[from] io::Error),
@@ -238,7 +242,7 @@ impl Runner {
                     UpdateResult::None => report.decision.messages().join("; "),
                     _ => report.reason.clone(),
                 };
-                UpdateStatus::new(report.result, from, to, reason, clock.now(), &bad_versions)
+                new_status(report.result, from, to, reason, clock.now(), &bad_versions)
             }
             Err(e) => {
                 let result = match e {
@@ -247,7 +251,7 @@ impl Runner {
                     }
                     _ => UpdateResult::None,
                 };
-                UpdateStatus::new(
+                new_status(
                     result,
                     progress.current.as_ref(),
                     progress.target.as_ref(),
@@ -258,7 +262,7 @@ impl Runner {
             }
         };
         let path = self.config.status_path();
-        match (status.save(&path), result) {
+        match (save_status(&status, &path), result) {
             (Ok(()), result) => result,
             (Err(e), Ok(_)) => Err(e.into()),
             (Err(e), Err(run)) => {

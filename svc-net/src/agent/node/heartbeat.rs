@@ -13,7 +13,7 @@ use svc_core::maintenance::Window;
 use super::export::{
     AuthMaintenanceSource, ExportSettings, ScheduleExporter, ScheduleSink, UpgradeDirWatcher,
 };
-use super::updater::{AgentFile, UpdateStatusSource, reported_upgrader, write_agent_file};
+use super::updater::{UpdateStatusSource, agent_report, reported_upgrader, write_agent_file};
 use crate::auth::{AuthClient, ClientIdentity};
 use crate::diag::NodeMetrics;
 use crate::dial::ProxyDialer;
@@ -139,7 +139,7 @@ impl HeartbeatTask {
         };
         (self.beat.upgrader, self.beat.upgrader_version) =
             reported_upgrader(&link.overrides, status.as_ref());
-        self.beat.update_status = status.as_ref().map(|s| s.update_status());
+        self.beat.update_status = status.as_ref().map(svc_core::auth::UpdateStatus::from);
         self.beat.next_window = exports.next_window(SystemTime::now()).map(|w| NextWindow {
             start: unix(w.start),
             end: unix(w.end),
@@ -166,13 +166,12 @@ impl HeartbeatTask {
         if !*exports.dir.exporting().borrow() {
             exports.dir.check_now();
         }
-        let agent = AgentFile {
-            version: self.beat.version.clone(),
-            host_id: self.updater.host_id.clone(),
-            pid: std::process::id(),
-            heartbeat_at: unix(SystemTime::now()),
-            diag_addr: self.updater.diag_addr,
-        };
+        let agent = agent_report(
+            &self.beat.version,
+            &self.updater.host_id,
+            unix(SystemTime::now()),
+            self.updater.diag_addr,
+        );
         if let Err(e) = write_agent_file(dir, &agent) {
             tracing::warn!(error = %e, dir = %dir.display(), "cannot write the agent file for svc-upgrade");
         }

@@ -19,90 +19,12 @@
 //! cannot be read, or holds something that is not a status, is logged and ignored: the agent
 //! then reports no updater decision, and keeps running.
 
-use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
-use svc_core::auth::{UpdateResult, UpdateStatus};
+pub use svc_core::updater::{AGENT_FILE, AgentReport, STATUS_FILE, SharedFileError, UpdaterStatus};
 use tower::BoxError;
-
-/// The updater's status file in its directory.
-pub const STATUS_FILE: &str = "status";
-/// The agent's file in the updater's directory.
-pub const AGENT_FILE: &str = "agent";
-
-/// The updater's `status` (the Linux file, or the Kubernetes Secret's `agent-update-status`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UpdaterStatus {
-    /// `unit` or `kube`.
-    #[serde(default)]
-    pub upgrader: String,
-    /// The updater's own version.
-    #[serde(default)]
-    pub upgrader_version: String,
-    /// What the last run did.
-    pub result: UpdateResult,
-    /// The version before.
-    #[serde(default)]
-    pub from: String,
-    /// The version after.
-    #[serde(default)]
-    pub to: String,
-    /// Why; may be empty.
-    #[serde(default)]
-    pub reason: String,
-    /// When (seconds since the Unix epoch).
-    #[serde(default)]
-    pub at: u64,
-    /// Versions the updater will not install again until cleared or superseded.
-    #[serde(default)]
-    pub bad_versions: Vec<String>,
-}
-
-impl UpdaterStatus {
-    /// The decision, as the heartbeat reports it.
-    pub fn update_status(&self) -> UpdateStatus {
-        UpdateStatus {
-            result: self.result,
-            from: self.from.clone(),
-            to: self.to.clone(),
-            reason: self.reason.clone(),
-            at: self.at,
-        }
-    }
-}
-
-/// Why a status could not be read.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StatusError {
-    /// The file could not be read.
-    #[error("reading the updater status {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The operating system's reason.
-        source: io::Error,
-    },
-    /// The text is not a status.
-    #[error("the updater status {from} is not valid: {source}")]
-    Parse {
-        /// Where it came from (a file, a Secret's key).
-        from: String,
-        /// What is wrong with it.
-        source: serde_json::Error,
-    },
-}
-
-/// Parses a status (`from` names where it came from, for the error).
-pub fn parse_status(text: &str, from: &str) -> Result<UpdaterStatus, StatusError> {
-    serde_json::from_str(text).map_err(|source| StatusError::Parse {
-        from: from.to_owned(),
-        source,
-    })
-}
 
 /// Where the agent reads its updater's status.
 #[async_trait]
@@ -127,14 +49,9 @@ impl FileStatusSource {
         FileStatusSource { dir: dir.into() }
     }
 
-    /// The status file, read now.
-    pub fn read(&self) -> Result<Option<UpdaterStatus>, StatusError> {
-        let path = self.dir.join(STATUS_FILE);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => parse_status(&text, &path.display().to_string()).map(Some),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(StatusError::Read { path, source }),
-        }
+    /// The status file, read now: `None` when it is missing or empty.
+    pub fn read(&self) -> Result<Option<UpdaterStatus>, SharedFileError> {
+        UpdaterStatus::load(&self.dir.join(STATUS_FILE))
     }
 }
 
@@ -149,39 +66,38 @@ impl UpdateStatusSource for FileStatusSource {
     }
 }
 
-/// The agent's `agent` file: which version runs, and when the Auth Service last accepted its
-/// heartbeat.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AgentFile {
-    /// The running agent's version (without a leading `v`).
-    pub version: String,
-    /// The host ID (`<uuid>.<cluster>`).
-    pub host_id: String,
-    /// The agent's process ID.
-    pub pid: u32,
-    /// When the Auth Service accepted the last heartbeat (seconds since the Unix epoch).
-    pub heartbeat_at: u64,
-    /// Where `/readyz` is served, when `svc.diag_addr` is set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub diag_addr: Option<SocketAddr>,
+/// The agent's report for `version` (with or without `v`; written without), as the process
+/// `pid` of host `host_id`, whose heartbeat the Auth Service accepted at `heartbeat_at` (Unix
+/// seconds), serving `/readyz` at `diag_addr`.
+pub(crate) fn agent_report(
+    version: &str,
+    host_id: &str,
+    heartbeat_at: u64,
+    diag_addr: Option<SocketAddr>,
+) -> AgentReport {
+    AgentReport {
+        version: version.trim_start_matches('v').to_owned(),
+        host_id: host_id.to_owned(),
+        pid: Some(std::process::id()),
+        heartbeat_at,
+        diag_addr: diag_addr.map(|a| a.to_string()),
+    }
 }
 
-/// Writes `agent` to `dir/agent` (0644, atomically) when `dir` exists; returns whether it
-/// wrote. The directory is the updater package's: it is never created here.
-pub fn write_agent_file(dir: &Path, agent: &AgentFile) -> Result<bool, BoxError> {
+/// Writes `report` to `dir/agent` (0644) when `dir` exists; returns whether it wrote. The
+/// directory is the updater package's: it is never created here. An agent that may not create
+/// files there (not root) rewrites the file it was given in place.
+pub fn write_agent_file(dir: &Path, report: &AgentReport) -> Result<bool, BoxError> {
     if !dir.is_dir() {
         return Ok(false);
     }
-    let text = serde_json::to_string(agent)?;
-    super::export::write_file(dir, AGENT_FILE, &format!("{text}\n"))?;
+    super::export::write_file(dir, AGENT_FILE, &format!("{}\n", report.to_json()))?;
     Ok(true)
 }
 
-/// Reads `dir/agent` (for the updater and tests).
-pub fn read_agent_file(dir: &Path) -> Result<AgentFile, BoxError> {
-    let path = dir.join(AGENT_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?)
+/// Reads `dir/agent` (for tests and tools): `None` when the agent has not reported yet.
+pub fn read_agent_file(dir: &Path) -> Result<Option<AgentReport>, SharedFileError> {
+    AgentReport::load(&dir.join(AGENT_FILE))
 }
 
 /// What the heartbeat reports about the updater: the explicit choice (`SVC_UPGRADER`,
@@ -208,6 +124,8 @@ pub(crate) fn reported_upgrader(
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
+    use svc_core::auth::{UpdateResult, UpdateStatus};
+
     use super::*;
 
     #[test]
@@ -231,7 +149,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(source.read().unwrap(), Some(status.clone()));
-        assert_eq!(status.update_status().result, UpdateResult::RolledBack);
+        assert_eq!(UpdateStatus::from(&status).result, UpdateResult::RolledBack);
 
         // The package's first status, with a field from a later version.
         std::fs::write(
@@ -250,7 +168,7 @@ mod tests {
     fn a_garbage_status_is_an_error_naming_the_file() {
         let tmp = tempfile::tempdir().unwrap();
         let source = FileStatusSource::new(tmp.path());
-        for garbage in ["not json", r#"{"result":"exploded"}"#, "{}"] {
+        for garbage in ["not json", r#"{"result":"exploded"}"#, "[]"] {
             std::fs::write(tmp.path().join(STATUS_FILE), garbage).unwrap();
             let err = source.read().unwrap_err();
             assert!(
@@ -265,13 +183,13 @@ mod tests {
     fn the_agent_file_is_written_only_into_an_existing_directory() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("svc-upgrade.d");
-        let agent = AgentFile {
-            version: "1.3.0".into(),
-            host_id: "abc.example.com".into(),
-            pid: 1234,
-            heartbeat_at: 1_764_000_000,
-            diag_addr: Some("127.0.0.1:3000".parse().unwrap()),
-        };
+        let agent = agent_report(
+            "v1.3.0",
+            "abc.example.com",
+            1_764_000_000,
+            Some("127.0.0.1:3000".parse().unwrap()),
+        );
+        assert_eq!(agent.version, "1.3.0", "written without the v");
         assert!(!write_agent_file(&dir, &agent).unwrap());
         assert!(
             !dir.exists(),
@@ -279,7 +197,7 @@ mod tests {
         );
         std::fs::create_dir(&dir).unwrap();
         assert!(write_agent_file(&dir, &agent).unwrap());
-        assert_eq!(read_agent_file(&dir).unwrap(), agent);
+        assert_eq!(read_agent_file(&dir).unwrap(), Some(agent.clone()));
         let mode = std::fs::metadata(dir.join(AGENT_FILE))
             .unwrap()
             .permissions()
@@ -291,14 +209,14 @@ mod tests {
         assert_eq!(v["diag_addr"], "127.0.0.1:3000");
         assert_eq!(v["heartbeat_at"], 1_764_000_000);
 
-        let without = AgentFile {
+        let without = AgentReport {
             diag_addr: None,
             ..agent
         };
         write_agent_file(&dir, &without).unwrap();
         let text = std::fs::read_to_string(dir.join(AGENT_FILE)).unwrap();
         assert!(!text.contains("diag_addr"), "{text}");
-        assert_eq!(read_agent_file(&dir).unwrap(), without);
+        assert_eq!(read_agent_file(&dir).unwrap(), Some(without));
     }
 
     #[test]
