@@ -106,26 +106,32 @@ impl FromStr for UpdateResult {
 
 /// The updater's status: its last decision and the versions it will not install again.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
 pub struct UpdaterStatus {
     /// [`UPGRADER_UNIT`] or [`UPGRADER_KUBE`].
+    #[serde(default)]
     pub upgrader: String,
     /// The updater's own version, without `v`.
+    #[serde(default)]
     pub upgrader_version: String,
-    /// What the run did.
+    /// What the run did (required: a status without it is not one).
     pub result: UpdateResult,
     /// `none`: the installed version; `updated`: the version replaced; `rolled_back`: the
     /// version that was not healthy; `failed`: the version before the run. Empty when unknown.
+    #[serde(default)]
     pub from: String,
     /// `none`: the advertised version; `updated`: the version installed; `rolled_back`: the
     /// version restored; `failed`: the version the run tried to install. Empty when unknown.
+    #[serde(default)]
     pub to: String,
     /// Why: the decision, the health check's finding, the error. May be empty.
+    #[serde(default)]
     pub reason: String,
     /// When the run ended, in Unix seconds.
+    #[serde(default)]
     pub at: u64,
     /// Versions the updater will not install again until an operator clears them or a newer
     /// version is published, without `v`.
+    #[serde(default)]
     pub bad_versions: Vec<String>,
 }
 

@@ -168,7 +168,7 @@ mod tests {
     fn a_garbage_status_is_an_error_naming_the_file() {
         let tmp = tempfile::tempdir().unwrap();
         let source = FileStatusSource::new(tmp.path());
-        for garbage in ["not json", r#"{"result":"exploded"}"#, "[]"] {
+        for garbage in ["not json", r#"{"result":"exploded"}"#, "{}", "[]"] {
             std::fs::write(tmp.path().join(STATUS_FILE), garbage).unwrap();
             let err = source.read().unwrap_err();
             assert!(
