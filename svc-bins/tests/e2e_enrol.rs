@@ -142,7 +142,11 @@ async fn an_agent_enrols_without_a_restart_and_the_inventory_shows_the_rollback(
     );
     let written: serde_json::Value = serde_json::from_str(&read(&agent_file)).expect("agent file json");
     let version = written["version"].as_str().expect("version").to_owned();
-    assert_eq!(version, svc_core::version::current().without_v(), "written without the v");
+    assert_eq!(
+        version,
+        svc_core::version::current().without_v(),
+        "written without the v"
+    );
     assert_eq!(written["host_id"], agent.host_id.as_str());
     assert!(written["pid"].as_u64().is_some_and(|p| p > 0), "{written}");
     assert!(

@@ -121,3 +121,43 @@ async fn a_stored_value_that_is_no_identity_is_an_error_that_does_not_show_it() 
     assert!(text.contains("not a host identity"), "{text}");
     assert!(!text.contains("secret-looking-value"), "{text}");
 }
+
+/// The agent's side of the Kubernetes status: what the updater wrote to the shared-state Secret
+/// is what the agent node's status hook returns (and so what its heartbeat reports); nothing
+/// written yet is no status; a malformed value is an error naming the Secret and key.
+#[tokio::test]
+async fn the_agent_reads_the_updaters_status_from_the_shared_state_secret() {
+    use svc_core::updater::{UPGRADER_KUBE, UpdateResult, UpdaterStatus};
+    use svc_net::agent::node::UpdateStatusSource;
+    use svc_update::kube::status::{STATUS_SECRET_KEY, SecretStatusSource, write_status};
+
+    const SHARED: &str = "svc-agent-shared-state";
+    let api = FakeApiServer::start().await;
+    let source = SecretStatusSource::new(api.client(NS), NS, SHARED);
+    assert!(
+        source.status().await.unwrap().is_none(),
+        "no Secret yet: no decision to report"
+    );
+    let written = UpdaterStatus {
+        upgrader: UPGRADER_KUBE.into(),
+        upgrader_version: "17.0.0".into(),
+        result: UpdateResult::RolledBack,
+        from: "17.1.0".into(),
+        to: "17.0.0".into(),
+        reason: "pods not ready within 5m".into(),
+        at: 1_764_000_000,
+        bad_versions: vec!["17.1.0".into()],
+    };
+    write_status(api.client(NS), NS, SHARED, &written).await.unwrap();
+    assert_eq!(source.status().await.unwrap(), Some(written));
+    assert!(source.describe().contains(SHARED), "{}", source.describe());
+
+    const MANGLED: &str = "svc-other-shared-state";
+    api.insert(
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": MANGLED, "namespace": NS},
+               "data": {STATUS_SECRET_KEY: "bm90IGpzb24="}}),
+    );
+    let source = SecretStatusSource::new(api.client(NS), NS, MANGLED);
+    let err = source.status().await.unwrap_err().to_string();
+    assert!(err.contains(MANGLED) && err.contains(STATUS_SECRET_KEY), "{err}");
+}
