@@ -52,7 +52,7 @@ const V3: &str = "17.0.2";
 /// The agent's node name.
 const NODE: &str = "nspawn-agent";
 /// How long the updater waits for proof of health (`health-timeout`), seconds.
-const HEALTH_TIMEOUT: u64 = 60;
+const HEALTH_TIMEOUT: u64 = 90;
 /// How long the agent may take to start, join and heartbeat (a debug build on a busy machine),
 /// and a version change to reach the proxy's one-minute cache of the forwarded channel.
 const SETTLE: Duration = Duration::from_secs(150);
@@ -603,6 +603,7 @@ fn the_update_loop_under_real_systemd() {
 
 /// A check of what issue #15 adds to the agent (the `agent` and `status` files, the inventory's
 /// updater and update status) and to svc-upgrade (health check, rollback, bad versions).
+#[track_caller]
 fn check(what: &str, result: Result<(), String>) {
     if let Err(e) = result {
         panic!("{what}: {e}");
