@@ -9,6 +9,12 @@
 //!   network), so the container runs systemd, journald, dbus and what the test starts. Commands
 //!   run inside with `nsenter --all` on the container's PID 1. Dropping it stops the container
 //!   and removes the layer, also when the test fails.
+//!
+//!   Why an overlay of `/` made here: `systemd-nspawn --volatile=overlay -D /` is refused
+//!   ("Spawning container on root directory is not supported"), and `--volatile=yes` boots with
+//!   an empty `/etc` (systemd-firstboot prompts; no dpkg database, so apt cannot install). An
+//!   overlay gives the host's own Debian with its package database, boots in about a second, and
+//!   needs no download (a `debootstrap` tree would need the Debian mirror and ~250 MB).
 //! - [`stamped_binaries`]: `svc` and `svc-upgrade` built with `SVC_BUILD_VERSION` (what
 //!   release builds do), in the stamped target directory `linux_packages` uses too.
 //! - [`AptRepo`]: `.deb` packages from `deploy/packaging/build-packages.sh`, laid out as
