@@ -297,7 +297,11 @@ fn the_update_loop_under_real_systemd() {
     let token: Value = serde_json::from_str(&token.stdout).expect("token json");
 
     // The container, with the repository bind-mounted.
-    let machine = Machine::boot("svc-e2e-nspawn", &[(&repo.base, "/srv/svc-repo")]);
+    // Named after this process, so runs on one machine never share a layer.
+    let machine = Machine::boot(
+        &format!("svc-e2e-{}", std::process::id()),
+        &[(&repo.base, "/srv/svc-repo")],
+    );
     let diag = format!("127.0.0.1:{}", free_port("127.0.0.1"));
     let scene = Scene {
         cluster,
