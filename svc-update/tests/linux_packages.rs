@@ -132,17 +132,10 @@ fn reuse_or_build_fixture() -> Result<Fixture> {
     Ok(fixture)
 }
 
-/// Where stamped builds go: a target directory of its own next to the one running this test
-/// (the outer `cargo test` holds that one), kept between runs so only the version stamp (svc-core
-/// and what depends on it) is rebuilt.
+/// Where stamped builds go ([`svc_testkit::stamped::target_dir`]), kept between runs so only the
+/// version stamp (svc-core and what depends on it) is rebuilt; the fixture lives next to them.
 fn stamped_target_dir() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    // <target>/debug/deps/linux_packages-<hash>
-    let target = exe
-        .ancestors()
-        .nth(3)
-        .context("test binary outside a target directory")?;
-    Ok(target.join("svc-stamped"))
+    Ok(svc_testkit::stamped::target_dir())
 }
 
 fn build_fixture() -> Result<Fixture> {
@@ -176,7 +169,6 @@ fn build_fixture() -> Result<Fixture> {
     }
     let repo = dir.join("repo");
     let pool = dir.join("pool");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     // A signing key of our own, in a keyring of our own.
     let gnupg = dir.join("gnupg");
     // An agent of an earlier run may still serve this path (its socket directory is gone).
@@ -203,33 +195,11 @@ fn build_fixture() -> Result<Fixture> {
     std::fs::write(&key, gpg(&["--armor", "--export"])?)?;
 
     for version in [V1, V2, V3] {
-        let started = Instant::now();
-        sh(Command::new(&cargo)
-            .current_dir(repo_root())
-            .args([
-                "build",
-                "-q",
-                "--locked",
-                "-p",
-                "svc-bins",
-                "--bin",
-                "svc",
-                "--bin",
-                "svc-upgrade",
-                "--target-dir",
-            ])
-            .arg(&target_dir)
-            // Each stamp rebuilds the workspace crates; incremental data would only pile up.
-            .env("CARGO_INCREMENTAL", "0")
-            .env("SVC_BUILD_VERSION", version))?;
-        eprintln!(
-            "stamped svc and svc-upgrade {version} built in {:.1?}",
-            started.elapsed()
-        );
+        let built = svc_testkit::stamped::build(&repo_root(), version);
         let bin = dir.join("bin").join(version);
         std::fs::create_dir_all(&bin)?;
         for program in ["svc", "svc-upgrade"] {
-            std::fs::copy(target_dir.join("debug").join(program), bin.join(program))?;
+            std::fs::copy(built.join(program), bin.join(program))?;
             // Debug builds carry ~100 MB of debug information each; packing it into six
             // packages per version would dominate the test's time.
             sh(Command::new("strip").arg("--strip-debug").arg(bin.join(program)))?;

@@ -7,12 +7,14 @@
 //!   a child's output or exit), failing with a message naming what did not happen;
 //! - [`process`]: spawned processes whose output is kept in a log file, printed when the test
 //!   fails, and killed when dropped; [`process::example_bin`] finds the built example programs;
-//! - [`pki`]: a test CA issuing server certificates (rcgen).
+//! - [`pki`]: a test CA issuing server certificates (rcgen);
+//! - [`stamped`]: `svc` and `svc-upgrade` built with another version stamped in.
 #![deny(missing_docs)]
 #![allow(clippy::unwrap_used)]
 
 pub mod pki;
 pub mod process;
+pub mod stamped;
 pub mod wait;
 
 use std::net::TcpListener;

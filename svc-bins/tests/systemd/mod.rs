@@ -119,53 +119,11 @@ pub fn keep_binaries(dir: &Path, version: &str, svc: &Path, upgrade: &Path) -> P
     bin
 }
 
-/// `svc` and `svc-upgrade` built with `SVC_BUILD_VERSION=<version>` into the stamped target
-/// directory (`<target>/svc-stamped`, shared with `svc-update`'s `linux_packages` tests, so the
-/// dependencies are built once for both). Cargo rebuilds only when the stamp or the sources
-/// changed: `.ci/run` builds the same stamp before the tests (the same command, in the same
-/// environment), so in CI this is a no-op.
+/// `svc` and `svc-upgrade` built with `SVC_BUILD_VERSION=<version>` ([`svc_testkit::stamped`],
+/// shared with `svc-update`'s `linux_packages` tests), kept in `<dir>/bin/<version>`. `.ci/run`
+/// builds the same stamp before the tests, so in CI the build is a no-op.
 pub fn stamped_binaries(dir: &Path, version: &str) -> PathBuf {
-    let target = target_dir().join("svc-stamped");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let mut command = Command::new(&cargo);
-    // What cargo and nextest set for this test process must not reach the build: build scripts
-    // record some of it (ring's records CARGO_MANIFEST_DIR), and a value other than the one
-    // `.ci/run`'s build saw would rebuild most dependencies.
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if [
-            "CARGO_MANIFEST_",
-            "CARGO_PKG_",
-            "CARGO_CRATE_",
-            "CARGO_BIN_",
-            "CARGO_PRIMARY_",
-        ]
-        .iter()
-        .any(|prefix| key.starts_with(prefix))
-            || key == "CARGO_TARGET_TMPDIR"
-            || key == "OUT_DIR"
-        {
-            command.env_remove(key.as_ref());
-        }
-    }
-    let started = Instant::now();
-    let ran = run(
-        command
-            .current_dir(repo_root())
-            .args(["build", "-q", "--locked", "-p", "svc-bins"])
-            .args(["--bin", "svc", "--bin", "svc-upgrade", "--target-dir"])
-            .arg(&target)
-            .env("CARGO_INCREMENTAL", "0")
-            .env("SVC_BUILD_VERSION", version),
-        Duration::from_secs(30 * 60),
-        &format!("building svc {version}"),
-    );
-    assert!(ran.ok, "building svc stamped {version} failed:\n{ran}");
-    eprintln!(
-        "stamped svc and svc-upgrade {version}: cargo build took {:.1?}",
-        started.elapsed()
-    );
-    let debug = target.join("debug");
+    let debug = svc_testkit::stamped::build(&repo_root(), version);
     keep_binaries(dir, version, &debug.join("svc"), &debug.join("svc-upgrade"))
 }
 
