@@ -418,6 +418,14 @@ fn the_update_loop_under_real_systemd() {
             .map(drop),
     );
     check(
+        "the inventory shows the next maintenance window the agent exported",
+        scene
+            .wait_inventory("the inventory showing the next window", |r| {
+                r["next_window"]["start"].as_u64() == Some(window_start)
+            })
+            .map(drop),
+    );
+    check(
         "the package's initial status",
         scene
             .status()

@@ -65,7 +65,26 @@ struct Exports {
     sinks: Vec<ScheduleExporter>,
 }
 
+/// How long the first heartbeat waits for the first schedule export.
+const FIRST_EXPORT_WAIT: Duration = Duration::from_secs(5);
+
 impl Exports {
+    /// Waits (at most `limit`) until the exports to the Linux updater's directory (when it
+    /// exists) and to every sink have been attempted once.
+    async fn first_export(&self, upgrade_dir: &std::path::Path, limit: Duration) {
+        let attempted = |s: &super::export::ExportStatus| s.exports + s.failures > 0;
+        let mut statuses: Vec<_> = self.sinks.iter().map(|e| e.status()).collect();
+        if upgrade_dir.is_dir() {
+            statuses.push(self.dir.status());
+        }
+        let all = async {
+            for status in &mut statuses {
+                let _ = status.wait_for(attempted).await;
+            }
+        };
+        let _ = tokio::time::timeout(limit, all).await;
+    }
+
     /// The first exported window that has not ended at `now` (the Linux files first, then the
     /// sinks).
     fn next_window(&self, now: SystemTime) -> Option<Window> {
@@ -100,6 +119,11 @@ impl HeartbeatTask {
             }
         };
         let exports = self.exports(client.clone());
+        // The first heartbeat carries the next window when the first export is quick (it asks
+        // the Auth Service once): wait for it a little, never long.
+        exports
+            .first_export(&self.exports.upgrade_dir, FIRST_EXPORT_WAIT)
+            .await;
         let mut last_status_error = None;
         self.beat_once(&mut client, &exports, &mut last_status_error)
             .await;
