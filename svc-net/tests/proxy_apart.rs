@@ -445,6 +445,63 @@ async fn the_proxy_renews_its_host_identity_before_it_expires_and_keeps_serving(
         "the first renewal asks for the short lifetime: {seen:?}"
     );
     assert!(seen[3] > seen[1], "{seen:?}");
+    // SSH clients and agents are shown the renewed host certificate, not the one the proxy
+    // started with (which has expired by now): OpenSSH's client on the web port (plain SSH is
+    // multiplexed there) reports the certificate whose key is that of the identity saved last
+    // (every renewal brings a fresh key).
+    let ssh = svc_testkit::require("ssh", "openssh-client");
+    let keygen = svc_testkit::require("ssh-keygen", "openssh-client");
+    let port = proxy.addrs().web.port().to_string();
+    let cert_file = dir.path().join("saved-cert.pub");
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        let saved = ClientIdentity::load(&path).expect("identity");
+        std::fs::write(&cert_file, format!("{}\n", saved.ssh_cert.trim())).expect("write cert");
+        let listed = tokio::process::Command::new(&keygen)
+            .arg("-l")
+            .arg("-f")
+            .arg(&cert_file)
+            .output()
+            .await
+            .expect("run ssh-keygen");
+        let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+        let saved_fp = listed
+            .split_whitespace()
+            .find(|w| w.starts_with("SHA256:"))
+            .unwrap_or_else(|| panic!("no fingerprint in ssh-keygen -l: {listed}"))
+            .to_owned();
+        let out = tokio::time::timeout(
+            Duration::from_secs(20),
+            tokio::process::Command::new(&ssh)
+                .args(["-v", "-F", "/dev/null", "-p", &port])
+                .args([
+                    "-o",
+                    "StrictHostKeyChecking=no",
+                    "-o",
+                    "UserKnownHostsFile=/dev/null",
+                ])
+                .args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"])
+                .args(["nobody@127.0.0.1", "true"])
+                .output(),
+        )
+        .await
+        .expect("ssh finished within 20 s")
+        .expect("run ssh");
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        let served = log
+            .lines()
+            .find(|l| l.contains("Server host certificate:"))
+            .unwrap_or_default()
+            .to_owned();
+        if served.contains(&saved_fp) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the proxy still serves another host certificate than its renewed one ({saved_fp}): {served:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     // The first short-lived certificate has expired by now (renewals come a third of the
     // lifetime before the end); the proxy still reaches the Auth Service: a sign-in works.
     let admin = admin(&auth.service).await;

@@ -180,7 +180,8 @@ impl ProxyServer {
         // Decided in the process with the Auth Service's own rules: no round trip.
         let decisions = ProxyDecisions::in_process(auth.service.clone(), caller);
         let allow_loopback = auth.service.direct_dial_policy().allow_loopback;
-        let (builder, tunnel) = install_ssh(builder, &identity, decisions, allow_loopback)?;
+        // The in-process Auth Service issues this identity at every start: nothing to renew.
+        let (builder, tunnel, _keys) = install_ssh(builder, &identity, decisions, allow_loopback)?;
         let running = builder
             .bind()
             .await
@@ -244,7 +245,7 @@ impl ProxyServer {
             );
         }
         let builder = install_version_server(builder)?;
-        let (builder, tunnel) = install_ssh(builder, &identity, decisions, join.allow_loopback)?;
+        let (builder, tunnel, keys) = install_ssh(builder, &identity, decisions, join.allow_loopback)?;
         let running = match builder.bind().await {
             Ok(r) => r,
             Err(e) => {
@@ -261,6 +262,7 @@ impl ProxyServer {
             join.data_dir.join(PROXY_IDENTITY_FILE),
             self.cert_ttl,
             background.clone(),
+            keys,
         ));
         running.cancel_on_shutdown(background);
         tracing::info!(host_id = %identity.name, auth_servers = %join.auth_servers.join(", "), "the Proxy Service runs apart from the Auth Service");
@@ -351,10 +353,16 @@ fn renew_at(identity: &ClientIdentity, ttl: Option<Duration>) -> SystemTime {
     until.checked_sub(life / 3).unwrap_or(now)
 }
 
-/// Renews the proxy's host identity before it expires, saves it to `path` and hands it to
-/// `link` for every new Auth connection. A failed renewal is retried every few seconds (and
-/// logged) until the certificates end.
-async fn renew(link: Arc<FailoverClient>, path: PathBuf, ttl: Option<Duration>, stop: CancellationToken) {
+/// Renews the proxy's host identity before it expires, saves it to `path`, hands it to `link`
+/// for every new Auth connection and to `keys` for every new agent, client and direct dial. A
+/// failed renewal is retried every few seconds (and logged) until the certificates end.
+async fn renew(
+    link: Arc<FailoverClient>,
+    path: PathBuf,
+    ttl: Option<Duration>,
+    stop: CancellationToken,
+    keys: HostKeys,
+) {
     let Some(mut identity) = link.identity() else {
         return;
     };
@@ -377,6 +385,9 @@ async fn renew(link: Arc<FailoverClient>, path: PathBuf, ttl: Option<Duration>, 
                 }
                 tracing::info!(host_id = %fresh.name, not_after = fresh.not_after_unix, "renewed the proxy's host certificates");
                 link.set_identity(fresh.clone()).await;
+                if let Err(e) = keys.renewed(&fresh) {
+                    tracing::error!(error = %e, "presenting the renewed host certificates failed; the previous ones stay in use until they expire");
+                }
                 identity = fresh;
             }
             Err(e) => {
@@ -415,7 +426,7 @@ fn install_ssh(
     identity: &ClientIdentity,
     decisions: Arc<ProxyDecisions>,
     allow_loopback: bool,
-) -> Result<(ProxyBuilder, TunnelServer), NodeError> {
+) -> Result<(ProxyBuilder, TunnelServer, HostKeys), NodeError> {
     let direct: Arc<dyn DirectLookup> = decisions.clone();
     let settings = builder.settings();
     let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
@@ -437,7 +448,7 @@ fn install_ssh(
     let direct = DirectDialer::new(identity, direct)
         .map_err(|e| NodeError::setup("the direct dialer", e))?
         .with_allow_loopback(allow_loopback);
-    let dialer = tunnel.dialer().with_direct(direct);
+    let dialer = tunnel.dialer().with_direct(direct.clone());
     let ssh = ProxySsh::new(
         ProxySshConfig::new(
             key,
@@ -456,7 +467,33 @@ fn install_ssh(
         .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
         .ssh(ssh.plain_service())
         .route(alpn::PROXY_SSH, ssh.tls_service());
-    Ok((builder, tunnel))
+    let keys = HostKeys {
+        tunnel: tunnel.clone(),
+        ssh,
+        direct,
+    };
+    Ok((builder, tunnel, keys))
+}
+
+/// Where the proxy presents its host certificates, so renewed ones take effect without a
+/// restart: to agents (the tunnel server), to SSH clients (the SSH entry) and to directly
+/// joined agents' listeners (the direct dialer's client certificate).
+struct HostKeys {
+    tunnel: TunnelServer,
+    ssh: ProxySsh,
+    direct: DirectDialer,
+}
+
+impl HostKeys {
+    /// Presents `identity` from now on (connections already up keep theirs).
+    fn renewed(&self, identity: &ClientIdentity) -> Result<(), NodeError> {
+        let (key, cert) = (identity.ssh_private_key()?, identity.ssh_certificate()?);
+        self.tunnel.set_host_key(key.clone(), cert.clone());
+        self.ssh.set_host_key(key, cert);
+        self.direct
+            .set_identity(identity)
+            .map_err(|e| NodeError::setup("the direct dialer", e))
+    }
 }
 
 /// Registers the proxy's entries for resource clients: Kubernetes (SNI `kube-svc-proxy-alpn.`

@@ -89,7 +89,9 @@ impl ProxySshConfig {
 }
 
 struct Inner {
-    ssh: Arc<russh::server::Config>,
+    /// Replaced when the proxy's host certificates are renewed ([`ProxySsh::set_host_key`]).
+    ssh: std::sync::RwLock<Arc<russh::server::Config>>,
+    tunables: Tunables,
     verifier: Arc<Verifier>,
     dialer: TunnelDialer,
     authorizer: Arc<dyn NodeAuthorizer>,
@@ -132,11 +134,12 @@ impl ProxySsh {
     pub fn new(config: ProxySshConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
-                ssh: Arc::new(server_config(
+                ssh: std::sync::RwLock::new(Arc::new(server_config(
                     &config.tunables,
                     config.host_key,
                     Some(config.host_cert),
-                )),
+                ))),
+                tunables: config.tunables.clone(),
                 verifier: config.verifier,
                 dialer: config.dialer,
                 authorizer: config.authorizer,
@@ -146,6 +149,17 @@ impl ProxySsh {
                 recheck_interval: config.recheck_interval,
             }),
         }
+    }
+
+    /// Presents `host_key` and its certificate `host_cert` to clients from now on (the proxy's
+    /// renewed host certificates); sessions already open keep theirs.
+    pub fn set_host_key(&self, host_key: PrivateKey, host_cert: Certificate) {
+        let ssh = server_config(&self.inner.tunables, host_key, Some(host_cert));
+        *self
+            .inner
+            .ssh
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(ssh);
     }
 
     /// The handler for the SSH listener (`ProxyBuilder::ssh`).
@@ -184,8 +198,13 @@ impl ProxySsh {
             channels: HashMap::new(),
         };
         let after = self.inner.auth_timeout;
-        let started =
-            crate::ssh::authenticate_before(self.inner.ssh.clone(), io, handler, on_auth, after).await?;
+        let ssh = self
+            .inner
+            .ssh
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let started = crate::ssh::authenticate_before(ssh, io, handler, on_auth, after).await?;
         if let Some((session, ())) = started {
             session.await?;
         }

@@ -201,7 +201,9 @@ async fn serve_one(
 #[derive(Clone)]
 pub struct DirectDialer {
     lookup: Arc<dyn DirectLookup>,
-    tls: TlsConnector,
+    /// Shared by the clones; replaced when the proxy's host certificates are renewed
+    /// ([`DirectDialer::set_identity`]).
+    tls: Arc<std::sync::RwLock<TlsConnector>>,
     timeout: Duration,
     allow_loopback: bool,
 }
@@ -215,32 +217,49 @@ impl std::fmt::Debug for DirectDialer {
     }
 }
 
+/// The TLS client side presenting `identity` (role `proxy`) and checking that the agent's
+/// certificate names the host ID the Auth Service named.
+fn connector(identity: &ClientIdentity) -> Result<TlsConnector, TunnelError> {
+    let verifier = identity
+        .verifier()
+        .map_err(|e| tls_error("the host identity", e))?;
+    let (chain, key) = identity
+        .tls_parts()
+        .map_err(|e| tls_error("the host identity", e))?;
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_error("the TLS configuration", e))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AgentVerifier {
+            verifier,
+            provider: provider(),
+        }))
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| tls_error("the TLS configuration", e))?;
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
 impl DirectDialer {
     /// A dialer presenting `identity` (the proxy's host identity, role `proxy`) and finding
     /// listeners with `lookup`.
     pub fn new(identity: &ClientIdentity, lookup: Arc<dyn DirectLookup>) -> Result<Self, TunnelError> {
-        let verifier = identity
-            .verifier()
-            .map_err(|e| tls_error("the host identity", e))?;
-        let (chain, key) = identity
-            .tls_parts()
-            .map_err(|e| tls_error("the host identity", e))?;
-        let config = rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| tls_error("the TLS configuration", e))?
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AgentVerifier {
-                verifier,
-                provider: provider(),
-            }))
-            .with_client_auth_cert(chain, key)
-            .map_err(|e| tls_error("the TLS configuration", e))?;
         Ok(Self {
             lookup,
-            tls: TlsConnector::from(Arc::new(config)),
+            tls: Arc::new(std::sync::RwLock::new(connector(identity)?)),
             timeout: DIRECT_DIAL_TIMEOUT,
             allow_loopback: false,
         })
+    }
+
+    /// Presents `identity` from now on (the proxy's renewed host certificates), in every clone
+    /// of this dialer.
+    pub fn set_identity(&self, identity: &ClientIdentity) -> Result<(), TunnelError> {
+        let fresh = connector(identity)?;
+        *self
+            .tls
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+        Ok(())
     }
 
     /// Whether loopback addresses may be dialed (default `false`: a name that resolves to
@@ -280,14 +299,15 @@ impl DirectDialer {
         // The name the agent's certificate must carry: the host ID the Auth Service named.
         let name =
             ServerName::try_from(target.host_id.clone()).map_err(|e| tls_error("the agent's host ID", e))?;
-        let mut tls = self
+        let tls = self
             .tls
-            .connect(name, tcp)
-            .await
-            .map_err(|source| TunnelError::Io {
-                what: "the TLS handshake with the agent's listener",
-                source,
-            })?;
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut tls = tls.connect(name, tcp).await.map_err(|source| TunnelError::Io {
+            what: "the TLS handshake with the agent's listener",
+            source,
+        })?;
         req.server_id = target.host_id.clone();
         let mut line = serde_json::to_vec(&req).map_err(|e| tls_error("dial request", e))?;
         line.push(b'\n');

@@ -102,7 +102,8 @@ impl TunnelServerConfig {
 }
 
 struct Inner {
-    ssh: Arc<russh::server::Config>,
+    /// Replaced when the proxy's host certificates are renewed ([`TunnelServer::set_host_key`]).
+    ssh: std::sync::RwLock<Arc<russh::server::Config>>,
     verifier: Arc<Verifier>,
     cluster_version: Version,
     tls: Option<TlsAcceptor>,
@@ -132,7 +133,7 @@ impl TunnelServer {
     pub fn new(config: TunnelServerConfig) -> Self {
         let ssh = crate::ssh::server_config(&config.tunables, config.host_key, Some(config.host_cert));
         let inner = Arc::new(Inner {
-            ssh: Arc::new(ssh),
+            ssh: std::sync::RwLock::new(Arc::new(ssh)),
             verifier: config.verifier,
             cluster_version: config.cluster_version,
             tls: config.tls.map(TlsAcceptor::from),
@@ -143,6 +144,17 @@ impl TunnelServer {
         });
         tokio::spawn(sweep(Arc::downgrade(&inner)));
         Self { inner }
+    }
+
+    /// Presents `host_key` and its certificate `host_cert` to agents from now on (the proxy's
+    /// renewed host certificates); tunnels already up keep the session they have.
+    pub fn set_host_key(&self, host_key: PrivateKey, host_cert: Certificate) {
+        let ssh = crate::ssh::server_config(&self.inner.tunables, host_key, Some(host_cert));
+        *self
+            .inner
+            .ssh
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(ssh);
     }
 
     /// The registry of connected agents.
@@ -235,8 +247,12 @@ impl TunnelServer {
         };
         let after = inner.tunables.handshake_timeout;
         let auth_after = inner.tunables.auth_timeout;
-        let started =
-            crate::ssh::authenticate_before(inner.ssh.clone(), io, handler, auth_rx, auth_after).await;
+        let ssh = inner
+            .ssh
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let started = crate::ssh::authenticate_before(ssh, io, handler, auth_rx, auth_after).await;
         let (session, host) = match started {
             Ok(Some(started)) => started,
             Ok(None) => return Ok(()),
