@@ -55,6 +55,8 @@ const MAX_RECENT: usize = 4096;
 /// node) or a node's (itself). Connects on first use and again after a failed call.
 pub struct AuthNodeAuthorizer {
     identity: ClientIdentity,
+    /// The Auth Service's addresses, tried in turn when connecting.
+    addrs: Vec<String>,
     dialer: Option<ProxyDialer>,
     client: Mutex<Option<AuthClient>>,
     /// Recent grants: (certificate, node, login) → the route and when it was granted.
@@ -67,7 +69,7 @@ impl std::fmt::Debug for AuthNodeAuthorizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AuthNodeAuthorizer")
             .field("host", &self.identity.name)
-            .field("auth_addr", &self.identity.auth_addr)
+            .field("auth_addrs", &self.addrs)
             .finish_non_exhaustive()
     }
 }
@@ -75,31 +77,40 @@ impl std::fmt::Debug for AuthNodeAuthorizer {
 impl AuthNodeAuthorizer {
     /// Asks the Auth Service at `identity.auth_addr`, dialing through `dialer` when given.
     pub fn new(identity: ClientIdentity, dialer: Option<ProxyDialer>) -> Arc<Self> {
-        Arc::new(Self {
-            identity,
-            dialer,
-            client: Mutex::new(None),
-            recent: std::sync::Mutex::new(HashMap::new()),
-            grace: None,
-        })
+        let addrs = vec![identity.auth_addr.clone()];
+        Self::at(addrs, identity, dialer, false)
     }
 
     /// Like [`new`](Self::new), for the sessions that came through the cluster's proxy: a grant
     /// less than [`OUTAGE_GRACE`] old for the same certificate, node and login still counts
     /// while the Auth Service cannot be reached.
     pub fn with_outage_grace(identity: ClientIdentity, dialer: Option<ProxyDialer>) -> Arc<Self> {
+        let addrs = vec![identity.auth_addr.clone()];
+        Self::at(addrs, identity, dialer, true)
+    }
+
+    /// Asks the Auth Service at the first of `addrs` that answers (a node joined directly to one
+    /// of several Auth Services), with the [`OUTAGE_GRACE`] exception when `outage_grace`.
+    pub fn at(
+        addrs: Vec<String>,
+        identity: ClientIdentity,
+        dialer: Option<ProxyDialer>,
+        outage_grace: bool,
+    ) -> Arc<Self> {
         Arc::new(Self {
             identity,
+            addrs,
             dialer,
             client: Mutex::new(None),
             recent: std::sync::Mutex::new(HashMap::new()),
-            grace: Some(OUTAGE_GRACE),
+            grace: outage_grace.then_some(OUTAGE_GRACE),
         })
     }
 
     /// Asks with an already connected client.
     pub fn with_client(identity: ClientIdentity, client: AuthClient) -> Arc<Self> {
         Arc::new(Self {
+            addrs: vec![identity.auth_addr.clone()],
             identity,
             dialer: None,
             client: Mutex::new(Some(client)),
@@ -162,10 +173,9 @@ impl AuthNodeAuthorizer {
         let client = match guard.as_mut() {
             Some(c) => c,
             None => {
-                let c =
-                    AuthClient::connect_via(&self.identity.auth_addr, &self.identity, self.dialer.as_ref())
-                        .await
-                        .map_err(|e| (cannot(&e), FailoverClient::is_transport_failure(&e)))?;
+                let (c, _) = AuthClient::connect_any(&self.addrs, &self.identity, self.dialer.as_ref())
+                    .await
+                    .map_err(|e| (cannot(&e), FailoverClient::is_transport_failure(&e)))?;
                 guard.insert(c)
             }
         };

@@ -90,13 +90,22 @@ pub trait MaintenanceSource: Send + Sync + 'static {
 /// the Auth API with the agent's own host identity (agents may read it, and nothing more).
 #[derive(Debug, Clone)]
 pub struct AuthMaintenanceSource {
-    client: crate::auth::AuthClient,
+    link: Arc<crate::auth::FailoverClient>,
 }
 
 impl AuthMaintenanceSource {
     /// Reads through `client`, connected with the agent's identity.
     pub fn new(client: crate::auth::AuthClient) -> Self {
-        AuthMaintenanceSource { client }
+        Self::failover(Arc::new(crate::auth::FailoverClient::with_client(
+            client,
+            "the Auth Service".into(),
+        )))
+    }
+
+    /// Reads through whichever of the Auth Service's addresses answers (`link` presents the
+    /// agent's identity).
+    pub fn failover(link: Arc<crate::auth::FailoverClient>) -> Self {
+        AuthMaintenanceSource { link }
     }
 }
 
@@ -104,7 +113,7 @@ impl AuthMaintenanceSource {
 impl MaintenanceSource for AuthMaintenanceSource {
     async fn agent_upgrades(&self) -> Result<Option<AgentUpgradeWindow>, BoxError> {
         use svc_core::resource::{CLUSTER_MAINTENANCE_CONFIG_NAME, Kind, Resource};
-        let mut client = self.client.clone();
+        let mut client = self.link.client().await?;
         match client
             .get_resources(
                 Kind::ClusterMaintenanceConfig,
@@ -119,7 +128,12 @@ impl MaintenanceSource for AuthMaintenanceSource {
             })),
             // No maintenance configuration yet: an empty schedule, not lost contact.
             Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e.into()),
+            Err(e) => {
+                if crate::auth::FailoverClient::is_transport_failure(&e) {
+                    self.link.reset().await;
+                }
+                Err(e.into())
+            }
         }
     }
 }

@@ -14,7 +14,7 @@ use super::export::{
     AuthMaintenanceSource, ExportSettings, ScheduleExporter, ScheduleSink, UpgradeDirWatcher,
 };
 use super::updater::{UpdateStatusSource, agent_report, reported_upgrader, write_agent_file};
-use crate::auth::{AuthClient, ClientIdentity};
+use crate::auth::{ClientIdentity, FailoverClient};
 use crate::diag::NodeMetrics;
 use crate::dial::ProxyDialer;
 
@@ -51,6 +51,8 @@ pub(super) struct UpdaterLink {
 /// every `HEARTBEAT_INTERVAL`. Aborting the task stops the exports too.
 pub(super) struct HeartbeatTask {
     pub(super) identity: ClientIdentity,
+    /// The Auth Service's addresses, tried in turn (the one joined first).
+    pub(super) auth_addrs: Vec<String>,
     pub(super) dialer: ProxyDialer,
     pub(super) beat: Heartbeat,
     pub(super) metrics: NodeMetrics,
@@ -105,11 +107,15 @@ fn unix(t: SystemTime) -> u64 {
 
 impl HeartbeatTask {
     pub(super) async fn run(mut self) {
+        let link = Arc::new(FailoverClient::new(
+            self.auth_addrs.clone(),
+            self.identity.clone(),
+            Some(self.dialer.clone()),
+        ));
         let mut backoff = crate::tunnel::Backoff::default();
-        let mut client = loop {
-            match AuthClient::connect_via(&self.identity.auth_addr, &self.identity, Some(&self.dialer)).await
-            {
-                Ok(c) => break c,
+        loop {
+            match link.client().await {
+                Ok(_) => break,
                 Err(e) => {
                     self.metrics.heartbeat_failures.inc();
                     let wait = backoff.next_delay(rand::random::<f64>());
@@ -117,23 +123,21 @@ impl HeartbeatTask {
                     tokio::time::sleep(wait).await;
                 }
             }
-        };
-        let exports = self.exports(client.clone());
+        }
+        let exports = self.exports(link.clone());
         // The first heartbeat carries the next window when the first export is quick (it asks
         // the Auth Service once): wait for it a little, never long.
         exports
             .first_export(&self.exports.upgrade_dir, FIRST_EXPORT_WAIT)
             .await;
         let mut last_status_error = None;
-        self.beat_once(&mut client, &exports, &mut last_status_error)
-            .await;
+        self.beat_once(&link, &exports, &mut last_status_error).await;
         self.first_beat.notify_one();
         let mut tick = tokio::time::interval(svc_core::auth::HEARTBEAT_INTERVAL);
         tick.tick().await;
         loop {
             tick.tick().await;
-            self.beat_once(&mut client, &exports, &mut last_status_error)
-                .await;
+            self.beat_once(&link, &exports, &mut last_status_error).await;
         }
     }
 
@@ -141,7 +145,7 @@ impl HeartbeatTask {
     /// accepted, the `agent` file for the updater (when its directory exists).
     async fn beat_once(
         &mut self,
-        client: &mut AuthClient,
+        auth: &FailoverClient,
         exports: &Exports,
         last_status_error: &mut Option<String>,
     ) {
@@ -168,14 +172,19 @@ impl HeartbeatTask {
             start: unix(w.start),
             end: unix(w.end),
         });
-        match client.heartbeat(&self.beat).await {
+        let sent = async { auth.client().await?.heartbeat(&self.beat).await };
+        match sent.await {
             Ok(()) => {
                 self.metrics.heartbeats.inc();
                 self.after_accepted(exports);
             }
             Err(e) => {
                 self.metrics.heartbeat_failures.inc();
-                tracing::warn!(error = %e, "heartbeat to the Auth Service failed; retrying");
+                tracing::warn!(error = %e, auth_servers = %auth.addrs().join(", "), "heartbeat to the Auth Service failed; retrying");
+                if FailoverClient::is_transport_failure(&e) {
+                    // The next heartbeat connects again, to the next address that answers.
+                    auth.reset().await;
+                }
             }
         };
     }
@@ -204,9 +213,9 @@ impl HeartbeatTask {
     /// The schedule exports: the Linux updater's files while its directory exists (the endpoint
     /// file, written only while empty, points the updater at this cluster's proxy) and the
     /// extra sinks. Dropping them stops them.
-    fn exports(&self, client: AuthClient) -> Exports {
+    fn exports(&self, link: Arc<FailoverClient>) -> Exports {
         let targets = &self.exports;
-        let source = Arc::new(AuthMaintenanceSource::new(client));
+        let source = Arc::new(AuthMaintenanceSource::failover(link));
         let settings = match &targets.endpoint {
             Some(endpoint) => ExportSettings::new(&targets.upgrade_dir).with_endpoint(endpoint.clone()),
             None => ExportSettings::new(&targets.upgrade_dir),

@@ -269,7 +269,7 @@ impl AgentNode {
         let cert = identity.ssh_certificate()?;
         let verifier = Arc::new(identity.verifier()?);
         let ssh = if config.ssh.enabled {
-            ssh_server(&identity, &dialer)?.dial_service()
+            ssh_server(&identity, &dialer, config)?.dial_service()
         } else {
             refuse_ssh()
         };
@@ -364,6 +364,7 @@ impl AgentNode {
         let first_beat = Arc::new(tokio::sync::Notify::new());
         let task = HeartbeatTask {
             identity: identity.clone(),
+            auth_addrs: auth_addrs(identity, &self.config),
             dialer,
             beat,
             metrics: metrics.clone(),
@@ -414,7 +415,7 @@ impl AgentNode {
         let mut listeners = Vec::new();
         let mut resources = served_resources(config);
         let verifier = Arc::new(identity.verifier()?);
-        let ssh = ssh_server(&identity, &dialer)?;
+        let ssh = ssh_server(&identity, &dialer, config)?;
         let service = agent_dial_service(
             config,
             if config.ssh.enabled {
@@ -688,19 +689,38 @@ pub(crate) async fn agent_identity(
 
 /// The node's SSH Service with its host certificate. It decides on its own who may log in
 /// (defence in depth: the proxy asked first), asking the Auth Service about itself.
-fn ssh_server(identity: &ClientIdentity, dialer: &ProxyDialer) -> Result<SshServer, NodeError> {
+/// The Auth Service's addresses the agent asks, in turn: the one it joined first, then — when it
+/// joined directly at one of several `svc.auth_server` addresses — the others. Behind a tunnel
+/// there is one: the proxy's web port (the proxy fails over between Auth Services itself).
+fn auth_addrs(identity: &ClientIdentity, config: &Config) -> Vec<String> {
+    let mut addrs = vec![identity.auth_addr.clone()];
+    let configured: Vec<String> = config.svc.auth_servers.iter().map(ToString::to_string).collect();
+    if configured.contains(&identity.auth_addr) {
+        addrs.extend(configured.into_iter().filter(|a| *a != identity.auth_addr));
+    }
+    addrs
+}
+
+fn ssh_server(
+    identity: &ClientIdentity,
+    dialer: &ProxyDialer,
+    config: &Config,
+) -> Result<SshServer, NodeError> {
+    let addrs = auth_addrs(identity, config);
     Ok(SshServer::new(
         SshServerConfig::new(
             identity.ssh_private_key()?,
             identity.ssh_certificate()?,
             Arc::new(identity.verifier()?),
             identity.name.clone(),
-            AuthNodeAuthorizer::new(identity.clone(), Some(dialer.clone())),
+            AuthNodeAuthorizer::at(addrs.clone(), identity.clone(), Some(dialer.clone()), false),
         )
         // Sessions the proxy let through survive a short Auth Service outage.
-        .with_proxied_authorizer(AuthNodeAuthorizer::with_outage_grace(
+        .with_proxied_authorizer(AuthNodeAuthorizer::at(
+            addrs,
             identity.clone(),
             Some(dialer.clone()),
+            true,
         )),
     ))
 }
