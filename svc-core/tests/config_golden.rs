@@ -14,7 +14,9 @@ use std::{
 use svc_core::{
     Addr, Version,
     channel::ChannelSpec,
-    config::{Config, ConfigError, DbProtocol, ListenerMode, LogOutput, LogSeverity, ProxyProtocol},
+    config::{
+        Config, ConfigError, DbProtocol, ListenerMode, LogOutput, LogSeverity, ProxyProtocol, StorageConfig,
+    },
 };
 
 const HOST: &str = "golden-host";
@@ -108,6 +110,11 @@ fn minimal_is_the_all_in_one_default() {
     assert_eq!(c, Config::all_in_one_default_with_hostname(HOST));
     assert_eq!(c.svc.nodename, HOST);
     assert_eq!(c.cluster_name(), "svc.local");
+    assert_eq!(
+        c.auth.storage,
+        StorageConfig::Embedded,
+        "the embedded store is the default"
+    );
     assert_eq!(c.listener_mode(), ListenerMode::Multiplex);
     assert!(c.auth.enabled && c.proxy.enabled && c.ssh.enabled);
     assert!(!c.app.enabled && !c.db.enabled && !c.kube.enabled && !c.windows_desktop.enabled);
@@ -248,6 +255,31 @@ fn full_file_sets_every_section() {
         ),
         (3, 50, Duration::from_secs(3600))
     );
+    match &c.auth.storage {
+        StorageConfig::Etcd(etcd) => {
+            assert_eq!(etcd.peers.len(), 3);
+            assert_eq!(etcd.peers[0], "https://etcd1.example.com:2379");
+            assert_eq!(etcd.prefix, "/svc/example.com");
+            assert_eq!(
+                etcd.tls_ca_file.as_deref(),
+                Some(Path::new("/etc/svc/etcd-ca.pem"))
+            );
+            assert_eq!(
+                etcd.tls_cert_file.as_deref(),
+                Some(Path::new("/etc/svc/etcd-client.pem"))
+            );
+            assert_eq!(
+                etcd.tls_key_file.as_deref(),
+                Some(Path::new("/etc/svc/etcd-client-key.pem"))
+            );
+            assert_eq!(etcd.username.as_deref(), Some("svc"));
+            assert_eq!(
+                etcd.password_file.as_deref(),
+                Some(Path::new("/etc/svc/etcd-password"))
+            );
+        }
+        other => panic!("full.yaml sets etcd storage, got {other:?}"),
+    }
     assert_eq!(c.proxy.proxy_protocol, ProxyProtocol::On);
     assert_eq!(
         c.proxy.trusted_proxy_networks(),

@@ -9,9 +9,10 @@
 //!   not persist.
 //! - [`EmbeddedBackend`]: the default, an ACID database file (redb) in the data directory, with
 //!   durable commits: a write that returned `Ok` survives `kill -9` and power loss.
+//! - `EtcdBackend` (feature `etcd`): an etcd 3.4+ cluster, shared by several Auth Services;
+//!   its module docs say how revisions, expiry and watches map onto etcd.
 //!
-//! The contract is written so that an etcd implementation can follow it without changing
-//! callers:
+//! Every implementation follows one contract, so callers do not change with the backend:
 //!
 //! - The backend assigns every write a [`Revision`] from one cluster-wide counter that only
 //!   grows (etcd's `mod_revision`). Deleting a key also takes a revision.
@@ -20,14 +21,17 @@
 //!   wrote the key since.
 //! - [`Backend::watch`] first yields [`Event::Init`] carrying the revision the watch starts
 //!   after, then every change under the prefix in revision order. A watcher that cannot keep up
-//!   gets [`WatchError::Lagged`] and must re-list (`range`) and watch again; it never silently
-//!   misses an event.
+//!   gets [`WatchError::Lagged`] (or, on etcd, [`WatchError::Compacted`] when the history it
+//!   needed to resume was compacted) and must re-list (`range`) and watch again; it never
+//!   silently misses an event.
 //! - Items may carry an expiry. Reads treat an expired item as absent at once;
 //!   [`Backend::purge_expired`] removes expired items and emits their [`Event::Delete`]s (etcd
 //!   does the same with leases), so the server calls it periodically.
 
 #[cfg(feature = "storage")]
 mod embedded;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod memory;
 mod watch;
 
@@ -41,6 +45,8 @@ use crate::clock::{Clock, SystemClock};
 
 #[cfg(feature = "storage")]
 pub use embedded::EmbeddedBackend;
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdBackend, EtcdError, EtcdOptions, EtcdTls};
 pub use memory::MemoryBackend;
 pub use watch::{WatchError, Watcher};
 
@@ -325,8 +331,8 @@ pub enum BackendError {
 }
 
 impl BackendError {
-    // Only the embedded backend (feature `storage`) has a storage engine to fail.
-    #[cfg_attr(not(feature = "storage"), allow(dead_code))]
+    // Only the embedded and etcd backends (features `storage`, `etcd`) have storage to fail.
+    #[cfg_attr(not(any(feature = "storage", feature = "etcd")), allow(dead_code))]
     pub(crate) fn storage(
         context: &'static str,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,

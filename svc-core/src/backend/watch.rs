@@ -27,6 +27,15 @@ pub enum WatchError {
     /// The backend is gone (dropped or shut down).
     #[error("watch closed by the backend; re-list and watch again")]
     Closed,
+    /// The backend discarded the history the watcher needed to resume (etcd compacted it up to
+    /// `revision` while the watch was reconnecting): re-list and watch again.
+    #[error(
+        "the history the watch needed was compacted (up to revision {revision}); re-list and watch again"
+    )]
+    Compacted {
+        /// The revision up to which history is gone.
+        revision: Revision,
+    },
 }
 
 /// A stream of [`Event`]s under one prefix: [`Event::Init`] first, then every change in
@@ -45,6 +54,13 @@ enum Source {
         init: Option<Revision>,
     },
     Channel(mpsc::Receiver<Result<Event, WatchError>>),
+    /// A remote backend's watch task relays etcd's stream into a bounded broadcast channel, so a
+    /// watcher that does not read lags exactly as on the local backends.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Relay {
+        rx: broadcast::Receiver<Result<Event, WatchError>>,
+        init: Option<Revision>,
+    },
 }
 
 impl Watcher {
@@ -72,6 +88,30 @@ impl Watcher {
         }
     }
 
+    /// A watcher fed by a remote backend's relay task through `rx`, which was subscribed
+    /// before the task asked for changes after `start`.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(crate) fn from_relay(rx: broadcast::Receiver<Result<Event, WatchError>>, start: Revision) -> Self {
+        Self {
+            source: Source::Relay {
+                rx,
+                init: Some(start),
+            },
+            finished: None,
+        }
+    }
+
+    /// How many events have reached this watcher and not been read yet, counting those it will
+    /// miss if it has fallen past its buffer. On the local backends the count includes changes
+    /// under other prefixes (they share one channel and are filtered on reading).
+    pub fn backlog(&self) -> usize {
+        match &self.source {
+            Source::Broadcast { rx, .. } => rx.len(),
+            Source::Relay { rx, .. } => rx.len(),
+            Source::Channel(rx) => rx.len(),
+        }
+    }
+
     /// The next event. After an error every later call returns the same error.
     pub async fn next(&mut self) -> Result<Event, WatchError> {
         if let Some(err) = &self.finished {
@@ -93,6 +133,16 @@ impl Watcher {
                         }
                         Err(broadcast::error::RecvError::Closed) => break Err(WatchError::Closed),
                     }
+                }
+            }
+            Source::Relay { rx, init } => {
+                if let Some(revision) = init.take() {
+                    return Ok(Event::Init { revision });
+                }
+                match rx.recv().await {
+                    Ok(result) => result,
+                    Err(broadcast::error::RecvError::Lagged(missed)) => Err(WatchError::Lagged { missed }),
+                    Err(broadcast::error::RecvError::Closed) => Err(WatchError::Closed),
                 }
             }
             Source::Channel(rx) => match rx.recv().await {

@@ -23,8 +23,9 @@ mod validate;
 pub use error::ConfigError;
 pub use types::{
     App, AppConfig, AuthConfig, AuthenticationConfig, Config, Database, DbConfig, DbProtocol, DbTls,
-    DesktopHost, DirectDialConfig, KeyPair, KubeConfig, LogConfig, LogFormat, LogOutput, LogSeverity,
-    ProxyConfig, ProxyDbAddrs, ProxyProtocol, SshConfig, SvcConfig, WindowsDesktopConfig, ports,
+    DesktopHost, DirectDialConfig, EtcdStorageConfig, KeyPair, KubeConfig, LogConfig, LogFormat, LogOutput,
+    LogSeverity, ProxyConfig, ProxyDbAddrs, ProxyProtocol, SshConfig, StorageConfig, StorageFileError,
+    SvcConfig, WindowsDesktopConfig, ports,
 };
 
 /// The commented default configuration written by `svc configure`; it parses to

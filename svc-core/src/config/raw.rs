@@ -75,6 +75,22 @@ pub(crate) struct RawAuth {
     pub(crate) grpc_idle_timeout: Option<String>,
     pub(crate) authentication: RawAuthentication,
     pub(crate) direct_dial: RawDirectDial,
+    pub(crate) storage: RawStorage,
+}
+
+/// `auth_service.storage`: where the Auth Service keeps the cluster's state.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default, expecting = "a mapping")]
+pub(crate) struct RawStorage {
+    #[serde(rename = "type")]
+    pub(crate) kind: Option<String>,
+    pub(crate) peers: Option<Vec<String>>,
+    pub(crate) prefix: Option<String>,
+    pub(crate) tls_ca_file: Option<PathBuf>,
+    pub(crate) tls_cert_file: Option<PathBuf>,
+    pub(crate) tls_key_file: Option<PathBuf>,
+    pub(crate) username: Option<String>,
+    pub(crate) password_file: Option<PathBuf>,
 }
 
 /// `auth_service.direct_dial`: what directly joined agents may announce.

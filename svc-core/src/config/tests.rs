@@ -284,3 +284,54 @@ fn idle_timeouts_default_and_validate() {
         .to_string();
     assert!(err.contains("auth_service.grpc_idle_timeout"), "{err}");
 }
+
+#[test]
+fn etcd_storage_defaults_and_files() {
+    let c = parse(
+        "version: v1\nauth_service: {cluster_name: example.com, storage: {type: etcd, peers: [http://127.0.0.1:2379]}}",
+    )
+    .unwrap();
+    let StorageConfig::Etcd(etcd) = &c.auth.storage else {
+        panic!("expected etcd storage, got {:?}", c.auth.storage);
+    };
+    assert_eq!(
+        etcd.prefix, "/svc/example.com",
+        "the default prefix names the cluster"
+    );
+    assert_eq!(etcd.peers, ["http://127.0.0.1:2379"]);
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_storage_reads_its_files_and_hides_the_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "s3cret-etcd-pw\n").unwrap();
+    let yaml = format!(
+        "version: v1\nauth_service: {{storage: {{type: etcd, peers: [http://127.0.0.1:2379], username: svc, password_file: {}}}}}",
+        password.display()
+    );
+    let c = parse(&yaml).unwrap();
+    let StorageConfig::Etcd(etcd) = &c.auth.storage else {
+        panic!("expected etcd storage");
+    };
+    let options = etcd.options().unwrap();
+    let debug = format!("{options:?}");
+    assert!(!debug.contains("s3cret"), "no password in Debug: {debug}");
+    assert!(debug.contains("\"svc\""), "the user name is shown: {debug}");
+
+    let missing = dir.path().join("absent.pem");
+    let yaml = format!(
+        "version: v1\nauth_service: {{storage: {{type: etcd, peers: [https://127.0.0.1:2379], tls_ca_file: {}}}}}",
+        missing.display()
+    );
+    let c = parse(&yaml).unwrap();
+    let StorageConfig::Etcd(etcd) = &c.auth.storage else {
+        panic!("expected etcd storage");
+    };
+    let err = etcd.options().unwrap_err().to_string();
+    assert!(
+        err.starts_with("auth_service.storage.tls_ca_file: cannot read") && err.contains("absent.pem"),
+        "{err}"
+    );
+}

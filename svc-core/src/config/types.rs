@@ -169,6 +169,84 @@ pub struct AuthConfig {
     pub authentication: AuthenticationConfig,
     /// What directly joined agents may announce (`auth_service.direct_dial`).
     pub direct_dial: DirectDialConfig,
+    /// Where the cluster's state lives (`auth_service.storage`; default the embedded store).
+    pub storage: StorageConfig,
+}
+
+/// `auth_service.storage`: where the Auth Service keeps the cluster's state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StorageConfig {
+    /// `type: embedded` (the default): one database file in the data directory.
+    #[default]
+    Embedded,
+    /// `type: etcd`: an etcd cluster, shared by every Auth Service of the cluster.
+    Etcd(EtcdStorageConfig),
+}
+
+/// `auth_service.storage` with `type: etcd`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EtcdStorageConfig {
+    /// The members' client URLs (`peers`), all `http://` or all `https://`.
+    pub peers: Vec<String>,
+    /// The key prefix of this cluster (`prefix`, default `/svc/<cluster name>`).
+    pub prefix: String,
+    /// The CA of the members' certificates (`tls_ca_file`; required with `https://` peers).
+    pub tls_ca_file: Option<PathBuf>,
+    /// The client certificate for etcd's `--client-cert-auth` (`tls_cert_file`).
+    pub tls_cert_file: Option<PathBuf>,
+    /// The client certificate's key (`tls_key_file`).
+    pub tls_key_file: Option<PathBuf>,
+    /// The etcd user (`username`), with `password_file`.
+    pub username: Option<String>,
+    /// A file holding the etcd user's password (`password_file`; a trailing newline is ignored).
+    pub password_file: Option<PathBuf>,
+}
+
+/// A file named in `auth_service.storage` could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("auth_service.storage.{field}: cannot read {}: {source}", path.display())]
+pub struct StorageFileError {
+    /// The field naming the file.
+    pub field: &'static str,
+    /// The file.
+    pub path: PathBuf,
+    /// The I/O error.
+    #[source]
+    pub source: std::io::Error,
+}
+
+#[cfg(feature = "etcd")]
+impl EtcdStorageConfig {
+    /// The options for [`EtcdBackend::connect`](crate::backend::EtcdBackend::connect): the
+    /// files named here are read now (the password never leaves the returned options).
+    pub fn options(&self) -> Result<crate::backend::EtcdOptions, StorageFileError> {
+        let read = |field: &'static str, path: &PathBuf| {
+            std::fs::read(path).map_err(|source| StorageFileError {
+                field,
+                path: path.clone(),
+                source,
+            })
+        };
+        let mut options = crate::backend::EtcdOptions::new(self.peers.clone(), self.prefix.clone());
+        if let Some(ca) = &self.tls_ca_file {
+            let client = match (&self.tls_cert_file, &self.tls_key_file) {
+                (Some(cert), Some(key)) => Some((read("tls_cert_file", cert)?, read("tls_key_file", key)?)),
+                _ => None,
+            };
+            options = options.tls(crate::backend::EtcdTls {
+                ca_pem: read("tls_ca_file", ca)?,
+                client,
+            });
+        }
+        if let (Some(user), Some(file)) = (&self.username, &self.password_file) {
+            let password = read("password_file", file)?;
+            let password = String::from_utf8_lossy(&password);
+            options = options.user(user.clone(), password.trim_end_matches(['\r', '\n']));
+        }
+        Ok(options)
+    }
 }
 
 /// `auth_service.direct_dial`: the listeners directly joined agents may announce for the

@@ -16,7 +16,7 @@ use super::{
     ConfigError, ListenerMode,
     raw::{
         OneOrMany, RawApp, RawAuth, RawAuthentication, RawConfig, RawDb, RawKube, RawLog, RawProxy, RawSsh,
-        RawSvc, RawWindows,
+        RawStorage, RawSvc, RawWindows,
     },
     types::*,
 };
@@ -353,6 +353,7 @@ fn auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
             reason: "expected a count of at least 1, found 0".to_owned(),
         });
     }
+    let storage = storage(raw.storage, &cluster_name)?;
     Ok(AuthConfig {
         enabled: raw.enabled.unwrap_or(true),
         listen_addr: listen_addr(
@@ -378,7 +379,143 @@ fn auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
         direct_dial: DirectDialConfig {
             allow_loopback: raw.direct_dial.allow_loopback.unwrap_or(false),
         },
+        storage,
     })
+}
+
+fn storage(raw: RawStorage, cluster_name: &str) -> Result<StorageConfig, ConfigError> {
+    const P: &str = "auth_service.storage";
+    let invalid = |field: &str, reason: String| ConfigError::Invalid {
+        path: format!("{P}.{field}"),
+        reason,
+    };
+    let kind = match raw.kind.as_deref() {
+        None => "embedded",
+        Some(k) => one_of(
+            &format!("{P}.type"),
+            k,
+            &["embedded", "etcd"],
+            &["embedded", "etcd"],
+        )?,
+    };
+    if kind == "embedded" {
+        let etcd_only = [
+            ("peers", raw.peers.is_some()),
+            ("prefix", raw.prefix.is_some()),
+            ("tls_ca_file", raw.tls_ca_file.is_some()),
+            ("tls_cert_file", raw.tls_cert_file.is_some()),
+            ("tls_key_file", raw.tls_key_file.is_some()),
+            ("username", raw.username.is_some()),
+            ("password_file", raw.password_file.is_some()),
+        ];
+        if let Some((field, _)) = etcd_only.iter().find(|(_, set)| *set) {
+            return Err(invalid(
+                field,
+                "only for `type: etcd` (the embedded store is the data directory's database file)".to_owned(),
+            ));
+        }
+        return Ok(StorageConfig::Embedded);
+    }
+    let peers = raw.peers.unwrap_or_default();
+    if peers.is_empty() {
+        return Err(invalid(
+            "peers",
+            "`type: etcd` needs at least one member URL, such as https://etcd1.example.com:2379".to_owned(),
+        ));
+    }
+    let mut https = None;
+    for (i, peer) in peers.iter().enumerate() {
+        let (scheme, rest) = peer.split_once("://").unwrap_or(("", peer));
+        let secure = match scheme {
+            "https" => true,
+            "http" => false,
+            _ => {
+                return Err(invalid(
+                    &format!("peers[{i}]"),
+                    format!("\"{peer}\" is not a URL: expected https://host:port or http://host:port"),
+                ));
+            }
+        };
+        let authority = rest.trim_end_matches('/');
+        if authority.is_empty()
+            || authority.contains('/')
+            || Addr::parse_with_default_port(authority, 2379).is_err()
+        {
+            return Err(invalid(
+                &format!("peers[{i}]"),
+                format!("\"{peer}\": expected {scheme}://host:port with no path"),
+            ));
+        }
+        if https.is_some_and(|h| h != secure) {
+            return Err(invalid(
+                "peers",
+                "mixes http:// and https:// members; use one scheme for all".to_owned(),
+            ));
+        }
+        https = Some(secure);
+    }
+    let https = https.unwrap_or(false);
+    if https && raw.tls_ca_file.is_none() {
+        return Err(invalid(
+            "tls_ca_file",
+            "https:// peers need the CA that signed their certificates".to_owned(),
+        ));
+    }
+    if !https {
+        for (field, set) in [
+            ("tls_ca_file", raw.tls_ca_file.is_some()),
+            ("tls_cert_file", raw.tls_cert_file.is_some()),
+            ("tls_key_file", raw.tls_key_file.is_some()),
+        ] {
+            if set {
+                return Err(invalid(field, "TLS settings need https:// peers".to_owned()));
+            }
+        }
+    }
+    match (&raw.tls_cert_file, &raw.tls_key_file) {
+        (Some(_), None) => {
+            return Err(invalid(
+                "tls_key_file",
+                "tls_cert_file needs its key file".to_owned(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "tls_cert_file",
+                "tls_key_file needs its certificate file".to_owned(),
+            ));
+        }
+        _ => {}
+    }
+    match (&raw.username, &raw.password_file) {
+        (Some(u), None) if !u.is_empty() => {
+            return Err(invalid(
+                "password_file",
+                "username needs a password_file".to_owned(),
+            ));
+        }
+        (Some(u), _) if u.is_empty() => return Err(invalid("username", "empty user name".to_owned())),
+        (None, Some(_)) => return Err(invalid("username", "password_file needs a username".to_owned())),
+        _ => {}
+    }
+    let prefix = raw.prefix.unwrap_or_else(|| format!("/svc/{cluster_name}"));
+    if !prefix.starts_with('/') || prefix.ends_with('/') || prefix.len() < 2 {
+        return Err(invalid(
+            "prefix",
+            format!(
+                "\"{prefix}\": expected a key path such as /svc/{cluster_name}: starting with '/', not ending with '/'"
+            ),
+        ));
+    }
+    Ok(StorageConfig::Etcd(EtcdStorageConfig {
+        peers,
+        prefix,
+        tls_ca_file: raw.tls_ca_file,
+        tls_cert_file: raw.tls_cert_file,
+        tls_key_file: raw.tls_key_file,
+        username: raw.username,
+        password_file: raw.password_file,
+    }))
 }
 
 fn authentication(raw: RawAuthentication) -> Result<AuthenticationConfig, ConfigError> {

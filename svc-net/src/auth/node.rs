@@ -1,7 +1,7 @@
 //! The Auth Service node: the backend, the certificate authorities and the gRPC API on 3025.
 //!
-//! Order at [`AuthServer::start`]: create the data directory → open the embedded backend (or
-//! use the one given) → open the Auth Service (the CAs are created on first start) → bind and
+//! Order at [`AuthServer::start`]: create the data directory → open the backend
+//! (`auth_service.storage`: the embedded database, or etcd; or use the one given) → open the Auth Service (the CAs are created on first start) → bind and
 //! serve its API over mutual TLS → write the admin identity `tctl` uses on this host.
 
 use std::net::SocketAddr;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use svc_core::auth::{AuthService, HostNamePolicy};
 use svc_core::backend::{Backend, EmbeddedBackend};
-use svc_core::config::Config;
+use svc_core::config::{Config, StorageConfig};
 use svc_core::identity::{HostCertRequest, SystemRole};
 use svc_core::{Addr, SystemClock};
 use tokio_util::sync::CancellationToken;
@@ -57,6 +57,7 @@ pub struct AuthServer {
     listen_addr: Addr,
     public_addrs: Vec<Addr>,
     backend: Option<Arc<dyn Backend>>,
+    storage: StorageConfig,
     limits: svc_core::auth::LoginLimits,
     names: HostNamePolicy,
     direct: svc_core::auth::DirectDialPolicy,
@@ -84,6 +85,7 @@ impl AuthServer {
             listen_addr: config.auth.listen_addr.clone(),
             public_addrs: config.auth.public_addrs.clone(),
             backend: None,
+            storage: config.auth.storage.clone(),
             limits: config.auth.authentication.limits(),
             names: host_name_policy(config),
             direct: svc_core::auth::DirectDialPolicy::default()
@@ -140,9 +142,10 @@ impl AuthServer {
         // 0700, every file in it 0600 (an older install is repaired, with a log line): it holds
         // the CAs' private keys and the password hashes.
         svc_core::fs::secure_data_dir(data_dir)?;
-        let backend: Arc<dyn Backend> = match self.backend.clone() {
-            Some(b) => b,
-            None => Arc::new(
+        let backend: Arc<dyn Backend> = match (self.backend.clone(), &self.storage) {
+            (Some(b), _) => b,
+            (None, StorageConfig::Etcd(etcd)) => open_etcd(etcd).await?,
+            (None, _) => Arc::new(
                 EmbeddedBackend::open(data_dir.join(BACKEND_FILE)).map_err(|source| NodeError::Backend {
                     path: data_dir.clone(),
                     source,
@@ -188,6 +191,31 @@ impl AuthServer {
         admin.save(&running.admin_identity)?;
         Ok(running)
     }
+}
+
+/// Connects to the etcd cluster of `auth_service.storage`. Several Auth Services may share it:
+/// the first to start creates the CAs, the others load them.
+#[cfg(feature = "etcd")]
+async fn open_etcd(config: &svc_core::config::EtcdStorageConfig) -> Result<Arc<dyn Backend>, NodeError> {
+    let failed = |reason: tower::BoxError| NodeError::Storage {
+        peers: config.peers.join(","),
+        reason,
+    };
+    let options = config.options().map_err(|e| failed(e.into()))?;
+    let backend = svc_core::backend::EtcdBackend::connect(options)
+        .await
+        .map_err(|e| failed(e.into()))?;
+    Ok(Arc::new(backend))
+}
+
+/// This build has no etcd client (svc-net feature `etcd`).
+#[cfg(not(feature = "etcd"))]
+async fn open_etcd(config: &svc_core::config::EtcdStorageConfig) -> Result<Arc<dyn Backend>, NodeError> {
+    Err(NodeError::Storage {
+        peers: config.peers.join(","),
+        reason: "`type: etcd` is not built into this binary (svc-net feature `etcd`); use `type: embedded`"
+            .into(),
+    })
 }
 
 /// A running Auth Service.

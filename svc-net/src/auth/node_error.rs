@@ -53,6 +53,17 @@ pub enum NodeError {
         #[source]
         source: svc_core::backend::BackendError,
     },
+    /// The etcd backend (`auth_service.storage`) could not be opened: a file it names could
+    /// not be read, etcd did not answer or refused the credentials, or this binary was built
+    /// without etcd support (`peers` names the members).
+    #[error("auth_service.storage (etcd at {peers}): {reason}")]
+    Storage {
+        /// The etcd members, comma-separated.
+        peers: String,
+        /// What failed.
+        #[source]
+        reason: BoxError,
+    },
     /// The Auth Service refused or failed (opening the CAs, issuing certificates).
     #[error("the Auth Service: {0}")]
     Auth(#[from] svc_core::auth::AuthError),
