@@ -5,8 +5,10 @@
 //! ([`ProxyServer`]) → when any agent service is enabled (`ssh_service` by default; apps,
 //! databases, Kubernetes, desktops), an agent in the same process ([`AgentNode`]) with a host
 //! identity issued in-process, behind a reverse tunnel to the local proxy's web address
-//! (through `HTTPS_PROXY`/`NO_PROXY` like any agent). With `auth_service` and `proxy_service`
-//! disabled, the process is a standalone agent instead.
+//! (through `HTTPS_PROXY`/`NO_PROXY` like any agent). With `auth_service` disabled and
+//! `proxy_service` enabled, the process is a Proxy Service apart from the Auth Service
+//! ([`ProxyServer::start_joined`]: joined with a `proxy` token at `svc.auth_server`). With
+//! `auth_service` and `proxy_service` disabled, the process is a standalone agent instead.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), svc_net::NodeError> {
@@ -93,11 +95,28 @@ impl Cluster {
         let config = &self.config;
         if !config.auth.enabled {
             if config.proxy.enabled {
-                return Err(NodeError::Config(
-                    "proxy_service.enabled is true but auth_service.enabled is false: in this release the \
-                     Proxy Service runs in the Auth Service's process; disable proxy_service to run an agent"
-                        .into(),
-                ));
+                if !agent_roles(config).is_empty() {
+                    return Err(NodeError::Config(format!(
+                        "a Proxy Service apart from the Auth Service runs no agent service in its process, but {} enabled; disable them (ssh_service.enabled: false, ...) and run the agent as its own process",
+                        agent_roles(config)
+                            .iter()
+                            .map(|r| format!("the {} service is", r.as_str()))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+                let proxy = ProxyServer::from_config(config)
+                    .tunnel_public_addr_override(self.tunnel_override.clone())
+                    .insecure(self.insecure)
+                    .host_cert_ttl(host_cert_ttl_from_env()?)
+                    .start_joined()
+                    .await?;
+                return Ok(RunningCluster {
+                    cluster: proxy.settings().ping.cluster_name.clone(),
+                    auth: None,
+                    proxy: Some(proxy),
+                    node: None,
+                });
             }
             let node = self.agent().start().await?;
             let cluster = node
@@ -151,6 +170,22 @@ impl Cluster {
             proxy,
             node,
         })
+    }
+}
+
+/// The environment variable asking a Proxy Service apart from the Auth Service for host
+/// certificates of this lifetime in seconds when it renews them: for tests of renewal; unset,
+/// the Auth Service's join lifetime.
+pub const HOST_CERT_TTL_ENV: &str = "SVC_HOST_CERT_TTL";
+
+fn host_cert_ttl_from_env() -> Result<Option<std::time::Duration>, NodeError> {
+    match std::env::var(HOST_CERT_TTL_ENV) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse::<u64>()
+            .map(|s| Some(std::time::Duration::from_secs(s)))
+            .map_err(|e| NodeError::Config(format!("{HOST_CERT_TTL_ENV}={v:?}: expected seconds: {e}"))),
+        _ => Ok(None),
     }
 }
 

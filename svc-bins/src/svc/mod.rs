@@ -44,13 +44,18 @@ pub fn load_config(
 /// Prints what runs and how to start using it.
 pub fn banner(config: &Config, running: &RunningCluster) {
     let data_dir = config.svc.data_dir.display();
-    match &running.auth {
-        Some(_) => println!(
+    match (&running.auth, &running.proxy) {
+        (Some(_), _) => println!(
             "svc {}: cluster {:?} is running",
             svc_core::version::current(),
             running.cluster
         ),
-        None => println!(
+        (None, Some(_)) => println!(
+            "svc {}: proxy of cluster {:?} is running",
+            svc_core::version::current(),
+            running.cluster
+        ),
+        (None, None) => println!(
             "svc {}: agent of cluster {:?} is running",
             svc_core::version::current(),
             running.cluster
@@ -79,6 +84,9 @@ pub fn banner(config: &Config, running: &RunningCluster) {
         println!("  web: https://{}", proxy.addrs().web);
         for (field, addr) in &proxy.addrs().others {
             println!("  {field}: {addr}");
+        }
+        if running.auth.is_none() {
+            return;
         }
         println!();
         println!("Create the first user (prints a password), then sign in with it:");

@@ -11,16 +11,28 @@ use svc_net::auth::AuthClient;
 
 /// Connects to the Auth API as `tctl` acts: with the admin identity of `--data-dir` (or
 /// `--config`'s data directory) on the Auth host, else as the signed-in `tsh` user, else with
-/// the admin identity of the default data directory.
+/// the admin identity of the default data directory. With `--config` naming several Auth
+/// Services (`svc.auth_server`), the first that answers.
 pub async fn connect(cli: &cli::Cli) -> anyhow::Result<AuthClient> {
-    let explicit = match (&cli.data_dir, &cli.config) {
+    let config = match &cli.config {
+        Some(file) => Some(svc_core::config::Config::load(file)?),
+        None => None,
+    };
+    let explicit = match (&cli.data_dir, &config) {
         (Some(dir), _) => Some(dir.clone()),
-        (None, Some(file)) => Some(svc_core::config::Config::load(file)?.svc.data_dir),
+        (None, Some(config)) => Some(config.svc.data_dir.clone()),
         (None, None) => None,
     };
     let default_dir = svc_core::config::Config::all_in_one_default().svc.data_dir;
     let identity = svc_net::client::tctl_identity(explicit.as_deref(), &default_dir)?;
-    Ok(AuthClient::connect_with(&identity).await?)
+    // `svc.auth_server` in `--config` lists the Auth Services: the first that answers is used.
+    let addrs: Vec<String> = config
+        .map(|c| c.svc.auth_servers.iter().map(ToString::to_string).collect())
+        .unwrap_or_default();
+    if addrs.is_empty() {
+        return Ok(AuthClient::connect_with(&identity).await?);
+    }
+    Ok(AuthClient::connect_any(&addrs, &identity, None).await?.0)
 }
 
 /// Reads `file`, or standard input for `-`.

@@ -25,6 +25,7 @@
 pub mod direct;
 pub mod limit;
 mod password;
+mod rules;
 mod served;
 mod store;
 
@@ -49,6 +50,7 @@ use crate::{Secret, Version};
 pub use direct::{Announcer, DirectAddrRefused, DirectDialPolicy, check_direct_addr};
 pub use limit::{LoginLimiter, LoginLimits, Refusal, Subject};
 use password::PasswordPool;
+pub use rules::{AccessRules, WATCHED_PREFIXES};
 pub use served::{ResourceRoute, RouteError, ServedKind, ServedResource, direct_ip_allowed};
 
 /// The SSH principal of a user without logins (a leading `-` is never a Unix user name).
@@ -343,6 +345,7 @@ pub struct AuthService {
     names: HostNamePolicy,
     direct: std::sync::RwLock<DirectDialPolicy>,
     refused_direct: std::sync::Mutex<Vec<served::RefusedDirect>>,
+    rules: AccessRules,
 }
 
 /// Which names a joining agent may put in its certificate besides its host ID and node name
@@ -444,6 +447,7 @@ impl AuthService {
         let auth = Self {
             limiter: Arc::new(LoginLimiter::new(LoginLimits::default(), clock.clone())),
             passwords: PasswordPool::for_this_machine(),
+            rules: AccessRules::new(backend.clone(), verifier.clone(), clock.clone()),
             backend,
             clock,
             host_ca,
@@ -571,71 +575,51 @@ impl AuthService {
         })
     }
 
+    /// Renews a cluster member's host certificates (the caller's own, verified): the same host
+    /// ID, node name, roles and names for fresh keys, valid for `ttl` (at most, and by default,
+    /// [`HOST_CERT_TTL`]). Users and the admin identity cannot renew this way.
+    pub fn renew_host_certs(
+        &self,
+        caller: &Caller,
+        tls_public_key: &[u8],
+        ssh_public_key: &PublicKey,
+        ttl: Option<Duration>,
+    ) -> Result<IssuedCerts, AuthError> {
+        let Caller::Host(host) = caller else {
+            return Err(AccessDenied {
+                verb: Verb::Update,
+                resource: "host certificate".into(),
+            }
+            .into());
+        };
+        let uuid = host
+            .host_id
+            .split_once('.')
+            .map_or(host.host_id.as_str(), |(uuid, _)| uuid);
+        let host_uuid = uuid::Uuid::parse_str(uuid)
+            .map_err(|e| AuthError::Invalid(format!("host ID {:?}: {e}", host.host_id)))?;
+        let req = HostCertRequest {
+            host_uuid,
+            node_name: host.node_name.clone(),
+            roles: host.roles.clone(),
+            additional_names: host.additional_names.clone(),
+            ttl: ttl.unwrap_or(HOST_CERT_TTL).min(HOST_CERT_TTL),
+        };
+        self.issue_host_certs(&req, tls_public_key, ssh_public_key)
+    }
+
     /// Turns a verified certificate identity into a [`Caller`], loading the user's roles as
     /// stored now (a role named in the certificate that no longer exists grants nothing). The
     /// certificate of a user who no longer exists, or who is locked, is refused
     /// ([`AuthError::Revoked`]).
     pub async fn caller(&self, identity: Identity) -> Result<Caller, AuthError> {
-        match identity {
-            Identity::Host(host) if host.has_role(SystemRole::Auth) => Ok(Caller::Admin(host)),
-            Identity::Host(host) => Ok(Caller::Host(host)),
-            Identity::User(user) => {
-                if let Some(refusal) = self.user_revoked(&user.username).await? {
-                    return Err(AuthError::Revoked(refusal));
-                }
-                let mut roles = Vec::new();
-                for name in &user.roles {
-                    if let Some(Resource::Role(role)) = self.store().get(Kind::Role, name).await? {
-                        roles.push(role);
-                    }
-                }
-                Ok(Caller::User {
-                    identity: user,
-                    roles: RoleSet::new(roles),
-                })
-            }
-        }
+        self.rules.caller(identity).await
     }
 
     /// Why the certificates of `username` no longer work, if they do not: the user was
     /// deleted, or a live lock targets them.
     pub(crate) async fn user_revoked(&self, username: &str) -> Result<Option<String>, AuthError> {
-        if self.store().get(Kind::User, username).await?.is_none() {
-            return Ok(Some(format!(
-                "user \"{username}\" no longer exists: their certificates are revoked"
-            )));
-        }
-        Ok(self
-            .live_locks()
-            .await?
-            .into_iter()
-            .find(|l| l.locks_user(username))
-            .map(|l| lock_refusal(&l)))
-    }
-
-    /// Why sessions to the node known by `names` (node name, host ID, UUID) are refused, if a
-    /// live lock targets it.
-    pub(crate) async fn node_locked(&self, names: &[&str]) -> Result<Option<String>, AuthError> {
-        Ok(self
-            .live_locks()
-            .await?
-            .into_iter()
-            .find(|l| l.locks_node(names))
-            .map(|l| lock_refusal(&l)))
-    }
-
-    async fn live_locks(&self) -> Result<Vec<Lock>, AuthError> {
-        let now = self.now();
-        Ok(self
-            .store()
-            .list(Kind::Lock)
-            .await?
-            .into_iter()
-            .filter_map(|r| match r {
-                Resource::Lock(l) if !l.metadata.is_expired(now) => Some(l),
-                _ => None,
-            })
-            .collect())
+        self.rules.user_revoked(username).await
     }
 
     /// Verifies an X.509 chain presented by a client and returns the caller.

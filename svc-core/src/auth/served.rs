@@ -5,7 +5,7 @@
 //! stored under `/served/<host id>` with the inventory row's expiry, and only the kinds the
 //! agent's certificate has a role for are accepted. When a user connects to a resource, the
 //! proxy calls [`AuthService::resolve_resource`] with the user's certificate; RBAC by labels
-//! ([`RoleSet::labels_allowed`]) decides here, in the domain, and the answer is the
+//! ([`RoleSet::labels_allowed`](crate::rbac::RoleSet::labels_allowed)) decides here, in the domain, and the answer is the
 //! [`ResourceRoute`] the proxy dials (through the agent's reverse tunnel, or its direct
 //! listener) or a denial naming the resource.
 
@@ -17,9 +17,9 @@ use rustls::pki_types::CertificateDer;
 use serde::{Deserialize, Serialize};
 
 use super::{AuthError, AuthService, Caller, HEARTBEAT_TTL};
-use crate::backend::{Item, Key, KeyRange};
+use crate::backend::{Item, Key};
 use crate::identity::{HostIdentity, SystemRole};
-use crate::rbac::{AccessDenied, LabelKind, NodeAccess, NodeAccessDenied, RoleSet, Verb};
+use crate::rbac::{AccessDenied, LabelKind, NodeAccessDenied, Verb};
 
 /// What kind of resource an agent serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -231,13 +231,7 @@ fn served_key(host_id: &str) -> Key {
     Key::from_segments(["served", host_id])
 }
 
-#[derive(Serialize, Deserialize)]
-struct ServedEntry {
-    host_id: String,
-    hostname: String,
-    last_seen: u64,
-    resources: Vec<ServedResource>,
-}
+use super::rules::ServedEntry;
 
 impl AuthService {
     /// Stores what a heartbeat announced, with the inventory row's expiry. Refuses a resource
@@ -386,51 +380,9 @@ impl AuthService {
             })
     }
 
-    async fn served_entries(&self) -> Result<Vec<ServedEntry>, AuthError> {
-        let now = self.now();
-        let mut out = Vec::new();
-        for item in self
-            .backend
-            .range(&KeyRange::prefix(Key::from("/served/")))
-            .await?
-        {
-            if item.is_expired(now) {
-                continue;
-            }
-            let entry: ServedEntry = serde_json::from_slice(&item.value).map_err(|e| AuthError::Corrupt {
-                what: "served resources",
-                reason: e.to_string(),
-            })?;
-            out.push(entry);
-        }
-        // The freshest agent first: it is the one a dial picks when several serve a name.
-        out.sort_by_key(|e| std::cmp::Reverse(e.last_seen));
-        Ok(out)
-    }
-
-    /// The user a resource request is for, with their roles: the caller itself when it is a
-    /// user; for a proxy (host with the `proxy` role) acting for a user, the user certificate
-    /// it received from the client (`user_cert`, verified here against the user CA).
-    async fn acting_user(
-        &self,
-        caller: &Caller,
-        user_cert: Option<&[CertificateDer<'_>]>,
-    ) -> Result<(String, RoleSet), AuthError> {
-        match (caller, user_cert) {
-            (Caller::User { identity, roles }, None) => Ok((identity.username.clone(), roles.clone())),
-            (caller, Some(chain)) if caller.is_host_with(SystemRole::Proxy) => {
-                let user = self.verifier.verify_user_x509(chain, self.now())?;
-                match self.caller(crate::identity::Identity::User(user)).await? {
-                    Caller::User { identity, roles } => Ok((identity.username, roles)),
-                    _ => Err(AuthError::Invalid("expected a user certificate".into())),
-                }
-            }
-            _ => Err(AccessDenied {
-                verb: Verb::Read,
-                resource: "resource route".into(),
-            }
-            .into()),
-        }
+    /// The rules over this Auth Service's backend (what a separate proxy runs over its cache).
+    pub fn rules(&self) -> &super::AccessRules {
+        &self.rules
     }
 
     /// Finds the agent serving `kind`/`name` and checks that the user may reach it: the route
@@ -444,40 +396,15 @@ impl AuthService {
         kind: ServedKind,
         name: &str,
     ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
-        let (user, roles) = self.acting_user(caller, user_cert).await?;
-        let found = self.served_entries().await?.into_iter().find_map(|e| {
-            let resource = e
-                .resources
-                .into_iter()
-                .find(|r| r.kind == Some(kind) && r.name == name)?;
-            Some(ResourceRoute {
-                server_id: e.host_id,
-                hostname: e.hostname,
-                resource,
-            })
-        });
-        let Some(route) = found else {
-            return Ok(Err(RouteError::NotServed {
-                kind,
-                name: name.to_owned(),
-            }));
-        };
-        if !roles.labels_allowed(kind.label_kind(), &route.resource.labels) {
-            return Ok(Err(RouteError::Denied {
-                kind,
-                name: name.to_owned(),
-                user,
-            }));
-        }
-        Ok(Ok(route))
+        self.rules.resolve_resource(caller, user_cert, kind, name).await
     }
 
     /// Authorizes an SSH session of the user holding `user_cert` (their OpenSSH certificate) to
-    /// `node` as `login` ([`RoleSet::check_node`]: the node's announced labels against
-    /// `node_labels`, deny beating allow, and the login against the certificate's logins and
-    /// the roles' denied logins); the answer is the route to the one live agent holding that
-    /// node name (or host ID, or UUID), whose host ID the proxy then dials, or a [`RouteError`]
-    /// naming the node and the reason.
+    /// `node` as `login` ([`RoleSet::check_node`](crate::rbac::RoleSet::check_node): the node's
+    /// announced labels against `node_labels`, deny beating allow, and the login against the
+    /// certificate's logins and the roles' denied logins); the answer is the route to the one
+    /// live agent holding that node name (or host ID, or UUID), whose host ID the proxy then
+    /// dials, or a [`RouteError`] naming the node and the reason.
     ///
     /// A deleted or locked user, and a locked node, are refused ([`RouteError::Revoked`]);
     /// proxies and nodes ask again periodically during a session, so a lock or a deletion also
@@ -486,6 +413,8 @@ impl AuthService {
     /// Asked by a proxy (host role `proxy`) before it dials, and by a node (host role `node`)
     /// about itself (`node` is its own host ID) before it starts a session: the node's check is
     /// the second line of defence, against its own announced labels. Anyone else is refused.
+    /// The rules are [`AccessRules::authorize_node`](super::AccessRules::authorize_node); an
+    /// agent whose announced listener this Auth Service refused is named as such.
     pub async fn authorize_node(
         &self,
         caller: &Caller,
@@ -493,96 +422,13 @@ impl AuthService {
         node: &str,
         login: &str,
     ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
-        let refused = || -> AuthError {
-            AccessDenied {
-                verb: Verb::Read,
-                resource: "node authorization".into(),
-            }
-            .into()
-        };
-        let itself = match caller {
-            Caller::Host(host) if host.has_role(SystemRole::Proxy) => None,
-            Caller::Host(host) if host.has_role(SystemRole::Node) && host.host_id == node => {
-                Some(host.host_id.clone())
-            }
-            _ => return Err(refused()),
-        };
-        let user = self.verifier.verify_user_ssh(user_cert, self.now())?;
-        if let Some(refusal) = self.user_revoked(&user.username).await? {
-            return Ok(Err(RouteError::Revoked(refusal)));
+        let answer = self.rules.authorize_node(caller, user_cert, node, login).await?;
+        if let Err(RouteError::NotServed { .. }) = &answer
+            && let Some(refusal) = self.direct_refusal(caller, node, ServedKind::Node)
+        {
+            return Ok(Err(RouteError::Unreachable(refusal)));
         }
-        let granted = user.logins.clone();
-        let Caller::User { identity, roles } = self.caller(crate::identity::Identity::User(user)).await?
-        else {
-            return Err(AuthError::Invalid("expected a user certificate".into()));
-        };
-        let named = |e: &ServedEntry| match &itself {
-            Some(host_id) => &e.host_id == host_id,
-            None => {
-                e.host_id == node
-                    || e.host_id.split_once('.').is_some_and(|(uuid, _)| uuid == node)
-                    || e.resources
-                        .iter()
-                        .any(|r| r.kind == Some(ServedKind::Node) && r.name == node)
-            }
-        };
-        let found = self
-            .served_entries()
-            .await?
-            .into_iter()
-            .filter(named)
-            .find_map(|e| {
-                let resource = e
-                    .resources
-                    .into_iter()
-                    .find(|r| r.kind == Some(ServedKind::Node))?;
-                Some(ResourceRoute {
-                    server_id: e.host_id,
-                    hostname: e.hostname,
-                    resource,
-                })
-            });
-        let Some(route) = found else {
-            // An agent whose announced listener was refused: say so rather than "not found".
-            if itself.is_none()
-                && let Some(refusal) = self.direct_refusal(caller, node, ServedKind::Node)
-            {
-                return Ok(Err(RouteError::Unreachable(refusal)));
-            }
-            return Ok(Err(RouteError::NotServed {
-                kind: ServedKind::Node,
-                name: node.to_owned(),
-            }));
-        };
-        let uuid = route.server_id.split_once('.').map(|(uuid, _)| uuid);
-        let names: Vec<&str> = [
-            Some(route.server_id.as_str()),
-            uuid,
-            Some(route.resource.name.as_str()),
-            Some(route.hostname.as_str()),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        if let Some(refusal) = self.node_locked(&names).await? {
-            return Ok(Err(RouteError::Revoked(refusal)));
-        }
-        let shown = if itself.is_some() {
-            route.resource.name.as_str()
-        } else {
-            node
-        };
-        let check = roles.check_node(&NodeAccess {
-            user: &identity.username,
-            granted_logins: &granted,
-            node: shown,
-            labels: &route.resource.labels,
-            login,
-        });
-        Ok(match check {
-            Ok(()) => Ok(route),
-            Err(denied) => Err(denied.into()),
-        })
+        Ok(answer)
     }
 
     /// The route to the listener a directly joined agent announced for `kind`: `server` is
@@ -597,34 +443,7 @@ impl AuthService {
         server: &str,
         kind: ServedKind,
     ) -> Result<Option<ResourceRoute>, AuthError> {
-        if !caller.is_host_with(SystemRole::Proxy) {
-            return Err(AccessDenied {
-                verb: Verb::Read,
-                resource: "direct address".into(),
-            }
-            .into());
-        }
-        let named = |e: &ServedEntry| {
-            e.host_id == server
-                || e.hostname == server
-                || e.host_id.split_once('.').is_some_and(|(uuid, _)| uuid == server)
-        };
-        Ok(self
-            .served_entries()
-            .await?
-            .into_iter()
-            .filter(named)
-            .find_map(|e| {
-                let resource = e
-                    .resources
-                    .into_iter()
-                    .find(|r| r.kind == Some(kind) && !r.direct_addr.is_empty())?;
-                Some(ResourceRoute {
-                    server_id: e.host_id,
-                    hostname: e.hostname,
-                    resource,
-                })
-            }))
+        self.rules.direct_route(caller, server, kind).await
     }
 
     /// `tsh apps ls` and friends: the resources of `kind` the user may reach, sorted by name
@@ -636,26 +455,6 @@ impl AuthService {
         user_cert: Option<&[CertificateDer<'_>]>,
         kind: ServedKind,
     ) -> Result<Vec<ResourceRoute>, AuthError> {
-        let (_, roles) = self.acting_user(caller, user_cert).await?;
-        let mut out: BTreeMap<String, ResourceRoute> = BTreeMap::new();
-        for e in self.served_entries().await? {
-            for r in e.resources {
-                if r.kind != Some(kind)
-                    || out.contains_key(&r.name)
-                    || !roles.labels_allowed(kind.label_kind(), &r.labels)
-                {
-                    continue;
-                }
-                out.insert(
-                    r.name.clone(),
-                    ResourceRoute {
-                        server_id: e.host_id.clone(),
-                        hostname: e.hostname.clone(),
-                        resource: r,
-                    },
-                );
-            }
-        }
-        Ok(out.into_values().collect())
+        self.rules.list_served(caller, user_cert, kind).await
     }
 }

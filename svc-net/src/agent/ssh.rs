@@ -62,6 +62,9 @@ pub struct SshServerConfig {
     pub host_id: String,
     /// Decides whether a user may log in here as a login (node RBAC, the second check).
     pub authorizer: Arc<dyn NodeAuthorizer>,
+    /// Decides for sessions that came through the cluster's proxy (the tunnel, or the proxy's
+    /// mutual-TLS dial), which the proxy already authorized; `None`: [`authorizer`](Self::authorizer).
+    pub proxied_authorizer: Option<Arc<dyn NodeAuthorizer>>,
     /// Window and packet sizes.
     pub tunables: Tunables,
     /// How often an open session's access is asked again (default
@@ -85,9 +88,16 @@ impl SshServerConfig {
             verifier,
             host_id: host_id.into(),
             authorizer,
+            proxied_authorizer: None,
             tunables: Tunables::default(),
             recheck_interval: crate::ssh::authz::DEFAULT_RECHECK_INTERVAL,
         }
+    }
+
+    /// Decides sessions that came through the cluster's proxy with `authorizer`.
+    pub fn with_proxied_authorizer(mut self, authorizer: Arc<dyn NodeAuthorizer>) -> Self {
+        self.proxied_authorizer = Some(authorizer);
+        self
     }
 }
 
@@ -99,6 +109,7 @@ pub struct SshServer {
     verifier: Arc<Verifier>,
     host_id: Arc<str>,
     authorizer: Arc<dyn NodeAuthorizer>,
+    proxied_authorizer: Arc<dyn NodeAuthorizer>,
     recheck_interval: Duration,
 }
 
@@ -117,6 +128,9 @@ impl SshServer {
             auth_timeout: config.tunables.auth_timeout,
             verifier: config.verifier,
             host_id: config.host_id.into(),
+            proxied_authorizer: config
+                .proxied_authorizer
+                .unwrap_or_else(|| config.authorizer.clone()),
             authorizer: config.authorizer,
             recheck_interval: config.recheck_interval,
         }
@@ -125,12 +139,21 @@ impl SshServer {
     /// Serves one SSH connection on `io` until it closes. The client must finish the handshake
     /// and authenticate within [`Tunables::auth_timeout`] or it is disconnected.
     pub async fn serve_stream<S: Io>(&self, io: S, peer: Option<SocketAddr>) -> Result<(), SshError> {
+        self.serve_stream_with(io, peer, self.authorizer.clone()).await
+    }
+
+    async fn serve_stream_with<S: Io>(
+        &self,
+        io: S,
+        peer: Option<SocketAddr>,
+        authorizer: Arc<dyn NodeAuthorizer>,
+    ) -> Result<(), SshError> {
         let (authenticated, on_auth) = tokio::sync::oneshot::channel();
         let handler = NodeHandler {
             authenticated: Some(authenticated),
             verifier: self.verifier.clone(),
             host_id: self.host_id.clone(),
-            authorizer: self.authorizer.clone(),
+            authorizer,
             recheck_interval: self.recheck_interval,
             peer,
             denied: None,
@@ -200,7 +223,9 @@ impl SshServer {
                 let (ours, theirs) = tokio::io::duplex(256 * 1024);
                 let peer = req.client_src_addr.parse().ok();
                 tokio::spawn(async move {
-                    if let Err(e) = this.serve_stream(ours, peer).await {
+                    // Through the cluster's proxy, which decided first.
+                    let authorizer = this.proxied_authorizer.clone();
+                    if let Err(e) = this.serve_stream_with(ours, peer, authorizer).await {
                         tracing::info!(client = %req.client_src_addr, error = %e, "tunnelled SSH session ended with an error");
                     }
                 });

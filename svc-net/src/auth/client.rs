@@ -20,6 +20,59 @@ use super::tls::{ServerCheck, client_config};
 /// How long connecting (TCP + TLS) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long connecting to one of several Auth Service addresses may take before the next is
+/// tried ([`AuthClient::connect_any`], [`join_any`]).
+pub const FAILOVER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether `e` says the address could not be reached (so the next address is worth trying),
+/// rather than an answer from an Auth Service (a refusal is the same at every address).
+fn is_unreachable(e: &ClientError) -> bool {
+    matches!(e, ClientError::Connect { .. } | ClientError::Unreachable { .. })
+        || e.code() == Some(tonic::Code::Unavailable)
+}
+
+/// Runs `attempt` on each of `addrs` in turn, each within `deadline`, until one answers: its
+/// result (an answer, or a refusal) is returned. When none can be reached, the error names
+/// every address tried and why. A single address is simply attempted.
+pub(crate) async fn first_reachable<T, F, Fut>(
+    addrs: &[String],
+    deadline: Duration,
+    mut attempt: F,
+) -> Result<T, ClientError>
+where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    if let [only] = addrs {
+        // One address: nothing to fail over to; its own error, its own deadlines.
+        return attempt(only.clone()).await;
+    }
+    let mut tried = Vec::new();
+    for addr in addrs {
+        match tokio::time::timeout(deadline, attempt(addr.clone())).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if is_unreachable(&e) => {
+                let reason = match e {
+                    ClientError::Connect { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                tracing::warn!(%addr, %reason, "the Auth Service cannot be reached here; trying the next address");
+                tried.push((addr.clone(), reason));
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                let reason = format!("no answer within {deadline:?}");
+                tracing::warn!(%addr, %reason, "the Auth Service cannot be reached here; trying the next address");
+                tried.push((addr.clone(), reason));
+            }
+        }
+    }
+    if tried.is_empty() {
+        return Err(ClientError::Invalid("no Auth Service address given".into()));
+    }
+    Err(ClientError::Unreachable { tried })
+}
+
 /// Why an Auth API call failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -46,6 +99,13 @@ pub enum ClientError {
     /// The server answered something this client cannot use.
     #[error("unexpected answer from the Auth Service: {0}")]
     Invalid(String),
+    /// None of several Auth Service addresses could be reached; each is named with its reason,
+    /// in the order tried.
+    #[error("cannot reach the Auth Service at any of {}: {}", .tried.iter().map(|(a, _)| a.as_str()).collect::<Vec<_>>().join(", "), .tried.iter().map(|(a, r)| format!("{a}: {r}")).collect::<Vec<_>>().join("; "))]
+    Unreachable {
+        /// `(address, why)` per address tried.
+        tried: Vec<(String, String)>,
+    },
     /// A join without a CA pin and without explicit trust on first use: nothing was sent.
     #[error(
         "refusing to join the cluster at {addr} without a CA pin: expected svc.ca_pin (the CA pin `tctl status` prints), or explicit trust on first use (svc start --insecure)"
@@ -179,6 +239,58 @@ impl AuthClient {
         Ok(Self {
             inner: proto::auth_client::AuthClient::new(channel(addr, config, dialer).await?),
         })
+    }
+
+    /// Connects to the first of `addrs` that answers, each within
+    /// [`FAILOVER_CONNECT_TIMEOUT`] (dialed through `dialer` when given), checks the connection
+    /// with a `Status` call, and returns the client with the address it reached. When none
+    /// answers, [`ClientError::Unreachable`] names every address tried.
+    pub async fn connect_any(
+        addrs: &[String],
+        identity: &ClientIdentity,
+        dialer: Option<&ProxyDialer>,
+    ) -> Result<(Self, String), ClientError> {
+        first_reachable(addrs, FAILOVER_CONNECT_TIMEOUT, |addr| async move {
+            let mut client = Self::connect_via(&addr, identity, dialer).await?;
+            client.status().await?;
+            Ok((client, addr))
+        })
+        .await
+    }
+
+    /// Watches the keys the Auth Service's access rules read (proxies only): a snapshot, then
+    /// every change. See [`crate::proxy::cache`].
+    pub async fn watch(&mut self) -> Result<tonic::Streaming<proto::WatchEvent>, ClientError> {
+        Ok(self.inner.watch(proto::WatchRequest {}).await?.into_inner())
+    }
+
+    /// Renews this host's certificates with fresh keys (valid for `ttl`, or the join
+    /// lifetime): the identity returned has the same host ID, cluster and Auth address as
+    /// `current`.
+    pub async fn renew_host_certs(
+        &mut self,
+        current: &ClientIdentity,
+        ttl: Option<Duration>,
+    ) -> Result<ClientIdentity, ClientError> {
+        let keys = KeyMaterial::generate()?;
+        let certs = self
+            .inner
+            .renew_host_certs(proto::RenewHostCertsRequest {
+                tls_public_key: keys.tls_public_key(),
+                ssh_public_key: keys.ssh_public_key_line()?,
+                ttl_seconds: ttl.map(|t| t.as_secs()).unwrap_or(0),
+            })
+            .await?
+            .into_inner();
+        let mut identity = keys.into_identity_from_proto(certs)?;
+        if identity.name != current.name {
+            return Err(ClientError::Invalid(format!(
+                "renewed certificates name host {}, expected {}",
+                identity.name, current.name
+            )));
+        }
+        identity.auth_addr = current.auth_addr.clone();
+        Ok(identity)
     }
 
     /// Connects to the address stored in the identity.
@@ -365,6 +477,101 @@ impl AuthClient {
     }
 }
 
+/// An Auth API client over several Auth Service addresses, reconnecting on demand: the first
+/// call connects to the first address that answers ([`AuthClient::connect_any`]); after a
+/// transport failure ([`reset`](Self::reset)) the next call tries the addresses again. A
+/// renewed identity ([`set_identity`](Self::set_identity)) is used from the next connection on.
+pub struct FailoverClient {
+    addrs: Vec<String>,
+    dialer: Option<ProxyDialer>,
+    /// `None`: a client connected elsewhere that is kept as it is (it reconnects on its own).
+    identity: std::sync::RwLock<Option<ClientIdentity>>,
+    current: tokio::sync::Mutex<Option<AuthClient>>,
+}
+
+impl std::fmt::Debug for FailoverClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FailoverClient")
+            .field("addrs", &self.addrs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FailoverClient {
+    /// A client for the Auth Service at any of `addrs`, presenting `identity`, dialing through
+    /// `dialer` when given. Nothing is connected yet.
+    pub fn new(addrs: Vec<String>, identity: ClientIdentity, dialer: Option<ProxyDialer>) -> Self {
+        Self {
+            addrs,
+            dialer,
+            identity: std::sync::RwLock::new(Some(identity)),
+            current: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Always uses `client`, an already connected client (to `addr`, as named in errors),
+    /// which reconnects to that address on its own.
+    pub fn with_client(client: AuthClient, addr: String) -> Self {
+        Self {
+            addrs: vec![addr],
+            dialer: None,
+            identity: std::sync::RwLock::new(None),
+            current: tokio::sync::Mutex::new(Some(client)),
+        }
+    }
+
+    /// The addresses, in the order tried.
+    pub fn addrs(&self) -> &[String] {
+        &self.addrs
+    }
+
+    /// The identity presented on new connections (`None` for [`with_client`](Self::with_client)).
+    pub fn identity(&self) -> Option<ClientIdentity> {
+        self.identity
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A connected client: the current one, or a new connection to the first address that
+    /// answers.
+    pub async fn client(&self) -> Result<AuthClient, ClientError> {
+        let mut current = self.current.lock().await;
+        if let Some(c) = current.as_ref() {
+            return Ok(c.clone());
+        }
+        let identity = self
+            .identity()
+            .ok_or_else(|| ClientError::Invalid("no identity to connect to the Auth Service with".into()))?;
+        let (client, addr) = AuthClient::connect_any(&self.addrs, &identity, self.dialer.as_ref()).await?;
+        tracing::debug!(%addr, "connected to the Auth Service");
+        Ok(current.insert(client).clone())
+    }
+
+    /// Forgets the current connection: the next call connects again (after a transport
+    /// failure, so another address gets its chance).
+    pub async fn reset(&self) {
+        if self.identity().is_some() {
+            *self.current.lock().await = None;
+        }
+    }
+
+    /// Uses `identity` (renewed certificates) from the next connection on, and drops the
+    /// current one so that the next call presents it.
+    pub async fn set_identity(&self, identity: ClientIdentity) {
+        *self
+            .identity
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(identity);
+        self.reset().await;
+    }
+
+    /// Whether `e` is a transport failure after which [`reset`](Self::reset) is due.
+    pub fn is_transport_failure(e: &ClientError) -> bool {
+        is_unreachable(e) || e.code() == Some(tonic::Code::Unknown)
+    }
+}
+
 /// What an agent needs to join.
 #[derive(Debug, Clone)]
 pub struct JoinParams {
@@ -391,6 +598,21 @@ pub struct JoinParams {
 /// with `auth_addr` set to `addr`. Save it with [`ClientIdentity::save`].
 pub async fn join(addr: &str, params: JoinParams) -> Result<ClientIdentity, ClientError> {
     join_via(addr, params, None).await
+}
+
+/// Like [`join_via`] at the first of `addrs` that can be reached (each within
+/// [`FAILOVER_CONNECT_TIMEOUT`]); a refusal from a reachable Auth Service is final. When none
+/// can be reached, [`ClientError::Unreachable`] names every address tried.
+pub async fn join_any(
+    addrs: &[String],
+    params: JoinParams,
+    dialer: Option<&ProxyDialer>,
+) -> Result<ClientIdentity, ClientError> {
+    first_reachable(addrs, FAILOVER_CONNECT_TIMEOUT, |addr| {
+        let params = params.clone();
+        async move { join_via(&addr, params, dialer).await }
+    })
+    .await
 }
 
 /// Like [`join`], dialing through `dialer` (direct or HTTP CONNECT) when given.

@@ -24,6 +24,7 @@ mod resources;
 mod route;
 mod server;
 mod tls;
+mod watch;
 
 /// The generated protobuf messages and gRPC stubs (`proto/auth.proto`).
 #[allow(missing_docs, unreachable_pub, clippy::all)]
@@ -105,14 +106,16 @@ pub mod proto {
 }
 
 pub use admin::{AdminError, Invite, generate_password};
-pub use client::{AuthClient, ClientError, JoinParams, join, join_via};
+pub use client::{
+    AuthClient, ClientError, FAILOVER_CONNECT_TIMEOUT, FailoverClient, JoinParams, join, join_any, join_via,
+};
 pub use identity::{ClientIdentity, IdentityFileError, KeyMaterial, TrustedCaPem};
 #[cfg(feature = "node")]
 pub use node_error::NodeError;
 #[cfg(feature = "node")]
 pub(crate) use node_error::bind;
 pub use resources::Resolved;
-pub use route::{alpn, auth_route};
+pub use route::{alpn, auth_route, auth_route_any};
 pub use server::{
     AuthGrpc, GRPC_KEEPALIVE, HANDSHAKE_TIMEOUT, ServeError, serve, serve_with, serve_with_idle,
     server_identity,

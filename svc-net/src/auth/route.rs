@@ -38,3 +38,52 @@ pub fn auth_route(auth_addr: SocketAddr) -> ConnService {
         })
     }))
 }
+
+/// Like [`auth_route`], to the first of several Auth Service addresses (`host:port`) that
+/// accepts the TCP connection, each within
+/// [`FAILOVER_CONNECT_TIMEOUT`](super::FAILOVER_CONNECT_TIMEOUT): what a Proxy Service running
+/// apart from the Auth Service mounts.
+pub fn auth_route_any(addrs: Vec<String>) -> ConnService {
+    let addrs = Arc::new(addrs);
+    conn_service(tower::service_fn(move |conn: Connection| {
+        let addrs = addrs.clone();
+        ConnFuture::new(async move {
+            let peer = conn.peer_addr;
+            let (mut io, _deadline, shutdown, slot) = conn.into_parts();
+            drop(slot);
+            let mut tried = Vec::new();
+            let mut upstream = None;
+            for addr in addrs.iter() {
+                match tokio::time::timeout(
+                    super::FAILOVER_CONNECT_TIMEOUT,
+                    tokio::net::TcpStream::connect(addr.as_str()),
+                )
+                .await
+                {
+                    Ok(Ok(s)) => {
+                        upstream = Some(s);
+                        break;
+                    }
+                    Ok(Err(e)) => tried.push(format!("{addr}: {e}")),
+                    Err(_) => tried.push(format!(
+                        "{addr}: no answer within {:?}",
+                        super::FAILOVER_CONNECT_TIMEOUT
+                    )),
+                }
+            }
+            let Some(mut upstream) = upstream else {
+                return Err(format!("cannot reach the Auth Service at any of: {}", tried.join("; ")).into());
+            };
+            upstream.set_nodelay(true)?;
+            tokio::select! {
+                r = tokio::io::copy_bidirectional(&mut io, &mut upstream) => {
+                    if let Err(e) = r {
+                        tracing::debug!(%peer, error = %e, "auth route: connection ended");
+                    }
+                }
+                () = shutdown.cancelled() => {}
+            }
+            Ok::<(), BoxError>(())
+        })
+    }))
+}

@@ -147,7 +147,10 @@ pub async fn serve_with_idle(
         chain.push(ca.tls_cert_der().clone());
     }
     let config = super::tls::server_config(auth.verifier(), chain, key)?;
-    let grpc = AuthServer::new(AuthGrpc { auth });
+    let grpc = AuthServer::new(AuthGrpc {
+        auth,
+        shutdown: shutdown.clone(),
+    });
     // The one accept loop (caps, backoff), TLS terminated under the handshake deadline; each
     // connection is then served as HTTP/2 with keepalive pings and the idle timeout, every
     // request carrying the connection's certificates and address.
@@ -184,12 +187,17 @@ pub async fn serve_with_idle(
 #[derive(Clone, Debug)]
 pub struct AuthGrpc {
     auth: Arc<AuthService>,
+    /// Ends open `Watch` streams when the server stops.
+    shutdown: CancellationToken,
 }
 
 impl AuthGrpc {
     /// Wraps the domain service.
     pub fn new(auth: Arc<AuthService>) -> Self {
-        Self { auth }
+        Self {
+            auth,
+            shutdown: CancellationToken::new(),
+        }
     }
 
     async fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
@@ -292,8 +300,47 @@ fn kind(name: &str) -> Result<Kind, Status> {
         .map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
+/// The stream of a `Watch` call.
+pub(crate) type WatchStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<proto::WatchEvent, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl proto::auth_server::Auth for AuthGrpc {
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<proto::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = self.caller(&req).await?;
+        if !caller.is_host_with(SystemRole::Proxy) {
+            return Err(Status::permission_denied(
+                "only a Proxy Service may watch the Auth Service's state",
+            ));
+        }
+        let rx = super::watch::start(self.auth.backend().clone(), self.shutdown.clone())
+            .await
+            .map_err(|e| status(e.into()))?;
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|event| (event, rx)) },
+            );
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn renew_host_certs(
+        &self,
+        req: Request<proto::RenewHostCertsRequest>,
+    ) -> Result<Response<proto::Certs>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let ttl = (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds));
+        let certs = self
+            .auth
+            .renew_host_certs(&caller, &r.tls_public_key, &ssh_key(&r.ssh_public_key)?, ttl)
+            .map_err(status)?;
+        tracing::info!(host_id = %certs.name, "auth: host certificates renewed");
+        Ok(Response::new(certs_to_proto(certs, self.auth.cluster())?))
+    }
+
     async fn status(&self, req: Request<proto::Empty>) -> Result<Response<proto::StatusResponse>, Status> {
         let caller = self.caller(&req).await?;
         let s = self.auth.status(&caller);

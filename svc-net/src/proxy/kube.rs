@@ -21,8 +21,8 @@ use svc_core::identity::{IdentityKind, UserIdentity, Verifier};
 use tokio_rustls::TlsAcceptor;
 use tower::BoxError;
 
-use crate::auth::AuthClient;
 use crate::io::{ConnFuture, ConnService, Connection, conn_service};
+use crate::proxy::cache::RouteResolver;
 use crate::route::alpn;
 use crate::services::kube::{Body, status};
 use crate::tls::{ServerIdentity, TlsError};
@@ -33,7 +33,7 @@ use crate::tunnel::{DialRequest, TunnelDialer};
 pub struct KubeProxy {
     tls: TlsAcceptor,
     verifier: Arc<Verifier>,
-    auth: AuthClient,
+    auth: RouteResolver,
     dialer: TunnelDialer,
 }
 
@@ -49,7 +49,7 @@ impl KubeProxy {
     pub fn new(
         identity: &ServerIdentity,
         verifier: Arc<Verifier>,
-        auth: AuthClient,
+        auth: impl Into<RouteResolver>,
         dialer: TunnelDialer,
     ) -> Result<Self, TlsError> {
         let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
@@ -62,7 +62,7 @@ impl KubeProxy {
         Ok(Self {
             tls: TlsAcceptor::from(config),
             verifier,
-            auth,
+            auth: auth.into(),
             dialer,
         })
     }
@@ -109,10 +109,8 @@ impl KubeProxy {
             .collect();
         let user = self.verifier.verify_user_x509(&chain, SystemTime::now())?;
         let leaf = chain.first().map(|c| c.to_vec()).unwrap_or_default();
-        let mut auth = self.auth.clone();
-        let route = auth
-            .resolve_resource(ServedKind::Kube, &cluster, Some(&leaf))
-            .await;
+        let auth = &self.auth;
+        let route = auth.resolve_resource(ServedKind::Kube, &cluster, &leaf).await;
         let upstream = match route {
             Ok(Ok(route)) => {
                 let dial = DialRequest {

@@ -18,6 +18,8 @@
 
 #[cfg(feature = "services")]
 pub mod app_http;
+#[cfg(feature = "tunnel")]
+pub mod cache;
 #[cfg(feature = "services")]
 pub mod kube;
 #[cfg(feature = "node")]
@@ -420,6 +422,16 @@ impl RunningProxy {
     /// The settings, with listen addresses as bound.
     pub fn settings(&self) -> &ProxySettings {
         &self.settings
+    }
+
+    /// Cancels `token` (the proxy's background work: its cache's watch, renewals) when the
+    /// proxy shuts down.
+    pub(crate) fn cancel_on_shutdown(&mut self, token: tokio_util::sync::CancellationToken) {
+        let own = self.shutdown.clone();
+        self.tasks.push(tokio::spawn(async move {
+            own.cancelled().await;
+            token.cancel();
+        }));
     }
 
     /// Stops accepting and waits for in-flight connections to drain (bounded by

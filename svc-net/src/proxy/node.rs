@@ -8,28 +8,42 @@
 //! on 3023 and 3024) and the entries for resource clients (`svc-tcp` and the database ALPNs,
 //! Postgres by SSLRequest, the Kubernetes SNI route) → bind.
 //!
-//! In this release the proxy runs in the Auth Service's process ([`RunningAuth`]): it
-//! asks that Auth Service where directly joined agents listen.
+//! Two ways to run: in the Auth Service's process ([`ProxyServer::start`] with the
+//! [`RunningAuth`]), deciding with that Auth Service's rules over its backend; or apart from it
+//! ([`ProxyServer::start_joined`]): the proxy joins with a `proxy` token (checking the CA pin),
+//! keeps its host identity in its data directory and renews it before it expires, reaches the
+//! Auth Service at any of `svc.auth_server` (failing over between them), and decides every
+//! connection from its watched cache ([`crate::proxy::cache`]) with the same rules. Either way
+//! no Auth round trip is made per connection; sign-ins always need the Auth Service.
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
-use svc_core::auth::{AuthService, Caller, ServedKind};
 use svc_core::config::Config;
 use svc_core::identity::SystemRole;
 use svc_core::{Addr, SystemClock};
+use tokio_util::sync::CancellationToken;
 
-use crate::auth::{AuthClient, ClientIdentity};
+use crate::auth::{AuthClient, ClientIdentity, FailoverClient, JoinParams};
 use crate::auth::{NodeError, node::RunningAuth};
+use crate::proxy::cache::{ProxyCache, ProxyDecisions, RouteResolver};
 use crate::proxy::kube::KubeProxy;
 use crate::proxy::resources::{ALPNS, ResourceProxy, ResourceProxyConfig};
 use crate::proxy::ssh::{ProxySsh, ProxySshConfig};
 use crate::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
 use crate::route::alpn;
-use crate::ssh::AuthNodeAuthorizer;
 use crate::tls::{ServerIdentity, TlsSource};
-use crate::tunnel::{
-    DirectDialer, DirectLookup, DirectTarget, TunnelDialer, TunnelServer, TunnelServerConfig,
-};
+use crate::tunnel::{DirectDialer, DirectLookup, TunnelDialer, TunnelServer, TunnelServerConfig};
+
+/// The proxy's host identity in its data directory (a proxy running apart from the Auth
+/// Service).
+pub const PROXY_IDENTITY_FILE: &str = "proxy-identity.json";
+/// How long [`ProxyServer::start_joined`] waits for the first snapshot of the Auth Service's
+/// state before it gives up.
+pub const FIRST_SNAPSHOT_WAIT: Duration = Duration::from_secs(30);
+/// How long a sign-in may wait for the Auth Service before the user is told it is unavailable.
+pub const SIGN_IN_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Maps the configuration onto the Proxy Service's listener settings.
 /// `tunnel_override` is the tunnel address the ping advertises instead of the configured one
@@ -72,6 +86,19 @@ pub(crate) fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> 
 pub struct ProxyServer {
     settings: ProxySettings,
     node_name: String,
+    join: Option<JoinSettings>,
+    cert_ttl: Option<Duration>,
+    insecure: bool,
+}
+
+/// What a proxy running apart from the Auth Service joins with (from `svc`).
+#[derive(Debug, Clone)]
+struct JoinSettings {
+    auth_servers: Vec<String>,
+    token: Option<svc_core::Secret>,
+    ca_pin: Option<String>,
+    data_dir: PathBuf,
+    allow_loopback: bool,
 }
 
 impl ProxyServer {
@@ -80,7 +107,29 @@ impl ProxyServer {
         ProxyServer {
             settings: proxy_settings(config, None),
             node_name: config.svc.nodename.clone(),
+            join: Some(JoinSettings {
+                auth_servers: config.svc.auth_servers.iter().map(ToString::to_string).collect(),
+                token: config.svc.auth_token.clone(),
+                ca_pin: config.svc.ca_pins.first().cloned(),
+                data_dir: config.svc.data_dir.clone(),
+                allow_loopback: config.auth.direct_dial.allow_loopback,
+            }),
+            cert_ttl: None,
+            insecure: false,
         }
+    }
+
+    /// Asks for host certificates valid for `ttl` when renewing (default: the Auth Service's
+    /// join lifetime); renewal happens when a third of the lifetime is left.
+    pub fn host_cert_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.cert_ttl = ttl;
+        self
+    }
+
+    /// Joins without a CA pin by trusting the first CA seen (`svc start --insecure`).
+    pub fn insecure(mut self, insecure: bool) -> Self {
+        self.insecure = insecure;
+        self
     }
 
     /// A Proxy Service with these listener settings.
@@ -88,6 +137,9 @@ impl ProxyServer {
         ProxyServer {
             settings,
             node_name: node_name.into(),
+            join: None,
+            cert_ttl: None,
+            insecure: false,
         }
     }
 
@@ -123,12 +175,11 @@ impl ProxyServer {
             builder = builder.route_prefix(alpn::AUTH_PREFIX, crate::auth::auth_route(auth.dialable_addr()));
         }
         let builder = install_version_server(builder)?;
-        let lookup = AuthDirectLookup {
-            caller: auth.service.authenticate(&identity.tls_parts()?.0).await?,
-            auth: auth.service.clone(),
-        };
+        let caller = auth.service.authenticate(&identity.tls_parts()?.0).await?;
+        // Decided in the process with the Auth Service's own rules: no round trip.
+        let decisions = ProxyDecisions::in_process(auth.service.clone(), caller);
         let allow_loopback = auth.service.direct_dial_policy().allow_loopback;
-        let builder = install_ssh(builder, &identity, client, Arc::new(lookup), allow_loopback)?;
+        let builder = install_ssh(builder, &identity, decisions, allow_loopback)?;
         let running = builder
             .bind()
             .await
@@ -138,6 +189,198 @@ impl ProxyServer {
         auth.service
             .add_service_addrs(std::iter::once(addrs.web).chain(addrs.others.iter().map(|(_, a)| *a)));
         Ok(running)
+    }
+}
+
+impl ProxyServer {
+    /// Starts the proxy apart from the Auth Service (configured with [`from_config`](Self::from_config)):
+    /// its saved host identity or a join with the `proxy` token at the first reachable
+    /// `svc.auth_server` (checking `svc.ca_pin`), the watched cache filled (at most
+    /// [`FIRST_SNAPSHOT_WAIT`]), renewal of the host identity before it expires; then the
+    /// listeners. Every connection is decided from the cache.
+    pub async fn start_joined(self) -> Result<RunningProxy, NodeError> {
+        let join = self.join.clone().ok_or_else(|| {
+            NodeError::Config("a proxy built from listener settings alone cannot join a cluster".into())
+        })?;
+        if join.auth_servers.is_empty() {
+            return Err(NodeError::Config(
+                "proxy_service without auth_service needs svc.auth_server: the Auth Service's address(es) to join and reach".into(),
+            ));
+        }
+        let identity = proxy_identity(&join, &self.node_name, self.insecure).await?;
+        let mut settings = self.settings;
+        // The cluster is the one that signed the identity, whatever this file says.
+        settings.ping.cluster_name = identity.cluster.clone();
+        let link = Arc::new(FailoverClient::new(
+            join.auth_servers.clone(),
+            identity.clone(),
+            None,
+        ));
+        let background = CancellationToken::new();
+        let cache = ProxyCache::spawn(link.clone(), background.clone());
+        if let Err(why) = cache.wait_synced(FIRST_SNAPSHOT_WAIT).await {
+            background.cancel();
+            return Err(NodeError::Config(format!(
+                "the Proxy Service cannot start without the Auth Service's state (at {}): {why}",
+                join.auth_servers.join(", ")
+            )));
+        }
+        let decisions = ProxyDecisions::over_cache(&cache, &identity)
+            .await
+            .map_err(|e| NodeError::setup("the proxy's decisions", e))?;
+        let routed = settings.ping.listener_mode.tls_routing();
+        let public_auth = (!routed).then(|| join.auth_servers[0].clone());
+        let mut builder = ProxyBuilder::new(settings).web_mount(
+            crate::proxy::web::login::LOGIN_PATH,
+            crate::proxy::web::login::login_service_with(link.clone(), public_auth, Some(SIGN_IN_DEADLINE)),
+        );
+        if routed {
+            builder = builder.route_prefix(
+                alpn::AUTH_PREFIX,
+                crate::auth::auth_route_any(join.auth_servers.clone()),
+            );
+        }
+        let builder = install_version_server(builder)?;
+        let builder = install_ssh(builder, &identity, decisions, join.allow_loopback)?;
+        let mut running = match builder.bind().await {
+            Ok(r) => r,
+            Err(e) => {
+                background.cancel();
+                return Err(NodeError::setup("the proxy's listeners", e));
+            }
+        };
+        tokio::spawn(renew(
+            link,
+            join.data_dir.join(PROXY_IDENTITY_FILE),
+            self.cert_ttl,
+            background.clone(),
+        ));
+        running.cancel_on_shutdown(background);
+        tracing::info!(host_id = %identity.name, auth_servers = %join.auth_servers.join(", "), "the Proxy Service runs apart from the Auth Service");
+        Ok(running)
+    }
+}
+
+/// The proxy's host identity: the one saved in the data directory while it is valid and has
+/// the `proxy` role, else a join with the `proxy` token (`svc.auth_token`) at the first
+/// reachable Auth Service address, checking the CA pin; saved for the next start.
+async fn proxy_identity(
+    join: &JoinSettings,
+    node_name: &str,
+    insecure: bool,
+) -> Result<ClientIdentity, NodeError> {
+    svc_core::fs::secure_data_dir(&join.data_dir)?;
+    let path = join.data_dir.join(PROXY_IDENTITY_FILE);
+    if path.exists() {
+        let saved = ClientIdentity::load(&path)?;
+        if !saved.is_expired(SystemTime::now()) && has_proxy_role(&saved) {
+            tracing::info!(host_id = %saved.name, identity = %path.display(), "using the saved proxy identity");
+            return Ok(saved);
+        }
+        tracing::info!(identity = %path.display(), "the saved proxy identity has expired or is not a proxy's; joining again");
+    }
+    let token = join.token.clone().ok_or_else(|| {
+        NodeError::Config(format!(
+            "svc.auth_token (a join token with the proxy role) is required to join the cluster at {} (no usable identity in {})",
+            join.auth_servers.join(", "),
+            path.display()
+        ))
+    })?;
+    let params = JoinParams {
+        token,
+        ca_pin: join.ca_pin.clone(),
+        trust_on_first_use: insecure,
+        node_name: node_name.to_owned(),
+        roles: vec![SystemRole::Proxy],
+        additional_names: Vec::new(),
+    };
+    let identity = crate::auth::join_any(&join.auth_servers, params, None)
+        .await
+        .map_err(|source| NodeError::Join {
+            target: join.auth_servers.join(", "),
+            source,
+        })?;
+    identity.save(&path)?;
+    tracing::info!(host_id = %identity.name, cluster = %identity.cluster, "the proxy joined the cluster");
+    Ok(identity)
+}
+
+fn has_proxy_role(identity: &ClientIdentity) -> bool {
+    let Ok(verifier) = identity.verifier() else {
+        return false;
+    };
+    let Ok((chain, _)) = identity.tls_parts() else {
+        return false;
+    };
+    matches!(
+        verifier.verify_any_x509(&chain, SystemTime::now()),
+        Ok(svc_core::identity::Identity::Host(h)) if h.has_role(SystemRole::Proxy)
+    )
+}
+
+/// When the identity's certificates start and end.
+fn validity(identity: &ClientIdentity) -> Option<(SystemTime, SystemTime)> {
+    let verifier = identity.verifier().ok()?;
+    let (chain, _) = identity.tls_parts().ok()?;
+    match verifier.verify_any_x509(&chain, SystemTime::now()).ok()? {
+        svc_core::identity::Identity::Host(h) => Some((h.validity.not_before, h.validity.not_after)),
+        _ => None,
+    }
+}
+
+/// When to renew: once a third of the certificates' lifetime is left, or at once when they
+/// are valid for longer than `ttl` asks.
+fn renew_at(identity: &ClientIdentity, ttl: Option<Duration>) -> SystemTime {
+    let now = SystemTime::now();
+    let Some((from, until)) = validity(identity) else {
+        return now;
+    };
+    // Certificates start CLOCK_SKEW before they were issued.
+    let issued = from + svc_core::identity::CLOCK_SKEW;
+    let life = until.duration_since(issued).unwrap_or_default();
+    if ttl.is_some_and(|ttl| life > ttl + Duration::from_secs(60)) {
+        return now;
+    }
+    until.checked_sub(life / 3).unwrap_or(now)
+}
+
+/// Renews the proxy's host identity before it expires, saves it to `path` and hands it to
+/// `link` for every new Auth connection. A failed renewal is retried every few seconds (and
+/// logged) until the certificates end.
+async fn renew(link: Arc<FailoverClient>, path: PathBuf, ttl: Option<Duration>, stop: CancellationToken) {
+    let Some(mut identity) = link.identity() else {
+        return;
+    };
+    loop {
+        let at = renew_at(&identity, ttl);
+        let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = stop.cancelled() => return,
+        }
+        let renewed = async {
+            let mut client = link.client().await?;
+            client.renew_host_certs(&identity, ttl).await
+        }
+        .await;
+        match renewed {
+            Ok(fresh) => {
+                if let Err(e) = fresh.save(&path) {
+                    tracing::error!(identity = %path.display(), error = %e, "saving the renewed proxy identity failed");
+                }
+                tracing::info!(host_id = %fresh.name, not_after = fresh.not_after_unix, "renewed the proxy's host certificates");
+                link.set_identity(fresh.clone()).await;
+                identity = fresh;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, auth_servers = %link.addrs().join(", "), "renewing the proxy's host certificates failed; retrying");
+                link.reset().await;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+        }
     }
 }
 
@@ -163,10 +406,10 @@ fn install_version_server(builder: ProxyBuilder) -> Result<ProxyBuilder, NodeErr
 fn install_ssh(
     builder: ProxyBuilder,
     identity: &ClientIdentity,
-    auth: AuthClient,
-    direct: Arc<dyn DirectLookup>,
+    decisions: Arc<ProxyDecisions>,
     allow_loopback: bool,
 ) -> Result<ProxyBuilder, NodeError> {
+    let direct: Arc<dyn DirectLookup> = decisions.clone();
     let settings = builder.settings();
     let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
     let key = identity.ssh_private_key()?;
@@ -193,12 +436,13 @@ fn install_ssh(
             cert,
             verifier,
             dialer.clone(),
-            // The proxy asks the Auth Service whether the user may reach the node before it dials.
-            AuthNodeAuthorizer::with_client(identity.clone(), auth.clone()),
+            // The proxy decides whether the user may reach the node before it dials, locally
+            // with the Auth Service's rules.
+            decisions.clone(),
         )
         .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),
     );
-    let builder = install_resource_routes(builder, identity, auth, dialer)?;
+    let builder = install_resource_routes(builder, identity, RouteResolver::Local(decisions), dialer)?;
     Ok(builder
         .tunnel(tunnel.plain_service())
         .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
@@ -211,11 +455,11 @@ fn install_ssh(
 /// ALPNs on the web port, and Postgres clients detected by their SSLRequest (the multiplexed web port,
 /// or `postgres_listen_addr` in separate mode), and the MySQL and MongoDB listeners of separate
 /// mode (TLS with the user's certificate, as on the web port). `identity` is the proxy's host identity (its
-/// user CA verifies clients); `auth` asks the Auth Service for routes as the proxy.
+/// user CA verifies clients); `auth` decides routes.
 pub(crate) fn install_resource_routes(
     builder: ProxyBuilder,
     identity: &ClientIdentity,
-    auth: AuthClient,
+    auth: RouteResolver,
     dialer: TunnelDialer,
 ) -> Result<ProxyBuilder, NodeError> {
     let settings = builder.settings();
@@ -240,43 +484,4 @@ pub(crate) fn install_resource_routes(
         builder = builder.route(alpn, proxy.service());
     }
     Ok(builder)
-}
-
-/// The proxy's view of directly joined agents: the Auth Service in this process, asked as the
-/// proxy (host role `proxy`), names the listener an agent announced in its heartbeats.
-struct AuthDirectLookup {
-    auth: Arc<AuthService>,
-    caller: Caller,
-}
-
-impl DirectLookup for AuthDirectLookup {
-    fn lookup(
-        &self,
-        server: String,
-        conn_type: ServedKind,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<DirectTarget>, String>> + Send>>
-    {
-        let (auth, caller) = (self.auth.clone(), self.caller.clone());
-        Box::pin(async move {
-            let kind = match conn_type {
-                ServedKind::Node => ServedKind::Node,
-                ServedKind::Kube => ServedKind::Kube,
-                ServedKind::WindowsDesktop => ServedKind::WindowsDesktop,
-                // Apps and databases are served only through tunnels.
-                _ => return Ok(None),
-            };
-            match auth.direct_route(&caller, &server, kind).await {
-                Ok(Some(r)) => Ok(Some(DirectTarget {
-                    host_id: r.server_id,
-                    addr: r.resource.direct_addr,
-                })),
-                // An announcement the Auth Service refused: the user learns why.
-                Ok(None) => auth.direct_refusal(&caller, &server, kind).map_or(Ok(None), Err),
-                Err(e) => {
-                    tracing::warn!(%server, error = %e, "looking up a directly joined agent failed");
-                    Ok(None)
-                }
-            }
-        })
-    }
 }

@@ -16,8 +16,8 @@ use svc_core::identity::{IdentityKind, Verifier};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
 
-use crate::auth::AuthClient;
 use crate::io::{ConnFuture, Connection};
+use crate::proxy::cache::RouteResolver;
 use crate::route::detect::POSTGRES_SSL_REQUEST as SSL_REQUEST;
 use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest};
 use crate::tls::{ServerIdentity, TlsError};
@@ -37,8 +37,9 @@ pub struct ResourceProxyConfig {
     pub tls: Arc<rustls::ServerConfig>,
     /// Reads the user's identity from the certificate.
     pub verifier: Arc<Verifier>,
-    /// The Auth API, as the proxy (host role `proxy`).
-    pub auth: AuthClient,
+    /// Where routes are decided: locally from the proxy's cache, or the Auth API as the proxy
+    /// (host role `proxy`).
+    pub auth: RouteResolver,
     /// Reaches agents.
     pub dialer: TunnelDialer,
     /// Deadline for the TLS handshake and the request line.
@@ -50,13 +51,13 @@ impl ResourceProxyConfig {
     pub fn new(
         tls: Arc<rustls::ServerConfig>,
         verifier: Arc<Verifier>,
-        auth: AuthClient,
+        auth: impl Into<RouteResolver>,
         dialer: TunnelDialer,
     ) -> Self {
         Self {
             tls,
             verifier,
-            auth,
+            auth: auth.into(),
             dialer,
             handshake_timeout: Duration::from_secs(30),
         }
@@ -174,8 +175,8 @@ impl ResourceProxy {
             return reply(&mut tls, &msg).await;
         }
         let leaf = chain.first().map(|c| c.to_vec()).unwrap_or_default();
-        let mut auth = self.inner.auth.clone();
-        let route = match auth.resolve_resource(req.kind, &req.name, Some(&leaf)).await {
+        let auth = &self.inner.auth;
+        let route = match auth.resolve_resource(req.kind, &req.name, &leaf).await {
             Ok(Ok(route)) => route,
             Ok(Err(denied)) => {
                 tracing::info!(%peer, user = %user.username, kind = %req.kind, name = %req.name, reason = %denied, "resource access refused");

@@ -7,16 +7,22 @@
 //! is the Auth Service's `AuthorizeNode` call ([`AuthNodeAuthorizer`]), which applies the one
 //! rule, [`RoleSet::check_node`](svc_core::rbac::RoleSet::check_node), to the user's current
 //! roles and the node's announced labels. When the question cannot be answered (the Auth
-//! Service is unreachable), the answer is a refusal: fail closed.
+//! Service is unreachable), the answer is a refusal: fail closed. A node's authorizer for the
+//! sessions that came through the cluster's proxy ([`AuthNodeAuthorizer::with_outage_grace`])
+//! makes one exception: a grant the Auth Service gave for the very same certificate, node and
+//! login less than [`OUTAGE_GRACE`] ago still counts while the Auth Service cannot be reached,
+//! so a short outage does not stop sessions the proxy (deciding from its own watched copy)
+//! lets through. A refusal, and any answer the Auth Service gives, always wins; a client on
+//! the node's own listener never gets the exception.
 
-use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use russh::keys::Certificate;
 use svc_core::auth::ResourceRoute;
 use tokio::sync::Mutex;
 
 use crate::{
-    auth::{AuthClient, ClientIdentity},
+    auth::{AuthClient, ClientIdentity, FailoverClient},
     dial::ProxyDialer,
 };
 
@@ -35,12 +41,26 @@ pub trait NodeAuthorizer: Send + Sync + 'static {
     fn authorize(self: Arc<Self>, user_cert: Certificate, node: String, login: String) -> NodeDecisionFuture;
 }
 
+/// How long a grant from the Auth Service still counts when the Auth Service cannot be
+/// reached (see the module docs).
+pub const OUTAGE_GRACE: Duration = Duration::from_secs(300);
+
+/// Recent grants: (certificate, node, login) → the route and when it was granted.
+type RecentGrants = HashMap<(String, String, String), (ResourceRoute, tokio::time::Instant)>;
+
+/// At most this many recent grants are remembered.
+const MAX_RECENT: usize = 4096;
+
 /// Asks the Auth Service (`AuthorizeNode`) with a cluster member's identity: a proxy's (any
 /// node) or a node's (itself). Connects on first use and again after a failed call.
 pub struct AuthNodeAuthorizer {
     identity: ClientIdentity,
     dialer: Option<ProxyDialer>,
     client: Mutex<Option<AuthClient>>,
+    /// Recent grants: (certificate, node, login) → the route and when it was granted.
+    recent: std::sync::Mutex<RecentGrants>,
+    /// How long a grant counts while the Auth Service cannot be reached (`None`: never).
+    grace: Option<Duration>,
 }
 
 impl std::fmt::Debug for AuthNodeAuthorizer {
@@ -59,6 +79,21 @@ impl AuthNodeAuthorizer {
             identity,
             dialer,
             client: Mutex::new(None),
+            recent: std::sync::Mutex::new(HashMap::new()),
+            grace: None,
+        })
+    }
+
+    /// Like [`new`](Self::new), for the sessions that came through the cluster's proxy: a grant
+    /// less than [`OUTAGE_GRACE`] old for the same certificate, node and login still counts
+    /// while the Auth Service cannot be reached.
+    pub fn with_outage_grace(identity: ClientIdentity, dialer: Option<ProxyDialer>) -> Arc<Self> {
+        Arc::new(Self {
+            identity,
+            dialer,
+            client: Mutex::new(None),
+            recent: std::sync::Mutex::new(HashMap::new()),
+            grace: Some(OUTAGE_GRACE),
         })
     }
 
@@ -68,10 +103,58 @@ impl AuthNodeAuthorizer {
             identity,
             dialer: None,
             client: Mutex::new(Some(client)),
+            recent: std::sync::Mutex::new(HashMap::new()),
+            grace: None,
         })
     }
 
     async fn ask(&self, user_cert: &Certificate, node: &str, login: &str) -> NodeDecision {
+        let key = (
+            user_cert.to_openssh().unwrap_or_default(),
+            node.to_owned(),
+            login.to_owned(),
+        );
+        let answer = self.ask_auth(user_cert, node, login).await;
+        let Some(grace) = self.grace else {
+            return answer.unwrap_or_else(|(cannot, _)| Err(cannot));
+        };
+        let mut recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match answer {
+            Ok(Ok(route)) => {
+                if recent.len() >= MAX_RECENT {
+                    recent.retain(|_, (_, at)| at.elapsed() < grace);
+                }
+                if recent.len() < MAX_RECENT {
+                    recent.insert(key, (route.clone(), tokio::time::Instant::now()));
+                }
+                Ok(route)
+            }
+            Ok(Err(refusal)) => {
+                recent.remove(&key);
+                Err(refusal)
+            }
+            Err((cannot, false)) => Err(cannot),
+            Err((cannot, true)) => match recent.get(&key) {
+                Some((route, at)) if at.elapsed() < grace && !key.0.is_empty() => {
+                    tracing::warn!(%node, %login, reason = %cannot, "the Auth Service cannot be reached: using its grant from {:?} ago", at.elapsed());
+                    Ok(route.clone())
+                }
+                _ => Err(cannot),
+            },
+        }
+    }
+
+    /// The Auth Service's answer (inner), or why it could not be asked (outer error, with
+    /// whether the Auth Service could not be reached at all).
+    async fn ask_auth(
+        &self,
+        user_cert: &Certificate,
+        node: &str,
+        login: &str,
+    ) -> Result<NodeDecision, (String, bool)> {
         let cannot = |e: &dyn std::fmt::Display| {
             format!("access to node \"{node}\" cannot be authorized now (refused): {e}")
         };
@@ -82,16 +165,16 @@ impl AuthNodeAuthorizer {
                 let c =
                     AuthClient::connect_via(&self.identity.auth_addr, &self.identity, self.dialer.as_ref())
                         .await
-                        .map_err(|e| cannot(&e))?;
+                        .map_err(|e| (cannot(&e), FailoverClient::is_transport_failure(&e)))?;
                 guard.insert(c)
             }
         };
         match client.authorize_node(user_cert, node, login).await {
-            Ok(answer) => answer,
+            Ok(answer) => Ok(answer),
             Err(e) => {
                 // Reconnect on the next question.
                 *guard = None;
-                Err(cannot(&e))
+                Err((cannot(&e), FailoverClient::is_transport_failure(&e)))
             }
         }
     }

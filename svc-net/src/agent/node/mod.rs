@@ -573,10 +573,16 @@ pub(crate) async fn agent_identity(
         roles: roles.clone(),
         additional_names: Vec::new(),
     };
-    let identity = crate::auth::join_via(&target.to_string(), params, Some(dialer))
+    // Several `svc.auth_server` addresses: the first that can be reached.
+    let targets: Vec<String> = if config.svc.auth_servers.is_empty() {
+        vec![target.to_string()]
+    } else {
+        config.svc.auth_servers.iter().map(ToString::to_string).collect()
+    };
+    let identity = crate::auth::join_any(&targets, params, Some(dialer))
         .await
         .map_err(|source| NodeError::Join {
-            target: target.to_string(),
+            target: targets.join(", "),
             source,
         })?;
     identity.save(&path)?;
@@ -588,13 +594,20 @@ pub(crate) async fn agent_identity(
 /// The node's SSH Service with its host certificate. It decides on its own who may log in
 /// (defence in depth: the proxy asked first), asking the Auth Service about itself.
 fn ssh_server(identity: &ClientIdentity, dialer: &ProxyDialer) -> Result<SshServer, NodeError> {
-    Ok(SshServer::new(SshServerConfig::new(
-        identity.ssh_private_key()?,
-        identity.ssh_certificate()?,
-        Arc::new(identity.verifier()?),
-        identity.name.clone(),
-        AuthNodeAuthorizer::new(identity.clone(), Some(dialer.clone())),
-    )))
+    Ok(SshServer::new(
+        SshServerConfig::new(
+            identity.ssh_private_key()?,
+            identity.ssh_certificate()?,
+            Arc::new(identity.verifier()?),
+            identity.name.clone(),
+            AuthNodeAuthorizer::new(identity.clone(), Some(dialer.clone())),
+        )
+        // Sessions the proxy let through survive a short Auth Service outage.
+        .with_proxied_authorizer(AuthNodeAuthorizer::with_outage_grace(
+            identity.clone(),
+            Some(dialer.clone()),
+        )),
+    ))
 }
 
 fn refuse_ssh() -> DialService {

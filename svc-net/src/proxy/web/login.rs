@@ -13,7 +13,7 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
 
 use super::{Body, ResponseBody, WebService, full, json_error, web_service};
-use crate::auth::{AuthClient, ClientError, proto};
+use crate::auth::{AuthClient, ClientError, FailoverClient, proto};
 
 pub use svc_core::webapi::{LOGIN_PATH, LoginAnswer, LoginBody};
 /// Requests larger than this are refused (a login body is well under 2 KiB).
@@ -22,14 +22,32 @@ const MAX_BODY: usize = 64 * 1024;
 /// The `/webapi/login` handler: calls the Auth Service with the proxy's identity. Clients are
 /// told to reach the Auth API at `public_auth_addr`, or through this proxy when `None`.
 pub fn login_service(auth: AuthClient, public_auth_addr: Option<String>) -> WebService {
-    let state = Arc::new((auth, public_auth_addr));
+    let link = FailoverClient::with_client(auth, "the Auth Service's address".into());
+    login_service_with(Arc::new(link), public_auth_addr, None)
+}
+
+/// The `/webapi/login` handler over a [`FailoverClient`]: the sign-in goes to the first Auth
+/// Service address that answers. With a `deadline`, a sign-in the Auth Service does not
+/// answer in time fails with `503 Service Unavailable`, naming the addresses, instead of
+/// waiting; a transport failure does too, and the next sign-in connects again.
+pub fn login_service_with(
+    link: Arc<FailoverClient>,
+    public_auth_addr: Option<String>,
+    deadline: Option<std::time::Duration>,
+) -> WebService {
+    let state = Arc::new((link, public_auth_addr, deadline));
     web_service(tower::service_fn(move |req: Request<Body>| {
         let state = state.clone();
-        async move { Ok::<_, std::convert::Infallible>(handle(&state.0, &state.1, req).await) }
+        async move { Ok::<_, std::convert::Infallible>(handle(&state.0, &state.1, state.2, req).await) }
     }))
 }
 
-async fn handle(auth: &AuthClient, auth_addr: &Option<String>, req: Request<Body>) -> Response<ResponseBody> {
+async fn handle(
+    link: &FailoverClient,
+    auth_addr: &Option<String>,
+    deadline: Option<std::time::Duration>,
+    req: Request<Body>,
+) -> Response<ResponseBody> {
     if req.method() != Method::POST {
         return json_error(StatusCode::METHOD_NOT_ALLOWED, "use POST on /webapi/login");
     }
@@ -59,7 +77,6 @@ async fn handle(auth: &AuthClient, auth_addr: &Option<String>, req: Request<Body
             "tls_public_key: expected standard base64",
         );
     };
-    let mut auth = auth.clone();
     let request = proto::LoginRequest {
         username: body.user,
         password: body.password.into_inner(),
@@ -68,7 +85,39 @@ async fn handle(auth: &AuthClient, auth_addr: &Option<String>, req: Request<Body
         ttl_seconds: body.ttl_seconds,
         client_addr,
     };
-    match auth.raw().login(request).await {
+    let unavailable = |why: String| {
+        json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!(
+                "sign-in needs the Auth Service ({}), which is unavailable: {why}",
+                link.addrs().join(", ")
+            ),
+        )
+    };
+    let call = async {
+        let mut auth = link.client().await?;
+        auth.raw().login(request).await.map_err(ClientError::from)
+    };
+    let answer = match deadline {
+        Some(d) => match tokio::time::timeout(d, call).await {
+            Ok(r) => r,
+            Err(_) => {
+                link.reset().await;
+                return unavailable(format!("no answer within {d:?}"));
+            }
+        },
+        None => call.await,
+    };
+    let answer = match answer {
+        Ok(a) => Ok(a),
+        Err(e) if link.identity().is_some() && FailoverClient::is_transport_failure(&e) => {
+            link.reset().await;
+            return unavailable(e.to_string());
+        }
+        Err(ClientError::Status { code, message }) => Err(tonic::Status::new(code, message)),
+        Err(e) => return unavailable(e.to_string()),
+    };
+    match answer {
         Ok(certs) => {
             let c = certs.into_inner();
             let answer = LoginAnswer {
