@@ -326,6 +326,7 @@ async fn the_agent_keeps_a_tunnel_to_every_discovered_proxy() {
             tunnel_addr: b.tunnel_addr.unwrap().to_string(),
             tls_routing: false,
         }],
+        ..Default::default()
     });
     b.tunnel
         .registry()

@@ -17,6 +17,7 @@
 //! | `/inventory/<host id>` | the last heartbeat of an agent (JSON), expiring after [`HEARTBEAT_TTL`] |
 //! | `/served/<host id>` | the resources the agent serves ([`ServedResource`]), same expiry |
 //! | `/nodenames/<node name>` | the host ID holding a node name, same expiry (one live agent per name) |
+//! | `/proxies/<host id>` | a proxy's record ([`ProxyRecord`]), expiring after [`PROXY_TTL`] unless renewed |
 //!
 //! Rights: a host certificate with the `auth` system role (the admin identity the Auth Service
 //! writes for `tctl` on its own host) may do everything; other hosts may only heartbeat (and a
@@ -25,6 +26,7 @@
 pub mod direct;
 pub mod limit;
 mod password;
+mod proxies;
 mod rules;
 mod served;
 mod store;
@@ -50,6 +52,7 @@ use crate::{Secret, Version};
 pub use direct::{Announcer, DirectAddrRefused, DirectDialPolicy, check_direct_addr};
 pub use limit::{LoginLimiter, LoginLimits, Refusal, Subject};
 use password::PasswordPool;
+pub use proxies::{PROXY_ANNOUNCE_INTERVAL, PROXY_TTL, ProxyRecord};
 pub use rules::{AccessRules, WATCHED_PREFIXES};
 pub use served::{ResourceRoute, RouteError, ServedKind, ServedResource, direct_ip_allowed};
 

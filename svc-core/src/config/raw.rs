@@ -117,6 +117,7 @@ pub(crate) struct RawProxy {
     pub(crate) public_addr: Option<OneOrMany>,
     pub(crate) web_listen_addr: Option<String>,
     pub(crate) web_idle_timeout: Option<String>,
+    pub(crate) shutdown_drain_timeout: Option<String>,
     pub(crate) tunnel_listen_addr: Option<String>,
     pub(crate) listen_addr: Option<String>,
     pub(crate) peer_listen_addr: Option<String>,

@@ -266,6 +266,7 @@ fn direct_dial_loopback_is_an_explicit_opt_in() {
 fn idle_timeouts_default_and_validate() {
     let c = parse("version: v1").unwrap();
     assert_eq!(c.proxy.web_idle_timeout, std::time::Duration::from_secs(90));
+    assert_eq!(c.proxy.shutdown_drain_timeout, std::time::Duration::from_secs(30));
     assert_eq!(c.auth.grpc_idle_timeout, std::time::Duration::from_secs(600));
     let c =
         parse("version: v1\nproxy_service: {web_idle_timeout: 2m}\nauth_service: {grpc_idle_timeout: 30s}")
@@ -334,4 +335,21 @@ fn etcd_storage_reads_its_files_and_hides_the_password() {
         err.starts_with("auth_service.storage.tls_ca_file: cannot read") && err.contains("absent.pem"),
         "{err}"
     );
+}
+
+#[test]
+fn the_shutdown_drain_timeout_parses_and_must_be_positive() {
+    let c = parse("version: v1\nproxy_service: {shutdown_drain_timeout: 2m 30s}").unwrap();
+    assert_eq!(
+        c.proxy.shutdown_drain_timeout,
+        std::time::Duration::from_secs(150)
+    );
+    for bad in ["0s", "soon"] {
+        let err = parse(&format!(
+            "version: v1\nproxy_service: {{shutdown_drain_timeout: {bad}}}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("proxy_service.shutdown_drain_timeout"), "{err}");
+    }
 }

@@ -303,6 +303,9 @@ pub struct ProxyConfig {
     /// How long a web port connection (HTTP/1.1 or HTTP/2) may stay open with no request in
     /// flight before it is closed gracefully (default 90 seconds).
     pub web_idle_timeout: Duration,
+    /// How long a stopping proxy (SIGTERM) lets its connections and its agents' sessions finish
+    /// before it exits anyway (default 30 seconds).
+    pub shutdown_drain_timeout: Duration,
     /// Copied from `auth_service.proxy_listener_mode`, so the proxy finds it here.
     pub listener_mode: ListenerMode,
     /// The one public web address (specification §2.1), default port 3080.

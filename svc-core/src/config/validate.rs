@@ -39,6 +39,8 @@ pub(crate) const DEFAULT_KEEP_ALIVE_COUNT_MAX: u32 = 3;
 pub(crate) const DEFAULT_GRPC_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// `proxy_service.web_idle_timeout` when not set.
 pub(crate) const DEFAULT_WEB_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// `proxy_service.shutdown_drain_timeout` when not set.
+pub(crate) const DEFAULT_SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 const LOOPBACK: Host = Host::V4(Ipv4Addr::LOCALHOST);
 
@@ -597,6 +599,11 @@ fn proxy(raw: RawProxy, listener_mode: ListenerMode) -> Result<ProxyConfig, Conf
             "proxy_service.web_idle_timeout",
             raw.web_idle_timeout.as_deref(),
             DEFAULT_WEB_IDLE_TIMEOUT,
+        )?,
+        shutdown_drain_timeout: duration(
+            "proxy_service.shutdown_drain_timeout",
+            raw.shutdown_drain_timeout.as_deref(),
+            DEFAULT_SHUTDOWN_DRAIN_TIMEOUT,
         )?,
         listener_mode,
         public_addr: public_addrs.into_iter().next(),

@@ -20,6 +20,7 @@ mod identity;
 pub mod node;
 #[cfg(feature = "node")]
 mod node_error;
+mod proxies;
 mod resources;
 mod route;
 mod server;

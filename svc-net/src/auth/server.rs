@@ -608,4 +608,26 @@ impl proto::auth_server::Auth for AuthGrpc {
         let answer = super::resources::authorize_node(&self.auth, &caller, req.into_inner(), status).await?;
         Ok(Response::new(answer))
     }
+
+    async fn upsert_proxy(
+        &self,
+        req: Request<proto::UpsertProxyRequest>,
+    ) -> Result<Response<proto::ProxyInfo>, Status> {
+        let caller = self.caller(&req).await?;
+        let stored = super::proxies::upsert(&self.auth, &caller, req.into_inner(), status).await?;
+        Ok(Response::new(stored))
+    }
+
+    async fn delete_proxy(&self, req: Request<proto::Empty>) -> Result<Response<proto::Empty>, Status> {
+        let caller = self.caller(&req).await?;
+        self.auth.delete_proxy(&caller).await.map_err(status)?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn list_proxies(&self, req: Request<proto::Empty>) -> Result<Response<proto::ProxyList>, Status> {
+        let caller = self.caller(&req).await?;
+        Ok(Response::new(
+            super::proxies::list(&self.auth, &caller, status).await?,
+        ))
+    }
 }

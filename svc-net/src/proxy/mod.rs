@@ -24,6 +24,8 @@ pub mod cache;
 pub mod kube;
 #[cfg(feature = "node")]
 pub mod node;
+#[cfg(feature = "node")]
+pub mod registry;
 #[cfg(feature = "services")]
 pub mod resources;
 #[cfg(feature = "tunnel")]
@@ -359,6 +361,8 @@ impl ProxyBuilder {
             settings: Arc::new(settings),
             shutdown,
             tasks,
+            #[cfg(feature = "node")]
+            registration: None,
         })
     }
 }
@@ -406,9 +410,18 @@ pub struct RunningProxy {
     settings: Arc<ProxySettings>,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    #[cfg(feature = "node")]
+    registration: Option<registry::Registration>,
 }
 
 impl RunningProxy {
+    /// Takes part in the cluster's proxy registry; [`RunningProxy::shutdown`] leaves it.
+    #[cfg(feature = "node")]
+    pub fn with_registration(mut self, registration: registry::Registration) -> Self {
+        self.registration = Some(registration);
+        self
+    }
+
     /// The bound addresses.
     pub fn addrs(&self) -> &BoundAddrs {
         &self.addrs
@@ -437,7 +450,13 @@ impl RunningProxy {
     /// Stops accepting and waits for in-flight connections to drain (bounded by
     /// `settings.listen.drain_timeout`).
     pub async fn shutdown(self) {
+        // Stop accepting first (agents asked to reconnect must land elsewhere), then leave the
+        // registry while the connections drain.
         self.shutdown.cancel();
+        #[cfg(feature = "node")]
+        if let Some(registration) = self.registration {
+            registration.leave().await;
+        }
         for task in self.tasks {
             let _ = task.await;
         }

@@ -78,6 +78,7 @@ pub(crate) fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> 
     s.channels = p.channels().clone();
     s.ping.automatic_upgrades = !s.channels.is_empty();
     s.web_idle_timeout = p.web_idle_timeout;
+    s.listen = s.listen.clone().with_drain_timeout(p.shutdown_drain_timeout);
     s
 }
 
@@ -179,11 +180,12 @@ impl ProxyServer {
         // Decided in the process with the Auth Service's own rules: no round trip.
         let decisions = ProxyDecisions::in_process(auth.service.clone(), caller);
         let allow_loopback = auth.service.direct_dial_policy().allow_loopback;
-        let builder = install_ssh(builder, &identity, decisions, allow_loopback)?;
+        let (builder, tunnel) = install_ssh(builder, &identity, decisions, allow_loopback)?;
         let running = builder
             .bind()
             .await
             .map_err(|e| NodeError::setup("the proxy's listeners", e))?;
+        let running = crate::proxy::registry::register(running, client, tunnel, &identity, &self.node_name);
         // Agents may never announce the proxy's own listeners for it to dial.
         let addrs = running.addrs();
         auth.service
@@ -241,14 +243,22 @@ impl ProxyServer {
             );
         }
         let builder = install_version_server(builder)?;
-        let builder = install_ssh(builder, &identity, decisions, join.allow_loopback)?;
-        let mut running = match builder.bind().await {
+        let (builder, tunnel) = install_ssh(builder, &identity, decisions, join.allow_loopback)?;
+        let running = match builder.bind().await {
             Ok(r) => r,
             Err(e) => {
                 background.cancel();
                 return Err(NodeError::setup("the proxy's listeners", e));
             }
         };
+        // In the cluster's proxy registry through whichever Auth Service answers.
+        let mut running = crate::proxy::registry::register_failover(
+            running,
+            link.clone(),
+            tunnel,
+            &identity,
+            &self.node_name,
+        );
         tokio::spawn(renew(
             link,
             join.data_dir.join(PROXY_IDENTITY_FILE),
@@ -408,7 +418,7 @@ fn install_ssh(
     identity: &ClientIdentity,
     decisions: Arc<ProxyDecisions>,
     allow_loopback: bool,
-) -> Result<ProxyBuilder, NodeError> {
+) -> Result<(ProxyBuilder, TunnelServer), NodeError> {
     let direct: Arc<dyn DirectLookup> = decisions.clone();
     let settings = builder.settings();
     let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
@@ -422,7 +432,8 @@ fn install_ssh(
             cert.clone(),
             verifier.clone(),
         )
-        .with_tls(tls.server_config(&[alpn::REVERSE_TUNNEL])?),
+        .with_tls(tls.server_config(&[alpn::REVERSE_TUNNEL])?)
+        .with_drain_timeout(settings.listen.drain_timeout),
     );
     // Agents behind a reverse tunnel first; agents that joined the Auth Service directly on
     // the listeners they announced.
@@ -443,11 +454,12 @@ fn install_ssh(
         .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),
     );
     let builder = install_resource_routes(builder, identity, RouteResolver::Local(decisions), dialer)?;
-    Ok(builder
+    let builder = builder
         .tunnel(tunnel.plain_service())
         .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
         .ssh(ssh.plain_service())
-        .route(alpn::PROXY_SSH, ssh.tls_service()))
+        .route(alpn::PROXY_SSH, ssh.tls_service());
+    Ok((builder, tunnel))
 }
 
 /// Registers the proxy's entries for resource clients: Kubernetes (SNI `kube-svc-proxy-alpn.`

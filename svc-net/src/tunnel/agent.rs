@@ -28,7 +28,7 @@ use svc_core::{
 };
 use tokio::{
     io::{AsyncWriteExt, copy_bidirectional_with_sizes},
-    sync::{Notify, mpsc, watch},
+    sync::{Notify, watch},
     task::JoinHandle,
 };
 use tokio_rustls::TlsConnector;
@@ -161,7 +161,13 @@ struct Shared {
     service: DialService,
     status: watch::Sender<AgentStatus>,
     shutdown: CancellationToken,
-    targets: Mutex<BTreeSet<String>>,
+    /// The tunnel pool: which proxies are held, what each announced, how many dial loops run.
+    pool: Mutex<Pool>,
+    /// Wakes the pool's manager (a list arrived, a tunnel came or went).
+    pool_changed: Notify,
+    /// Counts changes of the set of announced proxies: slots waiting out a backoff dial again
+    /// at once (a proxy joined or left the registry).
+    roster: watch::Sender<u64>,
 }
 
 /// A running agent: its status and its stop switch.
@@ -252,7 +258,9 @@ impl TunnelAgent {
                 service: BoxCloneSyncService::new(service.map_err(Into::into)),
                 status: watch::channel(AgentStatus::default()).0,
                 shutdown: CancellationToken::new(),
-                targets: Mutex::new(BTreeSet::new()),
+                pool: Mutex::new(Pool::default()),
+                pool_changed: Notify::new(),
+                roster: watch::channel(0).0,
             }),
         })
     }
@@ -262,7 +270,7 @@ impl TunnelAgent {
         let shared = self.shared;
         let status = shared.status.subscribe();
         let shutdown = shared.shutdown.clone();
-        let task = tokio::spawn(primary_loop(shared));
+        let task = tokio::spawn(pool_loop(shared));
         RunningAgent {
             status,
             shutdown,
@@ -364,51 +372,164 @@ impl Shared {
     }
 }
 
-/// The primary tunnel: the address comes from the ping, asked again before every dial (the
-/// cluster's addresses may change while the agent is away).
-async fn primary_loop(shared: Arc<Shared>) {
-    let mut backoff = shared.config.backoff.clone();
-    let (discovered_tx, mut discovered_rx) = mpsc::unbounded_channel::<Discovery>();
+/// The agent's tunnels: one per proxy of the cluster.
+///
+/// Every dial loop ("slot") is alike: it dials a proxy that discovery announced and no tunnel
+/// holds yet (at the address announced for it), else the address from the configured proxy's
+/// ping (asked again before every dial: the cluster's addresses may change while the agent is
+/// away). Proxies behind a load balancer share one address, so a dial may land on a proxy the
+/// agent already holds: that tunnel is closed at once (the proxy is identified by the host ID
+/// in its certificate) and the slot tries again after the reconnect backoff. The manager keeps
+/// as many slots as there are proxies to hold (at least one): the announced ones and those
+/// held. A proxy that no complete list names any more (it left the registry) has its tunnel
+/// drained. Older proxies announce nothing: the agent then keeps one tunnel.
+#[derive(Default)]
+struct Pool {
+    /// Proxies with an established tunnel (not draining), by host ID.
+    held: std::collections::BTreeMap<String, Arc<ConnShared>>,
+    /// The last list each held proxy announced.
+    lists: std::collections::BTreeMap<String, Discovery>,
+    /// Dial loops running.
+    slots: usize,
+}
+
+impl Pool {
+    /// Every proxy announced by any list.
+    fn known(&self) -> std::collections::BTreeMap<&str, &super::DiscoveredProxy> {
+        self.lists
+            .values()
+            .flat_map(|d| d.proxies.iter())
+            .map(|p| (p.proxy_id.as_str(), p))
+            .collect()
+    }
+
+    /// Held proxies that no complete list names (only when some complete list exists).
+    fn unlisted(&self) -> Vec<String> {
+        let complete: BTreeSet<&str> = self
+            .lists
+            .values()
+            .filter(|d| d.complete)
+            .flat_map(|d| d.proxies.iter().map(|p| p.proxy_id.as_str()))
+            .collect();
+        if !self.lists.values().any(|d| d.complete) {
+            return Vec::new();
+        }
+        self.held
+            .keys()
+            .filter(|id| !complete.contains(id.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// How many tunnels the agent should hold: every announced proxy and every held one that is
+    /// still listed; at least one.
+    fn desired(&self) -> usize {
+        let unlisted = self.unlisted();
+        let mut ids: BTreeSet<&str> = self.known().into_keys().collect();
+        ids.extend(
+            self.held
+                .keys()
+                .filter(|id| !unlisted.contains(id))
+                .map(String::as_str),
+        );
+        ids.len().max(1)
+    }
+
+    /// An announced proxy no tunnel holds, with an address to dial; `turn` rotates among them.
+    fn missing(&self, turn: usize) -> Option<Target> {
+        let missing: Vec<&super::DiscoveredProxy> = self
+            .known()
+            .into_values()
+            .filter(|p| !self.held.contains_key(&p.proxy_id) && !p.tunnel_addr.is_empty())
+            .collect();
+        if missing.is_empty() {
+            return None;
+        }
+        let p = missing[turn % missing.len()];
+        Addr::parse(&p.tunnel_addr).ok().map(|addr| Target {
+            addr,
+            tls: p.tls_routing,
+        })
+    }
+}
+
+fn lock_pool(shared: &Shared) -> std::sync::MutexGuard<'_, Pool> {
+    // A panic while holding the lock leaves a map that is still usable; keep serving.
+    shared.pool.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// Claims `proxy_id` for `conn`; false when another tunnel already holds it.
+    fn claim(&self, proxy_id: &str, conn: &Arc<ConnShared>) -> bool {
+        let mut pool = lock_pool(self);
+        if pool.held.contains_key(proxy_id) {
+            return false;
+        }
+        pool.held.insert(proxy_id.to_owned(), conn.clone());
+        drop(pool);
+        self.pool_changed.notify_one();
+        true
+    }
+
+    /// Releases `proxy_id` if `conn` holds it, forgetting its list.
+    fn release(&self, proxy_id: &str, conn: &Arc<ConnShared>) {
+        let mut pool = lock_pool(self);
+        if pool.held.get(proxy_id).is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            pool.held.remove(proxy_id);
+            pool.lists.remove(proxy_id);
+        }
+        drop(pool);
+        self.pool_changed.notify_one();
+    }
+
+    /// Records the list `proxy_id` announced.
+    fn announced(&self, proxy_id: &str, discovery: Discovery) {
+        let mut pool = lock_pool(self);
+        if !pool.held.contains_key(proxy_id) {
+            return;
+        }
+        pool.lists.insert(proxy_id.to_owned(), discovery);
+        drop(pool);
+        self.pool_changed.notify_one();
+    }
+}
+
+/// The pool's manager: starts slots while fewer run than proxies are wanted, and drains the
+/// tunnels of proxies that left the registry.
+async fn pool_loop(shared: Arc<Shared>) {
     let tracker = tokio_util::task::TaskTracker::new();
-    // Announcements from any tunnel open tunnels to the proxies not yet reached.
-    tracker.spawn({
-        let (shared, tx, tracker) = (shared.clone(), discovered_tx.clone(), tracker.clone());
-        async move {
-            loop {
-                tokio::select! {
-                    Some(discovery) = discovered_rx.recv() => spawn_discovered(&shared, discovery, &tx, &tracker),
-                    _ = shared.shutdown.cancelled() => return,
-                }
-            }
-        }
-    });
+    let mut roster: BTreeSet<String> = BTreeSet::new();
     loop {
-        // Shutdown is watched inside: a tunnel that is up must be closed, not dropped.
-        let attempt = async {
-            let ping = tokio::select! {
-                p = shared.fetch_ping() => p?,
-                _ = shared.shutdown.cancelled() => return Ok(()),
-            };
-            let (addr, tls) = tunnel_addr_from_ping(&ping, &shared.config.proxy_addr)?;
-            let target = Target { addr, tls };
-            if let Ok(mut t) = shared.targets.lock() {
-                t.insert(target.addr.to_string());
+        let woken = shared.pool_changed.notified();
+        let (start, retire) = {
+            let mut pool = lock_pool(&shared);
+            let known: BTreeSet<String> = pool.known().into_keys().map(str::to_owned).collect();
+            if known != roster {
+                roster = known;
+                shared.roster.send_modify(|n| *n += 1);
             }
-            run_tunnel(&shared, &target, &discovered_tx, &mut backoff, &tracker).await
+            let retire: Vec<(String, Arc<ConnShared>)> = pool
+                .unlisted()
+                .into_iter()
+                .filter_map(|id| {
+                    pool.lists.remove(&id);
+                    pool.held.remove(&id).map(|c| (id, c))
+                })
+                .collect();
+            let desired = pool.desired();
+            let start = desired.saturating_sub(pool.slots);
+            pool.slots += start;
+            (start, retire)
         };
-        match attempt.await {
-            // A reconnect request: dial again at once.
-            Ok(()) if !shared.shutdown.is_cancelled() => continue,
-            Ok(()) => break,
-            Err(e) => {
-                tracing::warn!(proxy = %shared.config.proxy_addr, error = %e, "reverse tunnel failed");
-                shared.set_error(&e);
-            }
+        for (proxy_id, conn) in retire {
+            tracing::info!(%proxy_id, "the proxy left the cluster's registry; draining its tunnel");
+            conn.reconnect.notify_one();
         }
-        let delay = backoff.next_delay(rand::random::<f64>());
-        tracing::info!(?delay, "reconnecting the reverse tunnel after backoff");
+        for _ in 0..start {
+            tracker.spawn(slot_loop(shared.clone(), tracker.clone()));
+        }
         tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
+            _ = woken => {}
             _ = shared.shutdown.cancelled() => break,
         }
     }
@@ -416,53 +537,64 @@ async fn primary_loop(shared: Arc<Shared>) {
     tracker.wait().await;
 }
 
-/// Starts a tunnel loop for each announced proxy the agent has no tunnel to yet.
-fn spawn_discovered(
-    shared: &Arc<Shared>,
-    discovery: Discovery,
-    tx: &mpsc::UnboundedSender<Discovery>,
-    tracker: &tokio_util::task::TaskTracker,
-) {
-    for proxy in discovery.proxies {
-        let Ok(addr) = Addr::parse(&proxy.tunnel_addr) else {
-            tracing::warn!(addr = %proxy.tunnel_addr, "discovery announced an unusable proxy address");
-            continue;
-        };
-        let new = shared
-            .targets
-            .lock()
-            .map(|mut t| t.insert(addr.to_string()))
-            .unwrap_or(false);
-        if !new {
-            continue;
+/// One dial loop of the pool (see [`Pool`]).
+async fn slot_loop(shared: Arc<Shared>, tracker: tokio_util::task::TaskTracker) {
+    let mut backoff = shared.config.backoff.clone();
+    let mut turn = rand::random::<u32>() as usize;
+    let mut roster = shared.roster.subscribe();
+    roster.mark_unchanged();
+    loop {
+        if shared.shutdown.is_cancelled() {
+            return;
         }
-        tracing::info!(proxy_id = %proxy.proxy_id, %addr, "discovered another proxy; opening a tunnel to it");
-        let target = Target {
-            addr,
-            tls: proxy.tls_routing,
-        };
-        let (shared, tx) = (shared.clone(), tx.clone());
-        tracker.spawn(async move {
-            let mut backoff = shared.config.backoff.clone();
-            let inner = tokio_util::task::TaskTracker::new();
-            loop {
-                match run_tunnel(&shared, &target, &tx, &mut backoff, &inner).await {
-                    Ok(()) if !shared.shutdown.is_cancelled() => continue,
-                    Ok(()) => break,
-                    Err(e) => {
-                        tracing::warn!(proxy = %target.addr, error = %e, "reverse tunnel failed");
-                        shared.set_error(&e);
-                    }
+        {
+            let mut pool = lock_pool(&shared);
+            if pool.slots > pool.desired() {
+                pool.slots -= 1;
+                return;
+            }
+        }
+        turn = turn.wrapping_add(1);
+        let announced = lock_pool(&shared).missing(turn);
+        // Shutdown is watched inside: a tunnel that is up must be closed, not dropped.
+        let attempt = async {
+            let target = match announced {
+                Some(t) => t,
+                None => {
+                    let ping = tokio::select! {
+                        p = shared.fetch_ping() => p?,
+                        _ = shared.shutdown.cancelled() => return Ok(()),
+                    };
+                    let (addr, tls) = tunnel_addr_from_ping(&ping, &shared.config.proxy_addr)?;
+                    Target { addr, tls }
                 }
-                let delay = backoff.next_delay(rand::random::<f64>());
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shared.shutdown.cancelled() => break,
+            };
+            run_tunnel(&shared, &target, &mut backoff, &tracker).await
+        };
+        match attempt.await {
+            // A reconnect request (or a drained, unlisted proxy): dial again at once.
+            Ok(()) if !shared.shutdown.is_cancelled() => continue,
+            Ok(()) => return,
+            Err(TunnelError::AlreadyHeld(proxy_id)) => {
+                tracing::debug!(%proxy_id, "reached a proxy this agent already holds a tunnel to; trying again");
+            }
+            Err(e) => {
+                tracing::warn!(proxy = %shared.config.proxy_addr, error = %e, "reverse tunnel failed");
+                shared.set_error(&e);
+            }
+        }
+        let delay = backoff.next_delay(rand::random::<f64>());
+        tracing::debug!(?delay, "reconnecting the reverse tunnel after backoff");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            // A proxy joined or left: count again, and dial at once if still needed.
+            r = roster.changed() => {
+                if r.is_ok() {
+                    backoff.reset();
                 }
             }
-            inner.close();
-            inner.wait().await;
-        });
+            _ = shared.shutdown.cancelled() => return,
+        }
     }
 }
 
@@ -471,7 +603,6 @@ fn spawn_discovered(
 async fn run_tunnel(
     shared: &Arc<Shared>,
     target: &Target,
-    discovered: &mpsc::UnboundedSender<Discovery>,
     backoff: &mut Backoff,
     tracker: &tokio_util::task::TaskTracker,
 ) -> Result<(), TunnelError> {
@@ -483,7 +614,7 @@ async fn run_tunnel(
         active: std::sync::atomic::AtomicUsize::new(0),
         idle: Notify::new(),
     });
-    let result = run_tunnel_on(conn.clone(), shared, target, discovered, backoff, tracker).await;
+    let result = run_tunnel_on(conn.clone(), shared, target, backoff, tracker).await;
     // The proxy's own words (a refusal such as an incompatible version) say more than the
     // error the cut connection caused.
     match (result, conn.disconnect_reason.lock().ok().and_then(|r| r.clone())) {
@@ -496,7 +627,6 @@ async fn run_tunnel_on(
     conn: Arc<ConnShared>,
     shared: &Arc<Shared>,
     target: &Target,
-    discovered: &mpsc::UnboundedSender<Discovery>,
     backoff: &mut Backoff,
     tracker: &tokio_util::task::TaskTracker,
 ) -> Result<(), TunnelError> {
@@ -549,57 +679,79 @@ async fn run_tunnel_on(
         _ = shared.shutdown.cancelled() => return Ok(()),
     };
 
-    // Heartbeats: a ping right away, then every interval.
-    let heartbeat = handle.channel_open_direct_streamlocal(HEARTBEAT_CHANNEL).await?;
-    let interval = cfg.tunables.keepalive_interval;
-    let hb_closed = closed.clone();
-    let hb_shutdown = shared.shutdown.clone();
-    tracker.spawn(async move {
-        let mut stream = heartbeat.into_stream();
-        let mut tick = tokio::time::interval(interval);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = hb_closed.cancelled() => return,
-                _ = hb_shutdown.cancelled() => return,
-            }
-            if stream.write_all(b"ping\n").await.is_err() || stream.flush().await.is_err() {
-                return;
-            }
-        }
-    });
-    // Discovery: every announced list goes to the caller, which opens the missing tunnels.
-    let discovery = handle.channel_open_direct_streamlocal(DISCOVERY_CHANNEL).await?;
-    let tx = discovered.clone();
-    let (d_closed, d_shutdown) = (closed.clone(), shared.shutdown.clone());
-    tracker.spawn(async move {
-        let mut stream = discovery.into_stream();
-        loop {
-            let line = tokio::select! {
-                l = read_line(&mut stream, 64 * 1024) => match l {
-                    Ok(Some(line)) => line,
-                    _ => return,
-                },
-                _ = d_closed.cancelled() => return,
-                _ = d_shutdown.cancelled() => return,
-            };
-            match serde_json::from_str::<Discovery>(&line) {
-                Ok(d) => {
-                    if tx.send(d).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "malformed discovery message"),
-            }
-        }
-    });
-
+    // The proxy is known by the host ID in its certificate: behind a load balancer this dial
+    // may have reached a proxy another tunnel already holds.
     let proxy_id = conn
         .proxy_id
         .lock()
         .ok()
         .and_then(|p| p.clone())
         .unwrap_or_else(|| target.addr.to_string());
+    if !shared.claim(&proxy_id, &conn) {
+        let _ = handle
+            .disconnect(
+                russh::Disconnect::ByApplication,
+                "the agent already holds a tunnel to this proxy",
+                "",
+            )
+            .await;
+        return Err(TunnelError::AlreadyHeld(proxy_id));
+    }
+    let established = async {
+        // Heartbeats: a ping right away, then every interval.
+        let heartbeat = handle.channel_open_direct_streamlocal(HEARTBEAT_CHANNEL).await?;
+        let interval = cfg.tunables.keepalive_interval;
+        let hb_closed = closed.clone();
+        let hb_shutdown = shared.shutdown.clone();
+        tracker.spawn(async move {
+            let mut stream = heartbeat.into_stream();
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = hb_closed.cancelled() => return,
+                    _ = hb_shutdown.cancelled() => return,
+                }
+                if stream.write_all(b"ping\n").await.is_err() || stream.flush().await.is_err() {
+                    return;
+                }
+            }
+        });
+        // Discovery: every announced list goes to the pool, which opens the missing tunnels. A
+        // proxy without the channel announces nothing; the tunnel works all the same.
+        match handle.channel_open_direct_streamlocal(DISCOVERY_CHANNEL).await {
+            Ok(discovery) => {
+                let (d_closed, d_shutdown) = (closed.clone(), shared.shutdown.clone());
+                let (d_shared, d_proxy) = (shared.clone(), proxy_id.clone());
+                tracker.spawn(async move {
+                    let mut stream = discovery.into_stream();
+                    loop {
+                        let line = tokio::select! {
+                            l = read_line(&mut stream, 64 * 1024) => match l {
+                                Ok(Some(line)) => line,
+                                _ => return,
+                            },
+                            _ = d_closed.cancelled() => return,
+                            _ = d_shutdown.cancelled() => return,
+                        };
+                        match serde_json::from_str::<Discovery>(&line) {
+                            Ok(d) => d_shared.announced(&d_proxy, d),
+                            Err(e) => {
+                                tracing::warn!(proxy_id = %d_proxy, error = %e, "malformed discovery message")
+                            }
+                        }
+                    }
+                });
+            }
+            Err(e) => tracing::debug!(%proxy_id, error = %e, "the proxy has no discovery channel"),
+        }
+        Ok::<_, TunnelError>(())
+    };
+    if let Err(e) = established.await {
+        shared.release(&proxy_id, &conn);
+        return Err(e);
+    }
+
     backoff.reset();
     shared.status.send_modify(|s| {
         s.connected.insert(proxy_id.clone());
@@ -615,6 +767,7 @@ async fn run_tunnel_on(
     shared.status.send_modify(|s| {
         s.connected.remove(&proxy_id);
     });
+    shared.release(&proxy_id, &conn);
     if outcome.is_ok() {
         // Drain: new work is refused; the connection closes when its sessions are done (or at
         // shutdown), while the caller dials a fresh tunnel at once.

@@ -51,7 +51,7 @@ pub use direct::{
     DIRECT_DIAL_TIMEOUT, DirectDialer, DirectLookup, DirectTarget, agent_tls, serve_direct, serve_direct_with,
 };
 pub use registry::{AgentInfo, AgentRegistry};
-pub use server::{TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream};
+pub use server::{DEFAULT_TUNNEL_DRAIN, TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream};
 
 /// Wraps an async function as the [`DialService`] an agent serves dial requests with.
 pub fn dial_service_fn<F, Fut>(f: F) -> DialService
@@ -137,11 +137,16 @@ pub struct DiscoveredProxy {
     pub tls_routing: bool,
 }
 
-/// The discovery channel's message: every proxy of the cluster.
+/// The discovery channel's message: proxies of the cluster.
 #[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct Discovery {
     /// The proxies.
     pub proxies: Vec<DiscoveredProxy>,
+    /// Whether `proxies` is every live proxy of the cluster (the proxies' registry, announcing
+    /// proxy included): the agent then drops its tunnels to proxies that no complete list
+    /// names. A list that is not complete only adds proxies (older proxies send no such field).
+    #[serde(default)]
+    pub complete: bool,
 }
 
 /// Why a tunnel operation failed.
@@ -199,6 +204,10 @@ pub enum TunnelError {
     /// The proxy closed the tunnel and said why (an incompatible version, a shutdown).
     #[error("the proxy closed the reverse tunnel: {0}")]
     ProxyClosed(String),
+    /// The dial reached a proxy another of the agent's tunnels already holds (proxies behind
+    /// one load balancer address); the new connection was closed.
+    #[error("already holding a tunnel to proxy {0}")]
+    AlreadyHeld(String),
     /// The proxy refused the agent's credentials.
     #[error("the proxy at {0} refused the agent's host certificate")]
     AuthRefused(String),

@@ -54,7 +54,14 @@ pub struct TunnelServerConfig {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Window, packet and keep-alive settings.
     pub tunables: Tunables,
+    /// How long a tunnel may stay open after the proxy began shutting down: the agent is asked
+    /// to reconnect elsewhere at once and closes the tunnel when its sessions are done; past
+    /// this bound the proxy closes it.
+    pub drain_timeout: Duration,
 }
+
+/// The default of [`TunnelServerConfig::drain_timeout`].
+pub const DEFAULT_TUNNEL_DRAIN: Duration = Duration::from_secs(30);
 
 impl TunnelServerConfig {
     /// A configuration with default tunables and no TLS.
@@ -71,7 +78,14 @@ impl TunnelServerConfig {
             verifier,
             tls: None,
             tunables: Tunables::default(),
+            drain_timeout: DEFAULT_TUNNEL_DRAIN,
         }
+    }
+
+    /// Replaces [`TunnelServerConfig::drain_timeout`].
+    pub fn with_drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
     }
 
     /// Serves the TLS path with `tls`.
@@ -93,6 +107,7 @@ struct Inner {
     cluster_version: Version,
     tls: Option<TlsAcceptor>,
     tunables: Tunables,
+    drain_timeout: Duration,
     registry: AgentRegistry,
     discovery: watch::Sender<Discovery>,
 }
@@ -122,6 +137,7 @@ impl TunnelServer {
             cluster_version: config.cluster_version,
             tls: config.tls.map(TlsAcceptor::from),
             tunables: config.tunables,
+            drain_timeout: config.drain_timeout,
             registry: AgentRegistry::default(),
             discovery: watch::channel(Discovery::default()).0,
         });
@@ -146,6 +162,23 @@ impl TunnelServer {
     /// Announces the cluster's proxies to every agent (the discovery channel).
     pub fn set_proxies(&self, discovery: Discovery) {
         self.inner.discovery.send_replace(discovery);
+    }
+
+    /// Asks every agent's every tunnel to drain and reconnect (elsewhere, when this proxy is
+    /// going away); returns how many were asked.
+    pub async fn request_reconnect_all(&self) -> usize {
+        let mut asked = 0;
+        let hosts: std::collections::BTreeSet<String> = self
+            .inner
+            .registry
+            .list()
+            .into_iter()
+            .map(|a| a.host_id)
+            .collect();
+        for host_id in hosts {
+            asked += self.request_reconnect(&host_id).await;
+        }
+        asked
     }
 
     /// Asks every tunnel of `host_id` to drain and reconnect; returns how many were asked.
@@ -264,9 +297,24 @@ impl TunnelServer {
         let result = tokio::select! {
             r = &mut session => r,
             _ = shutdown.cancelled() => {
-                let _ = handle_for_shutdown
-                    .disconnect(russh::Disconnect::ByApplication, "the proxy is shutting down".into(), String::new())
-                    .await;
+                // Drain: the agent is asked to reconnect (elsewhere: this proxy no longer
+                // accepts) and closes this tunnel once its sessions are done; past the bound
+                // the proxy closes it.
+                let asked = match handle_for_shutdown.channel_open_forwarded_streamlocal(RECONNECT_REQUEST).await {
+                    Ok(ch) => {
+                        let _ = ch.close().await;
+                        true
+                    }
+                    Err(_) => false,
+                };
+                tracing::info!(host_id = %host.host_id, asked, bound = ?inner.drain_timeout, "proxy shutting down: asked the agent to reconnect elsewhere; draining its tunnel");
+                let drained = asked
+                    && tokio::time::timeout(inner.drain_timeout, &mut session).await.is_ok();
+                if !drained {
+                    let _ = handle_for_shutdown
+                        .disconnect(russh::Disconnect::ByApplication, "the proxy is shutting down".into(), String::new())
+                        .await;
+                }
                 Ok(())
             }
         };

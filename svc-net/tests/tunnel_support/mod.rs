@@ -204,6 +204,10 @@ pub struct ProxyOpts {
     pub authorizer: Option<Arc<dyn svc_net::ssh::NodeAuthorizer>>,
     /// The accept loop's limits on every listener.
     pub listen: svc_net::listen::ListenOptions,
+    /// The public web address the ping advertises (a load balancer in front of several proxies).
+    pub public_addr: Option<Addr>,
+    /// Sources whose PROXY protocol headers are honoured.
+    pub trusted: Vec<ipnet::IpNet>,
 }
 
 impl Default for ProxyOpts {
@@ -218,6 +222,8 @@ impl Default for ProxyOpts {
             version: "17.0.0".parse().unwrap(),
             authorizer: None,
             listen: svc_net::listen::ListenOptions::default().with_drain_timeout(Duration::from_secs(2)),
+            public_addr: None,
+            trusted: Vec::new(),
         }
     }
 }
@@ -280,7 +286,8 @@ pub async fn start_proxy_with(
             cluster.verifier.clone(),
         )
         .with_tls(identity.server_config(&[alpn::REVERSE_TUNNEL]).unwrap())
-        .with_tunables(opts.tunables.clone()),
+        .with_tunables(opts.tunables.clone())
+        .with_drain_timeout(opts.listen.drain_timeout),
     );
     let mut ssh_config = ProxySshConfig::new(
         creds.key.clone(),
@@ -305,6 +312,8 @@ pub async fn start_proxy_with(
     settings.ping.ssh_listen_addr = addr(opts.ssh_port);
     settings.tls = tls.clone();
     settings.listen = opts.listen.clone();
+    settings.ping.web_public_addr = opts.public_addr.clone();
+    settings.trusted_proxy_networks = opts.trusted.clone();
     let running = ProxyBuilder::new(settings)
         .with_version(opts.version.clone())
         .tunnel(tunnel.plain_service())

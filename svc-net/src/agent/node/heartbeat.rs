@@ -16,8 +16,9 @@ pub(super) struct ExportTargets {
     /// The Linux updater's directory: exported to only when it exists (the package owns it,
     /// and creating it here would claim a system path nobody asked for).
     pub(super) upgrade_dir: PathBuf,
-    /// The version endpoint written there while the endpoint file is empty.
-    pub(super) endpoint: String,
+    /// The version endpoint written there while the endpoint file is empty (`None`: none known;
+    /// nothing is written).
+    pub(super) endpoint: Option<String>,
     /// Further sinks (the Kubernetes shared-state Secret).
     pub(super) sinks: Vec<Arc<dyn ScheduleSink>>,
 }
@@ -84,7 +85,12 @@ impl HeartbeatTask {
             out.push(ScheduleExporter::spawn(
                 source.clone(),
                 Arc::new(SystemClock),
-                ExportSettings::new(&targets.upgrade_dir).with_endpoint(targets.endpoint.clone()),
+                match &targets.endpoint {
+                    Some(endpoint) => {
+                        ExportSettings::new(&targets.upgrade_dir).with_endpoint(endpoint.clone())
+                    }
+                    None => ExportSettings::new(&targets.upgrade_dir),
+                },
             ));
         }
         for sink in &targets.sinks {

@@ -260,10 +260,11 @@ impl AgentNode {
         let metrics = NodeMetrics::default();
         let stop = CancellationToken::new();
         let mut tasks = vec![tokio::spawn(track_tunnels(agent.watch(), metrics.clone()))];
-        let endpoint = self
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| version_endpoint(&proxy_addr));
+        let endpoint = Some(
+            self.endpoint
+                .clone()
+                .unwrap_or_else(|| version_endpoint(&proxy_addr)),
+        );
         let beat = self.beat(served_resources(config));
         tasks.push(self.heartbeats(&identity, dialer, beat, &metrics, endpoint).await);
         let status = agent.watch();
@@ -308,7 +309,7 @@ impl AgentNode {
         dialer: ProxyDialer,
         beat: Heartbeat,
         metrics: &NodeMetrics,
-        endpoint: String,
+        endpoint: Option<String>,
     ) -> tokio::task::JoinHandle<()> {
         let first_beat = Arc::new(tokio::sync::Notify::new());
         let task = HeartbeatTask {
@@ -426,12 +427,12 @@ impl AgentNode {
             tracing::info!(%section, addr = %bound, "listening for the proxy (joined the Auth Service directly)");
         }
         let metrics = NodeMetrics::default();
-        // The updater asks the cluster's proxy for versions; with none configured here, the
-        // endpoint names the Auth Service's address (written only while the file is empty, so
-        // an operator's own endpoint stays).
+        // The updater asks a proxy for versions, never the Auth Service (no version server
+        // answers there): the one configured here, else one the Auth Service knows (written
+        // only while the file is empty, so an operator's own endpoint stays).
         let endpoint = match self.endpoint.clone() {
-            Some(e) => e,
-            None => version_endpoint(&auth_target(config)?),
+            Some(e) => Some(e),
+            None => direct_version_endpoint(&identity, &dialer).await,
         };
         let beat = self.beat(resources);
         tasks.push(self.heartbeats(&identity, dialer, beat, &metrics, endpoint).await);
@@ -502,6 +503,42 @@ impl RunningNode {
         }
         if let Some(agent) = self.agent {
             agent.shutdown().await;
+        }
+    }
+}
+
+/// The version endpoint a directly joined agent's updater asks: that of a proxy the Auth
+/// Service knows (its registered proxies' public addresses, the first by host ID). `None`, with
+/// a log line saying why, when no proxy is registered or the Auth Service cannot be asked.
+async fn direct_version_endpoint(identity: &ClientIdentity, dialer: &ProxyDialer) -> Option<String> {
+    let asked = async {
+        let mut client =
+            crate::auth::AuthClient::connect_via(&identity.auth_addr, identity, Some(dialer)).await?;
+        client.list_proxies().await
+    };
+    let proxies = match tokio::time::timeout(FIRST_CONTACT_WAIT, asked).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            tracing::warn!(auth = %identity.auth_addr, error = %e, "cannot ask the Auth Service for the cluster's proxies; not writing the updater's endpoint");
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!(auth = %identity.auth_addr, after = ?FIRST_CONTACT_WAIT, "the Auth Service did not list the cluster's proxies in time; not writing the updater's endpoint");
+            return None;
+        }
+    };
+    let chosen = proxies
+        .iter()
+        .find_map(|p| Addr::parse(&p.public_addr).ok().map(|a| (p, a)));
+    match chosen {
+        Some((proxy, addr)) => {
+            let endpoint = version_endpoint(&addr);
+            tracing::info!(proxy = %proxy.host_id, %endpoint, "the updater asks this proxy for versions");
+            Some(endpoint)
+        }
+        None => {
+            tracing::warn!(auth = %identity.auth_addr, "no proxy is registered with the Auth Service, and svc-upgrade asks a proxy (not the Auth Service) for versions: not writing the updater's endpoint");
+            None
         }
     }
 }
