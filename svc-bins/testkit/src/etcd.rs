@@ -92,6 +92,34 @@ pub fn member_healthy(client: SocketAddr) -> bool {
     healthy_answer(&answer)
 }
 
+/// The `(member_id, leader)` of an answer of etcd's `/v3/maintenance/status` (the JSON
+/// gateway writes 64-bit integers as strings).
+pub fn status_ids(http: &str) -> Option<(String, String)> {
+    let field = |name: &str| {
+        let key = format!("\"{name}\":\"");
+        let at = http.find(&key)? + key.len();
+        let end = http[at..].find('"')?;
+        Some(http[at..at + end].to_owned())
+    };
+    Some((field("member_id")?, field("leader")?))
+}
+
+/// Asks the member at `client` for its status (plain HTTP, 2 s at most): `(its member ID, the
+/// leader's member ID)`.
+pub fn member_status(client: SocketAddr) -> Option<(String, String)> {
+    let limit = Duration::from_secs(2);
+    let mut s = TcpStream::connect_timeout(&client, limit).ok()?;
+    s.set_read_timeout(Some(limit)).ok()?;
+    s.set_write_timeout(Some(limit)).ok()?;
+    let request = format!(
+        "POST /v3/maintenance/status HTTP/1.0\r\nHost: {client}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+    );
+    s.write_all(request.as_bytes()).ok()?;
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    status_ids(&answer)
+}
+
 /// A running etcd cluster; every member killed and the data removed on drop.
 pub struct EtcdCluster {
     bin: PathBuf,
@@ -169,6 +197,28 @@ impl EtcdCluster {
     /// Whether member `i` is running (not killed, not exited).
     pub fn running(&mut self, i: usize) -> bool {
         self.procs[i].as_mut().is_some_and(|p| p.exited().is_none())
+    }
+
+    /// The index of the member that is the raft leader now, as the running members see it
+    /// (`None` while there is none or no member answers).
+    pub fn leader(&mut self) -> Option<usize> {
+        let mut ids = Vec::new();
+        let mut leader = None;
+        for i in 0..self.specs.len() {
+            let status = if self.running(i) {
+                member_status(self.specs[i].client)
+            } else {
+                None
+            };
+            if let Some((id, lead)) = status {
+                leader = leader.or(Some(lead));
+                ids.push(Some(id));
+            } else {
+                ids.push(None);
+            }
+        }
+        let leader = leader?;
+        ids.iter().position(|id| id.as_deref() == Some(leader.as_str()))
     }
 
     /// Kills member `i` with SIGKILL (no clean shutdown) and reaps it; its log stays readable
@@ -307,16 +357,32 @@ mod tests {
     }
 
     #[test]
+    fn status_answers_name_the_member_and_its_leader() {
+        let answer = "HTTP/1.0 200 OK\r\n\r\n{\"header\":{\"cluster_id\":\"1\",\"member_id\":\"1234\",\"revision\":\"5\"},\"version\":\"3.4.23\",\"leader\":\"99\",\"raftIndex\":\"8\"}";
+        assert_eq!(status_ids(answer), Some(("1234".to_owned(), "99".to_owned())));
+        assert_eq!(status_ids("HTTP/1.0 503\r\n\r\n"), None);
+    }
+
+    #[test]
     fn a_three_member_cluster_survives_the_loss_and_return_of_a_member() {
         let mut cluster = EtcdCluster::start(3, "127.0.0.1");
         assert_eq!(cluster.client_urls().len(), 3);
-        cluster.kill(1);
-        assert!(!cluster.running(1));
-        // The two others keep a quorum.
+        let mut leader = None;
+        crate::wait_until(HEALTH_LIMIT, "an etcd leader", || {
+            leader = cluster.leader();
+            leader.is_some()
+        });
+        let leader = leader.unwrap();
+        cluster.kill(leader);
+        assert!(!cluster.running(leader));
+        // The two others keep a quorum and elect a new leader.
         cluster.wait_healthy(HEALTH_LIMIT);
-        cluster.restart(1);
-        assert!(cluster.running(1));
-        assert!(member_healthy(cluster.members()[1].client));
+        crate::wait_until(HEALTH_LIMIT, "a new etcd leader", || {
+            cluster.leader().is_some_and(|l| l != leader)
+        });
+        cluster.restart(leader);
+        assert!(cluster.running(leader));
+        assert!(member_healthy(cluster.members()[leader].client));
         let dir = cluster.dir().to_owned();
         drop(cluster);
         assert!(!dir.exists(), "the data is removed on drop");

@@ -224,7 +224,11 @@ mod tests {
         let dir = crate::temp_dir("haproxy-bad");
         let path = dir.join("haproxy.cfg");
         std::fs::write(&path, "frontend x\n  bind nowhere:notaport\n").unwrap();
-        check(&bin, &path);
+        let checked = std::panic::catch_unwind(|| check(&bin, &path));
+        let _ = std::fs::remove_dir_all(dir);
+        if let Err(panic) = checked {
+            std::panic::resume_unwind(panic);
+        }
     }
 
     #[test]
