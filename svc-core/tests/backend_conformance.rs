@@ -783,6 +783,17 @@ mod etcd_only {
         Ok(())
     }
 
+    /// `auth_service.storage` from a `svc.yaml` holding `storage` (the mapping's lines), as
+    /// backend options.
+    fn storage_from_yaml(storage: &str) -> Result<EtcdOptions> {
+        let yaml = format!("version: v1\nauth_service:\n  storage:\n    {storage}\n");
+        let config = svc_core::config::Config::from_yaml_str(&yaml)?;
+        match &config.auth.storage {
+            svc_core::config::StorageConfig::Etcd(etcd) => Ok(etcd.options()?),
+            other => bail!("expected etcd storage, got {other:?}"),
+        }
+    }
+
     #[tokio::test]
     async fn tls_with_client_certificates() -> Result<()> {
         within("etcd_only::tls_with_client_certificates", async {
@@ -806,16 +817,20 @@ mod etcd_only {
             )
             .await?;
             let read = |f: &str| std::fs::read(pki.path().join(f));
+            // The options come from svc.yaml, as `svc start` reads them.
+            let options = storage_from_yaml(&format!(
+                "type: etcd\n    peers: [{}]\n    prefix: /svc/tls\n    tls_ca_file: {}\n    tls_cert_file: {}\n    tls_key_file: {}",
+                cluster.peers()[0],
+                path("ca.crt"),
+                path("client.crt"),
+                path("client.key")
+            ))?;
             let tls = EtcdTls {
                 ca_pem: read("ca.crt")?,
                 client: Some((read("client.crt")?, read("client.key")?)),
             };
-            let options = EtcdOptions::new(cluster.peers(), "/svc/tls").tls(tls.clone());
             let debug = format!("{options:?}");
-            ensure!(
-                !debug.contains("PRIVATE KEY"),
-                "no key material in Debug: {debug}"
-            );
+            ensure!(!debug.contains("PRIVATE KEY"), "no key material in Debug: {debug}");
             let backend = wait_ready(options).await?;
             let r = backend.create(Item::new("/users/alice", "v")).await?;
             ensure!(
