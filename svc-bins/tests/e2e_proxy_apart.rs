@@ -158,11 +158,13 @@ fn a_proxy_apart_serves_tsh_and_keeps_routing_while_the_auth_service_is_down() {
     let auth_data = dir.join("auth-data");
 
     // The Auth Service alone.
+    // On a fixed port, so that it can come back on the same address.
+    let auth_port = dead_addr();
     let auth_yaml = dir.join("auth.yaml");
     std::fs::write(
         &auth_yaml,
         format!(
-            "version: v1\nsvc:\n  data_dir: {}\nauth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: apart.test\nproxy_service:\n  enabled: false\nssh_service:\n  enabled: false\n",
+            "version: v1\nsvc:\n  data_dir: {}\nauth_service:\n  listen_addr: {auth_port}\n  cluster_name: apart.test\nproxy_service:\n  enabled: false\nssh_service:\n  enabled: false\n",
             auth_data.display()
         ),
     )
@@ -309,5 +311,34 @@ fn a_proxy_apart_serves_tsh_and_keeps_routing_while_the_auth_service_is_down() {
         "{}",
         refused.stderr
     );
+
+    // The Auth Service comes back on its address: sign-ins work again, and the proxy's cache
+    // follows it again (a lock made now refuses the next session through the proxy).
+    let _auth = Svc::start(&auth_yaml, dir.join("auth-again.stderr"));
+    wait::wait_until(wait::STEP, "a sign-in once the Auth Service is back", || {
+        login().status.success()
+    });
+    run(
+        TCTL,
+        &home,
+        &[
+            "--data-dir",
+            &data,
+            "lock",
+            "--user=alice",
+            "--message=apart incident",
+        ],
+        None,
+    )
+    .ok();
+    wait::wait_until(wait::STEP, "the lock reaching the proxy apart", || {
+        let out = run(
+            TSH,
+            &home,
+            &["ssh", "root@node-apart", "echo should-not-run"],
+            None,
+        );
+        !out.status.success() && out.stderr.contains("apart incident")
+    });
     drop(agent);
 }

@@ -498,3 +498,53 @@ async fn sign_ins_fail_fast_naming_the_auth_service_while_it_is_down() {
     );
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_apart_can_reach_the_auth_service_through_another_proxys_web_port() {
+    let auth = start_auth().await;
+    let pin = auth.service.ca_pin();
+    let first_dir = tempfile::tempdir().expect("tempdir");
+    let first_token = token(&auth.service, JoinRole::Proxy).await;
+    let first = svc_net::ProxyServer::from_config(&proxy_config(
+        first_dir.path(),
+        &[auth.addr.to_string()],
+        &first_token,
+        &pin,
+    ))
+    .start_joined()
+    .await
+    .expect("the first proxy apart starts");
+    // The second knows only the first proxy's web port: the join, the watch and the sign-ins
+    // reach the Auth API under TLS routing (ALPN `svc-auth@`), end to end with the Auth
+    // Service's TLS.
+    let via = first.addrs().web.to_string();
+    let second_dir = tempfile::tempdir().expect("tempdir");
+    let second_token = token(&auth.service, JoinRole::Proxy).await;
+    let mut config = proxy_config(second_dir.path(), &[via], &second_token, &pin);
+    config.svc.nodename = "proxy-2".into();
+    let second = svc_net::ProxyServer::from_config(&config)
+        .start_joined()
+        .await
+        .expect("the second proxy apart starts through the first's web port");
+    let admin = admin(&auth.service).await;
+    auth.service
+        .create_user(
+            &admin,
+            User::new("alice", ["access"]),
+            &Secret::new(PASSWORD.into()),
+        )
+        .await
+        .expect("create alice");
+    let web = second.addrs().web.to_string();
+    let signed =
+        svc_net::client::login_via_proxy(&web, true, None, "alice", &Secret::new(PASSWORD.into()), None)
+            .await;
+    assert!(
+        signed.is_ok(),
+        "sign-in through the second proxy: {:?}",
+        signed.err()
+    );
+    second.shutdown().await;
+    first.shutdown().await;
+    auth.stop.cancel();
+}
