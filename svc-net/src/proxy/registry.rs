@@ -1,5 +1,5 @@
 //! The proxy in the cluster's proxy registry: it announces itself through the Auth API
-//! (`UpsertProxy`, renewed every [`PROXY_ANNOUNCE_INTERVAL`], living [`PROXY_TTL`] unless
+//! (`UpsertProxy`, renewed every [`PROXY_ANNOUNCE_INTERVAL`], living [`PROXY_TTL`](svc_core::auth::PROXY_TTL) unless
 //! renewed), asks for the live proxies (`ListProxies`) every few seconds and tells every
 //! connected agent over the tunnel's discovery channel — on change, and again every announce
 //! interval — so that each agent keeps one tunnel per proxy. On a clean stop it removes its
