@@ -256,6 +256,23 @@ fn bin(name: &str) -> String {
     dir.join(name).to_string_lossy().into_owned()
 }
 
+/// Removes a directory when dropped, whatever the test's outcome.
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// `127.0.0.1:port`.
 fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
@@ -639,6 +656,7 @@ fn write_file(path: &Path, text: &str) -> PathBuf {
 fn the_cluster_survives_etcd_auth_and_proxy_failures_behind_a_load_balancer() {
     // Kept when the test fails (every process's log is there), removed when it passes.
     let dir = svc_testkit::temp_dir("e2e-ha");
+    let _bins = RemoveOnDrop(Path::new(&bin("svc")).parent().map(Path::to_path_buf));
     std::fs::create_dir_all(dir.join("writes")).expect("writes dir");
     let admin_home = dir.join("admin-home");
 
@@ -1006,13 +1024,11 @@ fn the_cluster_survives_etcd_auth_and_proxy_failures_behind_a_load_balancer() {
     }
     assert!(
         problems.is_empty(),
-        "high availability failed:\n{}\n(haproxy log:\n{})",
+        "high availability failed:\n{}\n(the last lines of haproxy's log:\n{})\nevery process's log is kept in {}",
         problems.join("\n"),
-        w.lb.log()
+        tail(&w.lb.log(), 40),
+        dir.display()
     );
     drop(w);
     let _ = std::fs::remove_dir_all(&dir);
-    if let Some(bins) = Path::new(&bin("svc")).parent() {
-        let _ = std::fs::remove_dir_all(bins);
-    }
 }
