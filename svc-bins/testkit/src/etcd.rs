@@ -27,12 +27,17 @@ pub struct MemberSpec {
     pub peer: SocketAddr,
     /// The data directory.
     pub data_dir: PathBuf,
+    /// `https` client URLs (the members are given their certificates in `extra_args`).
+    pub https: bool,
+    /// Arguments appended to the command line (TLS files, `--client-cert-auth`, …).
+    pub extra_args: Vec<String>,
 }
 
 impl MemberSpec {
-    /// The client URL, `http://IP:PORT`.
+    /// The client URL, `http://IP:PORT` (`https` with [`https`](Self::https)).
     pub fn client_url(&self) -> String {
-        format!("http://{}", self.client)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.client)
     }
 
     /// The peer URL, `http://IP:PORT`.
@@ -64,6 +69,7 @@ impl MemberSpec {
         ]
         .into_iter()
         .flat_map(|(flag, value)| [flag.to_owned(), value])
+        .chain(self.extra_args.iter().cloned())
         .collect()
     }
 }
@@ -120,6 +126,16 @@ pub fn member_status(client: SocketAddr) -> Option<(String, String)> {
     status_ids(&answer)
 }
 
+/// How to run the members: TLS on the client URLs and extra flags (the same for every member).
+#[derive(Clone, Debug, Default)]
+pub struct EtcdOptions {
+    /// `https` client URLs; the certificate flags go in [`args`](Self::args). Such members are
+    /// not probed at start: the caller waits for them with its own client.
+    pub https: bool,
+    /// Arguments appended to every member's command line.
+    pub args: Vec<String>,
+}
+
 /// A running etcd cluster; every member killed and the data removed on drop.
 pub struct EtcdCluster {
     bin: PathBuf,
@@ -135,6 +151,12 @@ impl EtcdCluster {
     /// [`HEALTH_LIMIT`], until each reports itself healthy. A missing `etcd` fails the test
     /// naming the Debian package `etcd-server`.
     pub fn start(size: usize, ip: &str) -> EtcdCluster {
+        Self::start_with(size, ip, EtcdOptions::default())
+    }
+
+    /// Like [`start`](Self::start), with `options` for every member. Members with `https`
+    /// client URLs are not waited for (plain `/health` cannot reach them).
+    pub fn start_with(size: usize, ip: &str, options: EtcdOptions) -> EtcdCluster {
         let bin = crate::require("etcd", "etcd-server");
         let dir = crate::temp_dir("etcd");
         let token = format!(
@@ -154,6 +176,8 @@ impl EtcdCluster {
                 client: parse(crate::free_port(ip)),
                 peer: parse(crate::free_port(ip)),
                 data_dir: dir.join(format!("m{i}")),
+                https: options.https,
+                extra_args: options.args.clone(),
             })
             .collect();
         let mut cluster = EtcdCluster {
@@ -167,7 +191,9 @@ impl EtcdCluster {
         for i in 0..size {
             cluster.spawn(i, false);
         }
-        cluster.wait_healthy(HEALTH_LIMIT);
+        if !options.https {
+            cluster.wait_healthy(HEALTH_LIMIT);
+        }
         cluster
     }
 
@@ -232,14 +258,18 @@ impl EtcdCluster {
     }
 
     /// Starts member `i` again on its data directory (`--initial-cluster-state existing`) and
-    /// waits, within [`HEALTH_LIMIT`], until every running member is healthy.
+    /// waits, within [`HEALTH_LIMIT`], until every running member is healthy (plain HTTP
+    /// members only).
     pub fn restart(&mut self, i: usize) {
         self.kill(i);
         self.spawn(i, true);
-        self.wait_healthy(HEALTH_LIMIT);
+        if !self.specs[i].https {
+            self.wait_healthy(HEALTH_LIMIT);
+        }
     }
 
-    /// Waits until every running member reports itself healthy; fails after `limit` naming
+    /// Waits until every running member reports itself healthy (plain HTTP members: `/health`
+    /// is asked without TLS); fails after `limit` naming
     /// the members that are not, with their logs.
     pub fn wait_healthy(&mut self, limit: Duration) {
         let deadline = Instant::now() + limit;
@@ -318,6 +348,8 @@ mod tests {
             client: format!("127.0.0.1:{}", 2379 + i * 10).parse().unwrap(),
             peer: format!("127.0.0.1:{}", 2380 + i * 10).parse().unwrap(),
             data_dir: PathBuf::from(format!("/tmp/d/m{i}")),
+            https: false,
+            extra_args: Vec::new(),
         }
     }
 
@@ -343,6 +375,14 @@ mod tests {
         let again = members[1].args(&members, "tok", true);
         let at = again.iter().position(|a| a == "--initial-cluster-state").unwrap();
         assert_eq!(again[at + 1], "existing");
+
+        let mut tls = spec(0);
+        tls.https = true;
+        tls.extra_args = vec!["--client-cert-auth".into()];
+        assert_eq!(tls.client_url(), "https://127.0.0.1:2379");
+        let args = tls.args(&[tls.clone()], "tok", false);
+        assert_eq!(args.last().map(String::as_str), Some("--client-cert-auth"));
+        assert!(args.contains(&"https://127.0.0.1:2379".to_owned()));
     }
 
     #[test]
