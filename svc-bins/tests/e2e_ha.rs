@@ -841,6 +841,21 @@ fn the_cluster_survives_etcd_auth_and_proxy_failures_behind_a_load_balancer() {
             );
         }
     }
+    // haproxy's PROXY v2 headers are honoured: the proxies log the client's own address (the
+    // load balancer's frontend address is the source of tsh's and tinyproxy's connections on
+    // this host), not haproxy's 127.0.0.1.
+    let client_peer = format!("peer={}:", lb_addr.ip());
+    assert!(
+        w.proxies.iter().any(|p| plain(&p.log())
+            .lines()
+            .any(|l| l.contains("SSH client authenticated") && l.contains(&client_peer))),
+        "no proxy logged a client at {client_peer} taken from a PROXY header:\n{}",
+        w.proxies
+            .iter()
+            .map(|p| tail(&plain(&p.log()), 20))
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    );
     let tiny_log = w.tiny.log();
     assert!(
         tiny_log.contains(&lb_addr.to_string()),
