@@ -536,22 +536,18 @@ struct FaultOutcome {
     figures: Vec<String>,
 }
 
+/// Runs `fault` under the load, with a session held open through `open_via` (a proxy's pinned
+/// frontend; `None`: the load balancer).
 fn phase(
     w: &mut World,
     name: &str,
-    open_via: usize,
+    open_via: Option<usize>,
     fault: impl FnOnce(&mut World, &Load) -> FaultOutcome,
 ) -> PhaseResult {
     println!("=== fault: {name}");
-    let home = if open_via == usize::MAX {
-        w.home_lb.clone()
-    } else {
-        w.home_pinned[open_via].clone()
-    };
-    let via = if open_via == usize::MAX {
-        "the load balancer".to_owned()
-    } else {
-        format!("proxy {open_via}'s pinned frontend")
+    let (home, via) = match open_via {
+        None => (w.home_lb.clone(), "the load balancer".to_owned()),
+        Some(i) => (w.home_pinned[i].clone(), format!("proxy {i}'s pinned frontend")),
     };
     let open = OpenSession::open(
         &home,
@@ -865,7 +861,7 @@ fn the_cluster_survives_etcd_auth_and_proxy_failures_behind_a_load_balancer() {
     let mut results = Vec::new();
 
     // 1. The etcd leader dies; it comes back afterwards.
-    results.push(phase(&mut w, "kill the etcd leader", usize::MAX, |w, load| {
+    results.push(phase(&mut w, "kill the etcd leader", None, |w, load| {
         let mut leader = None;
         wait::wait_until(HEALTH_LIMIT, "an etcd leader", || {
             leader = w.etcd.leader();
@@ -896,7 +892,7 @@ fn the_cluster_survives_etcd_auth_and_proxy_failures_behind_a_load_balancer() {
     }));
 
     // 2. One Auth Service dies (the first every client tries); it comes back afterwards.
-    results.push(phase(&mut w, "kill -9 an Auth Service", usize::MAX, |w, load| {
+    results.push(phase(&mut w, "kill -9 an Auth Service", None, |w, load| {
         let killed = Instant::now();
         w.auths[0].kill9();
         let before = w.writes.lock().expect("writes").len();
@@ -927,7 +923,7 @@ fn the_cluster_survives_etcd_auth_and_proxy_failures_behind_a_load_balancer() {
     }));
 
     // 3. kill -9 one proxy; the open session goes through another; then it starts again.
-    results.push(phase(&mut w, "kill -9 a proxy", 1, |w, load| {
+    results.push(phase(&mut w, "kill -9 a proxy", Some(1), |w, load| {
         let before = counts_to(w, 0);
         let killed = Instant::now();
         w.proxies[0].kill9();
@@ -949,7 +945,7 @@ fn the_cluster_survives_etcd_auth_and_proxy_failures_behind_a_load_balancer() {
 
     // 4. Rolling restart: SIGTERM (drain) and start again, one proxy after the other.
     for i in 0..3 {
-        let open_via = (i + 1) % 3;
+        let open_via = Some((i + 1) % 3);
         results.push(phase(
             &mut w,
             &format!("rolling restart: SIGTERM proxy {i}"),
