@@ -8,13 +8,19 @@
 //! - [`process`]: spawned processes whose output is kept in a log file, printed when the test
 //!   fails, and killed when dropped; [`process::example_bin`] finds the built example programs;
 //! - [`pki`]: a test CA issuing server certificates (rcgen);
-//! - [`stamped`]: `svc` and `svc-upgrade` built with another version stamped in.
+//! - [`stamped`]: `svc` and `svc-upgrade` built with another version stamped in;
+//! - [`etcd`], [`haproxy`], [`tinyproxy`]: real third-party servers for the high-availability
+//!   tests (an etcd cluster, a TCP load balancer sending PROXY v2, an authenticating HTTP
+//!   CONNECT proxy), each with its log kept and killed on drop.
 #![deny(missing_docs)]
 #![allow(clippy::unwrap_used)]
 
+pub mod etcd;
+pub mod haproxy;
 pub mod pki;
 pub mod process;
 pub mod stamped;
+pub mod tinyproxy;
 pub mod wait;
 
 use std::net::TcpListener;
@@ -56,6 +62,20 @@ pub fn free_port(ip: &str) -> u16 {
         .and_then(|l| l.local_addr())
         .unwrap_or_else(|e| panic!("finding a free port on {ip}: {e}"))
         .port()
+}
+
+/// A new, empty directory under the system's temporary directory, named after `what`, this
+/// process and a counter (the caller removes it).
+pub fn temp_dir(what: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!("svc-{what}-{}-{n}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    dir
 }
 
 #[cfg(test)]
