@@ -10,7 +10,8 @@
 //! Service is unreachable), the answer is a refusal: fail closed. A node's authorizer for the
 //! sessions that came through the cluster's proxy ([`AuthNodeAuthorizer::with_outage_grace`])
 //! makes one exception: a grant the Auth Service gave for the very same certificate, node and
-//! login less than [`OUTAGE_GRACE`] ago still counts while the Auth Service cannot be reached,
+//! login less than [`OUTAGE_GRACE`] ago still counts while the Auth Service cannot decide
+//! (unreachable, or failing on its side, as while its storage elects a leader),
 //! so a short outage does not stop sessions the proxy (deciding from its own watched copy)
 //! lets through. A refusal, and any answer the Auth Service gives, always wins; a client on
 //! the node's own listener never gets the exception.
@@ -159,7 +160,8 @@ impl AuthNodeAuthorizer {
     }
 
     /// The Auth Service's answer (inner), or why it could not be asked (outer error, with
-    /// whether the Auth Service could not be reached at all).
+    /// whether the Auth Service could not decide at all: unreachable, or reachable but failing
+    /// on its side, as when its storage is unavailable — see [`could_not_decide`]).
     async fn ask_auth(
         &self,
         user_cert: &Certificate,
@@ -175,7 +177,7 @@ impl AuthNodeAuthorizer {
             None => {
                 let (c, _) = AuthClient::connect_any(&self.addrs, &self.identity, self.dialer.as_ref())
                     .await
-                    .map_err(|e| (cannot(&e), FailoverClient::is_transport_failure(&e)))?;
+                    .map_err(|e| (cannot(&e), could_not_decide(&e)))?;
                 guard.insert(c)
             }
         };
@@ -184,10 +186,31 @@ impl AuthNodeAuthorizer {
             Err(e) => {
                 // Reconnect on the next question.
                 *guard = None;
-                Err((cannot(&e), FailoverClient::is_transport_failure(&e)))
+                Err((cannot(&e), could_not_decide(&e)))
             }
         }
     }
+}
+
+/// Whether `e` means the Auth Service could not decide (so a recent grant may stand in for its
+/// answer), rather than that it refused the question: it could not be reached, or it answered
+/// that it failed on its side (its storage unavailable during an etcd election, a deadline, an
+/// internal error). A denial is never an error: it comes as an answer. Errors about the question
+/// itself (an invalid certificate, a caller without the right) are not outages.
+pub(crate) fn could_not_decide(e: &crate::auth::ClientError) -> bool {
+    use tonic::Code;
+    FailoverClient::is_transport_failure(e)
+        || matches!(
+            e.code(),
+            Some(
+                Code::Unavailable
+                    | Code::Internal
+                    | Code::DeadlineExceeded
+                    | Code::ResourceExhausted
+                    | Code::Aborted
+                    | Code::Cancelled
+            )
+        )
 }
 
 impl NodeAuthorizer for AuthNodeAuthorizer {
@@ -224,5 +247,43 @@ pub(crate) async fn refused_later(
         if let Err(refusal) = answer {
             return refusal;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::ClientError;
+
+    fn status(code: tonic::Code) -> ClientError {
+        ClientError::Status {
+            code,
+            message: "x".into(),
+        }
+    }
+
+    #[test]
+    fn failures_on_the_auth_services_side_are_outages_and_refusals_are_not() {
+        // Its storage unavailable (an etcd election), overloaded, out of time: it could not
+        // decide, so a recent grant may stand in for a session that came through the proxy.
+        for code in [
+            tonic::Code::Unavailable,
+            tonic::Code::Internal,
+            tonic::Code::DeadlineExceeded,
+            tonic::Code::ResourceExhausted,
+            tonic::Code::Unknown,
+        ] {
+            assert!(could_not_decide(&status(code)), "{code:?}");
+        }
+        // Answers about the question or the caller: never treated as an outage.
+        for code in [
+            tonic::Code::PermissionDenied,
+            tonic::Code::Unauthenticated,
+            tonic::Code::InvalidArgument,
+            tonic::Code::NotFound,
+        ] {
+            assert!(!could_not_decide(&status(code)), "{code:?}");
+        }
+        assert!(!could_not_decide(&ClientError::Invalid("bad".into())));
     }
 }
