@@ -293,3 +293,29 @@ async fn a_client_refuses_a_node_whose_certificate_does_not_name_the_host_asked_
     agent.shutdown().await;
     proxy.shutdown().await;
 }
+
+/// A proxy that has just started receives clients (from a load balancer) before every agent has
+/// found it: a session asked for an agent that attaches a moment later waits for its tunnel
+/// instead of failing with "no agent tunnel".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_waits_for_an_agent_that_attaches_a_moment_later() {
+    init_tracing();
+    let cluster = Cluster::new();
+    let proxy = start_proxy(&cluster, ProxyOpts::default()).await;
+    let node = cluster.host(&[SystemRole::Node], "node-late");
+    // The session is asked for first; the agent starts half a second later.
+    let session = ssh_exec(&proxy, &cluster, &node.host_id, "echo attached");
+    let late = async {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        start_agent(&cluster, proxy.web, &node)
+    };
+    let (out, agent) = tokio::join!(session, late);
+    assert_eq!(
+        (out.stdout().as_str(), out.status),
+        ("attached\n", Some(0)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    agent.shutdown().await;
+    proxy.shutdown().await;
+}

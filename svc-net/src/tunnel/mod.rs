@@ -51,7 +51,9 @@ pub use direct::{
     DIRECT_DIAL_TIMEOUT, DirectDialer, DirectLookup, DirectTarget, agent_tls, serve_direct, serve_direct_with,
 };
 pub use registry::{AgentInfo, AgentRegistry};
-pub use server::{DEFAULT_TUNNEL_DRAIN, TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream};
+pub use server::{
+    DEFAULT_ATTACH_WAIT, DEFAULT_TUNNEL_DRAIN, TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream,
+};
 
 /// Wraps an async function as the [`DialService`] an agent serves dial requests with.
 pub fn dial_service_fn<F, Fut>(f: F) -> DialService

@@ -168,6 +168,7 @@ impl TunnelServer {
             registry: self.inner.registry.clone(),
             timeout: self.inner.tunables.handshake_timeout,
             direct: None,
+            attach_wait: DEFAULT_ATTACH_WAIT,
         }
     }
 
@@ -539,12 +540,38 @@ pub struct TunnelDialer {
     registry: AgentRegistry,
     timeout: Duration,
     direct: Option<DirectDialer>,
+    attach_wait: Duration,
 }
+
+/// How long a dial to an agent without a tunnel here waits for one to appear (see
+/// [`TunnelDialer::with_attach_wait`]).
+pub const DEFAULT_ATTACH_WAIT: Duration = Duration::from_secs(5);
 
 impl TunnelDialer {
     /// The registry it dials through.
     pub fn registry(&self) -> &AgentRegistry {
         &self.registry
+    }
+
+    /// The host ID of `server` once it has a tunnel here, waiting at most the attach wait.
+    async fn attached(&self, server: &str) -> Option<String> {
+        if self.attach_wait.is_zero() {
+            return None;
+        }
+        let appeared = self.registry.wait_for(server, |agent| agent.is_some());
+        tokio::time::timeout(self.attach_wait, appeared).await.ok()?;
+        tracing::debug!(%server, "the agent attached while a dial waited for it");
+        self.registry.resolve(server)
+    }
+
+    /// How long a dial to an agent that has no tunnel to this proxy (and no listener of its own)
+    /// waits for one before failing: the agent may be attaching right now — behind a load
+    /// balancer a proxy that has just started receives clients before every agent has found it
+    /// (default [`DEFAULT_ATTACH_WAIT`]; zero fails at once). Only agents the cluster routed the
+    /// client to get here: an unknown name was refused before the dial.
+    pub fn with_attach_wait(mut self, wait: Duration) -> Self {
+        self.attach_wait = wait;
+        self
     }
 
     /// Also dials agents that joined the Auth Service directly: when no tunnel serves a
@@ -558,16 +585,19 @@ impl TunnelDialer {
     /// name; the request sent down the tunnel always names the host ID); without a tunnel,
     /// on the agent's own listener when it joined directly ([`with_direct`](Self::with_direct)).
     pub async fn dial(&self, mut req: DialRequest) -> Result<TunnelStream, TunnelError> {
-        let Some(host_id) = self.registry.resolve(&req.server_id) else {
-            let server = req.server_id.clone();
-            if let Some(direct) = &self.direct
-                && let Some(io) = direct.dial(req).await?
-            {
-                return Ok(TunnelStream {
-                    inner: StreamInner::Direct(io),
-                });
+        let host_id = match self.registry.resolve(&req.server_id) {
+            Some(host_id) => host_id,
+            None => {
+                let server = req.server_id.clone();
+                if let Some(direct) = &self.direct
+                    && let Some(io) = direct.dial(req.clone()).await?
+                {
+                    return Ok(TunnelStream {
+                        inner: StreamInner::Direct(io),
+                    });
+                }
+                self.attached(&server).await.ok_or(TunnelError::NoAgent(server))?
             }
-            return Err(TunnelError::NoAgent(server));
         };
         req.server_id = host_id.clone();
         let (handle, state) = self
