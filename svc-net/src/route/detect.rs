@@ -282,6 +282,20 @@ pub(crate) enum DetectError {
     PlainHttp,
 }
 
+impl DetectError {
+    /// Whether the peer left without sending a byte (closed or reset at once).
+    fn sent_nothing(&self) -> bool {
+        match self {
+            DetectError::Eof(0) => true,
+            DetectError::Io(e) => matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// The plain-HTTP answer's body: clients that forgot `https://` learn what to do.
 const HTTPS_HINT: &str = r#"{"error":{"message":"this port speaks TLS only; use https:// to connect"}}"#;
 
@@ -307,6 +321,12 @@ impl Service<Connection> for Multiplexer {
             let peer = conn.peer_addr;
             match classify(&inner, conn).await {
                 Ok(()) => Ok(()),
+                // A peer that connects and leaves without a byte (a load balancer's TCP health
+                // check, a port scan) is routine: not worth a line per check at info.
+                Err(e) if e.sent_nothing() => {
+                    tracing::debug!(%peer, reason = %e, "connection closed before its first byte");
+                    Err(e.into())
+                }
                 Err(e) => {
                     tracing::info!(%peer, reason = %e, "connection closed by the multiplexer");
                     Err(e.into())
