@@ -155,7 +155,8 @@ async fn an_agent_behind_one_address_holds_a_tunnel_to_every_proxy_and_survives_
     announce(&proxies.iter().collect::<Vec<_>>(), lb);
 
     // The agent knows only the load balancer, and retries with the reference backoff (1 s
-    // steps up to 8 s, jittered) when a dial reaches a proxy it already holds.
+    // steps up to 8 s, jittered) after failed dials; a dial that reaches a proxy it already
+    // holds is retried after a short pause (a bounded run of them, then the backoff).
     let node = cluster.host(&[SystemRole::Node], "node-ha");
     let started = Instant::now();
     let agent = start_agent_with(
