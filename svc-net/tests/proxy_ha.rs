@@ -30,7 +30,7 @@ fn logs() -> &'static CapturedLogs {
         let subscriber = tracing_subscriber::fmt()
             .with_writer(logs.clone())
             .with_ansi(false)
-            .with_env_filter("info,svc_net::route=debug")
+            .with_env_filter("info,svc_net::route=debug,svc_net::tunnel::agent=debug")
             .finish();
         tracing::subscriber::set_global_default(subscriber).unwrap();
         logs
@@ -155,7 +155,8 @@ async fn an_agent_behind_one_address_holds_a_tunnel_to_every_proxy_and_survives_
     announce(&proxies.iter().collect::<Vec<_>>(), lb);
 
     // The agent knows only the load balancer, and retries with the reference backoff (1 s
-    // steps up to 8 s, jittered) when a dial reaches a proxy it already holds.
+    // steps up to 8 s, jittered) after failed dials; a dial that reaches a proxy it already
+    // holds is retried after a short pause (a bounded run of them, then the backoff).
     let node = cluster.host(&[SystemRole::Node], "node-ha");
     let started = Instant::now();
     let agent = start_agent_with(
@@ -284,6 +285,93 @@ async fn an_agent_behind_one_address_holds_a_tunnel_to_every_proxy_and_survives_
 
     agent.shutdown().await;
     gone.shutdown().await;
+    for p in proxies {
+        p.shutdown().await;
+    }
+}
+
+/// A proxy that restarts with the same identity while the registry keeps listing it (the list
+/// the agents hear does not change): the agent, back to dialing the load balancer, holds a
+/// tunnel to it again soon after it listens — dials landing on proxies it already holds are
+/// retried after a short pause rather than the growing reconnect backoff. Three restarts, each
+/// figure printed (how long, and how many dials reached a proxy already held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_proxy_that_stays_listed_gets_its_tunnel_back() {
+    let logs = logs();
+    let cluster = Cluster::new();
+    let lb = loopback(svc_testkit::free_port("127.0.0.1"));
+    let ports: Vec<u16> = (0..3).map(|_| svc_testkit::free_port("127.0.0.1")).collect();
+    let mut proxies = Vec::new();
+    for port in &ports {
+        proxies.push(start_proxy(&cluster, opts(*port, lb)).await);
+    }
+    let _haproxy = Haproxy::start(lb, &ports.iter().map(|p| loopback(*p)).collect::<Vec<_>>());
+    wait_for_port(lb).await;
+    announce(&proxies.iter().collect::<Vec<_>>(), lb);
+    let listed = Discovery {
+        proxies: proxies
+            .iter()
+            .map(|p| DiscoveredProxy {
+                proxy_id: p.creds.host_id.clone(),
+                tunnel_addr: lb.to_string(),
+                tls_routing: true,
+            })
+            .collect(),
+        complete: true,
+    };
+
+    let node = cluster.host(&[SystemRole::Node], "node-restart");
+    let agent = start_agent_with(
+        agent_config(&cluster, lb, &node, "17.0.0").with_backoff(svc_net::tunnel::Backoff::default()),
+        &cluster,
+        &node,
+    );
+    agent
+        .wait_for(|s| s.connected.len() == 3)
+        .within("the agent holding a tunnel to each of the three proxies")
+        .await;
+
+    const HELD: &str = "reached a proxy this agent already holds a tunnel to";
+    for round in 0..3 {
+        let i = round % proxies.len();
+        let stopped = proxies.remove(i);
+        let (creds, tls, id) = (
+            stopped.creds.clone(),
+            stopped.tls.clone(),
+            stopped.creds.host_id.clone(),
+        );
+        stopped.shutdown().within("the proxy's stop").await;
+        agent
+            .wait_for(|s| !s.connected.contains(&id))
+            .within("the agent letting go of the stopped proxy")
+            .await;
+        // A process restart takes a moment: meanwhile the agent's dials land on the others.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let before = logs.text().matches(HELD).count();
+        // Back on its port with its identity; it tells its own agents the same list as before
+        // (the others say nothing new: the registry still lists it).
+        let back_at = Instant::now();
+        let back = start_proxy_with(&cluster, opts(ports[i], lb), Some(creds), Some(tls)).await;
+        back.tunnel.set_proxies(listed.clone());
+        proxies.insert(i, back);
+        agent
+            .wait_for(|s| s.connected.contains(&id) && s.connected.len() == 3)
+            .within("the agent holding a tunnel to the restarted proxy again")
+            .await;
+        println!(
+            "FIGURE: restart {round}: tunnel to the restarted proxy back {:?} after it listened again, {} dials reached a proxy already held meanwhile",
+            back_at.elapsed(),
+            logs.text().matches(HELD).count().saturating_sub(before)
+        );
+        assert_eq!(
+            ssh_exec(&proxies[i], &cluster, "node-restart", "echo back")
+                .await
+                .stdout(),
+            "back\n"
+        );
+    }
+
+    agent.shutdown().await;
     for p in proxies {
         p.shutdown().await;
     }

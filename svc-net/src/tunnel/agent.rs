@@ -35,6 +35,7 @@ use tokio_rustls::TlsConnector;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tower::{BoxError, ServiceExt, util::BoxCloneSyncService};
 
+use super::backoff::{duplicate_redial, quick_redial};
 use super::{
     Backoff, DIAL_OK, DISCOVERY_CHANNEL, DRAINING, DialRequest, Discovery, HEARTBEAT_CHANNEL,
     MAX_DIAL_REQUEST, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST,
@@ -168,6 +169,9 @@ struct Shared {
     /// Counts changes of the set of announced proxies: slots waiting out a backoff dial again
     /// at once (a proxy joined or left the registry).
     roster: watch::Sender<u64>,
+    /// Counts lists that arrived while some listed proxy has no tunnel: slots waiting out a
+    /// backoff start a fresh run of quick redials.
+    wanted: watch::Sender<u64>,
 }
 
 /// A running agent: its status and its stop switch.
@@ -261,6 +265,7 @@ impl TunnelAgent {
                 pool: Mutex::new(Pool::default()),
                 pool_changed: Notify::new(),
                 roster: watch::channel(0).0,
+                wanted: watch::channel(0).0,
             }),
         })
     }
@@ -379,7 +384,12 @@ impl Shared {
 /// ping (asked again before every dial: the cluster's addresses may change while the agent is
 /// away). Proxies behind a load balancer share one address, so a dial may land on a proxy the
 /// agent already holds: that tunnel is closed at once (the proxy is identified by the host ID
-/// in its certificate) and the slot tries again after the reconnect backoff. The manager keeps
+/// in its certificate) and the slot tries again after a short pause, for a bounded run of such
+/// dials (see [`duplicate_redial`]), then after the reconnect backoff; a tunnel that was up and
+/// dropped is dialed again after a short pause too. A list that arrives while a listed proxy
+/// has no tunnel starts a fresh run of quick redials (proxies repeat their list every announce
+/// interval): a proxy that restarted under the same host ID (the list unchanged) gets its
+/// tunnel back soon after it listens. The manager keeps
 /// as many slots as there are proxies to hold (at least one): the announced ones and those
 /// held. A proxy that no complete list names any more (it left the registry) has its tunnel
 /// drained. Older proxies announce nothing: the agent then keeps one tunnel.
@@ -489,7 +499,11 @@ impl Shared {
             return;
         }
         pool.lists.insert(proxy_id.to_owned(), discovery);
+        let missing = pool.known().keys().any(|id| !pool.held.contains_key(*id));
         drop(pool);
+        if missing {
+            self.wanted.send_modify(|n| *n = n.wrapping_add(1));
+        }
         self.pool_changed.notify_one();
     }
 }
@@ -543,6 +557,10 @@ async fn slot_loop(shared: Arc<Shared>, tracker: tokio_util::task::TaskTracker) 
     let mut turn = rand::random::<u32>() as usize;
     let mut roster = shared.roster.subscribe();
     roster.mark_unchanged();
+    let mut wanted = shared.wanted.subscribe();
+    wanted.mark_unchanged();
+    // Dials in a row that reached a proxy already held.
+    let mut duplicates: u32 = 0;
     loop {
         if shared.shutdown.is_cancelled() {
             return;
@@ -556,6 +574,7 @@ async fn slot_loop(shared: Arc<Shared>, tracker: tokio_util::task::TaskTracker) 
         }
         turn = turn.wrapping_add(1);
         let announced = lock_pool(&shared).missing(turn);
+        let mut established = false;
         // Shutdown is watched inside: a tunnel that is up must be closed, not dropped.
         let attempt = async {
             let target = match announced {
@@ -569,28 +588,49 @@ async fn slot_loop(shared: Arc<Shared>, tracker: tokio_util::task::TaskTracker) 
                     Target { addr, tls }
                 }
             };
-            run_tunnel(&shared, &target, &mut backoff, &tracker).await
+            run_tunnel(&shared, &target, &mut backoff, &tracker, &mut established).await
         };
-        match attempt.await {
+        let result = attempt.await;
+        if established {
+            duplicates = 0;
+        }
+        let unit = rand::random::<f64>();
+        let delay = match result {
             // A reconnect request (or a drained, unlisted proxy): dial again at once.
             Ok(()) if !shared.shutdown.is_cancelled() => continue,
             Ok(()) => return,
             Err(TunnelError::AlreadyHeld(proxy_id)) => {
-                tracing::debug!(%proxy_id, "reached a proxy this agent already holds a tunnel to; trying again");
+                duplicates = duplicates.saturating_add(1);
+                let wanted = lock_pool(&shared).desired();
+                tracing::debug!(%proxy_id, duplicates, "reached a proxy this agent already holds a tunnel to; trying again");
+                duplicate_redial(duplicates, wanted, unit).unwrap_or_else(|| backoff.next_delay(unit))
+            }
+            // The tunnel was up (the proxy restarted, the network blinked): dial again soon.
+            Err(e) if established => {
+                tracing::warn!(proxy = %shared.config.proxy_addr, error = %e, "reverse tunnel lost");
+                shared.set_error(&e);
+                quick_redial(unit)
             }
             Err(e) => {
                 tracing::warn!(proxy = %shared.config.proxy_addr, error = %e, "reverse tunnel failed");
                 shared.set_error(&e);
+                backoff.next_delay(unit)
             }
-        }
-        let delay = backoff.next_delay(rand::random::<f64>());
-        tracing::debug!(?delay, "reconnecting the reverse tunnel after backoff");
+        };
+        tracing::debug!(?delay, "reconnecting the reverse tunnel after a pause");
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             // A proxy joined or left: count again, and dial at once if still needed.
             r = roster.changed() => {
                 if r.is_ok() {
                     backoff.reset();
+                    duplicates = 0;
+                }
+            }
+            // A list arrived while a listed proxy has no tunnel: a fresh run of quick redials.
+            r = wanted.changed() => {
+                if r.is_ok() {
+                    duplicates = 0;
                 }
             }
             _ = shared.shutdown.cancelled() => return,
@@ -605,6 +645,7 @@ async fn run_tunnel(
     target: &Target,
     backoff: &mut Backoff,
     tracker: &tokio_util::task::TaskTracker,
+    established: &mut bool,
 ) -> Result<(), TunnelError> {
     let conn = Arc::new(ConnShared {
         draining: AtomicBool::new(false),
@@ -614,7 +655,7 @@ async fn run_tunnel(
         active: std::sync::atomic::AtomicUsize::new(0),
         idle: Notify::new(),
     });
-    let result = run_tunnel_on(conn.clone(), shared, target, backoff, tracker).await;
+    let result = run_tunnel_on(conn.clone(), shared, target, backoff, tracker, established).await;
     // The proxy's own words (a refusal such as an incompatible version) say more than the
     // error the cut connection caused.
     match (result, conn.disconnect_reason.lock().ok().and_then(|r| r.clone())) {
@@ -629,6 +670,7 @@ async fn run_tunnel_on(
     target: &Target,
     backoff: &mut Backoff,
     tracker: &tokio_util::task::TaskTracker,
+    came_up: &mut bool,
 ) -> Result<(), TunnelError> {
     let cfg = &shared.config;
     let after = cfg.tunables.handshake_timeout;
@@ -753,6 +795,7 @@ async fn run_tunnel_on(
     }
 
     backoff.reset();
+    *came_up = true;
     shared.status.send_modify(|s| {
         s.connected.insert(proxy_id.clone());
         s.established += 1;
