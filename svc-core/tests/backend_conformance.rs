@@ -680,6 +680,17 @@ mod etcd_only {
             done += 1;
         }
         ensure!(done >= 200, "only {done} operations ran");
+        // A backend started while the member is down connects and reads too (its first
+        // requests are balanced onto the dead member as often as not).
+        for _ in 0..5 {
+            let late = EtcdBackend::connect(EtcdOptions::new(peers.clone(), "/svc/down"))
+                .await
+                .with_context(|| format!("connecting with member {victim} down"))?;
+            ensure!(
+                late.get(&Key::from("/warm/0")).await?.is_some(),
+                "a backend connected with member {victim} down reads /warm/0"
+            );
+        }
         ensure!(
             backend.get(&Key::from("/down/000")).await?.is_none(),
             "the deletes stay deleted"

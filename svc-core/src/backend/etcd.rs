@@ -164,6 +164,38 @@ fn classify(error: &etcd_client::Error) -> Failure {
     }
 }
 
+/// Sends a request made by `op`, again after failures `retry` allows, on a short backoff for at
+/// most `RETRY_BUDGET`; returns the last error otherwise. `peers` and `context` are for the log.
+async fn retrying<T, Fut>(
+    peers: &str,
+    context: &'static str,
+    retry: Retry,
+    mut op: impl FnMut() -> Fut,
+) -> Result<T, etcd_client::Error>
+where
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + RETRY_BUDGET;
+    let mut pause = CALL_RETRY_FIRST;
+    loop {
+        let error = match op().await {
+            Ok(value) => return Ok(value),
+            Err(error) => error,
+        };
+        let again = match classify(&error) {
+            Failure::NotApplied => true,
+            Failure::Ambiguous => retry == Retry::Unavailable,
+            Failure::Final => false,
+        };
+        if !again || tokio::time::Instant::now() + pause > deadline {
+            return Err(error);
+        }
+        tracing::debug!(peers, context, %error, "etcd request failed; retrying");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(CALL_RETRY_MAX);
+    }
+}
+
 /// Which failures a request may be retried after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Retry {
@@ -336,9 +368,13 @@ impl EtcdBackend {
                 .with_user(name.clone(), password.clone())
                 .with_auto_token_refresh(true);
         }
-        let client = Client::connect(&options.peers, Some(connect))
-            .await
-            .map_err(|e| wrap("connecting to etcd", e))?;
+        // With a user, connecting signs in: one request, balanced like any other, so it is
+        // retried like a read (a second sign-in only makes another token).
+        let client = retrying(&peers, "connecting to etcd", Retry::Unavailable, || {
+            Client::connect(&options.peers, Some(connect.clone()))
+        })
+        .await
+        .map_err(|e| wrap("connecting to etcd", e))?;
         let mut namespace = options.prefix.into_bytes();
         namespace.push(b'/');
         let (shutdown, _) = watch::channel(());
@@ -363,36 +399,17 @@ impl EtcdBackend {
         out
     }
 
-    /// Sends a request made by `op`, again after failures `retry` allows, on a short backoff
-    /// for at most `RETRY_BUDGET`; returns the last error otherwise.
+    /// [`retrying`] on this backend's peers.
     async fn call_raw<T, Fut>(
         &self,
         context: &'static str,
         retry: Retry,
-        mut op: impl FnMut() -> Fut,
+        op: impl FnMut() -> Fut,
     ) -> Result<T, etcd_client::Error>
     where
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let deadline = tokio::time::Instant::now() + RETRY_BUDGET;
-        let mut pause = CALL_RETRY_FIRST;
-        loop {
-            let error = match op().await {
-                Ok(value) => return Ok(value),
-                Err(error) => error,
-            };
-            let again = match classify(&error) {
-                Failure::NotApplied => true,
-                Failure::Ambiguous => retry == Retry::Unavailable,
-                Failure::Final => false,
-            };
-            if !again || tokio::time::Instant::now() + pause > deadline {
-                return Err(error);
-            }
-            tracing::debug!(peers = %self.inner.peers, context, %error, "etcd request failed; retrying");
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(CALL_RETRY_MAX);
-        }
+        retrying(&self.inner.peers, context, retry, op).await
     }
 
     /// [`call_raw`](Self::call_raw) with the error wrapped for the caller.
