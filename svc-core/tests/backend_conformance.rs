@@ -577,6 +577,154 @@ mod etcd_only {
         .await
     }
 
+    /// The index in `peers` of the member that leads now, as the members themselves report it.
+    async fn leader_of(peers: &[String]) -> Result<usize> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut found = None;
+            for (i, peer) in peers.iter().enumerate() {
+                let Ok(out) = etcdctl(peer, &["endpoint", "status", "-w", "fields"]) else {
+                    continue;
+                };
+                let field = |name: &str| {
+                    out.lines()
+                        .find(|l| l.trim_start().starts_with(&format!("\"{name}\"")))
+                        .and_then(|l| l.split(':').nth(1))
+                        .map(|v| v.trim().to_string())
+                };
+                if let (Some(me), Some(leader)) = (field("MemberID"), field("Leader"))
+                    && me == leader
+                    && leader != "0"
+                {
+                    found = Some(i);
+                }
+            }
+            if let Some(i) = found {
+                return Ok(i);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "no member of {peers:?} reported itself leader within 30s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// 3 members, one backend knowing all three; one member (the leader or a follower) is
+    /// killed under the running backend, then 204 mixed operations (create, get, compare and
+    /// swap, put with an expiry, range, delete) must all succeed while it is down: requests the
+    /// balancer still sends to the dead member, and those failing during the election, are
+    /// retried by the backend.
+    async fn every_operation_succeeds_with_a_member_down(kill_leader: bool) -> Result<()> {
+        let mut cluster = EtcdCluster::start(3).await?;
+        let peers = cluster.peers();
+        let backend = EtcdBackend::connect(EtcdOptions::new(peers.clone(), "/svc/down")).await?;
+        // Use every member's channel before the kill, like a running Auth Service.
+        for i in 0..12 {
+            backend.put(Item::new(format!("/warm/{i}"), "w")).await?;
+            backend.get(&Key::from(format!("/warm/{i}"))).await?;
+        }
+        let leader = leader_of(&peers).await?;
+        let victim = if kill_leader {
+            leader
+        } else {
+            (leader + 1) % peers.len()
+        };
+        cluster.members[victim].kill()?;
+        println!(
+            "killed member {victim} ({}), the leader: {}",
+            peers[victim],
+            victim == leader
+        );
+
+        let mut done = 0;
+        for i in 0..34 {
+            let key = Key::from(format!("/down/{i:03}"));
+            let op = |what: &str| format!("{what} {key} (round {i}) with member {victim} down");
+            let created = backend
+                .create(Item::new(key.clone(), format!("c{i}")))
+                .await
+                .with_context(|| op("create"))?;
+            done += 1;
+            let got = backend.get(&key).await.with_context(|| op("get"))?;
+            ensure!(
+                got.as_ref().map(|g| g.value.as_slice()) == Some(format!("c{i}").as_bytes()),
+                "get {key} after its create: {got:?}"
+            );
+            done += 1;
+            let swapped = backend
+                .compare_and_swap(created, Item::new(key.clone(), format!("s{i}")))
+                .await
+                .with_context(|| op("compare_and_swap"))?;
+            ensure!(
+                swapped > created,
+                "the swap's revision {swapped} after the create's {created}"
+            );
+            done += 1;
+            let expires = std::time::SystemTime::now() + Duration::from_secs(3600);
+            backend
+                .put(Item::new(key.clone(), format!("p{i}")).with_expiry(expires))
+                .await
+                .with_context(|| op("put"))?;
+            done += 1;
+            let listed = backend
+                .range(&KeyRange::prefix("/down/"))
+                .await
+                .with_context(|| op("range"))?;
+            ensure!(
+                listed.len() == 1 && listed[0].key == key && listed[0].value == format!("p{i}").as_bytes(),
+                "range /down/ holds exactly {key} = p{i}: {listed:?}"
+            );
+            done += 1;
+            backend.delete(&key).await.with_context(|| op("delete"))?;
+            done += 1;
+        }
+        ensure!(done >= 200, "only {done} operations ran");
+        // A backend started while the member is down connects and reads too (its first
+        // requests are balanced onto the dead member as often as not).
+        for _ in 0..5 {
+            let late = EtcdBackend::connect(EtcdOptions::new(peers.clone(), "/svc/down"))
+                .await
+                .with_context(|| format!("connecting with member {victim} down"))?;
+            ensure!(
+                late.get(&Key::from("/warm/0")).await?.is_some(),
+                "a backend connected with member {victim} down reads /warm/0"
+            );
+        }
+        ensure!(
+            backend.get(&Key::from("/down/000")).await?.is_none(),
+            "the deletes stay deleted"
+        );
+
+        cluster.members[victim].restart()?;
+        // The member is back: it answers on its own (wait_ready has a deadline and a message).
+        let alone = wait_ready(EtcdOptions::new([peers[victim].clone()], "/svc/down")).await?;
+        ensure!(
+            alone.get(&Key::from("/warm/0")).await?.is_some(),
+            "the restarted member serves the cluster's data"
+        );
+        println!("{done} operations with member {victim} down, none failed");
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn operations_succeed_with_a_follower_down() -> Result<()> {
+        within(
+            "etcd_only::operations_succeed_with_a_follower_down",
+            every_operation_succeeds_with_a_member_down(false),
+        )
+        .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn operations_succeed_with_the_leader_down() -> Result<()> {
+        within(
+            "etcd_only::operations_succeed_with_the_leader_down",
+            every_operation_succeeds_with_a_member_down(true),
+        )
+        .await
+    }
+
     /// A TCP relay in front of one member that the test can cut: a watch stream through it
     /// breaks while the member stays up.
     struct Cut {

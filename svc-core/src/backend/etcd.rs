@@ -27,6 +27,41 @@
 //! key was absent). A guard that fails means another writer came in between: the operation
 //! reads again and decides again, so the result is the one a serial execution would give.
 //!
+//! # A member down
+//!
+//! etcd-client spreads requests over every configured peer (tonic's balanced channel, which
+//! picks per request and keeps a peer that refuses connections in the set), so while one member
+//! of a cluster is down some requests still go to it and fail before reaching any server. The
+//! client offers no way to pick the peer of a request, so every operation retries on a short,
+//! bounded backoff (20 ms doubling to 500 ms, five seconds in all): each retry is balanced
+//! afresh, so one of the first few lands on a live member, and an election (one to two seconds)
+//! fits in the budget. The connect timeout and HTTP/2 keep-alive make a member that stops
+//! answering without refusing (a cut network) fail its requests within seconds instead of
+//! hanging them. Which failures are retried depends on what a failure proves:
+//!
+//! - *Never applied*: the connection could not be made (refused, TCP connect error), or the
+//!   member refused the request because it knows no leader (this backend asks for a leader on
+//!   every request). Every operation retries these, writes included: nothing was written.
+//! - *Ambiguous*: any other `Unavailable` (a stream broken mid-request, `etcdserver: leader
+//!   changed` or `request timed out` during an election): the request may or may not have been
+//!   applied. Reads retry them. A plain `put` and a lease grant retry them too: a `put` is
+//!   last-writer-wins with the same bytes, so writing them twice leaves the store as a serial
+//!   execution of the unacknowledged `put` would (at worst one extra revision and watch event;
+//!   a `put` of another writer in between is overwritten, as if it had come first), and an
+//!   unused lease expires on its own. A guarded write (`create`, `compare_and_swap`, `delete`)
+//!   does not blindly resend its transaction: it reads the key again and decides again, like
+//!   after a failed guard. If the key now holds exactly the value it wrote (or, for `delete`,
+//!   is gone) at a revision after the one the lost transaction was guarded by, that
+//!   transaction was applied and its result is returned (for `delete` the store revision read,
+//!   at or after the deletion; if another writer stored the very same bytes or deleted the key
+//!   meanwhile, the state is the one a serial execution with ours first gives); otherwise it
+//!   was not applied, or another writer came after it, and the fresh decision is the one a
+//!   serial execution gives. The guard makes sure a new transaction never applies on top of a
+//!   state it did not check, so nothing is written twice or over another writer's change.
+//!
+//! Other errors (a failed authentication, a malformed request) are returned at once, and so is
+//! the last error once the budget is spent.
+//!
 //! # Expiry
 //!
 //! Reads treat an item past its expiry as absent at once, by the clock, exactly like the
@@ -56,6 +91,7 @@
 //! backends (a bounded buffer, then [`WatchError::Lagged`]).
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -84,6 +120,90 @@ const KEEP_ALIVE: (Duration, Duration) = (Duration::from_secs(5), Duration::from
 /// The first and the longest pause between attempts to re-open a broken watch stream.
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
+/// How long one operation keeps retrying a request that failed because a member is down or an
+/// election is under way (see "A member down" in the module docs). An election after the
+/// leader's loss takes one to two seconds with etcd's default timings.
+const RETRY_BUDGET: Duration = Duration::from_secs(5);
+/// The first and the longest pause between two attempts of one request.
+const CALL_RETRY_FIRST: Duration = Duration::from_millis(20);
+const CALL_RETRY_MAX: Duration = Duration::from_millis(500);
+/// gRPC's `Unavailable` status code.
+const GRPC_UNAVAILABLE: i32 = 14;
+
+/// What a failed request proves about whether it was applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// It never reached a member that could apply it: safe to send again.
+    NotApplied,
+    /// A member may have applied it (the answer was lost), or it is an election hiccup.
+    Ambiguous,
+    /// Retrying does not help (authentication, a malformed request, ...).
+    Final,
+}
+
+/// Classifies an etcd-client error (see "A member down" in the module docs).
+fn classify(error: &etcd_client::Error) -> Failure {
+    let etcd_client::Error::GRpcStatus(status) = error else {
+        return Failure::Final;
+    };
+    if i32::from(status.code()) != GRPC_UNAVAILABLE {
+        return Failure::Final;
+    }
+    let message = status.message();
+    let not_applied = [
+        "tcp connect error",
+        "error trying to connect",
+        "Connection refused",
+        "connection refused",
+        "etcdserver: no leader",
+    ];
+    if not_applied.iter().any(|m| message.contains(m)) {
+        Failure::NotApplied
+    } else {
+        Failure::Ambiguous
+    }
+}
+
+/// Sends a request made by `op`, again after failures `retry` allows, on a short backoff for at
+/// most `RETRY_BUDGET`; returns the last error otherwise. `peers` and `context` are for the log.
+async fn retrying<T, Fut>(
+    peers: &str,
+    context: &'static str,
+    retry: Retry,
+    mut op: impl FnMut() -> Fut,
+) -> Result<T, etcd_client::Error>
+where
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + RETRY_BUDGET;
+    let mut pause = CALL_RETRY_FIRST;
+    loop {
+        let error = match op().await {
+            Ok(value) => return Ok(value),
+            Err(error) => error,
+        };
+        let again = match classify(&error) {
+            Failure::NotApplied => true,
+            Failure::Ambiguous => retry == Retry::Unavailable,
+            Failure::Final => false,
+        };
+        if !again || tokio::time::Instant::now() + pause > deadline {
+            return Err(error);
+        }
+        tracing::debug!(peers, context, %error, "etcd request failed; retrying");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(CALL_RETRY_MAX);
+    }
+}
+
+/// Which failures a request may be retried after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Only failures that prove the request was not applied.
+    NotApplied,
+    /// Those and ambiguous ones (reads, `put`, lease grants: see the module docs).
+    Unavailable,
+}
 
 /// TLS to the etcd peers: the CA that signed their certificates and, when etcd runs with
 /// `--client-cert-auth`, this client's certificate and key. All PEM.
@@ -248,9 +368,13 @@ impl EtcdBackend {
                 .with_user(name.clone(), password.clone())
                 .with_auto_token_refresh(true);
         }
-        let client = Client::connect(&options.peers, Some(connect))
-            .await
-            .map_err(|e| wrap("connecting to etcd", e))?;
+        // With a user, connecting signs in: one request, balanced like any other, so it is
+        // retried like a read (a second sign-in only makes another token).
+        let client = retrying(&peers, "connecting to etcd", Retry::Unavailable, || {
+            Client::connect(&options.peers, Some(connect.clone()))
+        })
+        .await
+        .map_err(|e| wrap("connecting to etcd", e))?;
         let mut namespace = options.prefix.into_bytes();
         namespace.push(b'/');
         let (shutdown, _) = watch::channel(());
@@ -275,6 +399,34 @@ impl EtcdBackend {
         out
     }
 
+    /// [`retrying`] on this backend's peers.
+    async fn call_raw<T, Fut>(
+        &self,
+        context: &'static str,
+        retry: Retry,
+        op: impl FnMut() -> Fut,
+    ) -> Result<T, etcd_client::Error>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        retrying(&self.inner.peers, context, retry, op).await
+    }
+
+    /// [`call_raw`](Self::call_raw) with the error wrapped for the caller.
+    async fn call<T, Fut>(
+        &self,
+        context: &'static str,
+        retry: Retry,
+        op: impl FnMut() -> Fut,
+    ) -> Result<T, BackendError>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.call_raw(context, retry, op)
+            .await
+            .map_err(|e| self.err(context, e))
+    }
+
     fn err(&self, context: &'static str, source: etcd_client::Error) -> BackendError {
         BackendError::storage(
             context,
@@ -287,11 +439,14 @@ impl EtcdBackend {
 
     /// The item stored at `key` (expired or not) and its raw etcd key-value.
     async fn read(&self, key: &Key) -> Result<Option<(Item, i64)>, BackendError> {
-        let mut kv = self.inner.client.kv_client();
-        let resp = kv
-            .get(self.etcd_key(key), None)
-            .await
-            .map_err(|e| self.err("reading an item", e))?;
+        let etcd_key = self.etcd_key(key);
+        let resp = self
+            .call("reading an item", Retry::Unavailable, || {
+                let mut kv = self.inner.client.kv_client();
+                let etcd_key = etcd_key.clone();
+                async move { kv.get(etcd_key, None).await }
+            })
+            .await?;
         match resp.kvs().first() {
             Some(found) => Ok(Some((decode(key.clone(), found)?, found.mod_revision()))),
             None => Ok(None),
@@ -307,12 +462,15 @@ impl EtcdBackend {
         let ttl = left.as_secs() + u64::from(left.subsec_nanos() > 0);
         let ttl = i64::try_from(ttl.max(1)).unwrap_or(i64::MAX);
         let resp = self
-            .inner
-            .client
-            .lease_client()
-            .grant(ttl, None)
-            .await
-            .map_err(|e| self.err("granting a lease for an expiring item", e))?;
+            .call(
+                "granting a lease for an expiring item",
+                Retry::Unavailable,
+                || {
+                    let mut leases = self.inner.client.lease_client();
+                    async move { leases.grant(ttl, None).await }
+                },
+            )
+            .await?;
         Ok(resp.id())
     }
 
@@ -326,14 +484,26 @@ impl EtcdBackend {
 
     /// A guarded write: `op` is checked against the key's current item, then committed in a
     /// transaction guarded by what was read; a failed guard means a concurrent writer, so read
-    /// and decide again.
+    /// and decide again. A transaction whose outcome is unknown (the answer was lost) is not
+    /// resent as is: the next round reads the key and first checks whether it was applied (see
+    /// "A member down" in the module docs).
     async fn guarded(&self, op: WriteOp, item: Item) -> Result<Revision, BackendError> {
         let etcd_key = self.etcd_key(&item.key);
+        let deadline = tokio::time::Instant::now() + RETRY_BUDGET;
+        let mut pause = CALL_RETRY_FIRST;
+        // The guard's mod_revision (0: absent) of the last transaction with an unknown outcome.
+        let mut unknown_after: Option<i64> = None;
         loop {
             let now = self.inner.clock.now();
             let current = self.read(&item.key).await?;
+            if let Some(guarded_at) = unknown_after
+                && let Some(revision) = self.applied(&op, &item, current.as_ref(), guarded_at).await?
+            {
+                return Ok(revision);
+            }
             let live = current.as_ref().map(|(i, _)| i).filter(|i| !i.is_expired(now));
             check_write(&op, &item.key, live)?;
+            let guarded_at = current.as_ref().map_or(0, |(_, mod_revision)| *mod_revision);
             let guard = match &current {
                 Some((_, mod_revision)) => {
                     Compare::mod_revision(etcd_key.clone(), CompareOp::Equal, *mod_revision)
@@ -344,16 +514,53 @@ impl EtcdBackend {
                 WriteOp::Delete => TxnOp::delete(etcd_key.clone(), None),
                 _ => self.put_op(&item).await?,
             };
-            let resp = self
-                .inner
-                .client
-                .kv_client()
-                .txn(Txn::new().when([guard]).and_then([write]))
-                .await
-                .map_err(|e| self.err("committing a write", e))?;
-            if resp.succeeded() {
-                return revision_of(resp.header().map(|h| h.revision()));
+            let txn = Txn::new().when([guard]).and_then([write]);
+            let sent = self
+                .call_raw("committing a write", Retry::NotApplied, || {
+                    let mut kv = self.inner.client.kv_client();
+                    let txn = txn.clone();
+                    async move { kv.txn(txn).await }
+                })
+                .await;
+            match sent {
+                Ok(resp) if resp.succeeded() => return revision_of(resp.header().map(|h| h.revision())),
+                // Another writer came in between: read and decide again.
+                Ok(_) => {}
+                Err(e) => {
+                    if classify(&e) != Failure::Ambiguous || tokio::time::Instant::now() + pause > deadline {
+                        return Err(self.err("committing a write", e));
+                    }
+                    tracing::debug!(peers = %self.inner.peers, error = %e,
+                        "etcd transaction outcome unknown; reading the key again");
+                    unknown_after = Some(guarded_at);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(CALL_RETRY_MAX);
+                }
             }
+        }
+    }
+
+    /// Whether a guarded write whose transaction (guarded by `guarded_at`) had an unknown
+    /// outcome was applied, judged by the key's state now: the value written (or, for a delete,
+    /// no key) at a later revision. Returns the write's revision if so.
+    async fn applied(
+        &self,
+        op: &WriteOp,
+        item: &Item,
+        current: Option<&(Item, i64)>,
+        guarded_at: i64,
+    ) -> Result<Option<Revision>, BackendError> {
+        match (op, current) {
+            (WriteOp::Delete, None) if guarded_at > 0 => Ok(Some(self.current_revision().await?)),
+            (WriteOp::Delete, _) => Ok(None),
+            (_, Some((stored, mod_revision)))
+                if *mod_revision > guarded_at
+                    && stored.value == item.value
+                    && stored.expires == item.expires =>
+            {
+                Ok(Some(to_revision(*mod_revision)))
+            }
+            _ => Ok(None),
         }
     }
 
@@ -367,6 +574,21 @@ impl EtcdBackend {
             }
             KeyRange::Between { start, end } => (self.etcd_key(start), self.etcd_key(end)),
         }
+    }
+
+    /// Every key-value in `start..end` (etcd returns them sorted by key, ascending).
+    async fn get_range(
+        &self,
+        context: &'static str,
+        start: Vec<u8>,
+        end: Vec<u8>,
+    ) -> Result<etcd_client::GetResponse, BackendError> {
+        self.call(context, Retry::Unavailable, || {
+            let mut kv = self.inner.client.kv_client();
+            let (start, end) = (start.clone(), end.clone());
+            async move { kv.get(start, Some(GetOptions::new().with_range(end))).await }
+        })
+        .await
     }
 
     /// The key of an etcd key under the namespace.
@@ -471,13 +693,14 @@ impl Backend for EtcdBackend {
             Some(at) => Some(PutOptions::new().with_lease(self.lease_for(at).await?)),
             None => None,
         };
+        let (etcd_key, value) = (self.etcd_key(&item.key), encode(&item));
         let resp = self
-            .inner
-            .client
-            .kv_client()
-            .put(self.etcd_key(&item.key), encode(&item), options)
-            .await
-            .map_err(|e| self.err("writing an item", e))?;
+            .call("writing an item", Retry::Unavailable, || {
+                let mut kv = self.inner.client.kv_client();
+                let (etcd_key, value, options) = (etcd_key.clone(), value.clone(), options.clone());
+                async move { kv.put(etcd_key, value, options).await }
+            })
+            .await?;
         revision_of(resp.header().map(|h| h.revision()))
     }
 
@@ -497,13 +720,7 @@ impl Backend for EtcdBackend {
     async fn range(&self, range: &KeyRange) -> Result<Vec<Item>, BackendError> {
         let now = self.inner.clock.now();
         let (start, end) = self.range_bounds(range);
-        let resp = self
-            .inner
-            .client
-            .kv_client()
-            .get(start, Some(GetOptions::new().with_range(end)))
-            .await
-            .map_err(|e| self.err("reading a range", e))?;
+        let resp = self.get_range("reading a range", start, end).await?;
         let mut out = Vec::with_capacity(resp.kvs().len());
         // etcd returns a range sorted by key, ascending.
         for kv in resp.kvs() {
@@ -538,13 +755,7 @@ impl Backend for EtcdBackend {
     async fn purge_expired(&self) -> Result<usize, BackendError> {
         let now = self.inner.clock.now();
         let (start, end) = self.range_bounds(&KeyRange::prefix(""));
-        let resp = self
-            .inner
-            .client
-            .kv_client()
-            .get(start, Some(GetOptions::new().with_range(end)))
-            .await
-            .map_err(|e| self.err("scanning for expired items", e))?;
+        let resp = self.get_range("scanning for expired items", start, end).await?;
         let mut purged = 0;
         for kv in resp.kvs() {
             let Some(key) = self.our_key(kv.key()) else {
@@ -555,17 +766,18 @@ impl Backend for EtcdBackend {
             }
             // Guarded by the revision read: an item rewritten since the scan is left alone.
             let guard = Compare::mod_revision(kv.key().to_vec(), CompareOp::Equal, kv.mod_revision());
+            // Resending after an unknown outcome is safe: if the first one was applied, the
+            // guard fails and the item is not counted twice.
+            let txn = Txn::new()
+                .when([guard])
+                .and_then([TxnOp::delete(kv.key().to_vec(), None::<DeleteOptions>)]);
             let resp = self
-                .inner
-                .client
-                .kv_client()
-                .txn(
-                    Txn::new()
-                        .when([guard])
-                        .and_then([TxnOp::delete(kv.key().to_vec(), None::<DeleteOptions>)]),
-                )
-                .await
-                .map_err(|e| self.err("deleting an expired item", e))?;
+                .call("deleting an expired item", Retry::Unavailable, || {
+                    let mut kv = self.inner.client.kv_client();
+                    let txn = txn.clone();
+                    async move { kv.txn(txn).await }
+                })
+                .await?;
             if resp.succeeded() {
                 purged += 1;
             }
@@ -576,15 +788,12 @@ impl Backend for EtcdBackend {
     async fn current_revision(&self) -> Result<Revision, BackendError> {
         // Any read carries the store's revision in its header; count-only reads nothing.
         let resp = self
-            .inner
-            .client
-            .kv_client()
-            .get(
-                self.inner.namespace.clone(),
-                Some(GetOptions::new().with_count_only()),
-            )
-            .await
-            .map_err(|e| self.err("reading the store revision", e))?;
+            .call("reading the store revision", Retry::Unavailable, || {
+                let mut kv = self.inner.client.kv_client();
+                let namespace = self.inner.namespace.clone();
+                async move { kv.get(namespace, Some(GetOptions::new().with_count_only())).await }
+            })
+            .await?;
         revision_of(resp.header().map(|h| h.revision()))
     }
 }
@@ -605,8 +814,10 @@ struct WatchTask {
 enum StreamEnd {
     /// The backend was dropped or the watcher was: stop.
     Stop,
-    /// The stream broke (member gone, network): re-open from `next`.
-    Broken(String),
+    /// The stream broke (member gone, network): re-open from `next`. `opened` tells whether
+    /// it had been opened (a member answered) or the attempt failed at once (say, balanced onto
+    /// a member that is down).
+    Broken { reason: String, opened: bool },
 }
 
 impl WatchTask {
@@ -615,9 +826,14 @@ impl WatchTask {
         loop {
             match self.stream_once().await {
                 StreamEnd::Stop => return,
-                StreamEnd::Broken(reason) => {
+                StreamEnd::Broken { reason, opened } => {
                     tracing::warn!(peers = %self.peers, next_revision = self.next, %reason,
                         "etcd watch stream broke; re-opening it from the next revision");
+                    // A stream that worked starts a fresh backoff: the next attempt is balanced
+                    // afresh and most likely reaches a live member at once.
+                    if opened {
+                        pause = RETRY_FIRST;
+                    }
                 }
             }
             tokio::select! {
@@ -642,7 +858,12 @@ impl WatchTask {
         };
         let mut stream = match opened {
             Ok(stream) => stream,
-            Err(e) => return StreamEnd::Broken(e.to_string()),
+            Err(e) => {
+                return StreamEnd::Broken {
+                    reason: e.to_string(),
+                    opened: false,
+                };
+            }
         };
         loop {
             let message = tokio::select! {
@@ -651,8 +872,18 @@ impl WatchTask {
             };
             let resp = match message {
                 Ok(Some(resp)) => resp,
-                Ok(None) => return StreamEnd::Broken("the stream ended".to_string()),
-                Err(e) => return StreamEnd::Broken(e.to_string()),
+                Ok(None) => {
+                    return StreamEnd::Broken {
+                        reason: "the stream ended".to_string(),
+                        opened: true,
+                    };
+                }
+                Err(e) => {
+                    return StreamEnd::Broken {
+                        reason: e.to_string(),
+                        opened: true,
+                    };
+                }
             };
             if resp.compact_revision() > 0 {
                 tracing::warn!(peers = %self.peers, needed = self.next, compacted = resp.compact_revision(),
@@ -663,7 +894,10 @@ impl WatchTask {
                 return StreamEnd::Stop;
             }
             if resp.canceled() {
-                return StreamEnd::Broken(format!("etcd cancelled the watch: {}", resp.cancel_reason()));
+                return StreamEnd::Broken {
+                    reason: format!("etcd cancelled the watch: {}", resp.cancel_reason()),
+                    opened: true,
+                };
             }
             for event in resp.events() {
                 let Some(kv) = event.kv() else { continue };
