@@ -2,12 +2,12 @@
 //! sets.
 //!
 //! - the maintenance schedule also goes to the shared-state Secret
-//!   ([`SecretSink`](super::schedule::SecretSink)), where the updater controller reads it;
+//!   ([`SecretSink`]), where the updater controller reads it;
 //! - the updater's last decision is read back from that Secret
-//!   ([`SecretStatusSource`](super::status::SecretStatusSource)) and reported in the heartbeat,
+//!   ([`SecretStatusSource`]) and reported in the heartbeat,
 //!   so `tctl inventory ls` shows it;
 //! - the host identity lives in a Secret of its own per replica
-//!   ([`SecretIdentityStore`](super::identity::SecretIdentityStore)), so a pod recreated by an
+//!   ([`SecretIdentityStore`]), so a pod recreated by an
 //!   update rejoins with the same host ID and no join token.
 //!
 //! ```no_run
