@@ -16,7 +16,7 @@
 //!
 //! Two files are written here rather than read as configuration: `status` (the updater's last
 //! result, [`super::status`]) and `agent` (the agent's last accepted heartbeat, written by the
-//! agent, read by [`super::health`]).
+//! agent, read by the health check).
 //!
 //! `SVC_UPGRADE_CONFIG` names another directory (self-hosting, tests). Values are read whole
 //! and trimmed, so a trailing newline from `echo apt > installer` is fine.

@@ -5,7 +5,7 @@
 //! A `svc-upgrade run` ([`runner`]) reads [`config`] and [`state`], asks the version server
 //! ([`crate::target`]), reads the windows from `schedule`, [`decision::decide`]s, then installs
 //! through a [`pkg::PackageManager`], whose version strings come from [`version`]; then restarts
-//! the agent, waits for proof of health ([`health`], from the agent's `agent` file) or rolls
+//! the agent, waits for proof of health (the `health` module, from the agent's `agent` file) or rolls
 //! back, and writes the result to `status` ([`status`]). The
 //! packages themselves, the systemd units and the install script live in `deploy/`.
 

@@ -13,7 +13,7 @@
 //! 7. install: record `in_progress`, [`install_and_hold`], check the installed version, record
 //!    `last_install`;
 //! 8. restart the agent as `restart-mode` says, when systemd runs and the agent was running;
-//! 9. wait (at most `health-timeout`) for proof of health ([`super::health::wait_healthy`]);
+//! 9. wait (at most `health-timeout`) for proof of health (`health::wait_healthy`);
 //!    not healthy in time: install the previous version again (forced, so below the bad one),
 //!    hold it, restart, and record the bad version in the state's `bad_versions`;
 //! 10. write `status` ([`UpdaterStatus`](svc_core::updater::UpdaterStatus)) — after every `run` and `force`, whatever happened.
