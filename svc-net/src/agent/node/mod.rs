@@ -796,6 +796,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_directly_joined_agent_asks_every_configured_auth_service_in_turn() {
+        let yaml = "version: v1\nsvc:\n  auth_server:\n    - 10.0.0.1:3025\n    - 10.0.0.2:3025\n    - 10.0.0.3:3025\n  auth_token: t\nauth_service:\n  enabled: false\nproxy_service:\n  enabled: false\n";
+        let config = Config::from_yaml_str_with_hostname(yaml, "h").unwrap();
+        let identity = |auth_addr: &str| ClientIdentity {
+            cluster: "c".into(),
+            name: "h.c".into(),
+            auth_addr: auth_addr.into(),
+            tls_cert_pem: String::new(),
+            tls_key_pem: svc_core::Secret::new(String::new()),
+            ssh_cert: String::new(),
+            ssh_key: svc_core::Secret::new(String::new()),
+            trusted: Vec::new(),
+            not_after_unix: 0,
+        };
+        // Joined at the second: that one first, then the others in their order.
+        assert_eq!(
+            auth_addrs(&identity("10.0.0.2:3025"), &config),
+            ["10.0.0.2:3025", "10.0.0.1:3025", "10.0.0.3:3025"]
+        );
+        // Behind a tunnel (joined through a proxy's web port): only that address; the proxy fails
+        // over between the Auth Services itself.
+        assert_eq!(
+            auth_addrs(&identity("proxy.example.com:443"), &config),
+            ["proxy.example.com:443"]
+        );
+    }
+
+    #[test]
     fn announced_addresses_prefer_public_then_a_dialable_bound_address() {
         let bound: SocketAddr = "0.0.0.0:3022".parse().unwrap();
         assert_eq!(announced(bound, None, "node1"), "node1:3022");
