@@ -439,6 +439,7 @@ impl RunningProxy {
 
     /// Cancels `token` (the proxy's background work: its cache's watch, renewals) when the
     /// proxy shuts down.
+    #[cfg(feature = "node")]
     pub(crate) fn cancel_on_shutdown(&mut self, token: tokio_util::sync::CancellationToken) {
         let own = self.shutdown.clone();
         self.tasks.push(tokio::spawn(async move {
