@@ -17,12 +17,13 @@
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::broadcast;
 
+use super::codec::{FORMAT_V1, malformed, put_expiry_and_value, take_expiry_and_value};
 use super::memory::DEFAULT_WATCH_BUFFER;
 use super::{
     Backend, BackendError, Event, Item, Key, KeyRange, Revision, Watcher, WriteOp, check_write, system_clock,
@@ -32,9 +33,6 @@ use crate::clock::Clock;
 const ITEMS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("items");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 const REVISION: &str = "revision";
-
-/// The value encoding's version byte; bumped if the layout below ever changes.
-const FORMAT_V1: u8 = 1;
 
 /// The crash-safe default [`Backend`]: a redb database file. Share it in an `Arc`.
 pub struct EmbeddedBackend {
@@ -409,40 +407,11 @@ fn encode_value(item: &Item) -> Vec<u8> {
     let mut out = Vec::with_capacity(1 + 8 + 1 + 12 + item.value.len());
     out.push(FORMAT_V1);
     out.extend_from_slice(&item.revision.0.to_be_bytes());
-    match item
-        .expires
-        .map(|at| at.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO))
-    {
-        Some(since_epoch) => {
-            out.push(1);
-            out.extend_from_slice(&since_epoch.as_secs().to_be_bytes());
-            out.extend_from_slice(&since_epoch.subsec_nanos().to_be_bytes());
-        }
-        None => out.push(0),
-    }
-    out.extend_from_slice(&item.value);
+    put_expiry_and_value(&mut out, item);
     out
 }
 
-/// Why a stored value could not be decoded: the file holds something this version did not
-/// write.
-#[derive(Debug, thiserror::Error)]
-#[error("stored value of key {key} is malformed: {reason}")]
-struct MalformedValue {
-    key: Key,
-    reason: &'static str,
-}
-
 fn decode_value(key: Key, bytes: &[u8]) -> Result<Item, BackendError> {
-    let malformed = |key: &Key, reason| {
-        BackendError::storage(
-            "decoding a stored item",
-            MalformedValue {
-                key: key.clone(),
-                reason,
-            },
-        )
-    };
     let (&version, rest) = bytes.split_first().ok_or_else(|| malformed(&key, "empty"))?;
     if version != FORMAT_V1 {
         return Err(malformed(&key, "unknown format version"));
@@ -450,26 +419,7 @@ fn decode_value(key: Key, bytes: &[u8]) -> Result<Item, BackendError> {
     let (revision, rest) = rest
         .split_first_chunk::<8>()
         .ok_or_else(|| malformed(&key, "truncated revision"))?;
-    let (&has_expiry, rest) = rest
-        .split_first()
-        .ok_or_else(|| malformed(&key, "truncated expiry flag"))?;
-    let (expires, value) = match has_expiry {
-        0 => (None, rest),
-        1 => {
-            let (secs, rest) = rest
-                .split_first_chunk::<8>()
-                .ok_or_else(|| malformed(&key, "truncated expiry"))?;
-            let (nanos, rest) = rest
-                .split_first_chunk::<4>()
-                .ok_or_else(|| malformed(&key, "truncated expiry"))?;
-            let since_epoch = Duration::new(u64::from_be_bytes(*secs), u32::from_be_bytes(*nanos));
-            let at = UNIX_EPOCH
-                .checked_add(since_epoch)
-                .ok_or_else(|| malformed(&key, "expiry out of range"))?;
-            (Some(at), rest)
-        }
-        _ => return Err(malformed(&key, "bad expiry flag")),
-    };
+    let (expires, value) = take_expiry_and_value(rest).map_err(|reason| malformed(&key, reason))?;
     Ok(Item {
         key,
         value: value.to_vec(),
@@ -480,6 +430,8 @@ fn decode_value(key: Key, bytes: &[u8]) -> Result<Item, BackendError> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
     use super::*;
 
     #[test]

@@ -93,7 +93,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use etcd_client::{
@@ -102,6 +102,7 @@ use etcd_client::{
 };
 use tokio::sync::{broadcast, watch};
 
+use super::codec::{FORMAT_V1, MalformedValue, malformed, put_expiry_and_value, take_expiry_and_value};
 use super::memory::DEFAULT_WATCH_BUFFER;
 use super::{
     Backend, BackendError, Event, Item, Key, KeyRange, Revision, WatchError, Watcher, WriteOp, check_write,
@@ -109,8 +110,6 @@ use super::{
 };
 use crate::clock::Clock;
 
-/// The value envelope's version byte.
-const FORMAT_V1: u8 = 1;
 /// How long a connection attempt to one peer may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one request may take (not a watch stream, which lives on).
@@ -300,14 +299,6 @@ pub struct EtcdError {
     peers: String,
     #[source]
     source: etcd_client::Error,
-}
-
-/// A stored value this version cannot read.
-#[derive(Debug, thiserror::Error)]
-#[error("stored value of key {key} is malformed: {reason}")]
-struct MalformedValue {
-    key: Key,
-    reason: &'static str,
 }
 
 /// The [`Backend`] on etcd. Cheap to clone; share it in an `Arc`. Dropping the last clone ends
@@ -619,56 +610,16 @@ fn revision_of(header_revision: Option<i64>) -> Result<Revision, BackendError> {
 fn encode(item: &Item) -> Vec<u8> {
     let mut out = Vec::with_capacity(1 + 1 + 12 + item.value.len());
     out.push(FORMAT_V1);
-    match item
-        .expires
-        .map(|at| at.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO))
-    {
-        Some(since_epoch) => {
-            out.push(1);
-            out.extend_from_slice(&since_epoch.as_secs().to_be_bytes());
-            out.extend_from_slice(&since_epoch.subsec_nanos().to_be_bytes());
-        }
-        None => out.push(0),
-    }
-    out.extend_from_slice(&item.value);
+    put_expiry_and_value(&mut out, item);
     out
 }
 
 fn decode(key: Key, kv: &KeyValue) -> Result<Item, BackendError> {
-    let malformed = |key: &Key, reason| {
-        BackendError::storage(
-            "decoding a stored item",
-            MalformedValue {
-                key: key.clone(),
-                reason,
-            },
-        )
-    };
-    let bytes = kv.value();
-    let (&version, rest) = bytes.split_first().ok_or_else(|| malformed(&key, "empty"))?;
+    let (&version, rest) = kv.value().split_first().ok_or_else(|| malformed(&key, "empty"))?;
     if version != FORMAT_V1 {
         return Err(malformed(&key, "unknown format version"));
     }
-    let (&has_expiry, rest) = rest
-        .split_first()
-        .ok_or_else(|| malformed(&key, "truncated expiry flag"))?;
-    let (expires, value) = match has_expiry {
-        0 => (None, rest),
-        1 => {
-            let (secs, rest) = rest
-                .split_first_chunk::<8>()
-                .ok_or_else(|| malformed(&key, "truncated expiry"))?;
-            let (nanos, rest) = rest
-                .split_first_chunk::<4>()
-                .ok_or_else(|| malformed(&key, "truncated expiry"))?;
-            let since_epoch = Duration::new(u64::from_be_bytes(*secs), u32::from_be_bytes(*nanos));
-            let at = UNIX_EPOCH
-                .checked_add(since_epoch)
-                .ok_or_else(|| malformed(&key, "expiry out of range"))?;
-            (Some(at), rest)
-        }
-        _ => return Err(malformed(&key, "bad expiry flag")),
-    };
+    let (expires, value) = take_expiry_and_value(rest).map_err(|reason| malformed(&key, reason))?;
     Ok(Item {
         key,
         value: value.to_vec(),

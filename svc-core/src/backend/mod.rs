@@ -28,6 +28,8 @@
 //!   [`Backend::purge_expired`] removes expired items and emits their [`Event::Delete`]s (etcd
 //!   does the same with leases), so the server calls it periodically.
 
+#[cfg(any(feature = "storage", feature = "etcd"))]
+mod codec;
 #[cfg(feature = "storage")]
 mod embedded;
 #[cfg(feature = "etcd")]
