@@ -155,6 +155,48 @@ async fn read_key(
         .map(|v| v.0))
 }
 
+/// Reads the JSON value under `key`: `None` when the Secret or the key does not exist; a value
+/// that is not a `T` is an error naming the Secret and the key.
+async fn read_json<T: serde::de::DeserializeOwned>(
+    client: Client,
+    namespace: &str,
+    secret_name: &str,
+    key: &'static str,
+) -> Result<Option<T>, StatusError> {
+    let Some(bytes) = read_key(client, namespace, secret_name, key).await? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| malformed(namespace, secret_name, key, e.to_string()))
+}
+
+/// Writes `value` as JSON under `key` (`None` removes the key), keeping the Secret's other keys.
+async fn write_json<T: Serialize>(
+    client: Client,
+    namespace: &str,
+    secret_name: &str,
+    key: &'static str,
+    value: Option<&T>,
+) -> Result<(), StatusError> {
+    let json = value
+        .map(serde_json::to_vec)
+        .transpose()
+        .map_err(|e| malformed(namespace, secret_name, key, e.to_string()))?;
+    merge_secret_data(client, namespace, secret_name, &[(key, json)])
+        .await
+        .map_err(api_error(namespace, secret_name))
+}
+
+fn malformed(namespace: &str, secret_name: &str, key: &'static str, reason: String) -> StatusError {
+    StatusError::Malformed {
+        namespace: namespace.to_owned(),
+        name: secret_name.to_owned(),
+        key,
+        reason,
+    }
+}
+
 /// Writes `status` under [`STATUS_SECRET_KEY`].
 pub async fn write_status(
     client: Client,
@@ -162,15 +204,7 @@ pub async fn write_status(
     secret_name: &str,
     status: &UpdaterStatus,
 ) -> Result<(), StatusError> {
-    let json = serde_json::to_vec(status).map_err(|e| StatusError::Malformed {
-        namespace: namespace.to_owned(),
-        name: secret_name.to_owned(),
-        key: STATUS_SECRET_KEY,
-        reason: e.to_string(),
-    })?;
-    merge_secret_data(client, namespace, secret_name, &[(STATUS_SECRET_KEY, Some(json))])
-        .await
-        .map_err(api_error(namespace, secret_name))
+    write_json(client, namespace, secret_name, STATUS_SECRET_KEY, Some(status)).await
 }
 
 /// Reads the updater's last decision: `None` when the Secret or the key does not exist yet (no
@@ -180,17 +214,7 @@ pub async fn read_update_status(
     namespace: &str,
     secret_name: &str,
 ) -> Result<Option<UpdaterStatus>, StatusError> {
-    let Some(bytes) = read_key(client, namespace, secret_name, STATUS_SECRET_KEY).await? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| StatusError::Malformed {
-            namespace: namespace.to_owned(),
-            name: secret_name.to_owned(),
-            key: STATUS_SECRET_KEY,
-            reason: e.to_string(),
-        })
+    read_json(client, namespace, secret_name, STATUS_SECRET_KEY).await
 }
 
 /// Reads the versions marked bad; none when the Secret or key does not exist. A malformed list
@@ -200,18 +224,20 @@ pub async fn read_bad_versions(
     namespace: &str,
     secret_name: &str,
 ) -> Result<Vec<Version>, StatusError> {
-    let Some(bytes) = read_key(client, namespace, secret_name, BAD_VERSIONS_SECRET_KEY).await? else {
-        return Ok(Vec::new());
-    };
-    let malformed = |reason: String| StatusError::Malformed {
-        namespace: namespace.to_owned(),
-        name: secret_name.to_owned(),
-        key: BAD_VERSIONS_SECRET_KEY,
-        reason,
-    };
-    let list: Vec<String> = serde_json::from_slice(&bytes).map_err(|e| malformed(e.to_string()))?;
+    let list: Vec<String> = read_json(client, namespace, secret_name, BAD_VERSIONS_SECRET_KEY)
+        .await?
+        .unwrap_or_default();
     list.iter()
-        .map(|v| Version::parse(v).map_err(|e| malformed(format!("{v:?}: {e}"))))
+        .map(|v| {
+            Version::parse(v).map_err(|e| {
+                malformed(
+                    namespace,
+                    secret_name,
+                    BAD_VERSIONS_SECRET_KEY,
+                    format!("{v:?}: {e}"),
+                )
+            })
+        })
         .collect()
 }
 
@@ -222,20 +248,9 @@ pub async fn write_bad_versions(
     secret_name: &str,
     versions: &[Version],
 ) -> Result<(), StatusError> {
-    let value = if versions.is_empty() {
-        None
-    } else {
-        let list: Vec<String> = versions.iter().map(plain_version).collect();
-        Some(serde_json::to_vec(&list).unwrap_or_default())
-    };
-    merge_secret_data(
-        client,
-        namespace,
-        secret_name,
-        &[(BAD_VERSIONS_SECRET_KEY, value)],
-    )
-    .await
-    .map_err(api_error(namespace, secret_name))
+    let list: Vec<String> = versions.iter().map(plain_version).collect();
+    let value = (!list.is_empty()).then_some(&list);
+    write_json(client, namespace, secret_name, BAD_VERSIONS_SECRET_KEY, value).await
 }
 
 /// Writes (`Some`) or removes (`None`) the pending rollout.
@@ -245,15 +260,14 @@ pub async fn write_pending_rollout(
     secret_name: &str,
     rollout: Option<&PendingRollout>,
 ) -> Result<(), StatusError> {
-    let value = rollout.map(|r| serde_json::to_vec(r).unwrap_or_default());
-    merge_secret_data(
+    write_json(
         client,
         namespace,
         secret_name,
-        &[(PENDING_ROLLOUT_SECRET_KEY, value)],
+        PENDING_ROLLOUT_SECRET_KEY,
+        rollout,
     )
     .await
-    .map_err(api_error(namespace, secret_name))
 }
 
 /// Reads the pending rollout, if any.
@@ -262,17 +276,7 @@ pub async fn read_pending_rollout(
     namespace: &str,
     secret_name: &str,
 ) -> Result<Option<PendingRollout>, StatusError> {
-    let Some(bytes) = read_key(client, namespace, secret_name, PENDING_ROLLOUT_SECRET_KEY).await? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| StatusError::Malformed {
-            namespace: namespace.to_owned(),
-            name: secret_name.to_owned(),
-            key: PENDING_ROLLOUT_SECRET_KEY,
-            reason: e.to_string(),
-        })
+    read_json(client, namespace, secret_name, PENDING_ROLLOUT_SECRET_KEY).await
 }
 
 /// The agent's view of the updater's status in Kubernetes: its shared-state Secret. The agent
