@@ -210,31 +210,8 @@ fn attempt(command: &mut Command, limit: Duration) -> Attempt {
     }
 }
 
-/// A client command with `SVC_HOME=home` that must succeed within [`wait::STEP`].
 fn run(bin: &str, home: &Path, args: &[&str], stdin: Option<&str>) -> Run {
-    let mut child = Command::new(bin)
-        .args(args)
-        .env("SVC_HOME", home)
-        .env_remove("RUST_LOG")
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(input.as_bytes())
-            .expect("write stdin");
-    }
-    let what = format!("`{} {}`", bin.rsplit('/').next().unwrap_or(bin), args.join(" "));
-    wait::output_within(child, wait::STEP, &what).into()
+    common::run_client(bin, home, args, stdin)
 }
 
 /// The test's own copies of the binaries (hard links, else copies, made once): a rebuild of

@@ -215,29 +215,7 @@ impl Cluster {
     }
 
     fn command(&self, bin: &str, args: &[&str], stdin: Option<&str>) -> Run {
-        let mut child = Command::new(bin)
-            .args(args)
-            .env("SVC_HOME", &self.home)
-            .env_remove("RUST_LOG")
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        if let Some(input) = stdin {
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(input.as_bytes())
-                .expect("write stdin");
-        }
-        let what = format!("`{} {}`", bin.rsplit('/').next().unwrap_or(bin), args.join(" "));
-        wait::output_within(child, wait::STEP, &what).into()
+        run_client(bin, &self.home, args, stdin)
     }
 
     /// `tctl ARGS` as the signed-in user (the tsh profile in SVC_HOME).
@@ -330,4 +308,32 @@ impl Drop for Cluster {
             );
         }
     }
+}
+
+/// A client program (`tsh`, `tctl`) with `SVC_HOME=home`, `stdin` written to it, finished within
+/// [`wait::STEP`].
+pub fn run_client(bin: &str, home: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Run {
+    let mut child = Command::new(bin)
+        .args(args)
+        .env("SVC_HOME", home)
+        .env_remove("RUST_LOG")
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write stdin");
+    }
+    let what = format!("`{} {}`", bin.rsplit('/').next().unwrap_or(bin), args.join(" "));
+    wait::output_within(child, wait::STEP, &what).into()
 }
