@@ -90,6 +90,7 @@ fn request(server: &str) -> DialRequest {
         conn_type: ServedKind::WindowsDesktop,
         client_src_addr: "127.0.0.1:1".into(),
         client_dst_addr: "127.0.0.1:2".into(),
+        db_route: None,
     }
 }
 

@@ -248,6 +248,7 @@ fn req(node: &str, target: SocketAddr) -> DialRequest {
         conn_type: ServedKind::App,
         client_src_addr: "127.0.0.1:1".into(),
         client_dst_addr: "127.0.0.1:2".into(),
+        db_route: None,
     }
 }
 

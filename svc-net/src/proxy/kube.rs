@@ -119,6 +119,7 @@ impl KubeProxy {
                     conn_type: ServedKind::Kube,
                     client_src_addr: peer.to_string(),
                     client_dst_addr: local.to_string(),
+                    db_route: None,
                 };
                 match self.dialer.dial(dial).await {
                     Ok(stream) => {

@@ -199,6 +199,7 @@ impl ResourceProxy {
             conn_type: req.kind,
             client_src_addr: peer.to_string(),
             client_dst_addr: local.to_string(),
+            db_route: None,
         };
         let mut upstream = match self.inner.dialer.dial(dial.clone()).await {
             Ok(s) => s,

@@ -290,6 +290,7 @@ impl EntryHandler {
             conn_type: ServedKind::Node,
             client_src_addr: self.peer.to_string(),
             client_dst_addr: self.local.to_string(),
+            db_route: None,
         }
     }
 }

@@ -100,6 +100,22 @@ pub struct DialRequest {
     pub client_src_addr: String,
     /// The address the client connected to on the proxy.
     pub client_dst_addr: String,
+    /// For `db` dials: the database user (and database name) the proxy authorised for this
+    /// connection. The agent's Database Service opens the server session as this user and
+    /// refuses a client whose protocol-level user or database differs. Absent on other kinds
+    /// (and omitted on the wire, so agents that predate it read the request unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_route: Option<DbRoute>,
+}
+
+/// The database identity a `db` dial is authorised for (carried in [`DialRequest::db_route`]).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct DbRoute {
+    /// The database user the session runs as (checked against the role's `db_users`).
+    pub user: String,
+    /// The database name, for protocols that have one (checked against the role's `db_names`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
 }
 
 impl DialRequest {
@@ -292,6 +308,7 @@ mod tests {
             conn_type: ServedKind::WindowsDesktop,
             client_src_addr: "10.0.0.1:5000".into(),
             client_dst_addr: "10.0.0.2:443".into(),
+            db_route: None,
         };
         let json = serde_json::to_value(&req).unwrap();
         assert_eq!(
@@ -302,6 +319,25 @@ mod tests {
         );
         let back: DialRequest = serde_json::from_value(json).unwrap();
         assert_eq!(back, req);
+    }
+
+    #[test]
+    fn a_db_route_travels_in_the_dial_request_and_is_omitted_when_absent() {
+        let line = r#"{"address":"db:5432","server_id":"6f1c.example.com","conn_type":"db","client_src_addr":"10.0.0.1:5000","client_dst_addr":"10.0.0.2:443","db_route":{"user":"alice","database":"orders"}}"#;
+        let req = DialRequest::decode(line).unwrap();
+        assert_eq!(
+            req.db_route,
+            Some(DbRoute {
+                user: "alice".into(),
+                database: Some("orders".into())
+            })
+        );
+        let json = serde_json::to_value(DialRequest {
+            db_route: None,
+            ..req
+        })
+        .unwrap();
+        assert!(json.get("db_route").is_none(), "{json}");
     }
 
     #[test]

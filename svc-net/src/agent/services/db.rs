@@ -178,6 +178,7 @@ mod tests {
             conn_type: ServedKind::Db,
             client_src_addr: "127.0.0.1:1".into(),
             client_dst_addr: "127.0.0.1:2".into(),
+            db_route: None,
         };
         let unknown = svc.clone().oneshot(req("mysql-1")).await.err().unwrap();
         assert_eq!(unknown.to_string(), "this agent serves no db named \"mysql-1\"");

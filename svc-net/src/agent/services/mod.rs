@@ -298,6 +298,7 @@ mod tests {
             conn_type,
             client_src_addr: "127.0.0.1:1".into(),
             client_dst_addr: "127.0.0.1:2".into(),
+            db_route: None,
         }
     }
 
