@@ -5,7 +5,8 @@
 //! `tls.server_name` (else the host of `uri`). The client's own connection to its local `tsh`
 //! proxy is plain (tsh answered its SSLRequest with `N`), so what arrives through the tunnel
 //! is the client's startup message, relayed inside this TLS session. Without `tls`, and for
-//! MySQL, MongoDB and Redis, the stream is plain TCP to `uri`.
+//! MySQL, the stream is plain TCP to `uri`. Redis (`db_redis`: TLS, the session runs as
+//! `db_route.user`) and MongoDB (`db_mongo`: TLS) have their own modules.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,7 +26,8 @@ struct DbTarget {
     protocol: DbProtocol,
     host: String,
     port: u16,
-    /// TLS to the server (Postgres only): the client configuration and the name to verify.
+    /// TLS to the server (Postgres, Redis, MongoDB): the client configuration and the name to
+    /// verify.
     tls: Option<(Arc<rustls::ClientConfig>, String)>,
 }
 
@@ -55,7 +57,7 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
             .trim_end_matches(']')
             .to_owned();
         let tls = match (&db.tls, db.protocol) {
-            (Some(t), DbProtocol::Postgres) => Some((
+            (Some(t), DbProtocol::Postgres | DbProtocol::Redis | DbProtocol::Mongodb) => Some((
                 tls_config(db, t.ca_cert_file.as_deref())?,
                 t.server_name.clone().unwrap_or_else(|| host.clone()),
             )),
@@ -81,6 +83,31 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
                     kind: "db",
                     name: name.clone(),
                 })?;
+            match t.protocol {
+                DbProtocol::Redis => {
+                    let route = req.db_route.as_ref();
+                    return Ok(super::db_redis::open(
+                        &name,
+                        &t.host,
+                        t.port,
+                        t.tls.as_ref(),
+                        route,
+                        &req.client_src_addr,
+                    )
+                    .await?);
+                }
+                DbProtocol::Mongodb => {
+                    return Ok(super::db_mongo::open(
+                        &name,
+                        &t.host,
+                        t.port,
+                        t.tls.as_ref(),
+                        &req.client_src_addr,
+                    )
+                    .await?);
+                }
+                _ => {}
+            }
             let mut tcp = connect("db", &name, &t.host, t.port).await?;
             let io: BoxIo = match &t.tls {
                 Some((config, server_name)) => {

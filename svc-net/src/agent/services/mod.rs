@@ -12,11 +12,14 @@
 //! Protocol limits, stated plainly: apps are forwarded as bytes (the agent adds TLS to
 //! `https://` apps, nothing is rewritten, so the app sees the client's `Host` header);
 //! Postgres gets TLS to the real server done by the agent (the client's startup message is
-//! relayed unchanged, so the server's own authentication applies); MySQL, MongoDB and Redis
-//! are plain TCP forwarding to the configured address (their in-protocol TLS upgrades are not
-//! performed by the agent); desktops are TCP forwarding to the host's desktop port.
+//! relayed unchanged, so the server's own authentication applies); MongoDB gets TLS to the
+//! server; Redis gets TLS to the server and a session held to the authorised database user
+//! (`db_redis`); MySQL is plain TCP forwarding to the configured address (its in-protocol TLS
+//! upgrade is not performed by the agent); desktops are TCP forwarding to the host's desktop port.
 
 mod db;
+mod db_mongo;
+mod db_redis;
 mod kube;
 
 use std::sync::Arc;

@@ -1,0 +1,438 @@
+//! Redis on the agent: TLS to the server and a session that runs as the authorised user.
+//!
+//! The agent connects to the server (TLS verified with the database's `tls.ca_cert_file`, else
+//! the public web roots, for `tls.server_name`, else the host of `uri`, when `tls` is set;
+//! plain TCP otherwise) and relays the client's commands (RESP) through a filter; the
+//! server's replies flow back unchanged. The user the proxy authorised (the dial request's
+//! `db_route.user`) is the only user the session may run as:
+//!
+//! - `AUTH <user> <password>` and `HELLO <ver> AUTH <user> <password>` naming another user are
+//!   answered `-ERR user "<name>" is not allowed ...` and the session ends (after the replies
+//!   to the commands sent before it have been delivered).
+//! - `AUTH <password>` (the one-argument form, which means the `default` user to Redis) is sent
+//!   on as `AUTH <db_route.user> <password>`.
+//! - A client whose first command is not an authentication: the agent authenticates the
+//!   session as `db_route.user` itself first (`AUTH <user> <placeholder>`, which succeeds for a
+//!   user defined with `nopass`, whose access then rests on the proxy's certificate check and
+//!   the agent's TLS to the server). If the server refuses (the user has a password), the
+//!   command is answered `-NOAUTH ...` and not sent; only authentication is accepted until it
+//!   succeeds, so nothing ever runs as the server's `default` user.
+//! - `RESET` (which would return the connection to the `default` user) is refused like a
+//!   foreign user.
+//!
+//! Limits: inline commands (not RESP arrays) are split at whitespace without Redis's quoting
+//! rules; a refusal ends the session rather than answering in place.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader,
+};
+
+use super::{ServiceError, connect, tls_to};
+use crate::io::BoxIo;
+use crate::tunnel::DbRoute;
+
+/// The largest bulk string accepted (Redis's own `proto-max-bulk-len` default).
+const MAX_BULK: u64 = 512 * 1024 * 1024;
+/// The most arguments in one command.
+const MAX_ARGS: i64 = 1024 * 1024;
+/// The longest header or inline line (Redis's inline limit).
+const MAX_LINE: u64 = 64 * 1024;
+/// The buffer between the tunnel side and the session task.
+const PIPE: usize = 64 * 1024;
+/// How long, after a refusal, the replies to earlier commands may take to drain.
+const DRAIN: Duration = Duration::from_secs(10);
+/// The password of the agent's own `AUTH` (a `nopass` user accepts any).
+const PLACEHOLDER_PASSWORD: &[u8] = b"svc-agent";
+
+/// A malformed or failed RESP exchange.
+#[derive(Debug, thiserror::Error)]
+enum RespError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("malformed RESP from the {peer}: {what}")]
+    Protocol { peer: &'static str, what: String },
+    #[error("the server closed the connection")]
+    ServerClosed,
+}
+
+fn malformed(peer: &'static str, what: impl Into<String>) -> RespError {
+    RespError::Protocol {
+        peer,
+        what: what.into(),
+    }
+}
+
+/// Opens a Redis session for database `name` at `host:port` as `route`'s user; the returned
+/// stream is the client's side of the session.
+pub(super) async fn open(
+    name: &str,
+    host: &str,
+    port: u16,
+    tls: Option<&(Arc<rustls::ClientConfig>, String)>,
+    route: Option<&DbRoute>,
+    client: &str,
+) -> Result<BoxIo, ServiceError> {
+    let user = route
+        .map(|r| r.user.clone())
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| ServiceError::Handshake {
+            kind: "db",
+            name: name.to_owned(),
+            reason: "the dial request names no database user (db_route): a Redis session runs only as the user the proxy authorised".into(),
+        })?;
+    let tcp = connect("db", name, host, port).await?;
+    let server: BoxIo = match tls {
+        Some((config, server_name)) => Box::new(tls_to("db", name, config.clone(), server_name, tcp).await?),
+        None => Box::new(tcp),
+    };
+    let (ours, theirs) = tokio::io::duplex(PIPE);
+    tracing::info!(db = %name, protocol = "redis", user = %user, client = %client, "database connection");
+    let name = name.to_owned();
+    tokio::spawn(async move {
+        if let Err(e) = session(ours, server, &user).await {
+            tracing::info!(db = %name, user = %user, reason = %e, "redis session ended");
+        }
+    });
+    Ok(Box::new(theirs))
+}
+
+/// What to do with one client command.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// An authentication as the session's user (possibly rewritten): send it.
+    Auth(Vec<Vec<u8>>),
+    /// Any other command: send it (once the session is authenticated).
+    Pass(Vec<Vec<u8>>),
+    /// Refused: the error line (without `-` and CRLF) sent to the client before closing.
+    Refuse(String),
+}
+
+fn refuse_user(name: &[u8], user: &str) -> Verdict {
+    Verdict::Refuse(format!(
+        "ERR user {:?} is not allowed: this session runs as database user {user:?}",
+        String::from_utf8_lossy(name)
+    ))
+}
+
+fn classify(mut cmd: Vec<Vec<u8>>, user: &str) -> Verdict {
+    let Some(first) = cmd.first() else {
+        return Verdict::Pass(cmd);
+    };
+    let word = first.to_ascii_uppercase();
+    match word.as_slice() {
+        b"AUTH" if cmd.len() == 2 => {
+            cmd.insert(1, user.as_bytes().to_vec());
+            Verdict::Auth(cmd)
+        }
+        b"AUTH" if cmd.len() == 3 => {
+            if cmd[1] == user.as_bytes() {
+                Verdict::Auth(cmd)
+            } else {
+                refuse_user(&cmd[1], user)
+            }
+        }
+        b"HELLO" => {
+            // HELLO <protover> [AUTH <user> <password>] [SETNAME <name>]
+            let auth = cmd
+                .iter()
+                .enumerate()
+                .skip(2)
+                .find(|(_, a)| a.eq_ignore_ascii_case(b"AUTH"))
+                .map(|(i, _)| i);
+            match auth.and_then(|i| cmd.get(i + 1)) {
+                Some(name) if name.as_slice() != user.as_bytes() => refuse_user(name, user),
+                Some(_) => Verdict::Auth(cmd),
+                None => Verdict::Pass(cmd),
+            }
+        }
+        b"RESET" => Verdict::Refuse(format!(
+            "ERR RESET is not allowed: it would end this session's authentication as database user {user:?}"
+        )),
+        _ => Verdict::Pass(cmd),
+    }
+}
+
+/// Reads one line (with its line end), at most `max` bytes; `None` at a clean end of stream.
+async fn read_line<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    max: u64,
+    peer: &'static str,
+) -> Result<Option<Vec<u8>>, RespError> {
+    let mut line = Vec::new();
+    (&mut *r).take(max).read_until(b'\n', &mut line).await?;
+    if line.is_empty() {
+        return Ok(None);
+    }
+    if !line.ends_with(b"\n") {
+        return Err(malformed(
+            peer,
+            format!("a line longer than {max} bytes or cut short"),
+        ));
+    }
+    Ok(Some(line))
+}
+
+/// The text of a line without its line end.
+fn trimmed(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+fn parse_len(header: &[u8], peer: &'static str) -> Result<i64, RespError> {
+    let text = trimmed(header).get(1..).unwrap_or_default();
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| t.parse::<i64>().ok())
+        .ok_or_else(|| malformed(peer, format!("bad length {:?}", String::from_utf8_lossy(text))))
+}
+
+/// Reads `len` bytes and the CRLF after them.
+async fn read_bulk<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    len: u64,
+    peer: &'static str,
+) -> Result<Vec<u8>, RespError> {
+    let mut data = Vec::new();
+    (&mut *r).take(len + 2).read_to_end(&mut data).await?;
+    if u64::try_from(data.len()).ok() != Some(len + 2) || !data.ends_with(b"\r\n") {
+        return Err(malformed(peer, "a bulk string cut short or without CRLF"));
+    }
+    Ok(data)
+}
+
+/// Reads one client command (a RESP array of bulk strings, or an inline command); `None` at
+/// the end of the stream.
+async fn read_command<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Option<Vec<Vec<u8>>>, RespError> {
+    const PEER: &str = "client";
+    loop {
+        let Some(line) = read_line(r, MAX_LINE, PEER).await? else {
+            return Ok(None);
+        };
+        if line.first() == Some(&b'*') {
+            let n = parse_len(&line, PEER)?;
+            if n <= 0 {
+                continue;
+            }
+            if n > MAX_ARGS {
+                return Err(malformed(PEER, format!("{n} arguments (at most {MAX_ARGS})")));
+            }
+            let mut args = Vec::new();
+            for _ in 0..n {
+                let header = read_line(r, MAX_LINE, PEER)
+                    .await?
+                    .ok_or_else(|| malformed(PEER, "a command cut short"))?;
+                if header.first() != Some(&b'$') {
+                    return Err(malformed(PEER, "expected a bulk string ('$') in a command"));
+                }
+                let len = u64::try_from(parse_len(&header, PEER)?)
+                    .ok()
+                    .filter(|l| *l <= MAX_BULK)
+                    .ok_or_else(|| malformed(PEER, "a bulk string length out of range"))?;
+                let mut data = read_bulk(r, len, PEER).await?;
+                data.truncate(data.len() - 2);
+                args.push(data);
+            }
+            return Ok(Some(args));
+        }
+        let args: Vec<Vec<u8>> = trimmed(&line)
+            .split(u8::is_ascii_whitespace)
+            .filter(|a| !a.is_empty())
+            .map(<[u8]>::to_vec)
+            .collect();
+        if !args.is_empty() {
+            return Ok(Some(args));
+        }
+    }
+}
+
+/// Appends `args` as a RESP array of bulk strings.
+fn encode(args: &[Vec<u8>], out: &mut Vec<u8>) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Reads one complete server reply (RESP2 or RESP3), returned as its bytes.
+async fn read_reply<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Vec<u8>, RespError> {
+    const PEER: &str = "server";
+    let mut out = Vec::new();
+    let mut pending: i64 = 1;
+    while pending > 0 {
+        pending -= 1;
+        let line = read_line(r, MAX_LINE, PEER)
+            .await?
+            .ok_or(RespError::ServerClosed)?;
+        out.extend_from_slice(&line);
+        match line.first() {
+            Some(b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(') => {}
+            Some(b'$' | b'!' | b'=') => {
+                if let Ok(len) = u64::try_from(parse_len(&line, PEER)?) {
+                    if len > MAX_BULK {
+                        return Err(malformed(PEER, "a bulk string length out of range"));
+                    }
+                    out.extend_from_slice(&read_bulk(r, len, PEER).await?);
+                }
+            }
+            Some(b'*' | b'~' | b'>') => pending += parse_len(&line, PEER)?.clamp(0, MAX_ARGS),
+            Some(b'%') => pending += 2 * parse_len(&line, PEER)?.clamp(0, MAX_ARGS),
+            // Attributes come before the reply they describe.
+            Some(b'|') => pending += 2 * parse_len(&line, PEER)?.clamp(0, MAX_ARGS) + 1,
+            _ => return Err(malformed(PEER, "an unknown reply type")),
+        }
+    }
+    Ok(out)
+}
+
+fn is_error(reply: &[u8]) -> bool {
+    matches!(reply.first(), Some(b'-' | b'!'))
+}
+
+async fn send<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8]) -> std::io::Result<()> {
+    w.write_all(bytes).await?;
+    w.flush().await
+}
+
+async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, text: &str) -> std::io::Result<()> {
+    let line = text.replace(['\r', '\n'], " ");
+    send(w, format!("-{line}\r\n").as_bytes()).await
+}
+
+/// Runs one session between the tunnel side `client` and the server.
+async fn session<C, S>(client: C, server: S, user: &str) -> Result<(), RespError>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (cr, mut cw) = tokio::io::split(client);
+    let mut cr = BufReader::new(cr);
+    let (sr, mut sw) = tokio::io::split(server);
+    let mut sr = BufReader::new(sr);
+
+    // Until the session is authenticated as `user`, one command at a time.
+    let mut placeholder_refused: Option<String> = None;
+    let first = loop {
+        let Some(cmd) = read_command(&mut cr).await? else {
+            return Ok(());
+        };
+        match classify(cmd, user) {
+            Verdict::Refuse(text) => {
+                send_error(&mut cw, &text).await?;
+                return Ok(cw.shutdown().await?);
+            }
+            Verdict::Auth(cmd) => {
+                let mut out = Vec::new();
+                encode(&cmd, &mut out);
+                send(&mut sw, &out).await?;
+                let reply = read_reply(&mut sr).await?;
+                send(&mut cw, &reply).await?;
+                if !is_error(&reply) {
+                    break None;
+                }
+            }
+            Verdict::Pass(cmd) => {
+                if cmd.first().is_some_and(|c| c.eq_ignore_ascii_case(b"QUIT")) {
+                    send(&mut cw, b"+OK\r\n").await?;
+                    return Ok(cw.shutdown().await?);
+                }
+                if placeholder_refused.is_none() {
+                    let mut out = Vec::new();
+                    encode(
+                        &[
+                            b"AUTH".to_vec(),
+                            user.as_bytes().to_vec(),
+                            PLACEHOLDER_PASSWORD.to_vec(),
+                        ],
+                        &mut out,
+                    );
+                    send(&mut sw, &out).await?;
+                    let reply = read_reply(&mut sr).await?;
+                    if !is_error(&reply) {
+                        break Some(cmd);
+                    }
+                    placeholder_refused = Some(
+                        String::from_utf8_lossy(trimmed(reply.get(1..).unwrap_or_default())).into_owned(),
+                    );
+                }
+                let why = placeholder_refused.as_deref().unwrap_or_default();
+                send_error(
+                    &mut cw,
+                    &format!("NOAUTH this session runs as database user {user:?}, which needs a password (the server said: {why}): send AUTH <password>"),
+                )
+                .await?;
+            }
+        }
+    };
+
+    let mut pending = Vec::new();
+    if let Some(cmd) = first {
+        encode(&cmd, &mut pending);
+    }
+    let refusal = {
+        let down = relay_commands(&mut cr, &mut sw, user, pending);
+        let up = tokio::io::copy(&mut sr, &mut cw);
+        tokio::pin!(up);
+        tokio::select! {
+            r = down => match r? {
+                Some(text) => {
+                    // Replies to the commands before the refused one come first.
+                    let _ = tokio::time::timeout(DRAIN, &mut up).await;
+                    Some(text)
+                }
+                None => {
+                    up.await?;
+                    None
+                }
+            },
+            r = &mut up => {
+                r?;
+                None
+            }
+        }
+    };
+    if let Some(text) = refusal {
+        send_error(&mut cw, &text).await?;
+    }
+    Ok(cw.shutdown().await?)
+}
+
+/// Sends the client's commands on (after `pending`) until the client ends (`None`) or one is
+/// refused (its error text); the server's side is shut for writing either way.
+async fn relay_commands<R, W>(
+    cr: &mut BufReader<R>,
+    sw: &mut W,
+    user: &str,
+    mut pending: Vec<u8>,
+) -> Result<Option<String>, RespError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    send(sw, &pending).await?;
+    pending.clear();
+    loop {
+        let Some(cmd) = read_command(cr).await? else {
+            send(sw, &pending).await?;
+            sw.shutdown().await?;
+            return Ok(None);
+        };
+        match classify(cmd, user) {
+            Verdict::Refuse(text) => {
+                send(sw, &pending).await?;
+                sw.shutdown().await?;
+                return Ok(Some(text));
+            }
+            Verdict::Auth(cmd) | Verdict::Pass(cmd) => encode(&cmd, &mut pending),
+        }
+        // Commands the client sent together (pipelining) go out in one write.
+        if cr.buffer().is_empty() || pending.len() >= PIPE {
+            send(sw, &pending).await?;
+            pending.clear();
+        }
+    }
+}
