@@ -436,3 +436,359 @@ where
         }
     }
 }
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::process::{Child, Command, Stdio};
+    use std::time::Duration;
+
+    use svc_core::auth::ServedKind;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::tunnel::DialRequest;
+
+    const DEADLINE: Duration = Duration::from_secs(30);
+
+    /// A CA and a certificate for `localhost` it signed, all PEM: (ca, cert, key).
+    pub(in crate::agent::services) fn localhost_pki() -> (String, String, String) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = rcgen::CertifiedIssuer::self_signed(params, ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        (ca.pem(), cert.pem(), key.serialize_pem())
+    }
+
+    /// The agent's Database Service for one database `name` of `protocol` at
+    /// `127.0.0.1:port`, TLS verified with `ca_pem` for `server_name`.
+    pub(in crate::agent::services) fn service(
+        dir: &std::path::Path,
+        name: &str,
+        protocol: &str,
+        port: u16,
+        ca_pem: &str,
+        server_name: &str,
+    ) -> crate::tunnel::DialService {
+        let ca_file = dir.join("db-ca.pem");
+        std::fs::write(&ca_file, ca_pem).unwrap();
+        let yaml = format!(
+            "version: v1\ndb_service:\n  enabled: true\n  databases:\n  - name: {name}\n    protocol: {protocol}\n    uri: 127.0.0.1:{port}\n    tls:\n      ca_cert_file: {}\n      server_name: {server_name}\n",
+            ca_file.display()
+        );
+        let config = svc_core::config::Config::from_yaml_str_with_hostname(&yaml, "h").unwrap();
+        super::super::db_service(&config.db.databases).unwrap()
+    }
+
+    pub(in crate::agent::services) fn dial_request(name: &str, user: Option<&str>) -> DialRequest {
+        DialRequest {
+            address: name.into(),
+            server_id: "h.test".into(),
+            conn_type: ServedKind::Db,
+            client_src_addr: "127.0.0.1:1".into(),
+            client_dst_addr: "127.0.0.1:2".into(),
+            db_route: user.map(|u| DbRoute {
+                user: u.into(),
+                database: None,
+            }),
+        }
+    }
+
+    /// A redis-server listening with TLS only, users `alice` (no password) and `bob`
+    /// (password `bobpass`), the `default` user off. Killed on drop.
+    struct Redis {
+        child: Child,
+        port: u16,
+        ca: String,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Drop for Redis {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    async fn redis() -> Redis {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = localhost_pki();
+        for (file, pem) in [("ca.pem", &ca), ("cert.pem", &cert), ("key.pem", &key)] {
+            std::fs::write(dir.path().join(file), pem).unwrap();
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let d = dir.path().display();
+        let conf = format!(
+            "port 0\nbind 127.0.0.1\ntls-port {port}\ntls-cert-file {d}/cert.pem\ntls-key-file {d}/key.pem\ntls-ca-cert-file {d}/ca.pem\ntls-auth-clients no\nsave \"\"\nappendonly no\ndir {d}\nuser default off\nuser alice on nopass ~* &* +@all\nuser bob on >bobpass ~* &* +@all\n"
+        );
+        std::fs::write(dir.path().join("redis.conf"), conf).unwrap();
+        let child = Command::new("redis-server")
+            .arg(dir.path().join("redis.conf"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server is required for this test (apt-get install redis-server)");
+        let started = tokio::time::Instant::now();
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(
+                started.elapsed() < DEADLINE,
+                "redis-server did not listen on its TLS port {port} within {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Redis {
+            child,
+            port,
+            ca,
+            _dir: dir,
+        }
+    }
+
+    /// A plain local listener that dials `svc` for `user` per connection (the tunnel's part).
+    async fn relay(svc: crate::tunnel::DialService, user: Option<&'static str>) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let svc = svc.clone();
+                tokio::spawn(async move {
+                    match svc.oneshot(dial_request("cache", user)).await {
+                        Ok(mut io) => {
+                            let _ = tokio::io::copy_bidirectional(&mut tcp, &mut io).await;
+                        }
+                        Err(e) => {
+                            let _ = tcp.write_all(format!("dial refused: {e}\n").as_bytes()).await;
+                        }
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    /// Runs `redis-cli` against the relay; stdout and stderr together.
+    async fn cli(port: u16, args: &[&str]) -> String {
+        let mut cmd = tokio::process::Command::new("redis-cli");
+        cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .env("REDISCLI_AUTH", "")
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(DEADLINE, cmd.output())
+            .await
+            .unwrap_or_else(|_| panic!("redis-cli {args:?} did not finish within {DEADLINE:?}"))
+            .expect("redis-cli is required for this test (apt-get install redis-tools)");
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .trim()
+        .to_owned()
+    }
+
+    #[tokio::test]
+    async fn redis_cli_without_auth_runs_as_the_route_user_over_verified_tls() {
+        let server = redis().await;
+        let dir = tempfile::tempdir().unwrap();
+        let svc = service(dir.path(), "cache", "redis", server.port, &server.ca, "localhost");
+        let port = relay(svc, Some("alice")).await;
+        assert_eq!(cli(port, &["ACL", "WHOAMI"]).await, "alice");
+        assert_eq!(cli(port, &["SET", "k", "v"]).await, "OK");
+        assert_eq!(cli(port, &["GET", "k"]).await, "v");
+        // The user's own AUTH (and HELLO AUTH with RESP3) for the route user passes.
+        assert_eq!(
+            cli(
+                port,
+                &[
+                    "--user",
+                    "alice",
+                    "--pass",
+                    "x",
+                    "--no-auth-warning",
+                    "ACL",
+                    "WHOAMI"
+                ]
+            )
+            .await,
+            "alice"
+        );
+        assert_eq!(
+            cli(
+                port,
+                &[
+                    "-3",
+                    "--user",
+                    "alice",
+                    "--pass",
+                    "x",
+                    "--no-auth-warning",
+                    "ACL",
+                    "WHOAMI"
+                ]
+            )
+            .await,
+            "alice"
+        );
+        // Pipelined commands keep their order.
+        let mut io = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        io.write_all(b"*1\r\n$4\r\nPING\r\nECHO one\r\n*2\r\n$4\r\nECHO\r\n$3\r\ntwo\r\n")
+            .await
+            .unwrap();
+        let want = b"+PONG\r\n$3\r\none\r\n$3\r\ntwo\r\n";
+        let mut got = vec![0u8; want.len()];
+        tokio::time::timeout(DEADLINE, io.read_exact(&mut got))
+            .await
+            .expect("the pipelined replies did not come within the deadline")
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(want));
+    }
+
+    #[tokio::test]
+    async fn another_user_is_refused_by_name_and_a_password_user_authenticates() {
+        let server = redis().await;
+        let dir = tempfile::tempdir().unwrap();
+        let svc = service(dir.path(), "cache", "redis", server.port, &server.ca, "localhost");
+        let alice = relay(svc.clone(), Some("alice")).await;
+        let out = cli(
+            alice,
+            &["--user", "mallory", "--pass", "x", "--no-auth-warning", "PING"],
+        )
+        .await;
+        assert!(out.contains("user \"mallory\" is not allowed"), "{out}");
+        assert!(out.contains("\"alice\""), "{out}");
+        let out = cli(
+            alice,
+            &[
+                "-3",
+                "--user",
+                "bob",
+                "--pass",
+                "bobpass",
+                "--no-auth-warning",
+                "PING",
+            ],
+        )
+        .await;
+        assert!(out.contains("user \"bob\" is not allowed"), "{out}");
+        // RESET would fall back to the default user.
+        let out = cli(alice, &["RESET"]).await;
+        assert!(out.contains("RESET is not allowed"), "{out}");
+
+        let bob = relay(svc.clone(), Some("bob")).await;
+        let out = cli(bob, &["ACL", "WHOAMI"]).await;
+        assert!(out.contains("NOAUTH") && out.contains("\"bob\""), "{out}");
+        // The one-argument AUTH authenticates the route user.
+        assert_eq!(
+            cli(bob, &["-a", "bobpass", "--no-auth-warning", "ACL", "WHOAMI"]).await,
+            "bob"
+        );
+        let out = cli(bob, &["-a", "wrong", "--no-auth-warning", "ACL", "WHOAMI"]).await;
+        assert!(out.contains("WRONGPASS"), "{out}");
+
+        // A dial without a database user is refused by the agent.
+        let err = svc
+            .oneshot(dial_request("cache", None))
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.starts_with("db \"cache\": the dial request names no database user"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_certificate_for_another_name_is_refused() {
+        let server = redis().await;
+        let dir = tempfile::tempdir().unwrap();
+        let svc = service(
+            dir.path(),
+            "cache",
+            "redis",
+            server.port,
+            &server.ca,
+            "redis.example.com",
+        );
+        let err = svc
+            .oneshot(dial_request("cache", Some("alice")))
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.starts_with("db \"cache\": TLS to the server:"), "{err}");
+        assert!(err.contains("certificate"), "{err}");
+        // Another CA is refused too.
+        let (other_ca, _, _) = localhost_pki();
+        let svc = service(dir.path(), "cache", "redis", server.port, &other_ca, "localhost");
+        let err = svc
+            .oneshot(dial_request("cache", Some("alice")))
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.starts_with("db \"cache\": TLS to the server:"), "{err}");
+    }
+
+    fn args(words: &[&str]) -> Vec<Vec<u8>> {
+        words.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn classify_holds_the_session_to_the_route_user() {
+        assert_eq!(
+            classify(args(&["auth", "pw"]), "alice"),
+            Verdict::Auth(args(&["auth", "alice", "pw"]))
+        );
+        assert_eq!(
+            classify(args(&["AUTH", "alice", "pw"]), "alice"),
+            Verdict::Auth(args(&["AUTH", "alice", "pw"]))
+        );
+        let Verdict::Refuse(text) = classify(args(&["AUTH", "root\r\n", "pw"]), "alice") else {
+            panic!("a foreign user passed");
+        };
+        assert_eq!(
+            text,
+            "ERR user \"root\\r\\n\" is not allowed: this session runs as database user \"alice\""
+        );
+        assert!(matches!(
+            classify(args(&["HELLO", "3", "AUTH", "bob", "pw"]), "alice"),
+            Verdict::Refuse(_)
+        ));
+        assert!(matches!(
+            classify(args(&["hello", "3", "auth", "alice", "pw"]), "alice"),
+            Verdict::Auth(_)
+        ));
+        assert!(matches!(
+            classify(args(&["HELLO", "3"]), "alice"),
+            Verdict::Pass(_)
+        ));
+        assert!(matches!(classify(args(&["reset"]), "alice"), Verdict::Refuse(_)));
+        assert!(matches!(
+            classify(args(&["GET", "AUTH"]), "alice"),
+            Verdict::Pass(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn commands_and_replies_are_framed() {
+        let mut r = BufReader::new(&b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n\r\nPING  x\n*-1\r\n"[..]);
+        assert_eq!(read_command(&mut r).await.unwrap(), Some(args(&["GET", "k"])));
+        assert_eq!(read_command(&mut r).await.unwrap(), Some(args(&["PING", "x"])));
+        assert_eq!(read_command(&mut r).await.unwrap(), None);
+        let mut r = BufReader::new(&b"*2\r\n$9\r\nshort\r\n"[..]);
+        assert!(read_command(&mut r).await.is_err());
+        let reply = b"|1\r\n+a\r\n:1\r\n%2\r\n+server\r\n$5\r\nredis\r\n+proto\r\n*2\r\n:3\r\n_\r\n";
+        let mut r = BufReader::new(&reply[..]);
+        assert_eq!(read_reply(&mut r).await.unwrap(), reply.to_vec());
+        let mut r = BufReader::new(&b"*3\r\n:1\r\n"[..]);
+        assert!(matches!(read_reply(&mut r).await, Err(RespError::ServerClosed)));
+    }
+}
