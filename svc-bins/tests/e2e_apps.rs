@@ -412,7 +412,7 @@ fn kubectl_with_the_kubeconfig_from_tsh_kube_login() {
 }
 
 /// Separate ports (TLS routing off): `ping`'s database members name listeners that really
-/// answer (Postgres takes an SSLRequest, MySQL and MongoDB accept TLS), and the local proxies
+/// answer (Postgres takes an SSLRequest, MySQL, MongoDB and Redis accept TLS), and the local proxies
 /// still work through the web port.
 #[test]
 fn separate_ports_are_what_ping_says_and_local_proxies_still_work() {
@@ -423,7 +423,7 @@ fn separate_ports_are_what_ping_says_and_local_proxies_still_work() {
     let (_http, http_port) = http_server(&site);
     let services = format!(
         "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\n  proxy_listener_mode: separate\n\
-proxy_service:\n  web_listen_addr: 127.0.0.1:0\n  listen_addr: 127.0.0.1:0\n  tunnel_listen_addr: 127.0.0.1:0\n  postgres_listen_addr: 127.0.0.1:0\n  mysql_listen_addr: 127.0.0.1:0\n  mongo_listen_addr: 127.0.0.1:0\n\
+proxy_service:\n  web_listen_addr: 127.0.0.1:0\n  listen_addr: 127.0.0.1:0\n  tunnel_listen_addr: 127.0.0.1:0\n  postgres_listen_addr: 127.0.0.1:0\n  mysql_listen_addr: 127.0.0.1:0\n  mongo_listen_addr: 127.0.0.1:0\n  redis_listen_addr: 127.0.0.1:0\n\
 app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1:{http_port}\n"
     );
     let cluster = Cluster::start_with(tempfile::tempdir().unwrap(), "info", &services);
@@ -450,8 +450,13 @@ app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1
     let mut answer = [0u8; 1];
     pg.read_exact(&mut answer).unwrap();
     assert_eq!(&answer, b"S");
-    // MySQL and MongoDB: TLS listeners (a handshake gets a server certificate back).
-    for field in ["mysql_listen_addr", "mongo_listen_addr"] {
+    // MySQL, MongoDB and Redis: TLS listeners (a handshake gets a server certificate back).
+    for field in [
+        "mysql_listen_addr",
+        "mongo_listen_addr",
+        "redis_listen_addr",
+        "redis_public_addr",
+    ] {
         let out = Command::new(require("openssl", "openssl"))
             .args(["s_client", "-connect", &addr(field)])
             .output_within(common::wait::STEP, &format!("openssl s_client to {field}"))

@@ -137,6 +137,7 @@ pub struct ProxyBuilder {
     postgres: Option<ConnService>,
     mysql: Option<ConnService>,
     mongo: Option<ConnService>,
+    redis: Option<ConnService>,
     kube: Option<ConnService>,
 }
 
@@ -153,6 +154,7 @@ impl ProxyBuilder {
             postgres: None,
             mysql: None,
             mongo: None,
+            redis: None,
             kube: None,
         }
     }
@@ -254,6 +256,12 @@ impl ProxyBuilder {
         self
     }
 
+    /// The Redis handler for the Redis listener (separate mode).
+    pub fn redis(mut self, svc: ConnService) -> Self {
+        self.redis = Some(svc);
+        self
+    }
+
     /// Loads the certificate, binds every listener of the mode and starts serving.
     pub async fn bind(self) -> Result<RunningProxy, ProxyError> {
         let identity = ServerIdentity::load(&self.settings.tls, &self.settings.certificate_names())?;
@@ -289,6 +297,11 @@ impl ProxyBuilder {
                     "mongo_listen_addr",
                     &mut settings.ping.db.mongo_listen_addr,
                     self.mongo.clone(),
+                ),
+                (
+                    "redis_listen_addr",
+                    &mut settings.ping.db.redis_listen_addr,
+                    self.redis.clone(),
                 ),
             ] {
                 if let Some(addr) = addr {

@@ -499,8 +499,8 @@ impl HostKeys {
 /// Registers the proxy's entries for resource clients: Kubernetes (SNI `kube-svc-proxy-alpn.`
 /// on the web port, `kube_listen_addr` in separate mode), ALPN `svc-tcp` and the database
 /// ALPNs on the web port, and Postgres clients detected by their SSLRequest (the multiplexed web port,
-/// or `postgres_listen_addr` in separate mode), and the MySQL and MongoDB listeners of separate
-/// mode (TLS with the user's certificate, as on the web port). `identity` is the proxy's host identity (its
+/// or `postgres_listen_addr` in separate mode), and the MySQL, MongoDB and Redis listeners of
+/// separate mode (TLS with the user's certificate, as on the web port). `identity` is the proxy's host identity (its
 /// user CA verifies clients); `auth` decides routes.
 pub(crate) fn install_resource_routes(
     builder: ProxyBuilder,
@@ -525,6 +525,7 @@ pub(crate) fn install_resource_routes(
         .postgres(proxy.postgres_service())
         .mysql(proxy.service())
         .mongo(proxy.service())
+        .redis(proxy.service())
         .kube(kube.service());
     for alpn in ALPNS {
         builder = builder.route(alpn, proxy.service());

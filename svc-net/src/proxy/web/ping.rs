@@ -277,6 +277,11 @@ pub struct DbPing {
     pub mongo_listen_addr: Option<String>,
     /// Where MongoDB clients connect.
     pub mongo_public_addr: String,
+    /// Where the proxy listens for Redis (separate mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_listen_addr: Option<String>,
+    /// Where Redis clients connect.
+    pub redis_public_addr: String,
 }
 
 /// Where agents dial their tunnel: `override_addr` (the
@@ -345,7 +350,9 @@ pub(crate) fn proxy_ping(settings: &PingSettings) -> ProxyPing {
                 mysql_listen_addr: None,
                 mysql_public_addr: web_public.clone(),
                 mongo_listen_addr: None,
-                mongo_public_addr: web_public,
+                mongo_public_addr: web_public.clone(),
+                redis_listen_addr: None,
+                redis_public_addr: web_public,
             },
             tls_routing_enabled: true,
         }
@@ -379,6 +386,9 @@ pub(crate) fn proxy_ping(settings: &PingSettings) -> ProxyPing {
                     .unwrap_or_else(|| web_public.clone()),
                 mongo_listen_addr: s.db.mongo_listen_addr.as_ref().map(ToString::to_string),
                 mongo_public_addr: public_or(&s.db.mongo_public_addr, &s.db.mongo_listen_addr)
+                    .unwrap_or_else(|| web_public.clone()),
+                redis_listen_addr: s.db.redis_listen_addr.as_ref().map(ToString::to_string),
+                redis_public_addr: public_or(&s.db.redis_public_addr, &s.db.redis_listen_addr)
                     .unwrap_or(web_public),
             },
             tls_routing_enabled: false,
@@ -464,6 +474,8 @@ mod tests {
             "proxy.example.com:443"
         );
         assert_eq!(v["proxy"]["db"]["postgres_public_addr"], "proxy.example.com:443");
+        assert_eq!(v["proxy"]["db"]["redis_public_addr"], "proxy.example.com:443");
+        assert!(v["proxy"]["db"].get("redis_listen_addr").is_none());
         assert_eq!(v["proxy"]["ssh"]["dial_timeout"], 30_000_000_000u64);
         assert_eq!(v["auth"]["type"], "local");
 
@@ -476,6 +488,14 @@ mod tests {
         assert_eq!(v["proxy"]["ssh"]["ssh_tunnel_public_addr"], "127.0.0.1:3024");
         assert_eq!(v["proxy"]["db"]["mysql_listen_addr"], "0.0.0.0:3036");
         assert_eq!(v["proxy"]["db"]["mysql_public_addr"], "0.0.0.0:3036");
+        assert_eq!(v["proxy"]["db"]["redis_public_addr"], "proxy.example.com:443");
+        s.db.redis_listen_addr = Some(addr("0.0.0.0:6379"));
+        let v = serde_json::to_value(ping(&s, &Version::new(17, 1, 0))).unwrap();
+        assert_eq!(v["proxy"]["db"]["redis_listen_addr"], "0.0.0.0:6379");
+        assert_eq!(v["proxy"]["db"]["redis_public_addr"], "0.0.0.0:6379");
+        s.db.redis_public_addr = Some(addr("redis.example.com:6379"));
+        let v = serde_json::to_value(ping(&s, &Version::new(17, 1, 0))).unwrap();
+        assert_eq!(v["proxy"]["db"]["redis_public_addr"], "redis.example.com:6379");
         let f = serde_json::to_value(find(&s, &Version::new(17, 1, 0))).unwrap();
         assert!(f.get("auth").is_none());
         assert_eq!(f["proxy"], v["proxy"]);
