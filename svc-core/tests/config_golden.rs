@@ -301,6 +301,15 @@ fn full_file_sets_every_section() {
     assert_eq!(c.db.databases[0].uri, addr("db.internal:5432"));
     assert_eq!(c.db.databases[1].protocol, DbProtocol::Redis);
     assert_eq!(c.db.databases[1].uri, addr("redis.internal:6380"));
+    let redis_tls = c.db.databases[1].tls.as_ref().unwrap();
+    assert_eq!(
+        redis_tls.cert_file.as_deref(),
+        Some(Path::new("/etc/svc/redis-client.pem"))
+    );
+    assert_eq!(
+        redis_tls.key_file.as_deref(),
+        Some(Path::new("/etc/svc/redis-client-key.pem"))
+    );
     assert_eq!(
         c.db.databases[0].tls.as_ref().unwrap().server_name.as_deref(),
         Some("db.internal")

@@ -492,6 +492,11 @@ pub struct DbTls {
     pub ca_cert_file: Option<PathBuf>,
     /// Name expected in the database's certificate (default: the host of `uri`).
     pub server_name: Option<String>,
+    /// Client certificate (PEM chain) the agent presents to the database, with
+    /// [`key_file`](Self::key_file); both or neither.
+    pub cert_file: Option<PathBuf>,
+    /// The private key of [`cert_file`](Self::cert_file).
+    pub key_file: Option<PathBuf>,
 }
 
 /// `kubernetes_service`.

@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use svc_core::config::{Database, DbProtocol};
+use svc_core::config::{Database, DbProtocol, DbTls};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::BoxError;
 
@@ -31,22 +31,60 @@ struct DbTarget {
     tls: Option<(Arc<rustls::ClientConfig>, String)>,
 }
 
-fn tls_config(db: &Database, ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, ServiceError> {
-    let pem = ca_file
-        .map(|f| {
-            std::fs::read(f).map_err(|e| ServiceError::Config {
-                what: format!("database \"{}\": tls.ca_cert_file {}", db.name, f.display()),
-                reason: e.to_string(),
-            })
+fn tls_config(db: &Database, tls: &DbTls) -> Result<Arc<rustls::ClientConfig>, ServiceError> {
+    let read = |field: &str, f: &Path| {
+        std::fs::read(f).map_err(|e| ServiceError::Config {
+            what: format!("database \"{}\": tls.{field} {}", db.name, f.display()),
+            reason: e.to_string(),
         })
+    };
+    let pem = tls
+        .ca_cert_file
+        .as_deref()
+        .map(|f| read("ca_cert_file", f))
         .transpose()?;
-    crate::tls::client_config(pem.as_deref()).map_err(|e| ServiceError::Config {
+    let bad = |reason: String| ServiceError::Config {
         what: format!("database \"{}\": tls", db.name),
-        reason: e.to_string(),
-    })
+        reason,
+    };
+    let (Some(cert_file), Some(key_file)) = (&tls.cert_file, &tls.key_file) else {
+        return crate::tls::client_config(pem.as_deref()).map_err(|e| bad(e.to_string()));
+    };
+    // The agent's own certificate for servers that require one (Redis `tls-auth-clients`).
+    use rustls::pki_types::pem::PemObject;
+    let chain = rustls::pki_types::CertificateDer::pem_slice_iter(&read("cert_file", cert_file)?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(format!("cert_file {}: {e}", cert_file.display())))?;
+    if chain.is_empty() {
+        return Err(bad(format!(
+            "cert_file {}: no PEM CERTIFICATE",
+            cert_file.display()
+        )));
+    }
+    // The key's parse error is not shown: it could quote bytes of the key.
+    let key =
+        rustls::pki_types::PrivateKeyDer::from_pem_slice(&read("key_file", key_file)?).map_err(|_| {
+            bad(format!(
+                "key_file {}: no readable PEM PRIVATE KEY",
+                key_file.display()
+            ))
+        })?;
+    let roots = crate::tls::client_roots(pem.as_deref()).map_err(|e| bad(e.to_string()))?;
+    let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_root_certificates(roots).with_client_auth_cert(chain, key))
+        .map_err(|e| {
+            bad(format!(
+                "cert_file {} and key_file {}: {e}",
+                cert_file.display(),
+                key_file.display()
+            ))
+        })?;
+    Ok(Arc::new(config))
 }
 
-/// Builds the service for `databases`; CA files are read now, so a bad path fails at start.
+/// Builds the service for `databases`; CA, certificate and key files are read now, so a bad
+/// path fails at start.
 pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
     let mut targets = Vec::with_capacity(databases.len());
     for db in databases {
@@ -58,7 +96,7 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
             .to_owned();
         let tls = match (&db.tls, db.protocol) {
             (Some(t), DbProtocol::Postgres | DbProtocol::Redis | DbProtocol::Mongodb) => Some((
-                tls_config(db, t.ca_cert_file.as_deref())?,
+                tls_config(db, t)?,
                 t.server_name.clone().unwrap_or_else(|| host.clone()),
             )),
             _ => None,

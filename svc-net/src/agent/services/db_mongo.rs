@@ -68,9 +68,9 @@ mod tests {
 
     /// A TLS server (certificate for `localhost`) echoing one 5-byte message; its CA PEM.
     async fn tls_echo() -> (u16, String) {
-        let (ca, cert, key) = localhost_pki();
-        let cert = rustls::pki_types::CertificateDer::from(pem_der(&cert));
-        let key = rustls::pki_types::PrivateKeyDer::try_from(pem_der(&key)).unwrap();
+        let pki = localhost_pki();
+        let cert = rustls::pki_types::CertificateDer::from(pem_der(&pki.cert));
+        let key = rustls::pki_types::PrivateKeyDer::try_from(pem_der(&pki.key)).unwrap();
         let config = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
             .with_safe_default_protocol_versions()
             .unwrap()
@@ -95,7 +95,7 @@ mod tests {
                 });
             }
         });
-        (port, ca)
+        (port, pki.ca)
     }
 
     fn pem_der(pem: &str) -> Vec<u8> {
@@ -108,7 +108,7 @@ mod tests {
     async fn mongodb_gets_verified_tls_to_the_server() {
         let (port, ca) = tls_echo().await;
         let dir = tempfile::tempdir().unwrap();
-        let svc = service(dir.path(), "docs", "mongodb", port, &ca, "localhost");
+        let svc = service(dir.path(), "docs", "mongodb", port, &ca, "localhost", None);
         let mut io = svc.oneshot(dial_request("docs", Some("app"))).await.unwrap();
         io.write_all(b"hello").await.unwrap();
         let mut buf = [0u8; 5];
@@ -119,7 +119,15 @@ mod tests {
         assert_eq!(&buf, b"hello");
 
         // Verification: another name, another CA.
-        let svc = service(dir.path(), "docs", "mongodb", port, &ca, "mongo.example.com");
+        let svc = service(
+            dir.path(),
+            "docs",
+            "mongodb",
+            port,
+            &ca,
+            "mongo.example.com",
+            None,
+        );
         let err = svc
             .oneshot(dial_request("docs", Some("app")))
             .await
@@ -132,8 +140,8 @@ mod tests {
             ),
             "{err}"
         );
-        let (other_ca, _, _) = localhost_pki();
-        let svc = service(dir.path(), "docs", "mongodb", port, &other_ca, "localhost");
+        let other = localhost_pki();
+        let svc = service(dir.path(), "docs", "mongodb", port, &other.ca, "localhost", None);
         let err = svc
             .oneshot(dial_request("docs", Some("app")))
             .await
@@ -161,9 +169,9 @@ mod tests {
                 let _ = tcp.shutdown().await;
             }
         });
-        let (ca, _, _) = localhost_pki();
+        let ca = localhost_pki().ca;
         let dir = tempfile::tempdir().unwrap();
-        let svc = service(dir.path(), "docs", "mongodb", port, &ca, "localhost");
+        let svc = service(dir.path(), "docs", "mongodb", port, &ca, "localhost", None);
         let err = svc
             .oneshot(dial_request("docs", None))
             .await

@@ -450,22 +450,51 @@ pub(super) mod tests {
 
     const DEADLINE: Duration = Duration::from_secs(30);
 
-    /// A CA and a certificate for `localhost` it signed, all PEM: (ca, cert, key).
-    pub(in crate::agent::services) fn localhost_pki() -> (String, String, String) {
+    /// Test PKI, all PEM: a CA, a server certificate for `localhost` and a client certificate
+    /// (for the agent), both signed by the CA.
+    pub(in crate::agent::services) struct Pki {
+        pub ca: String,
+        pub cert: String,
+        pub key: String,
+        pub client_cert: String,
+        pub client_key: String,
+    }
+
+    pub(in crate::agent::services) fn localhost_pki() -> Pki {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        // Distinct subjects: OpenSSL takes a certificate whose subject is its issuer's for a
+        // self-signed one.
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "svc test database CA");
         let ca = rcgen::CertifiedIssuer::self_signed(params, ca_key).unwrap();
         let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
-            .unwrap()
-            .signed_by(&key, &ca)
-            .unwrap();
-        (ca.pem(), cert.pem(), key.serialize_pem())
+        let mut server = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        server
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "localhost");
+        let cert = server.signed_by(&key, &ca).unwrap();
+        let client_key = rcgen::KeyPair::generate().unwrap();
+        let mut client = rcgen::CertificateParams::new(vec!["svc-agent".to_owned()]).unwrap();
+        client
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "svc-agent");
+        client.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let client_cert = client.signed_by(&client_key, &ca).unwrap();
+        Pki {
+            ca: ca.pem(),
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+            client_cert: client_cert.pem(),
+            client_key: client_key.serialize_pem(),
+        }
     }
 
     /// The agent's Database Service for one database `name` of `protocol` at
-    /// `127.0.0.1:port`, TLS verified with `ca_pem` for `server_name`.
+    /// `127.0.0.1:port`, TLS verified with `ca_pem` for `server_name`, presenting `client`
+    /// (certificate and key PEM) when given.
     pub(in crate::agent::services) fn service(
         dir: &std::path::Path,
         name: &str,
@@ -473,13 +502,24 @@ pub(super) mod tests {
         port: u16,
         ca_pem: &str,
         server_name: &str,
+        client: Option<(&str, &str)>,
     ) -> crate::tunnel::DialService {
         let ca_file = dir.join("db-ca.pem");
         std::fs::write(&ca_file, ca_pem).unwrap();
-        let yaml = format!(
+        let mut yaml = format!(
             "version: v1\ndb_service:\n  enabled: true\n  databases:\n  - name: {name}\n    protocol: {protocol}\n    uri: 127.0.0.1:{port}\n    tls:\n      ca_cert_file: {}\n      server_name: {server_name}\n",
             ca_file.display()
         );
+        if let Some((cert, key)) = client {
+            let (cert_file, key_file) = (dir.join("agent.pem"), dir.join("agent-key.pem"));
+            std::fs::write(&cert_file, cert).unwrap();
+            std::fs::write(&key_file, key).unwrap();
+            yaml += &format!(
+                "      cert_file: {}\n      key_file: {}\n",
+                cert_file.display(),
+                key_file.display()
+            );
+        }
         let config = svc_core::config::Config::from_yaml_str_with_hostname(&yaml, "h").unwrap();
         super::super::db_service(&config.db.databases).unwrap()
     }
@@ -498,17 +538,38 @@ pub(super) mod tests {
         }
     }
 
-    /// A redis-server listening with TLS only, users `alice` (no password) and `bob`
-    /// (password `bobpass`), the `default` user off. Killed on drop.
+    /// A redis-server listening with TLS only and requiring client certificates, users
+    /// `alice` (no password) and `bob` (password `bobpass`), the `default` user off. Killed on
+    /// drop.
     struct Redis {
         child: Child,
         port: u16,
-        ca: String,
+        pki: Pki,
         _dir: tempfile::TempDir,
+    }
+
+    impl Redis {
+        /// The agent's service for database `cache` verifying `server_name`.
+        fn service(&self, dir: &std::path::Path, server_name: &str) -> crate::tunnel::DialService {
+            let client = Some((self.pki.client_cert.as_str(), self.pki.client_key.as_str()));
+            service(
+                dir,
+                "cache",
+                "redis",
+                self.port,
+                &self.pki.ca,
+                server_name,
+                client,
+            )
+        }
     }
 
     impl Drop for Redis {
         fn drop(&mut self) {
+            if std::thread::panicking() {
+                let log = std::fs::read_to_string(self._dir.path().join("redis.log")).unwrap_or_default();
+                eprintln!("--- redis-server log ---\n{log}--- end ---");
+            }
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
@@ -516,8 +577,12 @@ pub(super) mod tests {
 
     async fn redis() -> Redis {
         let dir = tempfile::tempdir().unwrap();
-        let (ca, cert, key) = localhost_pki();
-        for (file, pem) in [("ca.pem", &ca), ("cert.pem", &cert), ("key.pem", &key)] {
+        let pki = localhost_pki();
+        for (file, pem) in [
+            ("ca.pem", &pki.ca),
+            ("cert.pem", &pki.cert),
+            ("key.pem", &pki.key),
+        ] {
             std::fs::write(dir.path().join(file), pem).unwrap();
         }
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -527,7 +592,7 @@ pub(super) mod tests {
             .port();
         let d = dir.path().display();
         let conf = format!(
-            "port 0\nbind 127.0.0.1\ntls-port {port}\ntls-cert-file {d}/cert.pem\ntls-key-file {d}/key.pem\ntls-ca-cert-file {d}/ca.pem\ntls-auth-clients no\nsave \"\"\nappendonly no\ndir {d}\nuser default off\nuser alice on nopass ~* &* +@all\nuser bob on >bobpass ~* &* +@all\n"
+            "port 0\nbind 127.0.0.1\ntls-port {port}\ntls-cert-file {d}/cert.pem\ntls-key-file {d}/key.pem\ntls-ca-cert-file {d}/ca.pem\ntls-auth-clients yes\nsave \"\"\nappendonly no\ndir {d}\nlogfile {d}/redis.log\nuser default off\nuser alice on nopass ~* &* +@all\nuser bob on >bobpass ~* &* +@all\n"
         );
         std::fs::write(dir.path().join("redis.conf"), conf).unwrap();
         let child = Command::new("redis-server")
@@ -546,7 +611,7 @@ pub(super) mod tests {
         Redis {
             child,
             port,
-            ca,
+            pki,
             _dir: dir,
         }
     }
@@ -597,7 +662,7 @@ pub(super) mod tests {
     async fn redis_cli_without_auth_runs_as_the_route_user_over_verified_tls() {
         let server = redis().await;
         let dir = tempfile::tempdir().unwrap();
-        let svc = service(dir.path(), "cache", "redis", server.port, &server.ca, "localhost");
+        let svc = server.service(dir.path(), "localhost");
         let port = relay(svc, Some("alice")).await;
         assert_eq!(cli(port, &["ACL", "WHOAMI"]).await, "alice");
         assert_eq!(cli(port, &["SET", "k", "v"]).await, "OK");
@@ -654,7 +719,7 @@ pub(super) mod tests {
     async fn another_user_is_refused_by_name_and_a_password_user_authenticates() {
         let server = redis().await;
         let dir = tempfile::tempdir().unwrap();
-        let svc = service(dir.path(), "cache", "redis", server.port, &server.ca, "localhost");
+        let svc = server.service(dir.path(), "localhost");
         let alice = relay(svc.clone(), Some("alice")).await;
         let out = cli(
             alice,
@@ -677,6 +742,22 @@ pub(super) mod tests {
         )
         .await;
         assert!(out.contains("user \"bob\" is not allowed"), "{out}");
+        // Replies to the commands before a refused one come first, then the refusal.
+        let mut io = tokio::net::TcpStream::connect(("127.0.0.1", alice))
+            .await
+            .unwrap();
+        io.write_all(b"PING\r\nECHO x\r\nAUTH mallory pw\r\nPING\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        tokio::time::timeout(DEADLINE, io.read_to_end(&mut got))
+            .await
+            .expect("the session did not end within the deadline after a refusal")
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "+PONG\r\n$1\r\nx\r\n-ERR user \"mallory\" is not allowed: this session runs as database user \"alice\"\r\n"
+        );
         // RESET would fall back to the default user.
         let out = cli(alice, &["RESET"]).await;
         assert!(out.contains("RESET is not allowed"), "{out}");
@@ -709,14 +790,7 @@ pub(super) mod tests {
     async fn a_server_certificate_for_another_name_is_refused() {
         let server = redis().await;
         let dir = tempfile::tempdir().unwrap();
-        let svc = service(
-            dir.path(),
-            "cache",
-            "redis",
-            server.port,
-            &server.ca,
-            "redis.example.com",
-        );
+        let svc = server.service(dir.path(), "redis.example.com");
         let err = svc
             .oneshot(dial_request("cache", Some("alice")))
             .await
@@ -726,8 +800,30 @@ pub(super) mod tests {
         assert!(err.starts_with("db \"cache\": TLS to the server:"), "{err}");
         assert!(err.contains("certificate"), "{err}");
         // Another CA is refused too.
-        let (other_ca, _, _) = localhost_pki();
-        let svc = service(dir.path(), "cache", "redis", server.port, &other_ca, "localhost");
+        // Without the agent's client certificate the server (tls-auth-clients yes) refuses.
+        let no_client = service(
+            dir.path(),
+            "cache",
+            "redis",
+            server.port,
+            &server.pki.ca,
+            "localhost",
+            None,
+        );
+        let port = relay(no_client, Some("alice")).await;
+        let out = cli(port, &["PING"]).await;
+        assert!(!out.contains("PONG"), "{out}");
+        let other = localhost_pki();
+        let client = Some((server.pki.client_cert.as_str(), server.pki.client_key.as_str()));
+        let svc = service(
+            dir.path(),
+            "cache",
+            "redis",
+            server.port,
+            &other.ca,
+            "localhost",
+            client,
+        );
         let err = svc
             .oneshot(dial_request("cache", Some("alice")))
             .await
@@ -735,6 +831,32 @@ pub(super) mod tests {
             .unwrap()
             .to_string();
         assert!(err.starts_with("db \"cache\": TLS to the server:"), "{err}");
+    }
+
+    #[test]
+    fn a_client_key_that_is_not_pem_fails_at_start_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = localhost_pki();
+        let (cert_file, key_file) = (dir.path().join("agent.pem"), dir.path().join("agent-key.pem"));
+        std::fs::write(&cert_file, &pki.client_cert).unwrap();
+        std::fs::write(&key_file, "secret-looking bytes").unwrap();
+        let yaml = format!(
+            "version: v1\ndb_service:\n  enabled: true\n  databases:\n  - name: cache\n    protocol: redis\n    uri: 127.0.0.1:6379\n    tls:\n      cert_file: {}\n      key_file: {}\n",
+            cert_file.display(),
+            key_file.display()
+        );
+        let config = svc_core::config::Config::from_yaml_str_with_hostname(&yaml, "h").unwrap();
+        let err = super::super::db_service(&config.db.databases)
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "database \"cache\": tls: key_file {}: no readable PEM PRIVATE KEY",
+                key_file.display()
+            )
+        );
     }
 
     fn args(words: &[&str]) -> Vec<Vec<u8>> {
