@@ -135,17 +135,25 @@ fn classify(mut cmd: Vec<Vec<u8>>, user: &str) -> Verdict {
             }
         }
         b"HELLO" => {
-            // HELLO <protover> [AUTH <user> <password>] [SETNAME <name>]
-            let auth = cmd
-                .iter()
-                .enumerate()
-                .skip(2)
-                .find(|(_, a)| a.eq_ignore_ascii_case(b"AUTH"))
-                .map(|(i, _)| i);
-            match auth.and_then(|i| cmd.get(i + 1)) {
-                Some(name) if name.as_slice() != user.as_bytes() => refuse_user(name, user),
-                Some(_) => Verdict::Auth(cmd),
-                None => Verdict::Pass(cmd),
+            // HELLO <protover> [AUTH <user> <password>] [SETNAME <name>], options read as
+            // Redis reads them; Redis answers anything else with a syntax error and
+            // authenticates no one.
+            let mut names = Vec::new();
+            let mut j = 2;
+            while j < cmd.len() {
+                if cmd[j].eq_ignore_ascii_case(b"AUTH") && j + 2 < cmd.len() {
+                    names.push(j + 1);
+                    j += 3;
+                } else if cmd[j].eq_ignore_ascii_case(b"SETNAME") && j + 1 < cmd.len() {
+                    j += 2;
+                } else {
+                    break;
+                }
+            }
+            match names.iter().find(|i| cmd[**i] != user.as_bytes()) {
+                Some(i) => refuse_user(&cmd[*i], user),
+                None if names.is_empty() => Verdict::Pass(cmd),
+                None => Verdict::Auth(cmd),
             }
         }
         b"RESET" => Verdict::Refuse(format!(
@@ -891,6 +899,27 @@ pub(super) mod tests {
         assert!(matches!(
             classify(args(&["HELLO", "3"]), "alice"),
             Verdict::Pass(_)
+        ));
+        assert!(matches!(
+            classify(
+                args(&["HELLO", "3", "SETNAME", "AUTH", "AUTH", "bob", "pw"]),
+                "alice"
+            ),
+            Verdict::Refuse(_)
+        ));
+        assert!(matches!(
+            classify(
+                args(&["HELLO", "3", "SETNAME", "AUTH", "alice", "AUTH", "bob", "pw"]),
+                "alice"
+            ),
+            Verdict::Pass(_)
+        ));
+        assert!(matches!(
+            classify(
+                args(&["HELLO", "3", "AUTH", "alice", "pw", "AUTH", "bob", "pw"]),
+                "alice"
+            ),
+            Verdict::Refuse(_)
         ));
         assert!(matches!(classify(args(&["reset"]), "alice"), Verdict::Refuse(_)));
         assert!(matches!(
