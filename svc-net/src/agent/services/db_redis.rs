@@ -867,6 +867,37 @@ pub(super) mod tests {
         );
     }
 
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    proptest::proptest! {
+        /// Client and server bytes are read without panicking, whatever they are.
+        #[test]
+        fn any_bytes_are_read_without_panicking(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            block_on(async {
+                let mut r = BufReader::new(&bytes[..]);
+                while let Ok(Some(cmd)) = read_command(&mut r).await {
+                    let _ = classify(cmd, "alice");
+                }
+                let mut r = BufReader::new(&bytes[..]);
+                while read_reply(&mut r).await.is_ok() {}
+            });
+        }
+
+        /// What the agent sends on is what the client sent (or its rewrite), framed again.
+        #[test]
+        fn commands_survive_encoding(cmd in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..64), 1..8)) {
+            let mut out = Vec::new();
+            encode(&cmd, &mut out);
+            let got = block_on(async { read_command(&mut BufReader::new(&out[..])).await.unwrap() });
+            proptest::prop_assert_eq!(got, Some(cmd));
+        }
+    }
+
     fn args(words: &[&str]) -> Vec<Vec<u8>> {
         words.iter().map(|w| w.as_bytes().to_vec()).collect()
     }
