@@ -199,6 +199,38 @@ impl AccessRules {
         name: &str,
     ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
         let (user, roles) = self.acting_user(caller, user_cert).await?;
+        self.route_for(user, &roles, kind, name).await
+    }
+
+    /// Where a database connection goes, as `db_user` (and `db_name`, for protocols that have
+    /// database names): [`resolve_resource`](Self::resolve_resource) for the database, then the
+    /// roles' `db_users`/`db_names` ([`RoleSet::check_db`]).
+    pub async fn resolve_db(
+        &self,
+        caller: &Caller,
+        user_cert: Option<&[CertificateDer<'_>]>,
+        name: &str,
+        db_user: &str,
+        db_name: Option<&str>,
+    ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
+        let (user, roles) = self.acting_user(caller, user_cert).await?;
+        let route = match self.route_for(user.clone(), &roles, ServedKind::Db, name).await? {
+            Ok(route) => route,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(match roles.check_db(&user, name, db_user, db_name) {
+            Ok(()) => Ok(route),
+            Err(e) => Err(e.into()),
+        })
+    }
+
+    async fn route_for(
+        &self,
+        user: String,
+        roles: &RoleSet,
+        kind: ServedKind,
+        name: &str,
+    ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
         let found = self.served_entries().await?.into_iter().find_map(|e| {
             let resource = e
                 .resources
