@@ -37,8 +37,18 @@ pub async fn db_protocol(profile: &Profile, name: &str) -> Result<DbProtocol, Er
     })
 }
 
+/// The database user and name a local proxy connects as (`tsh proxy db --db-user/--db-name`).
+#[derive(Debug, Clone, Default)]
+pub struct DbUser {
+    /// The database user (Postgres: else the client's own).
+    pub user: Option<String>,
+    /// The database name (Postgres: else the client's own).
+    pub name: Option<String>,
+}
+
 /// Serves a local proxy for `kind`/`name` on `127.0.0.1:port` (0: any free port) until
-/// `shutdown`. Databases' protocol is asked of the Auth Service first ([`db_protocol`]).
+/// `shutdown`. Databases' protocol is asked of the Auth Service first ([`db_protocol`]);
+/// `db` is the database user and name to connect as.
 /// `on_listening` is called once with the bound address (`tsh` prints it); `on_error` with each
 /// connection that failed.
 pub async fn serve_local_proxy(
@@ -46,6 +56,7 @@ pub async fn serve_local_proxy(
     kind: ServedKind,
     name: String,
     port: u16,
+    db: DbUser,
     shutdown: CancellationToken,
     on_listening: impl FnOnce(SocketAddr) -> Result<(), Error>,
     on_error: impl Fn(SocketAddr, LocalProxyError) + Send + Sync + 'static,
@@ -54,7 +65,13 @@ pub async fn serve_local_proxy(
         ServedKind::Db => Some(db_protocol(profile, &name).await?),
         _ => None,
     };
-    let what = LocalProxy { kind, name, protocol };
+    let what = LocalProxy {
+        kind,
+        name,
+        protocol,
+        db_user: db.user,
+        db_name: db.name,
+    };
     let client = resource_client(profile)?;
     let (listener, local) = bind_local(port)
         .await

@@ -19,16 +19,24 @@ use tokio_rustls::TlsAcceptor;
 use crate::io::{ConnFuture, Connection};
 use crate::proxy::cache::RouteResolver;
 use crate::route::detect::POSTGRES_SSL_REQUEST as SSL_REQUEST;
-use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest};
+use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest, postgres};
 use crate::tls::{ServerIdentity, TlsError};
-use crate::tunnel::{DialRequest, TunnelDialer, read_line};
+use crate::tunnel::{DbRoute, DialRequest, TunnelDialer, read_line};
 use crate::{
     io::{ConnService, conn_service},
     route::alpn,
 };
 
-/// The ALPN names this entry serves.
-pub const ALPNS: [&str; 5] = [alpn::TCP, alpn::POSTGRES, alpn::MYSQL, alpn::MONGODB, alpn::REDIS];
+/// The ALPN names this entry serves (`postgresql`: Postgres 17+ clients with
+/// `sslnegotiation=direct`, and those clients' TLS after an SSLRequest).
+pub const ALPNS: [&str; 6] = [
+    alpn::TCP,
+    alpn::POSTGRES,
+    alpn::POSTGRES_NATIVE,
+    alpn::MYSQL,
+    alpn::MONGODB,
+    alpn::REDIS,
+];
 
 /// What the entry needs.
 #[non_exhaustive]
@@ -151,6 +159,54 @@ impl ResourceProxy {
                 return reply(&mut tls, &format!("a user certificate is required: {e}")).await;
             }
         };
+        let leaf = chain.first().map(|c| c.to_vec()).unwrap_or_default();
+        // A database certificate (`tsh db login`): the route is in the certificate and the
+        // client speaks its own protocol from the first byte, no request line.
+        if let Some(route) = user.db_route.clone() {
+            let native_pg = matches!(protocol.as_str(), alpn::POSTGRES | alpn::POSTGRES_NATIVE);
+            if !native_pg || route.protocol != "postgres" {
+                let msg = format!(
+                    "the database certificate for db \"{}\" ({}) does not fit this connection (ALPN {protocol:?})",
+                    route.service, route.protocol
+                );
+                return reply(&mut tls, &msg).await;
+            }
+            let after_deadline = tokio::time::Instant::now() + after;
+            let startup = match tokio::time::timeout_at(after_deadline, postgres::read_startup(&mut tls)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    postgres::refuse(&mut tls, postgres::REFUSED, &e.to_string()).await;
+                    return Err(Refusal::Text(e.to_string()));
+                }
+                Err(_) => return Err(Refusal::Text("no Postgres startup message before the deadline".into())),
+            };
+            let mismatch = if startup.user != route.user {
+                Some(format!(
+                    "this certificate is for database user \"{}\" of db \"{}\", not \"{}\" (tsh db login {} --db-user {})",
+                    route.user, route.service, startup.user, route.service, startup.user
+                ))
+            } else {
+                route.database.as_ref().filter(|d| **d != startup.database).map(|d| {
+                    format!(
+                        "this certificate is for database name \"{d}\" of db \"{}\", not \"{}\"",
+                        route.service, startup.database
+                    )
+                })
+            };
+            if let Some(msg) = mismatch {
+                tracing::info!(%peer, user = %user.username, db = %route.service, reason = %msg, "database connection refused");
+                postgres::refuse(&mut tls, postgres::REFUSED, &msg).await;
+                return Err(Refusal::Text(msg));
+            }
+            return self
+                .postgres_session(tls, startup, &route.service, &leaf, &user.username, peer, local)
+                .await;
+        }
+        if postgres {
+            let msg = "a database certificate is required: run `tsh db login NAME --db-user USER` and connect with its files (tsh db config NAME)";
+            postgres::refuse(&mut tls, postgres::REFUSED, msg).await;
+            return Err(Refusal::Text(msg.into()));
+        }
         let line = tokio::time::timeout(after, read_line(&mut tls, MAX_LINE))
             .await
             .map_err(|_| Refusal::Text("no resource request before the deadline".into()))??
@@ -174,7 +230,6 @@ impl ResourceProxy {
             let msg = format!("ALPN {protocol:?} does not carry {} connections", req.kind);
             return reply(&mut tls, &msg).await;
         }
-        let leaf = chain.first().map(|c| c.to_vec()).unwrap_or_default();
         let auth = &self.inner.auth;
         let route = match auth.resolve_resource(req.kind, &req.name, &leaf).await {
             Ok(Ok(route)) => route,
@@ -193,13 +248,66 @@ impl ResourceProxy {
             );
             return reply(&mut tls, &msg).await;
         }
+        let mut db_route = None;
+        if req.kind == ServedKind::Db {
+            if route.resource.protocol == "postgres" {
+                // The startup message names the user and database: checked once it is read.
+                tls.write_all(format!("{RESOURCE_OK}\n").as_bytes()).await?;
+                tls.flush().await?;
+                let startup = match tokio::time::timeout(after, postgres::read_startup(&mut tls)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        postgres::refuse(&mut tls, postgres::REFUSED, &e.to_string()).await;
+                        return Err(Refusal::Text(e.to_string()));
+                    }
+                    Err(_) => return Err(Refusal::Text("no Postgres startup message before the deadline".into())),
+                };
+                let mismatch = match (&req.db_user, &req.db_name) {
+                    (Some(u), _) if *u != startup.user => Some(format!(
+                        "tsh proxy db was started for database user \"{u}\", the client asked for \"{}\"",
+                        startup.user
+                    )),
+                    (_, Some(d)) if *d != startup.database => Some(format!(
+                        "tsh proxy db was started for database name \"{d}\", the client asked for \"{}\"",
+                        startup.database
+                    )),
+                    _ => None,
+                };
+                if let Some(msg) = mismatch {
+                    postgres::refuse(&mut tls, postgres::REFUSED, &msg).await;
+                    return Err(Refusal::Text(msg));
+                }
+                return self
+                    .postgres_session(tls, startup, &req.name, &leaf, &user.username, peer, local)
+                    .await;
+            }
+            let Some(db_user) = req.db_user.clone() else {
+                let msg = format!(
+                    "db \"{}\" ({}): a database user is required (tsh proxy db {} --db-user USER)",
+                    req.name, route.resource.protocol, req.name
+                );
+                return reply(&mut tls, &msg).await;
+            };
+            match auth.resolve_db(&req.name, &db_user, req.db_name.as_deref(), &leaf).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(denied)) => {
+                    tracing::info!(%peer, user = %user.username, name = %req.name, reason = %denied, "database access refused");
+                    return reply(&mut tls, &denied).await;
+                }
+                Err(e) => return reply(&mut tls, &format!("asking the Auth Service: {e}")).await,
+            }
+            db_route = Some(DbRoute {
+                user: db_user,
+                database: req.db_name.clone(),
+            });
+        }
         let dial = DialRequest {
             address: req.name.clone(),
             server_id: route.server_id.clone(),
             conn_type: req.kind,
             client_src_addr: peer.to_string(),
             client_dst_addr: local.to_string(),
-            db_route: None,
+            db_route,
         };
         let mut upstream = match self.inner.dialer.dial(dial.clone()).await {
             Ok(s) => s,
@@ -228,6 +336,62 @@ impl ResourceProxy {
         }
         let _ = tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
         Ok(())
+    }
+}
+
+impl ResourceProxy {
+    /// A Postgres session whose startup message was read: the roles' `db_users`/`db_names`
+    /// for its user and database, the dial with that route, the startup message forwarded,
+    /// then the bytes both ways. Refusals reach the client as a Postgres `ErrorResponse`.
+    #[allow(clippy::too_many_arguments)]
+    async fn postgres_session<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        mut tls: S,
+        startup: postgres::Startup,
+        name: &str,
+        leaf: &[u8],
+        username: &str,
+        peer: std::net::SocketAddr,
+        local: std::net::SocketAddr,
+    ) -> Result<(), Refusal> {
+        let (code, msg) = 'refused: {
+            let route = match self
+                .inner
+                .auth
+                .resolve_db(name, &startup.user, Some(&startup.database), leaf)
+                .await
+            {
+                Ok(Ok(route)) => route,
+                Ok(Err(denied)) => break 'refused (postgres::REFUSED, denied),
+                Err(e) => break 'refused (postgres::UNREACHABLE, format!("asking the Auth Service: {e}")),
+            };
+            if route.resource.protocol != "postgres" {
+                let msg = format!("db \"{name}\" speaks {}, not postgres", route.resource.protocol);
+                break 'refused (postgres::REFUSED, msg);
+            }
+            let dial = DialRequest {
+                address: name.to_owned(),
+                server_id: route.server_id.clone(),
+                conn_type: ServedKind::Db,
+                client_src_addr: peer.to_string(),
+                client_dst_addr: local.to_string(),
+                db_route: Some(DbRoute {
+                    user: startup.user.clone(),
+                    database: Some(startup.database.clone()),
+                }),
+            };
+            let mut upstream = match self.inner.dialer.dial(dial).await {
+                Ok(s) => s,
+                Err(e) => break 'refused (postgres::UNREACHABLE, format!("db \"{name}\": {e}")),
+            };
+            upstream.write_all(&startup.raw).await?;
+            tracing::info!(%peer, user = %username, name = %name, db_user = %startup.user, database = %startup.database, agent = %route.server_id, "database connection");
+            let _ = tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
+            return Ok(());
+        };
+        tracing::info!(%peer, user = %username, name = %name, db_user = %startup.user, reason = %msg, "database connection refused");
+        postgres::refuse(&mut tls, code, &msg).await;
+        Err(Refusal::Text(msg))
     }
 }
 
