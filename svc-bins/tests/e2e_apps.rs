@@ -606,3 +606,164 @@ fn app_access_replaces_forged_identity_headers_and_keeps_upgrades() {
     s.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"websocket-ish bytes");
 }
+
+/// `tsh ARGS` as `user`, expected to fail: its standard error.
+fn tsh_fails(user: &User, args: &[&str]) -> String {
+    let out = common::wait::run_within(
+        Command::new(common::TSH)
+            .args(args)
+            .env("SVC_HOME", &user.home)
+            .env_remove("RUST_LOG"),
+        common::wait::STEP,
+        &format!("tsh {}", args.join(" ")),
+    )
+    .unwrap();
+    assert!(
+        !out.status.success(),
+        "tsh {args:?} must fail: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `psql "<conninfo>" -c SQL` with libpq's own settings only (no local proxy).
+fn psql_conninfo(conninfo: &str, sql: &str) -> std::process::Output {
+    let mut psql = Command::new(require("psql", "postgresql-client"));
+    psql.arg(conninfo)
+        .args(["-X", "-A", "-t", "-c", sql])
+        .env("PGCONNECT_TIMEOUT", "30");
+    for var in ["PGHOST", "PGPORT", "PGUSER", "PGDATABASE", "PGSSLMODE", "PGSSLROOTCERT"] {
+        psql.env_remove(var);
+    }
+    common::wait::run_within(&mut psql, common::wait::STEP, &format!("psql {conninfo:?} -c {sql:?}")).unwrap()
+}
+
+#[test]
+fn psql_with_the_tsh_db_login_certificate_straight_to_the_proxy_and_db_users_enforced() {
+    require("psql", "postgresql-client");
+    pg_bin("initdb");
+    let dir = tempfile::tempdir().unwrap();
+    let ok = Command::new("chmod")
+        .arg("0755")
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let (ca, cert, key) = test_ca();
+    let ca_file = dir.path().join("db-ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let pg = Postgres::start(dir.path(), &cert, &key);
+    // Separate mode: Postgres clients reach the proxy on its own port and on the web port.
+    let services = format!(
+        "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\n  proxy_listener_mode: separate\n\
+proxy_service:\n  web_listen_addr: 127.0.0.1:0\n  listen_addr: 127.0.0.1:0\n  tunnel_listen_addr: 127.0.0.1:0\n  postgres_listen_addr: 127.0.0.1:0\n\
+db_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres\n    uri: 127.0.0.1:{}\n    labels: {{env: dev}}\n    tls:\n      ca_cert_file: {}\n      server_name: localhost\n",
+        pg.port,
+        ca_file.display()
+    );
+    let cluster = Cluster::start_with(tempfile::tempdir().unwrap(), "info", &services);
+    let role = "kind: role\nversion: v7\nmetadata:\n  name: db-reader\nspec:\n  allow:\n    db_labels: {env: dev}\n    db_users: [postgres, 'app_*']\n    db_names: [postgres]\n  deny:\n    db_users: [app_admin]\n";
+    cluster
+        .tctl_admin(
+            &["create", &cluster.write("db-reader.yaml", role).to_string_lossy()],
+            None,
+        )
+        .ok();
+    cluster
+        .tctl_admin(
+            &["users", "add", "carol", "--roles=db-reader", "--password-stdin"],
+            Some(PASSWORD),
+        )
+        .ok();
+    let carol = User::login(&cluster, "carol");
+
+    // The Auth Service signs no certificate for a denied database user or name.
+    let err = tsh_fails(&carol, &["db", "login", "pg", "--db-user", "app_admin"]);
+    assert!(
+        err.contains("access denied to db \"pg\" as database user \"app_admin\""),
+        "{err}"
+    );
+    let err = tsh_fails(
+        &carol,
+        &["db", "login", "pg", "--db-user", "postgres", "--db-name", "template1"],
+    );
+    assert!(
+        err.contains("access denied to db \"pg\" database name \"template1\""),
+        "{err}"
+    );
+
+    let out = carol.tsh(&["db", "login", "pg", "--db-user", "postgres", "--db-name", "postgres"]);
+    assert!(out.contains("as database user \"postgres\""), "{out}");
+    let config: serde_json::Value =
+        serde_json::from_str(&carol.tsh(&["db", "config", "pg", "-f", "json"])).unwrap();
+    let text = carol.tsh(&["db", "config", "pg"]);
+    assert!(text.contains("psql ") && text.contains("sslcert="), "{text}");
+    let env = carol.tsh(&["db", "env", "pg"]);
+    assert!(env.contains("export PGSSLCERT=") && env.contains("export PGUSER=postgres"), "{env}");
+    let file = |k: &str| config[k].as_str().unwrap().to_owned();
+    let (host, pg_port) = (file("host"), config["port"].as_u64().unwrap());
+    assert_eq!(host, "127.0.0.1", "{config}");
+    let web_port = cluster.web_addr.rsplit_once(':').unwrap().1.to_owned();
+    assert_ne!(pg_port.to_string(), web_port, "separate mode has its own Postgres port: {config}");
+    let conninfo = |port: &str, user: &str| {
+        format!(
+            "host={host} port={port} sslmode=require sslcert={} sslkey={} user={user} dbname=postgres",
+            file("cert"),
+            file("key")
+        )
+    };
+
+    // psql straight to the proxy, on its Postgres port and on the web port; the server only
+    // admits TLS (the agent's).
+    for port in [pg_port.to_string(), web_port.clone()] {
+        let out = psql_conninfo(&conninfo(&port, "postgres"), "select 40 + 2");
+        assert!(
+            out.status.success(),
+            "psql to port {port}: {}\nsvc: {}",
+            String::from_utf8_lossy(&out.stderr),
+            cluster.stderr()
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42");
+        let out = psql_conninfo(
+            &conninfo(&port, "postgres"),
+            "select ssl from pg_stat_ssl where pid = pg_backend_pid()",
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "t", "{out:?}");
+    }
+
+    // Another database user than the certificate's is refused by name, in Postgres' own terms.
+    let out = psql_conninfo(&conninfo(&pg_port.to_string(), "app_ro"), "select 1");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("this certificate is for database user \"postgres\"") && err.contains("\"app_ro\""),
+        "{err}"
+    );
+
+    // `tsh proxy db` still works, with --db-user; a denied user is refused by name.
+    let (_ok, ok_port, ok_err) = carol
+        .proxy_with("db", "pg", &["--db-user", "postgres"])
+        .expect("tsh proxy db --db-user postgres");
+    let out = psql(ok_port, "select 40 + 2");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "42",
+        "psql: {}\ntsh: {}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&ok_err).unwrap_or_default()
+    );
+    let (_denied, denied_port, _) = carol
+        .proxy_with("db", "pg", &["--db-user", "app_admin"])
+        .expect("tsh proxy db --db-user app_admin starts");
+    let mut psql = Command::new(require("psql", "postgresql-client"));
+    psql.args(["-h", "127.0.0.1", "-p", &denied_port.to_string(), "-U", "app_admin", "-d", "postgres"])
+        .args(["-X", "-A", "-t", "-c", "select 1"])
+        .env("PGCONNECT_TIMEOUT", "30");
+    let out = common::wait::run_within(&mut psql, common::wait::STEP, "psql as app_admin").unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("access denied to db \"pg\" as database user \"app_admin\""),
+        "{err}"
+    );
+}
