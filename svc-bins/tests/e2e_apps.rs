@@ -450,10 +450,12 @@ app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1
     let mut answer = [0u8; 1];
     pg.read_exact(&mut answer).unwrap();
     assert_eq!(&answer, b"S");
-    // MySQL and MongoDB: TLS listeners (a handshake gets a server certificate back).
-    for field in ["mysql_listen_addr", "mongo_listen_addr"] {
+    // MySQL: svc greets as a MySQL server offering TLS (STARTTLS-style, as native clients
+    // expect); MongoDB: a TLS listener. Either way a handshake gets a server certificate back.
+    for (field, starttls) in [("mysql_listen_addr", Some("mysql")), ("mongo_listen_addr", None)] {
         let out = Command::new(require("openssl", "openssl"))
             .args(["s_client", "-connect", &addr(field)])
+            .args(starttls.map(|p| ["-starttls", p]).into_iter().flatten())
             .output_within(common::wait::STEP, &format!("openssl s_client to {field}"))
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);

@@ -208,6 +208,8 @@ pub(crate) struct RawDatabase {
 pub(crate) struct RawDbTls {
     pub(crate) ca_cert_file: Option<PathBuf>,
     pub(crate) server_name: Option<String>,
+    pub(crate) cert_file: Option<PathBuf>,
+    pub(crate) key_file: Option<PathBuf>,
 }
 
 /// `kubernetes_service`.

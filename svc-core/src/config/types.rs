@@ -492,6 +492,11 @@ pub struct DbTls {
     pub ca_cert_file: Option<PathBuf>,
     /// Name expected in the database's certificate (default: the host of `uri`).
     pub server_name: Option<String>,
+    /// The agent's client certificate for the database (PEM; MySQL: the server admits the
+    /// agent by it, `REQUIRE X509`/`REQUIRE SUBJECT`). Set together with `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// The private key of `cert_file` (PEM).
+    pub key_file: Option<PathBuf>,
 }
 
 /// `kubernetes_service`.

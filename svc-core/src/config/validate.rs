@@ -803,10 +803,23 @@ fn db(raw: RawDb) -> Result<DbConfig, ConfigError> {
                 protocol,
                 uri: addr(&format!("{p}.uri"), &d.uri, protocol.default_port())?,
                 labels: labels(&format!("{p}.labels"), d.labels)?,
-                tls: d.tls.map(|t| DbTls {
-                    ca_cert_file: t.ca_cert_file,
-                    server_name: t.server_name,
-                }),
+                tls: d
+                    .tls
+                    .map(|t| {
+                        if t.cert_file.is_some() != t.key_file.is_some() {
+                            return Err(ConfigError::Invalid {
+                                path: format!("{p}.tls"),
+                                reason: "cert_file and key_file go together: set both or neither".into(),
+                            });
+                        }
+                        Ok(DbTls {
+                            ca_cert_file: t.ca_cert_file,
+                            server_name: t.server_name,
+                            cert_file: t.cert_file,
+                            key_file: t.key_file,
+                        })
+                    })
+                    .transpose()?,
             })
         })
         .collect::<Result<_, ConfigError>>()?;

@@ -19,7 +19,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::io::{ConnFuture, Connection};
 use crate::proxy::cache::RouteResolver;
 use crate::route::detect::POSTGRES_SSL_REQUEST as SSL_REQUEST;
-use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest, postgres};
+use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest, mysql, postgres};
 use crate::tls::{ServerIdentity, TlsError};
 use crate::tunnel::{DbRoute, DialRequest, TunnelDialer, read_line};
 use crate::{
@@ -119,6 +119,176 @@ impl ResourceProxy {
     /// The handler for the ALPN routes ([`ALPNS`]).
     pub fn service(&self) -> ConnService {
         entry(self.clone(), false)
+    }
+
+    /// The handler for native MySQL/MariaDB clients (the `mysql_listen_addr` listener): svc
+    /// greets them as a server advertising TLS, takes their SSLRequest, runs TLS with their
+    /// `tsh db login` certificate, reads their user and database from the HandshakeResponse,
+    /// checks them against the certificate's route and the roles, and has the agent log in to
+    /// the real server; refusals are ERR packets naming the database and the user.
+    pub fn mysql_service(&self) -> ConnService {
+        let proxy = self.clone();
+        conn_service(tower::service_fn(move |mut conn: Connection| {
+            let proxy = proxy.clone();
+            ConnFuture::new(async move {
+                conn.classified();
+                let (peer, local) = (conn.peer_addr, conn.local_addr);
+                if let Err(e) = proxy.serve_mysql(conn.io, peer, local).await {
+                    tracing::info!(%peer, reason = %e, "MySQL connection refused");
+                }
+                Ok(())
+            })
+        }))
+    }
+
+    async fn serve_mysql<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        &self,
+        mut io: S,
+        peer: std::net::SocketAddr,
+        local: std::net::SocketAddr,
+    ) -> Result<(), Refusal> {
+        let deadline = tokio::time::Instant::now() + self.inner.handshake_timeout;
+        let late = || Refusal::Text("the MySQL handshake did not finish before the deadline".into());
+        tokio::time::timeout_at(deadline, mysql::greet_client(&mut io))
+            .await
+            .map_err(|_| late())?
+            .map_err(|e| Refusal::Text(e.to_string()))?;
+        let acceptor = TlsAcceptor::from(self.inner.tls.clone());
+        let mut tls = crate::tls::accept_before(&acceptor, io, deadline)
+            .await
+            .map_err(|e| Refusal::Text(e.to_string()))?;
+        let chain: Vec<_> = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.clone().into_owned())
+            .collect();
+        let (seq, payload) = tokio::time::timeout_at(deadline, mysql::read_packet(&mut tls))
+            .await
+            .map_err(|_| late())??;
+        let seq = seq.wrapping_add(1);
+        let user = match self.inner.verifier.verify_user_x509(&chain, SystemTime::now()) {
+            Ok(user) => user,
+            Err(e) => {
+                let msg = format!("a user certificate is required: {e}");
+                mysql::refuse(&mut tls, seq, mysql::ACCESS_DENIED, &msg).await;
+                return Err(Refusal::Text(msg));
+            }
+        };
+        let Some(route) = user.db_route.clone().filter(|r| r.protocol == "mysql") else {
+            let msg = "a MySQL database certificate is required: run tsh db login NAME --db-user USER";
+            mysql::refuse(&mut tls, seq, mysql::ACCESS_DENIED, msg).await;
+            return Err(Refusal::Text(msg.into()));
+        };
+        let leaf = chain.first().map(|c| c.to_vec()).unwrap_or_default();
+        let expected = MysqlExpected {
+            name: route.service.clone(),
+            user: Some(route.user.clone()),
+            database: route.database.clone(),
+            what: "this certificate",
+        };
+        self.mysql_login(tls, seq, &payload, expected, &leaf, &user.username, peer, local, deadline)
+            .await
+    }
+
+    /// The rest of a MySQL connection phase once the client's HandshakeResponse (`payload`,
+    /// answered as packet `seq`) is read: its user and database against `expected` and the
+    /// roles, the agent's login to the server, then the command phase both ways.
+    #[allow(clippy::too_many_arguments)]
+    async fn mysql_login<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        mut tls: S,
+        seq: u8,
+        payload: &[u8],
+        expected: MysqlExpected,
+        leaf: &[u8],
+        username: &str,
+        peer: std::net::SocketAddr,
+        local: std::net::SocketAddr,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), Refusal> {
+        let name = expected.name.clone();
+        let (code, msg) = 'refused: {
+            let login = match mysql::parse_login(payload) {
+                Ok(l) => l,
+                Err(e) => break 'refused (mysql::ACCESS_DENIED, e.to_string()),
+            };
+            if let Some(want) = &expected.user
+                && *want != login.user
+            {
+                break 'refused (
+                    mysql::ACCESS_DENIED,
+                    format!(
+                        "{} is for database user \"{want}\" of db \"{name}\", not \"{}\"",
+                        expected.what, login.user
+                    ),
+                );
+            }
+            let database = match (&expected.database, login.database) {
+                (Some(want), Some(got)) if *want != got => {
+                    break 'refused (
+                        mysql::ACCESS_DENIED,
+                        format!(
+                            "{} is for database name \"{want}\" of db \"{name}\", not \"{got}\"",
+                            expected.what
+                        ),
+                    );
+                }
+                (Some(want), _) => Some(want.clone()),
+                (None, got) => got,
+            };
+            let resolved = match self
+                .inner
+                .auth
+                .resolve_db(&name, &login.user, database.as_deref(), leaf)
+                .await
+            {
+                Ok(Ok(r)) => r,
+                Ok(Err(denied)) => break 'refused (mysql::ACCESS_DENIED, denied),
+                Err(e) => break 'refused (mysql::UNREACHABLE, format!("asking the Auth Service: {e}")),
+            };
+            if resolved.resource.protocol != "mysql" {
+                let msg = format!("db \"{name}\" speaks {}, not mysql", resolved.resource.protocol);
+                break 'refused (mysql::ACCESS_DENIED, msg);
+            }
+            let dial = DialRequest {
+                address: name.clone(),
+                server_id: resolved.server_id.clone(),
+                conn_type: ServedKind::Db,
+                client_src_addr: peer.to_string(),
+                client_dst_addr: local.to_string(),
+                db_route: Some(DbRoute {
+                    user: login.user.clone(),
+                    database: database.clone(),
+                }),
+            };
+            let mut upstream = match self.inner.dialer.dial(dial).await {
+                Ok(s) => s,
+                Err(e) => break 'refused (mysql::UNREACHABLE, format!("db \"{name}\": {e}")),
+            };
+            let mut line = serde_json::to_vec(&login.hello).map_err(|e| Refusal::Text(e.to_string()))?;
+            line.push(b'\n');
+            upstream.write_all(&line).await?;
+            upstream.flush().await?;
+            let answer = match tokio::time::timeout_at(deadline, read_line(&mut upstream, MAX_LINE)).await {
+                Ok(Ok(Some(a))) => a,
+                Ok(Ok(None)) => "the agent closed the connection".to_owned(),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "the agent did not log in to the database before the deadline".to_owned(),
+            };
+            if answer != mysql::HELLO_OK {
+                break 'refused (mysql::UNREACHABLE, format!("db \"{name}\": {answer}"));
+            }
+            mysql::write_packet(&mut tls, seq, &mysql::ok_payload()).await?;
+            tracing::info!(%peer, user = %username, name = %name, db_user = %login.user, agent = %resolved.server_id, "database connection");
+            let _ = tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
+            return Ok(());
+        };
+        tracing::info!(%peer, user = %username, name = %name, reason = %msg, "database connection refused");
+        mysql::refuse(&mut tls, seq, code, &msg).await;
+        Err(Refusal::Text(msg))
     }
 
     /// The handler for Postgres clients that start with an SSLRequest (the multiplexer's
@@ -281,6 +451,39 @@ impl ResourceProxy {
                     .postgres_session(tls, startup, &req.name, &leaf, &user.username, peer, local)
                     .await;
             }
+            if route.resource.protocol == "mysql" {
+                // `tsh proxy db`: the hop is TLS already; svc greets the client as a server.
+                tls.write_all(format!("{RESOURCE_OK}\n").as_bytes()).await?;
+                tls.flush().await?;
+                let deadline = tokio::time::Instant::now() + after;
+                let late = || Refusal::Text("the MySQL handshake did not finish before the deadline".into());
+                tokio::time::timeout_at(deadline, mysql::send_greeting(&mut tls, false))
+                    .await
+                    .map_err(|_| late())?
+                    .map_err(|e| Refusal::Text(e.to_string()))?;
+                let (seq, payload) = tokio::time::timeout_at(deadline, mysql::read_packet(&mut tls))
+                    .await
+                    .map_err(|_| late())??;
+                let expected = MysqlExpected {
+                    name: req.name.clone(),
+                    user: req.db_user.clone(),
+                    database: req.db_name.clone(),
+                    what: "tsh proxy db",
+                };
+                return self
+                    .mysql_login(
+                        tls,
+                        seq.wrapping_add(1),
+                        &payload,
+                        expected,
+                        &leaf,
+                        &user.username,
+                        peer,
+                        local,
+                        deadline,
+                    )
+                    .await;
+            }
             let Some(db_user) = req.db_user.clone() else {
                 let msg = format!(
                     "db \"{}\" ({}): a database user is required (tsh proxy db {} --db-user USER)",
@@ -393,6 +596,16 @@ impl ResourceProxy {
         postgres::refuse(&mut tls, code, &msg).await;
         Err(Refusal::Text(msg))
     }
+}
+
+/// What a MySQL client's HandshakeResponse must say: from its certificate's route (native
+/// clients) or from `tsh proxy db --db-user/--db-name` (`None`: the client's own).
+struct MysqlExpected {
+    name: String,
+    user: Option<String>,
+    database: Option<String>,
+    /// Who set them, for the refusal: `this certificate` or `tsh proxy db`.
+    what: &'static str,
 }
 
 /// Sends the refusal line and closes.

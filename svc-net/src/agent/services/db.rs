@@ -15,13 +15,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use svc_core::config::{Database, DbProtocol};
+use svc_core::config::{Database, DbProtocol, DbTls};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::BoxError;
 
 use super::{ServiceError, connect, tls_to};
 use crate::io::BoxIo;
-use crate::services::postgres;
+use crate::services::{mysql, postgres};
 use crate::tunnel::{DbRoute, DialRequest, DialService, dial_service_fn};
 
 use crate::route::detect::POSTGRES_SSL_REQUEST as SSL_REQUEST;
@@ -35,19 +35,42 @@ struct DbTarget {
     tls: Option<(Arc<rustls::ClientConfig>, String)>,
 }
 
-fn tls_config(db: &Database, ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, ServiceError> {
-    let pem = ca_file
-        .map(|f| {
-            std::fs::read(f).map_err(|e| ServiceError::Config {
-                what: format!("database \"{}\": tls.ca_cert_file {}", db.name, f.display()),
-                reason: e.to_string(),
-            })
+fn tls_config(db: &Database, tls: &DbTls) -> Result<Arc<rustls::ClientConfig>, ServiceError> {
+    let read = |field: &str, f: &Path| {
+        std::fs::read(f).map_err(|e| ServiceError::Config {
+            what: format!("database \"{}\": tls.{field} {}", db.name, f.display()),
+            reason: e.to_string(),
         })
-        .transpose()?;
-    crate::tls::client_config(pem.as_deref()).map_err(|e| ServiceError::Config {
+    };
+    let config_err = |reason: String| ServiceError::Config {
         what: format!("database \"{}\": tls", db.name),
-        reason: e.to_string(),
-    })
+        reason,
+    };
+    let pem = tls
+        .ca_cert_file
+        .as_deref()
+        .map(|f| read("ca_cert_file", f))
+        .transpose()?;
+    let (Some(cert_file), Some(key_file)) = (&tls.cert_file, &tls.key_file) else {
+        return crate::tls::client_config(pem.as_deref()).map_err(|e| config_err(e.to_string()));
+    };
+    // The agent's own client certificate (MySQL: `REQUIRE X509`/`REQUIRE SUBJECT` users).
+    let cert_pem = read("cert_file", cert_file)?;
+    let key_pem = read("key_file", key_file)?;
+    use rustls::pki_types::pem::PemObject;
+    let chain = rustls::pki_types::CertificateDer::pem_slice_iter(&cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| config_err(format!("cert_file {}: {e}", cert_file.display())))?;
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|e| config_err(format!("key_file {}: {e}", key_file.display())))?;
+    let roots = crate::tls::client_roots(pem.as_deref()).map_err(|e| config_err(e.to_string()))?;
+    let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| config_err(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| config_err(format!("cert_file/key_file: {e}")))?;
+    Ok(Arc::new(config))
 }
 
 /// Builds the service for `databases`; CA files are read now, so a bad path fails at start.
@@ -61,8 +84,8 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
             .trim_end_matches(']')
             .to_owned();
         let tls = match (&db.tls, db.protocol) {
-            (Some(t), DbProtocol::Postgres) => Some((
-                tls_config(db, t.ca_cert_file.as_deref())?,
+            (Some(t), DbProtocol::Postgres | DbProtocol::Mysql) => Some((
+                tls_config(db, t)?,
                 t.server_name.clone().unwrap_or_else(|| host.clone()),
             )),
             _ => None,
@@ -96,6 +119,18 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
                     name: name.clone(),
                 })?;
             let mut tcp = connect("db", &name, &t.host, t.port).await?;
+            if t.protocol == DbProtocol::Mysql {
+                let Some((config, server_name)) = t.tls.clone() else {
+                    return Err(ServiceError::Handshake {
+                        kind: "db",
+                        name,
+                        reason: "MySQL needs tls (ca_cert_file, cert_file, key_file) in its db_service entry: the agent logs in with its certificate".into(),
+                    }
+                    .into());
+                };
+                tracing::info!(db = %name, protocol = "mysql", db_user = %route.user, client = %req.client_src_addr, "database connection");
+                return Ok::<BoxIo, BoxError>(mysql_session(tcp, config, server_name, name, route));
+            }
             let io: BoxIo = match &t.tls {
                 Some((config, server_name)) => {
                     let handshake = |reason: String| ServiceError::Handshake {
@@ -129,6 +164,61 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
             Ok::<BoxIo, BoxError>(io)
         }
     }))
+}
+
+/// The proxy's end of a MySQL session: a task reads the [`MysqlHello`](mysql::MysqlHello)
+/// line, logs in to the server as the route's user (and database) with TLS and the agent's
+/// certificate, answers [`mysql::HELLO_OK`] or the server's refusal, then relays the command
+/// phase. The client's own user and database were checked against the route by the proxy;
+/// here the session can only ever be the route's.
+fn mysql_session(
+    tcp: tokio::net::TcpStream,
+    config: Arc<rustls::ClientConfig>,
+    server_name: String,
+    name: String,
+    route: DbRoute,
+) -> BoxIo {
+    let (client_end, mut ours) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let hello = match crate::tunnel::read_line(&mut ours, crate::services::MAX_LINE).await {
+            Ok(Some(line)) => serde_json::from_str::<mysql::MysqlHello>(&line),
+            _ => return,
+        };
+        let hello = match hello {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = ours.write_all(format!("a malformed MySQL hello: {e}\n").as_bytes()).await;
+                return;
+            }
+        };
+        let server = mysql::connect_server(
+            tcp,
+            config,
+            &server_name,
+            &route.user,
+            route.database.as_deref(),
+            hello,
+        )
+        .await;
+        let mut server = match server {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = format!("logging in as database user \"{}\": {e}", route.user).replace('\n', " ");
+                tracing::info!(db = %name, reason = %msg, "database connection refused");
+                let _ = ours.write_all(format!("{msg}\n").as_bytes()).await;
+                return;
+            }
+        };
+        if ours
+            .write_all(format!("{}\n", mysql::HELLO_OK).as_bytes())
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let _ = tokio::io::copy_bidirectional_with_sizes(&mut ours, &mut server, 64 * 1024, 64 * 1024).await;
+    });
+    Box::new(client_end)
 }
 
 /// The client's end of a Postgres session whose startup message must match `route`: a task
