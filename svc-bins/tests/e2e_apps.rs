@@ -925,6 +925,19 @@ db_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres
         "{err}"
     );
 
+    // A user the roles allow but the server does not know: the server's refusal of the
+    // agent's login reaches the client as an ERR packet naming the user.
+    carol.tsh(&["db", "login", "my", "--db-user", "app_ghost"]);
+    let mut ghost = my_args("app_ghost");
+    ghost.pop();
+    let out = mariadb_client(&ghost, "select 1");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("logging in as database user \"app_ghost\"") && err.contains("Access denied"),
+        "{err}"
+    );
+
     // `tsh proxy db` carries MySQL too (the proxy greets the client the same way).
     let (_myp, my_port, my_err) = carol
         .proxy_with("db", "my", &["--db-user", "app_rw"])

@@ -56,8 +56,9 @@ const MAX_HANDSHAKE_PACKET: usize = 64 * 1024;
 pub const HELLO_OK: &str = "ok";
 /// `ER_ACCESS_DENIED_ERROR`.
 pub(crate) const ACCESS_DENIED: u16 = 1045;
-/// `ER_BAD_HOST_ERROR`-like: the database could not be reached.
-pub(crate) const UNREACHABLE: u16 = 2003;
+/// `ER_UNKNOWN_ERROR`: the database could not be reached or refused the agent (a server-side
+/// code: clients keep the 2000 range for their own errors).
+pub(crate) const UNREACHABLE: u16 = 1105;
 
 /// The first line from the proxy to the agent on a MySQL dial: what the client settled on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,7 +97,7 @@ pub(crate) async fn write_packet<W: AsyncWrite + Unpin>(w: &mut W, seq: u8, payl
 
 /// An ERR packet payload: `code`, SQLSTATE `28000` (refusals) or `08S01`, the message.
 pub(crate) fn err_payload(code: u16, text: &str) -> Vec<u8> {
-    let state = if code == ACCESS_DENIED { "28000" } else { "08S01" };
+    let state = if code == ACCESS_DENIED { "28000" } else { "HY000" };
     let mut p = vec![0xff];
     p.extend_from_slice(&code.to_le_bytes());
     p.push(b'#');
