@@ -711,7 +711,12 @@ fn mariadb_client(args: &[String], sql: &str) -> std::process::Output {
     c.arg("--no-defaults")
         .args(args)
         .args(["--connect-timeout=30", "-N", "-B", "-e", sql]);
-    common::wait::run_within(&mut c, common::wait::STEP, &format!("mariadb {args:?} -e {sql:?}")).unwrap()
+    common::wait::run_within(
+        &mut c,
+        common::wait::STEP,
+        &format!("mariadb {args:?} -e {sql:?}"),
+    )
+    .unwrap()
 }
 
 /// `tsh ARGS` as `user`, expected to fail: its standard error.
@@ -739,10 +744,22 @@ fn psql_conninfo(conninfo: &str, sql: &str) -> std::process::Output {
     psql.arg(conninfo)
         .args(["-X", "-A", "-t", "-c", sql])
         .env("PGCONNECT_TIMEOUT", "30");
-    for var in ["PGHOST", "PGPORT", "PGUSER", "PGDATABASE", "PGSSLMODE", "PGSSLROOTCERT"] {
+    for var in [
+        "PGHOST",
+        "PGPORT",
+        "PGUSER",
+        "PGDATABASE",
+        "PGSSLMODE",
+        "PGSSLROOTCERT",
+    ] {
         psql.env_remove(var);
     }
-    common::wait::run_within(&mut psql, common::wait::STEP, &format!("psql {conninfo:?} -c {sql:?}")).unwrap()
+    common::wait::run_within(
+        &mut psql,
+        common::wait::STEP,
+        &format!("psql {conninfo:?} -c {sql:?}"),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -762,7 +779,12 @@ fn psql_and_mariadb_with_the_tsh_db_login_certificate_straight_to_the_proxy_and_
     let ca_file = dir.path().join("db-ca.pem");
     std::fs::write(&ca_file, ca).unwrap();
     let pg = Postgres::start(dir.path(), &cert, &key);
-    let my = Mariadb::start(dir.path(), &std::fs::read_to_string(&ca_file).unwrap(), &cert, &key);
+    let my = Mariadb::start(
+        dir.path(),
+        &std::fs::read_to_string(&ca_file).unwrap(),
+        &cert,
+        &key,
+    );
     // Separate mode: Postgres clients reach the proxy on its own port and on the web port;
     // MySQL clients on the MySQL port.
     let services = format!(
@@ -800,26 +822,49 @@ db_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres
     );
     let err = tsh_fails(
         &carol,
-        &["db", "login", "pg", "--db-user", "postgres", "--db-name", "template1"],
+        &[
+            "db",
+            "login",
+            "pg",
+            "--db-user",
+            "postgres",
+            "--db-name",
+            "template1",
+        ],
     );
     assert!(
         err.contains("access denied to db \"pg\" database name \"template1\""),
         "{err}"
     );
 
-    let out = carol.tsh(&["db", "login", "pg", "--db-user", "postgres", "--db-name", "postgres"]);
+    let out = carol.tsh(&[
+        "db",
+        "login",
+        "pg",
+        "--db-user",
+        "postgres",
+        "--db-name",
+        "postgres",
+    ]);
     assert!(out.contains("as database user \"postgres\""), "{out}");
     let config: serde_json::Value =
         serde_json::from_str(&carol.tsh(&["db", "config", "pg", "-f", "json"])).unwrap();
     let text = carol.tsh(&["db", "config", "pg"]);
     assert!(text.contains("psql ") && text.contains("sslcert="), "{text}");
     let env = carol.tsh(&["db", "env", "pg"]);
-    assert!(env.contains("export PGSSLCERT=") && env.contains("export PGUSER=postgres"), "{env}");
+    assert!(
+        env.contains("export PGSSLCERT=") && env.contains("export PGUSER=postgres"),
+        "{env}"
+    );
     let file = |k: &str| config[k].as_str().unwrap().to_owned();
     let (host, pg_port) = (file("host"), config["port"].as_u64().unwrap());
     assert_eq!(host, "127.0.0.1", "{config}");
     let web_port = cluster.web_addr.rsplit_once(':').unwrap().1.to_owned();
-    assert_ne!(pg_port.to_string(), web_port, "separate mode has its own Postgres port: {config}");
+    assert_ne!(
+        pg_port.to_string(),
+        web_port,
+        "separate mode has its own Postgres port: {config}"
+    );
     let conninfo = |port: &str, user: &str| {
         format!(
             "host={host} port={port} sslmode=require sslcert={} sslkey={} user={user} dbname=postgres",
@@ -871,9 +916,18 @@ db_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres
         .proxy_with("db", "pg", &["--db-user", "app_admin"])
         .expect("tsh proxy db --db-user app_admin starts");
     let mut psql = Command::new(require("psql", "postgresql-client"));
-    psql.args(["-h", "127.0.0.1", "-p", &denied_port.to_string(), "-U", "app_admin", "-d", "postgres"])
-        .args(["-X", "-A", "-t", "-c", "select 1"])
-        .env("PGCONNECT_TIMEOUT", "30");
+    psql.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &denied_port.to_string(),
+        "-U",
+        "app_admin",
+        "-d",
+        "postgres",
+    ])
+    .args(["-X", "-A", "-t", "-c", "select 1"])
+    .env("PGCONNECT_TIMEOUT", "30");
     let out = common::wait::run_within(&mut psql, common::wait::STEP, "psql as app_admin").unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{out:?}");
@@ -893,7 +947,10 @@ db_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres
     let config: serde_json::Value =
         serde_json::from_str(&carol.tsh(&["db", "config", "my", "-f", "json"])).unwrap();
     let text = carol.tsh(&["db", "config", "my"]);
-    assert!(text.contains("mariadb ") && text.contains("--ssl-cert="), "{text}");
+    assert!(
+        text.contains("mariadb ") && text.contains("--ssl-cert="),
+        "{text}"
+    );
     let file = |k: &str| config[k].as_str().unwrap().to_owned();
     let my_args = |user: &str| {
         vec![

@@ -382,7 +382,9 @@ impl RoleSet {
 #[non_exhaustive]
 pub enum DbAccessDenied {
     /// No role allows this database user, or a role denies it.
-    #[error("access denied to db \"{db}\" as database user \"{db_user}\": the roles of user {user} do not allow it")]
+    #[error(
+        "access denied to db \"{db}\" as database user \"{db_user}\": the roles of user {user} do not allow it"
+    )]
     User {
         /// The database.
         db: String,
@@ -392,7 +394,9 @@ pub enum DbAccessDenied {
         user: String,
     },
     /// No role allows this database name, or a role denies it.
-    #[error("access denied to db \"{db}\" database name \"{db_name}\": the roles of user {user} do not allow it")]
+    #[error(
+        "access denied to db \"{db}\" database name \"{db_name}\": the roles of user {user} do not allow it"
+    )]
     Name {
         /// The database.
         db: String,
@@ -582,19 +586,27 @@ spec:
         let set = RoleSet::new([reader, no_admin]);
         assert_eq!(set.check_db("alice", "pg", "app_ro", Some("shop")), Ok(()));
         assert_eq!(set.check_db("alice", "pg", "reporting", None), Ok(()));
-        let err = set.check_db("alice", "pg", "app_admin", Some("shop")).unwrap_err();
+        let err = set
+            .check_db("alice", "pg", "app_admin", Some("shop"))
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "access denied to db \"pg\" as database user \"app_admin\": the roles of user alice do not allow it"
         );
         let err = set.check_db("alice", "pg", "postgres", None).unwrap_err();
         assert!(matches!(err, DbAccessDenied::User { .. }), "{err}");
-        let err = set.check_db("alice", "pg", "app_ro", Some("secrets")).unwrap_err();
+        let err = set
+            .check_db("alice", "pg", "app_ro", Some("secrets"))
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "access denied to db \"pg\" database name \"secrets\": the roles of user alice do not allow it"
         );
-        assert!(RoleSet::new([Role::new("empty")]).check_db("a", "pg", "x", None).is_err());
+        assert!(
+            RoleSet::new([Role::new("empty")])
+                .check_db("a", "pg", "x", None)
+                .is_err()
+        );
         assert_eq!(
             RoleSet::new([preset_access(["root"])]).check_db("a", "pg", "anyone", Some("any")),
             Ok(())

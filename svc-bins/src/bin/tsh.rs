@@ -172,15 +172,12 @@ fn local_proxy(kind: ServedKind, name: String, port: u16, db: client::DbUser) ->
         eprintln!("tsh: connection from {peer} to {k} \"{n}\": {e}");
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let serve = client::serve_local_proxy(
-        &profile,
+    let target = client::LocalTarget {
         kind,
-        name.clone(),
+        name: name.clone(),
         port,
         db,
-        shutdown,
-        on_listening,
-        on_error,
-    );
+    };
+    let serve = client::serve_local_proxy(&profile, target, shutdown, on_listening, on_error);
     Ok(tokio::runtime::Runtime::new()?.block_on(serve)?)
 }

@@ -413,7 +413,9 @@ impl AuthService {
         db_user: &str,
         db_name: Option<&str>,
     ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
-        self.rules.resolve_db(caller, user_cert, name, db_user, db_name).await
+        self.rules
+            .resolve_db(caller, user_cert, name, db_user, db_name)
+            .await
     }
 
     /// Authorizes an SSH session of the user holding `user_cert` (their OpenSSH certificate) to

@@ -1692,12 +1692,20 @@ async fn database_certificates_carry_the_route_the_roles_allow_and_mint_no_other
             database: Some("shop".into()),
         }
     );
-    let Caller::User { identity, .. } = f.auth.authenticate(&[cert.tls_cert.clone()]).await.unwrap() else {
+    let Caller::User { identity, .. } = f
+        .auth
+        .authenticate(std::slice::from_ref(&cert.tls_cert))
+        .await
+        .unwrap()
+    else {
         panic!("a database certificate is a user certificate");
     };
     assert_eq!(identity.username, "carol");
     assert_eq!(identity.db_route, Some(cert.route.clone()));
-    let Caller::User { identity: session, .. } = &carol else {
+    let Caller::User {
+        identity: session, ..
+    } = &carol
+    else {
         panic!("carol is a user");
     };
     assert!(identity.validity.not_after <= session.validity.not_after);
@@ -1720,7 +1728,10 @@ async fn database_certificates_carry_the_route_the_roles_allow_and_mint_no_other
         .await
         .unwrap()
         .unwrap_err();
-    assert!(denied.to_string().contains("database name \"secrets\""), "{denied}");
+    assert!(
+        denied.to_string().contains("database name \"secrets\""),
+        "{denied}"
+    );
     let as_db_cert = f.auth.authenticate(&[cert.tls_cert]).await.unwrap();
     assert!(matches!(
         f.auth.issue_db_cert(&as_db_cert, &req("app_ro", None)).await,
@@ -1736,7 +1747,13 @@ async fn database_certificates_carry_the_route_the_roles_allow_and_mint_no_other
     let proxy = proxy(&f.auth);
     let ok = f
         .auth
-        .resolve_db(&proxy, Some(&[bob_cert.clone()]), "pg", "app_rw", Some("shop"))
+        .resolve_db(
+            &proxy,
+            Some(std::slice::from_ref(&bob_cert)),
+            "pg",
+            "app_rw",
+            Some("shop"),
+        )
         .await
         .unwrap();
     assert_eq!(ok.unwrap().hostname, "agent-1");

@@ -166,10 +166,7 @@ impl DbConfig {
         let mut parts = vec![
             format!("host={}", self.host),
             format!("port={}", self.port),
-            format!(
-                "sslmode={}",
-                if self.verify { "verify-full" } else { "require" }
-            ),
+            format!("sslmode={}", if self.verify { "verify-full" } else { "require" }),
         ];
         if self.verify {
             parts.push(format!("sslrootcert={}", l.ca.display()));
@@ -266,7 +263,10 @@ mod tests {
             "host=proxy.example.com port=443 sslmode=verify-full sslrootcert=/h/db/pg/ca.pem sslcert=/h/db/pg/cert.pem sslkey=/h/db/pg/key.pem user=alice dbname=shop"
         );
         let env = c.env();
-        assert!(env.contains(&("PGSSLCERT", "/h/db/pg/cert.pem".into())), "{env:?}");
+        assert!(
+            env.contains(&("PGSSLCERT", "/h/db/pg/cert.pem".into())),
+            "{env:?}"
+        );
         assert!(env.contains(&("PGDATABASE", "shop".into())), "{env:?}");
         let insecure = config("postgres", false);
         assert!(insecure.postgres_conninfo().contains("sslmode=require"));

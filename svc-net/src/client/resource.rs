@@ -113,7 +113,11 @@ impl ResourceClient {
 
     /// [`connect`](Self::connect) with a whole request line (databases: with the database
     /// user and name).
-    pub async fn connect_request(&self, req: &ResourceRequest, protocol: &str) -> Result<BoxIo, ConnectError> {
+    pub async fn connect_request(
+        &self,
+        req: &ResourceRequest,
+        protocol: &str,
+    ) -> Result<BoxIo, ConnectError> {
         let addr = self.proxy.to_string();
         let proxy_err = |reason: String| ConnectError::Proxy {
             addr: addr.clone(),

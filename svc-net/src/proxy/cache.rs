@@ -388,7 +388,13 @@ impl ProxyDecisions {
 impl ProxyDecisions {
     /// Where a database connection as `db_user` (and `db_name`) goes for the holder of
     /// `user_cert` (DER): labels, then the roles' `db_users`/`db_names`.
-    pub async fn resolve_db(&self, name: &str, db_user: &str, db_name: Option<&str>, user_cert: &[u8]) -> Resolved {
+    pub async fn resolve_db(
+        &self,
+        name: &str,
+        db_user: &str,
+        db_name: Option<&str>,
+        user_cert: &[u8],
+    ) -> Resolved {
         let chain = [CertificateDer::from(user_cert.to_vec())];
         match self
             .rules

@@ -189,8 +189,18 @@ impl ResourceProxy {
             database: route.database.clone(),
             what: "this certificate",
         };
-        self.mysql_login(tls, seq, &payload, expected, &leaf, &user.username, peer, local, deadline)
-            .await
+        self.mysql_login(
+            tls,
+            seq,
+            &payload,
+            expected,
+            &leaf,
+            &user.username,
+            peer,
+            local,
+            deadline,
+        )
+        .await
     }
 
     /// The rest of a MySQL connection phase once the client's HandshakeResponse (`payload`,
@@ -283,7 +293,8 @@ impl ResourceProxy {
             }
             mysql::write_packet(&mut tls, seq, &mysql::ok_payload()).await?;
             tracing::info!(%peer, user = %username, name = %name, db_user = %login.user, agent = %resolved.server_id, "database connection");
-            let _ = tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
+            let _ =
+                tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
             return Ok(());
         };
         tracing::info!(%peer, user = %username, name = %name, reason = %msg, "database connection refused");
@@ -342,26 +353,35 @@ impl ResourceProxy {
                 return reply(&mut tls, &msg).await;
             }
             let after_deadline = tokio::time::Instant::now() + after;
-            let startup = match tokio::time::timeout_at(after_deadline, postgres::read_startup(&mut tls)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    postgres::refuse(&mut tls, postgres::REFUSED, &e.to_string()).await;
-                    return Err(Refusal::Text(e.to_string()));
-                }
-                Err(_) => return Err(Refusal::Text("no Postgres startup message before the deadline".into())),
-            };
+            let startup =
+                match tokio::time::timeout_at(after_deadline, postgres::read_startup(&mut tls)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        postgres::refuse(&mut tls, postgres::REFUSED, &e.to_string()).await;
+                        return Err(Refusal::Text(e.to_string()));
+                    }
+                    Err(_) => {
+                        return Err(Refusal::Text(
+                            "no Postgres startup message before the deadline".into(),
+                        ));
+                    }
+                };
             let mismatch = if startup.user != route.user {
                 Some(format!(
                     "this certificate is for database user \"{}\" of db \"{}\", not \"{}\" (tsh db login {} --db-user {})",
                     route.user, route.service, startup.user, route.service, startup.user
                 ))
             } else {
-                route.database.as_ref().filter(|d| **d != startup.database).map(|d| {
-                    format!(
-                        "this certificate is for database name \"{d}\" of db \"{}\", not \"{}\"",
-                        route.service, startup.database
-                    )
-                })
+                route
+                    .database
+                    .as_ref()
+                    .filter(|d| **d != startup.database)
+                    .map(|d| {
+                        format!(
+                            "this certificate is for database name \"{d}\" of db \"{}\", not \"{}\"",
+                            route.service, startup.database
+                        )
+                    })
             };
             if let Some(msg) = mismatch {
                 tracing::info!(%peer, user = %user.username, db = %route.service, reason = %msg, "database connection refused");
@@ -430,7 +450,11 @@ impl ResourceProxy {
                         postgres::refuse(&mut tls, postgres::REFUSED, &e.to_string()).await;
                         return Err(Refusal::Text(e.to_string()));
                     }
-                    Err(_) => return Err(Refusal::Text("no Postgres startup message before the deadline".into())),
+                    Err(_) => {
+                        return Err(Refusal::Text(
+                            "no Postgres startup message before the deadline".into(),
+                        ));
+                    }
                 };
                 let mismatch = match (&req.db_user, &req.db_name) {
                     (Some(u), _) if *u != startup.user => Some(format!(
@@ -491,7 +515,10 @@ impl ResourceProxy {
                 );
                 return reply(&mut tls, &msg).await;
             };
-            match auth.resolve_db(&req.name, &db_user, req.db_name.as_deref(), &leaf).await {
+            match auth
+                .resolve_db(&req.name, &db_user, req.db_name.as_deref(), &leaf)
+                .await
+            {
                 Ok(Ok(_)) => {}
                 Ok(Err(denied)) => {
                     tracing::info!(%peer, user = %user.username, name = %req.name, reason = %denied, "database access refused");
@@ -589,7 +616,8 @@ impl ResourceProxy {
             };
             upstream.write_all(&startup.raw).await?;
             tracing::info!(%peer, user = %username, name = %name, db_user = %startup.user, database = %startup.database, agent = %route.server_id, "database connection");
-            let _ = tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
+            let _ =
+                tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
             return Ok(());
         };
         tracing::info!(%peer, user = %username, name = %name, db_user = %startup.user, reason = %msg, "database connection refused");

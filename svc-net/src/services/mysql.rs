@@ -86,7 +86,11 @@ pub(crate) async fn read_packet<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Res
 }
 
 /// Writes one packet (payloads here are far below 16 MiB).
-pub(crate) async fn write_packet<W: AsyncWrite + Unpin>(w: &mut W, seq: u8, payload: &[u8]) -> std::io::Result<()> {
+pub(crate) async fn write_packet<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    seq: u8,
+    payload: &[u8],
+) -> std::io::Result<()> {
     let len = u32::try_from(payload.len()).unwrap_or(u32::MAX).to_le_bytes();
     let mut out = Vec::with_capacity(payload.len() + 4);
     out.extend_from_slice(&[len[0], len[1], len[2], seq]);
@@ -233,12 +237,19 @@ pub(crate) fn parse_login(p: &[u8]) -> Result<ClientLogin, HandshakeError> {
     } else {
         None
     };
-    Ok(ClientLogin { hello, user, database })
+    Ok(ClientLogin {
+        hello,
+        user,
+        database,
+    })
 }
 
 /// Sends svc's greeting, advertising TLS when `tls` (the proxy's MySQL port) and not for a
 /// stream that is TLS to the proxy already (`tsh proxy db`).
-pub(crate) async fn send_greeting<S: AsyncWrite + Unpin>(io: &mut S, tls: bool) -> Result<(), HandshakeError> {
+pub(crate) async fn send_greeting<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    tls: bool,
+) -> Result<(), HandshakeError> {
     let mut scramble = [0u8; 20];
     for b in &mut scramble {
         // Printable, non-zero bytes, as servers send; svc never checks a password against it.
@@ -251,7 +262,9 @@ pub(crate) async fn send_greeting<S: AsyncWrite + Unpin>(io: &mut S, tls: bool) 
 /// The proxy's side of a native client's connection phase up to TLS: greeting, SSLRequest.
 /// The stream is then ready for the TLS handshake; a client that does not ask for TLS gets an
 /// ERR packet naming `tsh db login`.
-pub(crate) async fn greet_client<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S) -> Result<(), HandshakeError> {
+pub(crate) async fn greet_client<S: AsyncRead + AsyncWrite + Unpin>(
+    io: &mut S,
+) -> Result<(), HandshakeError> {
     send_greeting(io, true).await?;
     let (seq, payload) = read_packet(io).await?;
     let hello = client_caps(&payload)?;
@@ -352,7 +365,8 @@ fn server_caps(g: &[u8]) -> Result<u32, HandshakeError> {
     let at = version_end + 13;
     let lower = g.get(at..at + 2).ok_or_else(bad)?;
     let upper = g.get(at + 5..at + 7).ok_or_else(bad)?;
-    Ok(u32::from(u16::from_le_bytes([lower[0], lower[1]])) | u32::from(u16::from_le_bytes([upper[0], upper[1]])) << 16)
+    Ok(u32::from(u16::from_le_bytes([lower[0], lower[1]]))
+        | u32::from(u16::from_le_bytes([upper[0], upper[1]])) << 16)
 }
 
 /// The message of an ERR packet payload.
@@ -362,7 +376,10 @@ pub(crate) fn err_text(p: &[u8]) -> String {
         Some(b'#') => p.get(9..).unwrap_or_default(),
         _ => p.get(3..).unwrap_or_default(),
     };
-    format!("the server refused (error {code}): {}", String::from_utf8_lossy(msg))
+    format!(
+        "the server refused (error {code}): {}",
+        String::from_utf8_lossy(msg)
+    )
 }
 
 #[cfg(test)]
@@ -413,6 +430,9 @@ mod tests {
         let p = err_payload(ACCESS_DENIED, "access denied to db \"my\"");
         assert_eq!(&p[..3], &[0xff, 0x15, 0x04]);
         assert_eq!(&p[3..9], b"#28000");
-        assert_eq!(err_text(&p), "the server refused (error 1045): access denied to db \"my\"");
+        assert_eq!(
+            err_text(&p),
+            "the server refused (error 1045): access denied to db \"my\""
+        );
     }
 }

@@ -28,7 +28,9 @@ pub(crate) struct Startup {
 
 /// Reads messages until the startup message: SSLRequest and GSSENCRequest are answered `N`
 /// (the hop they would protect is TLS already). Returns the raw startup message.
-pub(crate) async fn read_startup_raw<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S) -> std::io::Result<Vec<u8>> {
+pub(crate) async fn read_startup_raw<S: AsyncRead + AsyncWrite + Unpin>(
+    io: &mut S,
+) -> std::io::Result<Vec<u8>> {
     loop {
         let mut len = [0u8; 4];
         io.read_exact(&mut len).await?;
@@ -94,14 +96,14 @@ pub(crate) fn parse_startup(raw: Vec<u8>) -> Result<Startup, StartupError> {
     let user = user
         .filter(|u| !u.is_empty())
         .ok_or_else(|| bad("names no user"))?;
-    let database = database
-        .filter(|d| !d.is_empty())
-        .unwrap_or_else(|| user.clone());
+    let database = database.filter(|d| !d.is_empty()).unwrap_or_else(|| user.clone());
     Ok(Startup { raw, user, database })
 }
 
 /// Reads and parses the startup message ([`read_startup_raw`], [`parse_startup`]).
-pub(crate) async fn read_startup<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S) -> Result<Startup, StartupError> {
+pub(crate) async fn read_startup<S: AsyncRead + AsyncWrite + Unpin>(
+    io: &mut S,
+) -> Result<Startup, StartupError> {
     parse_startup(read_startup_raw(io).await?)
 }
 
@@ -147,7 +149,11 @@ mod tests {
 
     #[test]
     fn user_and_database_are_read_and_the_database_defaults_to_the_user() {
-        let raw = startup(&[("user", "alice"), ("database", "shop"), ("application_name", "psql")]);
+        let raw = startup(&[
+            ("user", "alice"),
+            ("database", "shop"),
+            ("application_name", "psql"),
+        ]);
         let s = parse_startup(raw.clone()).unwrap();
         assert_eq!((s.user.as_str(), s.database.as_str()), ("alice", "shop"));
         assert_eq!(s.raw, raw);

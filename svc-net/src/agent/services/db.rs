@@ -187,7 +187,9 @@ fn mysql_session(
         let hello = match hello {
             Ok(h) => h,
             Err(e) => {
-                let _ = ours.write_all(format!("a malformed MySQL hello: {e}\n").as_bytes()).await;
+                let _ = ours
+                    .write_all(format!("a malformed MySQL hello: {e}\n").as_bytes())
+                    .await;
                 return;
             }
         };
@@ -385,7 +387,9 @@ mod tests {
         assert_eq!(answer.first(), Some(&b'E'), "{answer:?}");
         let text = String::from_utf8_lossy(&answer);
         assert!(
-            text.contains("C28000") && text.contains("database user \"alice\"") && text.contains("user \"postgres\""),
+            text.contains("C28000")
+                && text.contains("database user \"alice\"")
+                && text.contains("user \"postgres\""),
             "{text}"
         );
     }
@@ -393,7 +397,11 @@ mod tests {
     #[tokio::test]
     async fn a_server_refusing_tls_is_an_error_naming_the_database() {
         let (port, ca) = fake_postgres(b'N').await;
-        let err = dial(port, &ca, route("alice", "shop")).await.err().unwrap().to_string();
+        let err = dial(port, &ca, route("alice", "shop"))
+            .await
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.starts_with("db \"pg\": the server refused TLS"), "{err}");
     }
 }
