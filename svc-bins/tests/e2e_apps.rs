@@ -856,6 +856,23 @@ db_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres
         env.contains("export PGSSLCERT=") && env.contains("export PGUSER=postgres"),
         "{env}"
     );
+    // psql with nothing but what `tsh db env` exports (the values need no shell unquoting here).
+    let mut psql_env = Command::new(require("psql", "postgresql-client"));
+    psql_env.args(["-X", "-A", "-t", "-c", "select 40 + 2"]);
+    for line in env.lines() {
+        let (key, value) = line
+            .strip_prefix("export ")
+            .and_then(|kv| kv.split_once('='))
+            .unwrap_or_else(|| panic!("not an export line: {line:?}"));
+        psql_env.env(key, value.trim_matches('\''));
+    }
+    let out = common::wait::run_within(&mut psql_env, common::wait::STEP, "psql with tsh db env").unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "42",
+        "psql with tsh db env: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let file = |k: &str| config[k].as_str().unwrap().to_owned();
     let (host, pg_port) = (file("host"), config["port"].as_u64().unwrap());
     assert_eq!(host, "127.0.0.1", "{config}");

@@ -217,6 +217,7 @@ impl DbConfig {
                         "PGSSLMODE",
                         if self.verify { "verify-full" } else { "require" }.to_owned(),
                     ),
+                    ("PGGSSENCMODE", "disable".to_owned()),
                 ];
                 if self.verify {
                     env.push(("PGSSLROOTCERT", l.ca.display().to_string()));
@@ -260,7 +261,7 @@ mod tests {
         let c = config("postgres", true);
         assert_eq!(
             c.postgres_conninfo(),
-            "host=proxy.example.com port=443 sslmode=verify-full sslrootcert=/h/db/pg/ca.pem sslcert=/h/db/pg/cert.pem sslkey=/h/db/pg/key.pem user=alice dbname=shop"
+            "host=proxy.example.com port=443 sslmode=verify-full gssencmode=disable sslrootcert=/h/db/pg/ca.pem sslcert=/h/db/pg/cert.pem sslkey=/h/db/pg/key.pem user=alice dbname=shop"
         );
         let env = c.env();
         assert!(
