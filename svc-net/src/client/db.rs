@@ -167,6 +167,8 @@ impl DbConfig {
             format!("host={}", self.host),
             format!("port={}", self.port),
             format!("sslmode={}", if self.verify { "verify-full" } else { "require" }),
+            // The proxy speaks TLS, never GSSAPI encryption: no GSSENCRequest first.
+            "gssencmode=disable".to_owned(),
         ];
         if self.verify {
             parts.push(format!("sslrootcert={}", l.ca.display()));
