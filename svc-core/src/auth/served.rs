@@ -179,6 +179,9 @@ pub enum RouteError {
     /// The user's roles do not allow this database user or database name.
     #[error(transparent)]
     Db(#[from] DbAccessDenied),
+    /// A database certificate (`tsh db login`) was presented for anything but its own route.
+    #[error("{0}")]
+    CertScope(String),
     /// The user's certificates are revoked (user deleted or locked), or the node is locked;
     /// the text names who and why.
     #[error("access refused: {0}")]

@@ -1763,4 +1763,38 @@ async fn database_certificates_carry_the_route_the_roles_allow_and_mint_no_other
         .await
         .unwrap();
     assert!(matches!(no, Err(RouteError::Db(_))), "{no:?}");
+
+    // A database certificate reaches its own route only.
+    let db_cert = f
+        .auth
+        .issue_db_cert(&carol, &req("app_ro", Some("shop")))
+        .await
+        .unwrap()
+        .unwrap()
+        .tls_cert;
+    let chain = std::slice::from_ref(&db_cert);
+    let own = f
+        .auth
+        .resolve_db(&proxy, Some(chain), "pg", "app_ro", Some("shop"))
+        .await
+        .unwrap();
+    assert!(own.is_ok(), "{own:?}");
+    let other_user = f
+        .auth
+        .resolve_db(&proxy, Some(chain), "pg", "app_rw", Some("shop"))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(other_user, RouteError::CertScope(_)), "{other_user}");
+    assert!(
+        other_user.to_string().contains("as database user \"app_ro\""),
+        "{other_user}"
+    );
+    let other_kind = f
+        .auth
+        .resolve_resource(&proxy, Some(chain), ServedKind::App, "grafana")
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(other_kind, RouteError::CertScope(_)), "{other_kind}");
 }
