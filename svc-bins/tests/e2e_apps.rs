@@ -450,15 +450,18 @@ app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1
     let mut answer = [0u8; 1];
     pg.read_exact(&mut answer).unwrap();
     assert_eq!(&answer, b"S");
-    // MySQL, MongoDB and Redis: TLS listeners (a handshake gets a server certificate back).
-    for field in [
-        "mysql_listen_addr",
-        "mongo_listen_addr",
-        "redis_listen_addr",
-        "redis_public_addr",
+    // MySQL: svc greets as a MySQL server offering TLS (STARTTLS-style, as native clients
+    // expect); MongoDB and Redis: TLS listeners. Either way a handshake gets a server
+    // certificate back.
+    for (field, starttls) in [
+        ("mysql_listen_addr", Some("mysql")),
+        ("mongo_listen_addr", None),
+        ("redis_listen_addr", None),
+        ("redis_public_addr", None),
     ] {
         let out = Command::new(require("openssl", "openssl"))
             .args(["s_client", "-connect", &addr(field)])
+            .args(starttls.map(|p| ["-starttls", p]).into_iter().flatten())
             .output_within(common::wait::STEP, &format!("openssl s_client to {field}"))
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
@@ -610,4 +613,428 @@ fn app_access_replaces_forged_identity_headers_and_keeps_upgrades() {
     let mut buf = [0u8; 19];
     s.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"websocket-ish bytes");
+}
+
+/// A MariaDB server with TLS (the test CA's certificate for localhost), admitting the user
+/// `app_rw` only with the agent's client certificate (`REQUIRE SUBJECT '/CN=svc-agent'`, no
+/// password); stopped on drop. Returns it with the agent's certificate and key files.
+struct Mariadb {
+    _proc: Proc,
+    port: u16,
+    agent_cert: PathBuf,
+    agent_key: PathBuf,
+}
+
+fn mariadb_bin(tool: &str) -> PathBuf {
+    let path = ["/usr/sbin", "/usr/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| p.is_file());
+    path.unwrap_or_else(|| panic!("{tool} is not installed: apt-get install mariadb-server mariadb-client"))
+}
+
+impl Mariadb {
+    fn start(dir: &Path, ca: &str, cert: &str, key: &str) -> Mariadb {
+        let my = dir.join("mariadb");
+        std::fs::create_dir_all(&my).unwrap();
+        // The agent's client certificate: self-signed, trusted by the server as a CA entry.
+        let agent_key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "svc-agent");
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let agent_cert = params.self_signed(&agent_key).unwrap();
+        let files = [
+            ("ca.pem", format!("{ca}{}", agent_cert.pem())),
+            ("server.pem", cert.to_owned()),
+            ("server-key.pem", key.to_owned()),
+            ("agent.pem", agent_cert.pem()),
+            ("agent-key.pem", agent_key.serialize_pem()),
+        ];
+        for (name, text) in &files {
+            std::fs::write(my.join(name), text).unwrap();
+        }
+        let data = my.join("data");
+        let out = Command::new(mariadb_bin("mariadb-install-db"))
+            .arg("--user=root")
+            .arg(format!("--datadir={}", data.display()))
+            .arg("--auth-root-authentication-method=socket")
+            .output_within(Duration::from_secs(120), "mariadb-install-db")
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mariadb-install-db: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = free_port();
+        let sock = my.join("sock");
+        let child = Command::new(mariadb_bin("mariadbd"))
+            .arg("--no-defaults")
+            .arg("--user=root")
+            .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--port={port}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--socket={}", sock.display()))
+            .arg(format!("--pid-file={}", my.join("pid").display()))
+            .arg(format!("--ssl-ca={}", my.join("ca.pem").display()))
+            .arg(format!("--ssl-cert={}", my.join("server.pem").display()))
+            .arg(format!("--ssl-key={}", my.join("server-key.pem").display()))
+            .arg("--skip-log-bin")
+            // Client hosts by address: the anonymous ''@localhost of a fresh data directory
+            // must not shadow app_rw@'%' for connections from 127.0.0.1.
+            .arg("--skip-name-resolve")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(my.join("log")).unwrap())
+            .spawn()
+            .unwrap();
+        let proc = Proc(child);
+        wait_listening(port, "mariadbd");
+        let sql = "CREATE USER app_rw@'%' REQUIRE SUBJECT '/CN=svc-agent'; \
+CREATE DATABASE shop; GRANT ALL ON shop.* TO app_rw@'%';";
+        let out = Command::new(mariadb_bin("mariadb"))
+            .arg(format!("--socket={}", sock.display()))
+            .args(["-e", sql])
+            .output_within(common::wait::STEP, "mariadb: creating app_rw")
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "creating app_rw: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Mariadb {
+            _proc: proc,
+            port,
+            agent_cert: my.join("agent.pem"),
+            agent_key: my.join("agent-key.pem"),
+        }
+    }
+}
+
+/// `mariadb ARGS -N -B -e SQL`.
+fn mariadb_client(args: &[String], sql: &str) -> std::process::Output {
+    let mut c = Command::new(mariadb_bin("mariadb"));
+    c.arg("--no-defaults")
+        .args(args)
+        .args(["--connect-timeout=30", "-N", "-B", "-e", sql]);
+    common::wait::run_within(
+        &mut c,
+        common::wait::STEP,
+        &format!("mariadb {args:?} -e {sql:?}"),
+    )
+    .unwrap()
+}
+
+/// `tsh ARGS` as `user`, expected to fail: its standard error.
+fn tsh_fails(user: &User, args: &[&str]) -> String {
+    let out = common::wait::run_within(
+        Command::new(common::TSH)
+            .args(args)
+            .env("SVC_HOME", &user.home)
+            .env_remove("RUST_LOG"),
+        common::wait::STEP,
+        &format!("tsh {}", args.join(" ")),
+    )
+    .unwrap();
+    assert!(
+        !out.status.success(),
+        "tsh {args:?} must fail: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `psql "<conninfo>" -c SQL` with libpq's own settings only (no local proxy).
+fn psql_conninfo(conninfo: &str, sql: &str) -> std::process::Output {
+    let mut psql = Command::new(require("psql", "postgresql-client"));
+    psql.arg(conninfo)
+        .args(["-X", "-A", "-t", "-c", sql])
+        .env("PGCONNECT_TIMEOUT", "30");
+    for var in [
+        "PGHOST",
+        "PGPORT",
+        "PGUSER",
+        "PGDATABASE",
+        "PGSSLMODE",
+        "PGSSLROOTCERT",
+    ] {
+        psql.env_remove(var);
+    }
+    common::wait::run_within(
+        &mut psql,
+        common::wait::STEP,
+        &format!("psql {conninfo:?} -c {sql:?}"),
+    )
+    .unwrap()
+}
+
+#[test]
+fn psql_and_mariadb_with_the_tsh_db_login_certificate_straight_to_the_proxy_and_db_users_enforced() {
+    require("psql", "postgresql-client");
+    pg_bin("initdb");
+    mariadb_bin("mariadbd");
+    mariadb_bin("mariadb");
+    let dir = tempfile::tempdir().unwrap();
+    let ok = Command::new("chmod")
+        .arg("0755")
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let (ca, cert, key) = test_ca();
+    let ca_file = dir.path().join("db-ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let pg = Postgres::start(dir.path(), &cert, &key);
+    let my = Mariadb::start(
+        dir.path(),
+        &std::fs::read_to_string(&ca_file).unwrap(),
+        &cert,
+        &key,
+    );
+    // Separate mode: Postgres clients reach the proxy on its own port and on the web port;
+    // MySQL clients on the MySQL port.
+    let services = format!(
+        "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\n  proxy_listener_mode: separate\n\
+proxy_service:\n  web_listen_addr: 127.0.0.1:0\n  listen_addr: 127.0.0.1:0\n  tunnel_listen_addr: 127.0.0.1:0\n  postgres_listen_addr: 127.0.0.1:0\n  mysql_listen_addr: 127.0.0.1:0\n\
+db_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres\n    uri: 127.0.0.1:{}\n    labels: {{env: dev}}\n    tls:\n      ca_cert_file: {}\n      server_name: localhost\n  - name: my\n    protocol: mysql\n    uri: 127.0.0.1:{}\n    labels: {{env: dev}}\n    tls:\n      ca_cert_file: {}\n      server_name: localhost\n      cert_file: {}\n      key_file: {}\n",
+        pg.port,
+        ca_file.display(),
+        my.port,
+        ca_file.display(),
+        my.agent_cert.display(),
+        my.agent_key.display(),
+    );
+    let cluster = Cluster::start_with(tempfile::tempdir().unwrap(), "info", &services);
+    let role = "kind: role\nversion: v7\nmetadata:\n  name: db-reader\nspec:\n  allow:\n    db_labels: {env: dev}\n    db_users: [postgres, 'app_*']\n    db_names: [postgres, shop]\n  deny:\n    db_users: [app_admin]\n";
+    cluster
+        .tctl_admin(
+            &["create", &cluster.write("db-reader.yaml", role).to_string_lossy()],
+            None,
+        )
+        .ok();
+    cluster
+        .tctl_admin(
+            &["users", "add", "carol", "--roles=db-reader", "--password-stdin"],
+            Some(PASSWORD),
+        )
+        .ok();
+    let carol = User::login(&cluster, "carol");
+
+    // The Auth Service signs no certificate for a denied database user or name.
+    let err = tsh_fails(&carol, &["db", "login", "pg", "--db-user", "app_admin"]);
+    assert!(
+        err.contains("access denied to db \"pg\" as database user \"app_admin\""),
+        "{err}"
+    );
+    let err = tsh_fails(
+        &carol,
+        &[
+            "db",
+            "login",
+            "pg",
+            "--db-user",
+            "postgres",
+            "--db-name",
+            "template1",
+        ],
+    );
+    assert!(
+        err.contains("access denied to db \"pg\" database name \"template1\""),
+        "{err}"
+    );
+
+    let out = carol.tsh(&[
+        "db",
+        "login",
+        "pg",
+        "--db-user",
+        "postgres",
+        "--db-name",
+        "postgres",
+    ]);
+    assert!(out.contains("as database user \"postgres\""), "{out}");
+    let config: serde_json::Value =
+        serde_json::from_str(&carol.tsh(&["db", "config", "pg", "-f", "json"])).unwrap();
+    let text = carol.tsh(&["db", "config", "pg"]);
+    assert!(text.contains("psql ") && text.contains("sslcert="), "{text}");
+    let env = carol.tsh(&["db", "env", "pg"]);
+    assert!(
+        env.contains("export PGSSLCERT=") && env.contains("export PGUSER=postgres"),
+        "{env}"
+    );
+    // psql with nothing but what `tsh db env` exports (the values need no shell unquoting here).
+    let mut psql_env = Command::new(require("psql", "postgresql-client"));
+    psql_env.args(["-X", "-A", "-t", "-c", "select 40 + 2"]);
+    for line in env.lines() {
+        let (key, value) = line
+            .strip_prefix("export ")
+            .and_then(|kv| kv.split_once('='))
+            .unwrap_or_else(|| panic!("not an export line: {line:?}"));
+        psql_env.env(key, value.trim_matches('\''));
+    }
+    let out = common::wait::run_within(&mut psql_env, common::wait::STEP, "psql with tsh db env").unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "42",
+        "psql with tsh db env: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = |k: &str| config[k].as_str().unwrap().to_owned();
+    let (host, pg_port) = (file("host"), config["port"].as_u64().unwrap());
+    assert_eq!(host, "127.0.0.1", "{config}");
+    let web_port = cluster.web_addr.rsplit_once(':').unwrap().1.to_owned();
+    assert_ne!(
+        pg_port.to_string(),
+        web_port,
+        "separate mode has its own Postgres port: {config}"
+    );
+    let conninfo = |port: &str, user: &str| {
+        format!(
+            "host={host} port={port} sslmode=require sslcert={} sslkey={} user={user} dbname=postgres",
+            file("cert"),
+            file("key")
+        )
+    };
+
+    // psql straight to the proxy, on its Postgres port and on the web port; the server only
+    // admits TLS (the agent's).
+    for port in [pg_port.to_string(), web_port.clone()] {
+        let out = psql_conninfo(&conninfo(&port, "postgres"), "select 40 + 2");
+        assert!(
+            out.status.success(),
+            "psql to port {port}: {}\nsvc: {}",
+            String::from_utf8_lossy(&out.stderr),
+            cluster.stderr()
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42");
+        let out = psql_conninfo(
+            &conninfo(&port, "postgres"),
+            "select ssl from pg_stat_ssl where pid = pg_backend_pid()",
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "t", "{out:?}");
+    }
+
+    // Another database user than the certificate's is refused by name, in Postgres' own terms.
+    let out = psql_conninfo(&conninfo(&pg_port.to_string(), "app_ro"), "select 1");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("this certificate is for database user \"postgres\"") && err.contains("\"app_ro\""),
+        "{err}"
+    );
+
+    // `tsh proxy db` still works, with --db-user; a denied user is refused by name.
+    let (_ok, ok_port, ok_err) = carol
+        .proxy_with("db", "pg", &["--db-user", "postgres"])
+        .expect("tsh proxy db --db-user postgres");
+    let out = psql(ok_port, "select 40 + 2");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "42",
+        "psql: {}\ntsh: {}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&ok_err).unwrap_or_default()
+    );
+    let (_denied, denied_port, _) = carol
+        .proxy_with("db", "pg", &["--db-user", "app_admin"])
+        .expect("tsh proxy db --db-user app_admin starts");
+    let mut psql = Command::new(require("psql", "postgresql-client"));
+    psql.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &denied_port.to_string(),
+        "-U",
+        "app_admin",
+        "-d",
+        "postgres",
+    ])
+    .args(["-X", "-A", "-t", "-c", "select 1"])
+    .env("PGCONNECT_TIMEOUT", "30");
+    let out = common::wait::run_within(&mut psql, common::wait::STEP, "psql as app_admin").unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("access denied to db \"pg\" as database user \"app_admin\""),
+        "{err}"
+    );
+
+    // MariaDB: a denied user gets no certificate; `mariadb` with the certificate straight to
+    // the proxy's MySQL port; the agent logs in with its own certificate over verified TLS.
+    let err = tsh_fails(&carol, &["db", "login", "my", "--db-user", "app_admin"]);
+    assert!(
+        err.contains("access denied to db \"my\" as database user \"app_admin\""),
+        "{err}"
+    );
+    carol.tsh(&["db", "login", "my", "--db-user", "app_rw", "--db-name", "shop"]);
+    let config: serde_json::Value =
+        serde_json::from_str(&carol.tsh(&["db", "config", "my", "-f", "json"])).unwrap();
+    let text = carol.tsh(&["db", "config", "my"]);
+    assert!(
+        text.contains("mariadb ") && text.contains("--ssl-cert="),
+        "{text}"
+    );
+    let file = |k: &str| config[k].as_str().unwrap().to_owned();
+    let my_args = |user: &str| {
+        vec![
+            format!("--host={}", file("host")),
+            format!("--port={}", config["port"].as_u64().unwrap()),
+            format!("--user={user}"),
+            "--ssl".to_owned(),
+            format!("--ssl-cert={}", file("cert")),
+            format!("--ssl-key={}", file("key")),
+            "shop".to_owned(),
+        ]
+    };
+    let out = mariadb_client(&my_args("app_rw"), "select 40 + 2, current_user()");
+    assert!(
+        out.status.success(),
+        "mariadb: {}\nsvc: {}",
+        String::from_utf8_lossy(&out.stderr),
+        cluster.stderr()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42\tapp_rw@%");
+    // The agent's session to the server is TLS.
+    let out = mariadb_client(&my_args("app_rw"), "show status like 'Ssl_version'");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("TLS"), "{out:?}");
+    let out = mariadb_client(&my_args("app_ro"), "select 1");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("this certificate is for database user \"app_rw\"") && err.contains("\"app_ro\""),
+        "{err}"
+    );
+
+    // A user the roles allow but the server does not know: the server's refusal of the
+    // agent's login reaches the client as an ERR packet naming the user.
+    carol.tsh(&["db", "login", "my", "--db-user", "app_ghost"]);
+    let mut ghost = my_args("app_ghost");
+    ghost.pop();
+    let out = mariadb_client(&ghost, "select 1");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("logging in as database user \"app_ghost\"") && err.contains("Access denied"),
+        "{err}"
+    );
+
+    // `tsh proxy db` carries MySQL too (the proxy greets the client the same way).
+    let (_myp, my_port, my_err) = carol
+        .proxy_with("db", "my", &["--db-user", "app_rw"])
+        .expect("tsh proxy db my --db-user app_rw");
+    let local = vec![
+        "--host=127.0.0.1".to_owned(),
+        format!("--port={my_port}"),
+        "--user=app_rw".to_owned(),
+        "--skip-ssl".to_owned(),
+        "shop".to_owned(),
+    ];
+    let out = mariadb_client(&local, "select 40 + 2");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "42",
+        "mariadb: {}\ntsh: {}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&my_err).unwrap_or_default()
+    );
 }

@@ -376,6 +376,97 @@ impl RoleSet {
     }
 }
 
+/// Why a user may not reach a database as a database user or name. The message names the
+/// database, the database user or name, and the user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DbAccessDenied {
+    /// No role allows this database user, or a role denies it.
+    #[error(
+        "access denied to db \"{db}\" as database user \"{db_user}\": the roles of user {user} do not allow it"
+    )]
+    User {
+        /// The database.
+        db: String,
+        /// The database user asked for.
+        db_user: String,
+        /// The user.
+        user: String,
+    },
+    /// No role allows this database name, or a role denies it.
+    #[error(
+        "access denied to db \"{db}\" database name \"{db_name}\": the roles of user {user} do not allow it"
+    )]
+    Name {
+        /// The database.
+        db: String,
+        /// The database name asked for.
+        db_name: String,
+        /// The user.
+        user: String,
+    },
+}
+
+/// Whether `value` matches `pattern`, where `*` matches any run of characters (none included).
+pub fn wildcard_match(pattern: &str, value: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = value.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        // No `*` at all: the whole value must be the pattern.
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+impl RoleSet {
+    /// Whether `value` is allowed by the `field` lists (`db_users` or `db_names`) of these
+    /// roles: some allow pattern matches and no deny pattern does.
+    fn db_value_allowed(&self, field: fn(&RoleConditions) -> &Vec<String>, value: &str) -> bool {
+        let matches = |c: &RoleConditions| field(c).iter().any(|p| wildcard_match(p, value));
+        !self.roles.iter().any(|r| matches(&r.spec.deny)) && self.roles.iter().any(|r| matches(&r.spec.allow))
+    }
+
+    /// The rule for a database session, shared by the Auth Service (before it signs a database
+    /// certificate) and the proxy (before it dials): `db_user` must be allowed by some role's
+    /// `db_users` and denied by none (deny beats allow); likewise `db_name` with `db_names`
+    /// when the protocol has database names (`None`: not checked).
+    pub fn check_db(
+        &self,
+        user: &str,
+        db: &str,
+        db_user: &str,
+        db_name: Option<&str>,
+    ) -> Result<(), DbAccessDenied> {
+        if !self.db_value_allowed(|c| &c.db_users, db_user) {
+            return Err(DbAccessDenied::User {
+                db: db.to_owned(),
+                db_user: db_user.to_owned(),
+                user: user.to_owned(),
+            });
+        }
+        if let Some(name) = db_name
+            && !self.db_value_allowed(|c| &c.db_names, name)
+        {
+            return Err(DbAccessDenied::Name {
+                db: db.to_owned(),
+                db_name: name.to_owned(),
+                user: user.to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The `editor` preset: manages users, roles, connectors, join tokens and locks, and reads the agent
 /// inventory and cluster status. Nothing on `cluster_maintenance_config` (specification §2.4).
 pub fn preset_editor() -> Role {
@@ -402,6 +493,8 @@ pub fn preset_access<S: Into<String>>(logins: impl IntoIterator<Item = S>) -> Ro
     allow.node_labels = everything();
     allow.app_labels = everything();
     allow.db_labels = everything();
+    allow.db_users = vec!["*".to_owned()];
+    allow.db_names = vec!["*".to_owned()];
     allow.kubernetes_labels = everything();
     allow.windows_desktop_labels = everything();
     role
@@ -462,6 +555,62 @@ spec:
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn wildcards_match_runs_of_characters() {
+        for (p, v, ok) in [
+            ("*", "", true),
+            ("*", "alice", true),
+            ("alice", "alice", true),
+            ("alice", "alice2", false),
+            ("app_*", "app_ro", true),
+            ("app_*", "ap", false),
+            ("*_ro", "shop_ro", true),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "acb", false),
+            ("ab*ba", "aba", false),
+        ] {
+            assert_eq!(wildcard_match(p, v), ok, "{p:?} vs {v:?}");
+        }
+    }
+
+    #[test]
+    fn db_users_and_names_deny_beats_allow_and_no_list_grants_nothing() {
+        let mut reader = Role::new("reader");
+        reader.spec.allow.db_users = vec!["app_*".into(), "reporting".into()];
+        reader.spec.allow.db_names = vec!["*".into()];
+        reader.spec.deny.db_names = vec!["secrets".into()];
+        let mut no_admin = Role::new("no-admin");
+        no_admin.spec.deny.db_users = vec!["app_admin".into()];
+        let set = RoleSet::new([reader, no_admin]);
+        assert_eq!(set.check_db("alice", "pg", "app_ro", Some("shop")), Ok(()));
+        assert_eq!(set.check_db("alice", "pg", "reporting", None), Ok(()));
+        let err = set
+            .check_db("alice", "pg", "app_admin", Some("shop"))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "access denied to db \"pg\" as database user \"app_admin\": the roles of user alice do not allow it"
+        );
+        let err = set.check_db("alice", "pg", "postgres", None).unwrap_err();
+        assert!(matches!(err, DbAccessDenied::User { .. }), "{err}");
+        let err = set
+            .check_db("alice", "pg", "app_ro", Some("secrets"))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "access denied to db \"pg\" database name \"secrets\": the roles of user alice do not allow it"
+        );
+        assert!(
+            RoleSet::new([Role::new("empty")])
+                .check_db("a", "pg", "x", None)
+                .is_err()
+        );
+        assert_eq!(
+            RoleSet::new([preset_access(["root"])]).check_db("a", "pg", "anyone", Some("any")),
+            Ok(())
+        );
     }
 
     #[test]

@@ -87,6 +87,7 @@ fn ssh_keygen_reads_ca_key_and_user_certificate() -> Result<()> {
         roles: vec!["access".into(), "editor".into()],
         logins: vec!["alice".into(), "root".into()],
         ttl,
+        db_route: None,
     };
     let cert = user_ca.sign_user_ssh(&req, user_key.public_key(), now)?;
     let cert_path = dir.path().join("id_ed25519-cert.pub");
@@ -182,6 +183,7 @@ fn openssl_verifies_x509_chain_and_ca_pin() -> Result<()> {
         roles: vec!["access".into()],
         logins: vec!["alice".into()],
         ttl: Duration::from_secs(3600),
+        db_route: None,
     };
     let user_cert = user_ca.sign_user_x509(&user_req, &key.subject_public_key_info(), now)?;
     let pem = |der: &[u8]| pem::encode(&pem::Pem::new("CERTIFICATE", der.to_vec()));

@@ -66,6 +66,7 @@ fn alice_request() -> UserCertRequest {
         roles: vec!["access".into(), "editor".into()],
         logins: vec!["alice".into(), "root".into()],
         ttl: Duration::from_secs(12 * 3600),
+        db_route: None,
     }
 }
 
@@ -122,6 +123,7 @@ fn user_identity_reads_back_exactly() -> Result<()> {
         cluster: CLUSTER.into(),
         roles: vec!["access".into(), "editor".into()],
         logins: vec!["alice".into(), "root".into()],
+        db_route: None,
         validity: validity(req.ttl),
     };
     let cert = c

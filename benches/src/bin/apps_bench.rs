@@ -269,6 +269,8 @@ fn main() -> Result<()> {
                 kind,
                 name: name.into(),
                 protocol,
+                db_user: None,
+                db_name: None,
             };
             let (listener, _) = bind_local(port).await?;
             tokio::spawn(

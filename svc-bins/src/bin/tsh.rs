@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use svc_bins::tsh::cli::{Cli, Command, KubeCommand, ListCommand, ProxyCommand};
+use svc_bins::tsh::cli::{Cli, Command, DbCommand, KubeCommand, ListCommand, ProxyCommand};
 use svc_bins::tsh::{Format, print_routes, print_status, read_password};
 use svc_core::auth::ServedKind;
 use svc_net::client::{self, Profile, SignIn, ssh::Target};
@@ -79,14 +79,64 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let login = target.resolve_login(None, &profile)?;
             Ok(rt()?.block_on(client::ssh::pipe(&profile, &target, &login))?)
         }
-        Command::Proxy(ProxyCommand::App { name, port }) => local_proxy(ServedKind::App, name, port),
-        Command::Proxy(ProxyCommand::Desktop { name, port }) => {
-            local_proxy(ServedKind::WindowsDesktop, name, port)
+        Command::Proxy(ProxyCommand::App { name, port }) => {
+            local_proxy(ServedKind::App, name, port, client::DbUser::default())
         }
-        Command::Proxy(ProxyCommand::Db { name, port }) => local_proxy(ServedKind::Db, name, port),
+        Command::Proxy(ProxyCommand::Desktop { name, port }) => {
+            local_proxy(ServedKind::WindowsDesktop, name, port, client::DbUser::default())
+        }
+        Command::Proxy(ProxyCommand::Db {
+            name,
+            port,
+            db_user,
+            db_name,
+        }) => local_proxy(
+            ServedKind::Db,
+            name,
+            port,
+            client::DbUser {
+                user: db_user,
+                name: db_name,
+            },
+        ),
         Command::Ls { format } => list(ServedKind::Node, format),
         Command::Apps(ListCommand::Ls { format }) => list(ServedKind::App, format),
-        Command::Db(ListCommand::Ls { format }) => list(ServedKind::Db, format),
+        Command::Db(DbCommand::Ls { format }) => list(ServedKind::Db, format),
+        Command::Db(DbCommand::Login {
+            name,
+            db_user,
+            db_name,
+        }) => {
+            let profile = Profile::signed_in()?;
+            let login = rt()?.block_on(client::db_login(&profile, &name, &db_user, db_name.as_deref()))?;
+            let until = std::time::UNIX_EPOCH
+                + std::time::Duration::from_secs(u64::try_from(login.not_after_unix).unwrap_or(0));
+            println!(
+                "Logged into db \"{name}\" ({}) as database user \"{db_user}\"{}, valid until {}.",
+                login.protocol,
+                login
+                    .db_name
+                    .as_ref()
+                    .map(|d| format!(", database \"{d}\""))
+                    .unwrap_or_default(),
+                humantime::format_rfc3339_seconds(until)
+            );
+            println!("Connect with a native client: tsh db config {name}");
+            Ok(())
+        }
+        Command::Db(DbCommand::Config { name, format }) => {
+            let profile = Profile::signed_in()?;
+            let config = rt()?.block_on(client::db_config(&profile, &name))?;
+            svc_bins::tsh::print_db_config(&config, format)
+        }
+        Command::Db(DbCommand::Env { name }) => {
+            let profile = Profile::signed_in()?;
+            let config = rt()?.block_on(client::db_config(&profile, &name))?;
+            for (key, value) in config.env() {
+                println!("export {key}={}", svc_bins::tsh::shell_quote(&value));
+            }
+            Ok(())
+        }
         Command::Kube(KubeCommand::Ls { format }) => list(ServedKind::Kube, format),
         Command::Kube(KubeCommand::Login { name, out }) => {
             let path = client::write_kubeconfig(&Profile::signed_in()?, &name, out)?;
@@ -111,7 +161,7 @@ fn list(kind: ServedKind, format: Format) -> anyhow::Result<()> {
     print_routes(kind, &routes, format)
 }
 
-fn local_proxy(kind: ServedKind, name: String, port: u16) -> anyhow::Result<()> {
+fn local_proxy(kind: ServedKind, name: String, port: u16, db: client::DbUser) -> anyhow::Result<()> {
     let profile = Profile::signed_in()?;
     let on_listening = |local| {
         println!("Proxying connections to {kind} \"{name}\" on {local}");
@@ -122,14 +172,12 @@ fn local_proxy(kind: ServedKind, name: String, port: u16) -> anyhow::Result<()> 
         eprintln!("tsh: connection from {peer} to {k} \"{n}\": {e}");
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let serve = client::serve_local_proxy(
-        &profile,
+    let target = client::LocalTarget {
         kind,
-        name.clone(),
+        name: name.clone(),
         port,
-        shutdown,
-        on_listening,
-        on_error,
-    );
+        db,
+    };
+    let serve = client::serve_local_proxy(&profile, target, shutdown, on_listening, on_error);
     Ok(tokio::runtime::Runtime::new()?.block_on(serve)?)
 }

@@ -83,7 +83,7 @@ pub enum Command {
     Apps(ListCommand),
     /// Databases.
     #[command(subcommand)]
-    Db(ListCommand),
+    Db(DbCommand),
     /// Kubernetes clusters.
     #[command(subcommand)]
     Kube(KubeCommand),
@@ -111,7 +111,42 @@ pub enum KubeCommand {
     },
 }
 
-/// `tsh apps|db|desktops`.
+/// `tsh db`.
+#[derive(Subcommand)]
+pub enum DbCommand {
+    /// List the databases your roles allow (by their labels).
+    Ls {
+        #[arg(short = 'f', long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    /// Get a short-lived client certificate for a database, as one database user: native
+    /// clients (`psql`, `mariadb`) present it to the proxy directly (see `tsh db config`).
+    Login {
+        /// The database's name.
+        name: String,
+        /// The database user to connect as (your roles' `db_users` must allow it).
+        #[arg(long)]
+        db_user: String,
+        /// The database name to connect to (your roles' `db_names` must allow it).
+        #[arg(long)]
+        db_name: Option<String>,
+    },
+    /// How a native client connects straight to the proxy with the `tsh db login` certificate:
+    /// host, port, certificate, key and CA files, and the command line.
+    Config {
+        /// The database's name.
+        name: String,
+        #[arg(short = 'f', long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    /// The same as environment variables (`eval "$(tsh db env NAME)"`).
+    Env {
+        /// The database's name.
+        name: String,
+    },
+}
+
+/// `tsh apps|desktops`.
 #[derive(Subcommand)]
 pub enum ListCommand {
     /// List the ones your roles allow (by their labels).
@@ -146,6 +181,12 @@ pub enum ProxyCommand {
         /// The local port (0: any free port, printed).
         #[arg(long, default_value_t = 0)]
         port: u16,
+        /// The database user (required except for Postgres, whose client names its user).
+        #[arg(long)]
+        db_user: Option<String>,
+        /// The database name.
+        #[arg(long)]
+        db_name: Option<String>,
     },
     /// A local listener for a Windows desktop: a desktop client connects to `127.0.0.1:PORT`.
     Desktop {

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use svc_core::Secret;
 use svc_core::auth::{ResourceRoute, ServedKind};
-use svc_net::client::Profile;
+use svc_net::client::{DbConfig, Profile};
 
 pub use cli::Format;
 
@@ -105,6 +105,51 @@ pub fn print_status(profile: &Profile, format: Format) -> anyhow::Result<()> {
                     humantime::format_duration(Duration::from_secs(d.as_secs() / 60 * 60))
                 ),
                 None => println!("  Valid until:  {valid_until} [EXPIRED]"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `value` quoted for a POSIX shell (`'...'`, with `'` written `'\''`).
+pub fn shell_quote(value: &str) -> String {
+    if !value.is_empty()
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '-' | '_' | ':' | '='))
+    {
+        return value.to_owned();
+    }
+    format!("'{}'", value.replace('\'', "'\\''"))
+}
+
+/// Prints `tsh db config`.
+pub fn print_db_config(config: &DbConfig, format: Format) -> anyhow::Result<()> {
+    let l = &config.login;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(config)?),
+        Format::Text => {
+            println!("Name:      {}", l.name);
+            println!("Protocol:  {}", l.protocol);
+            println!("Host:      {}", config.host);
+            println!("Port:      {}", config.port);
+            println!("User:      {}", l.db_user);
+            println!("Database:  {}", l.db_name.as_deref().unwrap_or(""));
+            println!("CA:        {}", l.ca.display());
+            println!("Cert:      {}", l.cert.display());
+            println!("Key:       {}", l.key.display());
+            println!();
+            match l.protocol.as_str() {
+                "postgres" => println!("psql {}", shell_quote(&config.postgres_conninfo())),
+                "mysql" => {
+                    let args: Vec<String> = config.mysql_args().iter().map(|a| shell_quote(a)).collect();
+                    println!("mariadb {}", args.join(" "));
+                }
+                "redis" => {
+                    let args: Vec<String> = config.redis_args().iter().map(|a| shell_quote(a)).collect();
+                    println!("redis-cli {}", args.join(" "));
+                }
+                other => println!("({other}: connect through tsh proxy db {})", l.name),
             }
         }
     }

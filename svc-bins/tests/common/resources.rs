@@ -131,9 +131,17 @@ impl User {
     /// `tsh proxy KIND NAME --port 0`: waits for the printed address. `Err` is tsh's stderr
     /// when it exits instead.
     pub fn proxy(&self, kind: &str, name: &str) -> Result<(Proc, u16, PathBuf), String> {
-        let stderr_file = self.home.join(format!("tsh-proxy-{kind}-{name}.stderr"));
+        self.proxy_with(kind, name, &[])
+    }
+
+    /// [`proxy`](Self::proxy) with more arguments (`--db-user alice`).
+    pub fn proxy_with(&self, kind: &str, name: &str, extra: &[&str]) -> Result<(Proc, u16, PathBuf), String> {
+        let stderr_file = self
+            .home
+            .join(format!("tsh-proxy-{kind}-{name}{}.stderr", extra.join("")));
         let mut child = Command::new(TSH)
             .args(["proxy", kind, name, "--port", "0"])
+            .args(extra)
             .env("SVC_HOME", &self.home)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())

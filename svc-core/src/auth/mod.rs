@@ -43,8 +43,8 @@ use ssh_key::{Certificate, PublicKey};
 use crate::backend::{Backend, BackendError, Item, Key, KeyRange};
 use crate::clock::Clock;
 use crate::identity::{
-    CertAuthority, HostCertRequest, HostIdentity, Identity, IdentityError, IdentityKind, SystemRole,
-    TrustedCa, UserCertRequest, UserIdentity, Verifier, VerifyError,
+    CertAuthority, DbCertRoute, HostCertRequest, HostIdentity, Identity, IdentityError, IdentityKind,
+    SystemRole, TrustedCa, UserCertRequest, UserIdentity, Verifier, VerifyError,
 };
 use crate::rbac::{AccessDenied, RoleSet, Verb, preset_roles};
 use crate::resource::{JoinRole, Kind, Lock, Resource, ResourceError, Token, User};
@@ -259,6 +259,36 @@ pub struct IssuedCerts {
     pub trusted: Vec<TrustedCa>,
     /// When the certificates end.
     pub not_after: SystemTime,
+}
+
+/// What `tsh db login` asks for: a client certificate for one database, as one database user.
+#[derive(Debug, Clone)]
+pub struct DbCertRequest {
+    /// The database's name.
+    pub name: String,
+    /// The database user.
+    pub db_user: String,
+    /// The database name, if chosen.
+    pub db_name: Option<String>,
+    /// The client's TLS public key, DER SubjectPublicKeyInfo.
+    pub tls_public_key: Vec<u8>,
+    /// Requested lifetime; never past the end of the caller's own certificate.
+    pub ttl: Option<Duration>,
+}
+
+/// A database client certificate ([`AuthService::issue_db_cert`]).
+#[derive(Debug, Clone)]
+pub struct DbCert {
+    /// The user name.
+    pub name: String,
+    /// The X.509 certificate (DER) carrying the route.
+    pub tls_cert: CertificateDer<'static>,
+    /// The CAs' public halves (host and user CA).
+    pub trusted: Vec<TrustedCa>,
+    /// When it ends.
+    pub not_after: SystemTime,
+    /// The route it carries.
+    pub route: DbCertRoute,
 }
 
 /// What a joining agent sends.
@@ -975,6 +1005,70 @@ impl AuthService {
         self.issue_user_certs(user, req).await
     }
 
+    /// A database client certificate for the calling user (`tsh db login`): the same user and
+    /// roles as the caller's certificate, plus the route (database, protocol, database user and
+    /// name). The roles must allow the database by its labels and the user and name by
+    /// `db_users`/`db_names` ([`AccessRules::resolve_db`]); the inner `Err` names the database
+    /// and why not. The certificate ends with the caller's own at the latest, and carries no
+    /// SSH half.
+    pub async fn issue_db_cert(
+        &self,
+        caller: &Caller,
+        req: &DbCertRequest,
+    ) -> Result<Result<DbCert, RouteError>, AuthError> {
+        // A database certificate cannot mint others: only a session certificate may ask.
+        let Caller::User { identity, .. } = caller.clone() else {
+            return Err(AccessDenied {
+                verb: Verb::Create,
+                resource: "db_certificate".into(),
+            }
+            .into());
+        };
+        if identity.db_route.is_some() {
+            return Err(AccessDenied {
+                verb: Verb::Create,
+                resource: "db_certificate".into(),
+            }
+            .into());
+        }
+        let route = match self
+            .rules
+            .resolve_db(caller, None, &req.name, &req.db_user, req.db_name.as_deref())
+            .await?
+        {
+            Ok(route) => route,
+            Err(e) => return Ok(Err(e)),
+        };
+        let now = self.now();
+        let left = identity
+            .validity
+            .not_after
+            .duration_since(now)
+            .unwrap_or(Duration::ZERO);
+        let ttl = req.ttl.unwrap_or(left).min(left).min(USER_CERT_TTL);
+        let db_route = DbCertRoute {
+            service: req.name.clone(),
+            protocol: route.resource.protocol.clone(),
+            user: req.db_user.clone(),
+            database: req.db_name.clone(),
+        };
+        let user_req = UserCertRequest {
+            username: identity.username.clone(),
+            roles: identity.roles.clone(),
+            logins: identity.logins.clone(),
+            ttl,
+            db_route: Some(db_route.clone()),
+        };
+        let tls_cert = self.user_ca.sign_user_x509(&user_req, &req.tls_public_key, now)?;
+        Ok(Ok(DbCert {
+            name: user_req.username,
+            tls_cert,
+            trusted: self.trusted(),
+            not_after: (now + ttl).min(self.user_ca.not_after()),
+            route: db_route,
+        }))
+    }
+
     /// The user if `req.password` is theirs; [`AuthError::BadCredentials`] for an unknown user
     /// or a wrong password, after the same argon2 effort either way.
     async fn check_password(&self, req: &LoginRequest) -> Result<User, AuthError> {
@@ -1023,6 +1117,7 @@ impl AuthService {
             roles: user.spec.roles.clone(),
             logins,
             ttl,
+            db_route: None,
         };
         let now = self.now();
         let tls_cert = self.user_ca.sign_user_x509(&user_req, &req.tls_public_key, now)?;

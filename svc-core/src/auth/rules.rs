@@ -21,7 +21,7 @@ use super::served::{ResourceRoute, RouteError, ServedKind, ServedResource};
 use super::{AuthError, Caller, lock_refusal, store};
 use crate::backend::{Backend, Key, KeyRange};
 use crate::clock::Clock;
-use crate::identity::{Identity, SystemRole, UserIdentity, Verifier};
+use crate::identity::{DbCertRoute, Identity, SystemRole, UserIdentity, Verifier};
 use crate::rbac::{AccessDenied, NodeAccess, RoleSet, Verb};
 use crate::resource::{Kind, Lock, Resource};
 
@@ -172,13 +172,17 @@ impl AccessRules {
         &self,
         caller: &Caller,
         user_cert: Option<&[CertificateDer<'_>]>,
-    ) -> Result<(String, RoleSet), AuthError> {
+    ) -> Result<(String, RoleSet, Option<DbCertRoute>), AuthError> {
         match (caller, user_cert) {
-            (Caller::User { identity, roles }, None) => Ok((identity.username.clone(), roles.clone())),
+            (Caller::User { identity, roles }, None) => Ok((
+                identity.username.clone(),
+                roles.clone(),
+                identity.db_route.clone(),
+            )),
             (caller, Some(chain)) if caller.is_host_with(SystemRole::Proxy) => {
                 let user = self.verifier.verify_user_x509(chain, self.now())?;
                 match self.user_caller(user).await? {
-                    Caller::User { identity, roles } => Ok((identity.username, roles)),
+                    Caller::User { identity, roles } => Ok((identity.username, roles, identity.db_route)),
                     _ => Err(AuthError::Invalid("expected a user certificate".into())),
                 }
             }
@@ -198,7 +202,64 @@ impl AccessRules {
         kind: ServedKind,
         name: &str,
     ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
-        let (user, roles) = self.acting_user(caller, user_cert).await?;
+        let (user, roles, db_route) = self.acting_user(caller, user_cert).await?;
+        if let Some(route) = db_route
+            && (kind != ServedKind::Db || route.service != name)
+        {
+            return Ok(Err(RouteError::CertScope(format!(
+                "the certificate of user {user} is for db \"{}\" only (tsh db login): not for {kind} \"{name}\"",
+                route.service
+            ))));
+        }
+        self.route_for(user, &roles, kind, name).await
+    }
+
+    /// Where a database connection goes, as `db_user` (and `db_name`, for protocols that have
+    /// database names): [`resolve_resource`](Self::resolve_resource) for the database, then the
+    /// roles' `db_users`/`db_names` ([`RoleSet::check_db`]).
+    pub async fn resolve_db(
+        &self,
+        caller: &Caller,
+        user_cert: Option<&[CertificateDer<'_>]>,
+        name: &str,
+        db_user: &str,
+        db_name: Option<&str>,
+    ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
+        let (user, roles, db_route) = self.acting_user(caller, user_cert).await?;
+        // A database certificate reaches its own database as its own user (and name) only.
+        if let Some(r) = db_route
+            && (r.service != name
+                || r.user != db_user
+                || r.database.as_deref().is_some_and(|d| Some(d) != db_name))
+        {
+            return Ok(Err(RouteError::CertScope(format!(
+                "the certificate of user {user} is for db \"{}\" as database user \"{}\"{}: not for db \"{name}\" as \"{db_user}\"{}",
+                r.service,
+                r.user,
+                r.database
+                    .as_deref()
+                    .map(|d| format!(", database \"{d}\""))
+                    .unwrap_or_default(),
+                db_name.map(|d| format!(", database \"{d}\"")).unwrap_or_default(),
+            ))));
+        }
+        let route = match self.route_for(user.clone(), &roles, ServedKind::Db, name).await? {
+            Ok(route) => route,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(match roles.check_db(&user, name, db_user, db_name) {
+            Ok(()) => Ok(route),
+            Err(e) => Err(e.into()),
+        })
+    }
+
+    async fn route_for(
+        &self,
+        user: String,
+        roles: &RoleSet,
+        kind: ServedKind,
+        name: &str,
+    ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
         let found = self.served_entries().await?.into_iter().find_map(|e| {
             let resource = e
                 .resources
@@ -365,7 +426,7 @@ impl AccessRules {
         user_cert: Option<&[CertificateDer<'_>]>,
         kind: ServedKind,
     ) -> Result<Vec<ResourceRoute>, AuthError> {
-        let (_, roles) = self.acting_user(caller, user_cert).await?;
+        let (_, roles, _) = self.acting_user(caller, user_cert).await?;
         let mut out: BTreeMap<String, ResourceRoute> = BTreeMap::new();
         for e in self.served_entries().await? {
             for r in e.resources {

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::{AuthError, AuthService, Caller, HEARTBEAT_TTL};
 use crate::backend::{Item, Key};
 use crate::identity::{HostIdentity, SystemRole};
-use crate::rbac::{AccessDenied, LabelKind, NodeAccessDenied, Verb};
+use crate::rbac::{AccessDenied, DbAccessDenied, LabelKind, NodeAccessDenied, Verb};
 
 /// What kind of resource an agent serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -176,6 +176,12 @@ pub enum RouteError {
     /// The user's roles do not allow this node or this login on it.
     #[error(transparent)]
     Node(#[from] NodeAccessDenied),
+    /// The user's roles do not allow this database user or database name.
+    #[error(transparent)]
+    Db(#[from] DbAccessDenied),
+    /// A database certificate (`tsh db login`) was presented for anything but its own route.
+    #[error("{0}")]
+    CertScope(String),
     /// The user's certificates are revoked (user deleted or locked), or the node is locked;
     /// the text names who and why.
     #[error("access refused: {0}")]
@@ -397,6 +403,22 @@ impl AuthService {
         name: &str,
     ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
         self.rules.resolve_resource(caller, user_cert, kind, name).await
+    }
+
+    /// Where a database connection as `db_user` (and `db_name`) goes: see
+    /// [`AccessRules::resolve_db`](super::AccessRules::resolve_db). The proxy asks before it
+    /// dials, with the route it then puts in the dial request.
+    pub async fn resolve_db(
+        &self,
+        caller: &Caller,
+        user_cert: Option<&[CertificateDer<'_>]>,
+        name: &str,
+        db_user: &str,
+        db_name: Option<&str>,
+    ) -> Result<Result<ResourceRoute, RouteError>, AuthError> {
+        self.rules
+            .resolve_db(caller, user_cert, name, db_user, db_name)
+            .await
     }
 
     /// Authorizes an SSH session of the user holding `user_cert` (their OpenSSH certificate) to

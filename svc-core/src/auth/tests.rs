@@ -1636,3 +1636,165 @@ async fn an_agent_cannot_announce_a_metadata_or_cluster_address_as_its_listener(
     assert!(direct_ip_allowed("10.1.2.3".parse().unwrap()));
     assert!(!direct_ip_allowed("169.254.0.1".parse().unwrap()));
 }
+
+#[tokio::test]
+async fn database_certificates_carry_the_route_the_roles_allow_and_mint_no_others() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let role = "kind: role\nversion: v7\nmetadata:\n  name: db-reader\nspec:\n  allow:\n    db_labels: {'*': '*'}\n    db_users: ['app_*']\n    db_names: [shop]\n  deny:\n    db_users: [app_admin]\n";
+    f.auth
+        .put_resources(&admin, parse_resources(role).unwrap(), false)
+        .await
+        .unwrap();
+    f.auth
+        .create_user(
+            &admin,
+            User::new("carol", ["db-reader"]),
+            &Secret::new("correct horse".into()),
+        )
+        .await
+        .unwrap();
+    let agent = host_with(&f.auth, vec![SystemRole::Db]);
+    let mut pg = ServedResource::new(ServedKind::Db, "pg");
+    pg.protocol = "postgres".into();
+    f.auth
+        .heartbeat(
+            &agent,
+            Heartbeat {
+                hostname: "agent-1".into(),
+                resources: vec![pg],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let carol = login(&f, "carol", "correct horse").await.unwrap();
+    let req = |user: &str, name: Option<&str>| DbCertRequest {
+        name: "pg".into(),
+        db_user: user.into(),
+        db_name: name.map(Into::into),
+        tls_public_key: keys().0,
+        ttl: None,
+    };
+
+    let cert = f
+        .auth
+        .issue_db_cert(&carol, &req("app_ro", Some("shop")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        cert.route,
+        DbCertRoute {
+            service: "pg".into(),
+            protocol: "postgres".into(),
+            user: "app_ro".into(),
+            database: Some("shop".into()),
+        }
+    );
+    let Caller::User { identity, .. } = f
+        .auth
+        .authenticate(std::slice::from_ref(&cert.tls_cert))
+        .await
+        .unwrap()
+    else {
+        panic!("a database certificate is a user certificate");
+    };
+    assert_eq!(identity.username, "carol");
+    assert_eq!(identity.db_route, Some(cert.route.clone()));
+    let Caller::User {
+        identity: session, ..
+    } = &carol
+    else {
+        panic!("carol is a user");
+    };
+    assert!(identity.validity.not_after <= session.validity.not_after);
+
+    // Denied users and names are refused by name; a database certificate mints no others;
+    // hosts get none.
+    let denied = f
+        .auth
+        .issue_db_cert(&carol, &req("app_admin", None))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        denied.to_string(),
+        "access denied to db \"pg\" as database user \"app_admin\": the roles of user carol do not allow it"
+    );
+    let denied = f
+        .auth
+        .issue_db_cert(&carol, &req("app_ro", Some("secrets")))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        denied.to_string().contains("database name \"secrets\""),
+        "{denied}"
+    );
+    let as_db_cert = f.auth.authenticate(&[cert.tls_cert]).await.unwrap();
+    assert!(matches!(
+        f.auth.issue_db_cert(&as_db_cert, &req("app_ro", None)).await,
+        Err(AuthError::AccessDenied(_))
+    ));
+    assert!(matches!(
+        f.auth.issue_db_cert(&agent, &req("app_ro", None)).await,
+        Err(AuthError::AccessDenied(_))
+    ));
+
+    // The proxy's check for the user whose certificate it holds.
+    let bob_cert = user_cert(&f, "carol", "correct horse").await;
+    let proxy = proxy(&f.auth);
+    let ok = f
+        .auth
+        .resolve_db(
+            &proxy,
+            Some(std::slice::from_ref(&bob_cert)),
+            "pg",
+            "app_rw",
+            Some("shop"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok.unwrap().hostname, "agent-1");
+    let no = f
+        .auth
+        .resolve_db(&proxy, Some(&[bob_cert]), "pg", "postgres", Some("shop"))
+        .await
+        .unwrap();
+    assert!(matches!(no, Err(RouteError::Db(_))), "{no:?}");
+
+    // A database certificate reaches its own route only.
+    let db_cert = f
+        .auth
+        .issue_db_cert(&carol, &req("app_ro", Some("shop")))
+        .await
+        .unwrap()
+        .unwrap()
+        .tls_cert;
+    let chain = std::slice::from_ref(&db_cert);
+    let own = f
+        .auth
+        .resolve_db(&proxy, Some(chain), "pg", "app_ro", Some("shop"))
+        .await
+        .unwrap();
+    assert!(own.is_ok(), "{own:?}");
+    let other_user = f
+        .auth
+        .resolve_db(&proxy, Some(chain), "pg", "app_rw", Some("shop"))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(other_user, RouteError::CertScope(_)), "{other_user}");
+    assert!(
+        other_user.to_string().contains("as database user \"app_ro\""),
+        "{other_user}"
+    );
+    let other_kind = f
+        .auth
+        .resolve_resource(&proxy, Some(chain), ServedKind::App, "grafana")
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(other_kind, RouteError::CertScope(_)), "{other_kind}");
+}

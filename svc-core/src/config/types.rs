@@ -493,9 +493,10 @@ pub struct DbTls {
     /// Name expected in the database's certificate (default: the host of `uri`).
     pub server_name: Option<String>,
     /// Client certificate (PEM chain) the agent presents to the database, with
-    /// [`key_file`](Self::key_file); both or neither.
+    /// [`key_file`](Self::key_file); both or neither. MySQL admits the agent by it
+    /// (`REQUIRE X509`/`REQUIRE SUBJECT`); Redis with `tls-auth-clients yes` requires it.
     pub cert_file: Option<PathBuf>,
-    /// The private key of [`cert_file`](Self::cert_file).
+    /// The private key of [`cert_file`](Self::cert_file) (PEM).
     pub key_file: Option<PathBuf>,
 }
 

@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    HostCertRequest, HostIdentity, IdentityError, IdentityKind, SystemRole, UserCertRequest, UserIdentity,
-    Validity, VerifyError, host_id,
+    DbCertRoute, HostCertRequest, HostIdentity, IdentityError, IdentityKind, SystemRole, UserCertRequest,
+    UserIdentity, Validity, VerifyError, host_id,
 };
 
 /// Version of the claims encoding; a verifier refuses versions it does not know.
@@ -28,6 +28,9 @@ pub struct Claims {
     pub logins: Vec<String>,
     /// Additional names (hosts; empty for users).
     pub names: Vec<String>,
+    /// The database route of a database client certificate (`tsh db login`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_route: Option<DbCertRoute>,
 }
 
 /// Refuses values that cannot be written safely into a certificate: empty, overlong or with
@@ -65,6 +68,7 @@ impl Claims {
             roles: req.roles.iter().map(|r| r.as_str().to_owned()).collect(),
             logins: Vec::new(),
             names: req.additional_names.clone(),
+            db_route: None,
         })
     }
 
@@ -76,6 +80,14 @@ impl Claims {
         for login in &req.logins {
             check_text("logins", login)?;
         }
+        if let Some(route) = &req.db_route {
+            check_text("db_route.service", &route.service)?;
+            check_text("db_route.protocol", &route.protocol)?;
+            check_text("db_route.user", &route.user)?;
+            if let Some(db) = &route.database {
+                check_text("db_route.database", db)?;
+            }
+        }
         Ok(Self {
             kind: IdentityKind::User.as_str().to_owned(),
             name: req.username.clone(),
@@ -84,6 +96,7 @@ impl Claims {
             roles: req.roles.clone(),
             logins: req.logins.clone(),
             names: Vec::new(),
+            db_route: req.db_route.clone(),
         })
     }
 
@@ -106,6 +119,18 @@ impl Claims {
                 strings(w.next(), &self.roles);
                 strings(w.next(), &self.logins);
                 strings(w.next(), &self.names);
+                // Optional and last, so certificates without a route encode as before.
+                if let Some(route) = &self.db_route {
+                    w.next().write_tagged(yasna::Tag::context(0), |w| {
+                        w.write_sequence(|w| {
+                            w.next().write_utf8_string(&route.service);
+                            w.next().write_utf8_string(&route.protocol);
+                            w.next().write_utf8_string(&route.user);
+                            w.next()
+                                .write_utf8_string(route.database.as_deref().unwrap_or_default());
+                        })
+                    });
+                }
             })
         })
     }
@@ -134,6 +159,22 @@ impl Claims {
                     roles: strings(r.next())?,
                     logins: strings(r.next())?,
                     names: strings(r.next())?,
+                    db_route: r.read_optional(|r| {
+                        r.read_tagged(yasna::Tag::context(0), |r| {
+                            r.read_sequence(|r| {
+                                let service = r.next().read_utf8string()?;
+                                let protocol = r.next().read_utf8string()?;
+                                let user = r.next().read_utf8string()?;
+                                let database = r.next().read_utf8string()?;
+                                Ok(DbCertRoute {
+                                    service,
+                                    protocol,
+                                    user,
+                                    database: (!database.is_empty()).then_some(database),
+                                })
+                            })
+                        })
+                    })?,
                 })
             })
         })
@@ -170,6 +211,7 @@ impl Claims {
             cluster: self.cluster,
             roles: self.roles,
             logins: self.logins,
+            db_route: self.db_route,
             validity,
         }
     }
@@ -188,6 +230,7 @@ mod tests {
             roles: vec!["node".into(), "app".into()],
             logins: vec![],
             names: vec!["10.0.0.1".into(), "ünïcode.example".into()],
+            db_route: None,
         }
     }
 
@@ -195,6 +238,21 @@ mod tests {
     fn der_round_trips() {
         let claims = sample();
         assert_eq!(Claims::from_der(&claims.to_der()).unwrap(), claims);
+    }
+
+    #[test]
+    fn a_db_route_round_trips_and_its_absence_encodes_as_before() {
+        let mut claims = sample();
+        let without = claims.to_der();
+        claims.db_route = Some(DbCertRoute {
+            service: "pg".into(),
+            protocol: "postgres".into(),
+            user: "alice".into(),
+            database: Some("shop".into()),
+        });
+        assert_eq!(Claims::from_der(&claims.to_der()).unwrap(), claims);
+        claims.db_route = None;
+        assert_eq!(claims.to_der(), without);
     }
 
     #[test]
@@ -213,6 +271,7 @@ mod tests {
             roles: vec![],
             logins: vec![],
             ttl: std::time::Duration::from_secs(60),
+            db_route: None,
         };
         let err = Claims::for_user(&req, "c").unwrap_err();
         assert!(

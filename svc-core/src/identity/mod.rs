@@ -23,7 +23,9 @@
 //! - X.509: a non-critical extension with OID [`IDENTITY_EXTENSION_OID`] whose value is the DER
 //!   `SEQUENCE { version INTEGER (1), kind UTF8String, name UTF8String, cluster UTF8String,
 //!   nodeName UTF8String, roles SEQUENCE OF UTF8String, logins SEQUENCE OF UTF8String,
-//!   names SEQUENCE OF UTF8String }`. For tools that only read names, the subject also carries
+//!   names SEQUENCE OF UTF8String, dbRoute [0] EXPLICIT SEQUENCE { service, protocol, user,
+//!   database UTF8String (empty: none) } OPTIONAL }` (the database route only in database
+//!   client certificates). For tools that only read names, the subject also carries
 //!   `CN=<name>, O=<cluster>`, and host certificates list the host ID, node name and extra
 //!   names as subject alternative names (so TLS server-name checks work).
 //! - OpenSSH: key ID = name; principals = the host ID, node name and extra names (hosts) or
@@ -217,6 +219,24 @@ pub struct UserCertRequest {
     pub logins: Vec<String>,
     /// How long the certificate is valid: user certificates are short-lived.
     pub ttl: Duration,
+    /// The database route of a database client certificate (`tsh db login`), else `None`.
+    pub db_route: Option<DbCertRoute>,
+}
+
+/// The database route a database client certificate carries: which database, over which
+/// protocol, as which database user (and database name). Native clients present it to the
+/// proxy, which reads the route from it instead of a request line.
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+pub struct DbCertRoute {
+    /// The database's name (`db_service.databases[].name`).
+    pub service: String,
+    /// Its protocol (`postgres`, `mysql`, ...).
+    pub protocol: String,
+    /// The database user.
+    pub user: String,
+    /// The database name, if one was chosen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
 }
 
 /// A verified cluster member.
@@ -263,6 +283,8 @@ pub struct UserIdentity {
     pub roles: Vec<String>,
     /// The OS logins allowed over SSH.
     pub logins: Vec<String>,
+    /// The database route of a database client certificate (`tsh db login`).
+    pub db_route: Option<DbCertRoute>,
     /// When the certificate is valid.
     pub validity: Validity,
 }

@@ -47,6 +47,12 @@ pub struct RoleConditions {
     /// Which databases, by label.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub db_labels: LabelSelector,
+    /// Which database users (`*` matches any run of characters; `*` alone, every user).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub db_users: Vec<String>,
+    /// Which database names (`*` wildcards as in `db_users`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub db_names: Vec<String>,
     /// Which Kubernetes clusters, by label.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kubernetes_labels: LabelSelector,
@@ -161,6 +167,14 @@ impl Role {
                     format!("spec.{side}.logins[{i}]"),
                     "expected a login, got an empty string",
                 ));
+            }
+            for (field, names) in [("db_users", &cond.db_users), ("db_names", &cond.db_names)] {
+                if let Some(i) = names.iter().position(|n| n.trim().is_empty()) {
+                    return Err(invalid(
+                        format!("spec.{side}.{field}[{i}]"),
+                        "expected a name or a wildcard pattern, got an empty string",
+                    ));
+                }
             }
             for (field, selector) in [
                 ("node_labels", &cond.node_labels),

@@ -76,10 +76,16 @@ pub(super) async fn resolve(
 ) -> Result<proto::ResolveResourceResponse, Status> {
     let kind: ServedKind = r.kind.parse().map_err(status)?;
     let chain = user_chain(r.user_cert);
-    let answer = auth
-        .resolve_resource(caller, chain.as_deref(), kind, &r.name)
-        .await
-        .map_err(status)?;
+    let answer = if kind == ServedKind::Db && !r.db_user.is_empty() {
+        let db_name = (!r.db_name.is_empty()).then_some(r.db_name.as_str());
+        auth.resolve_db(caller, chain.as_deref(), &r.name, &r.db_user, db_name)
+            .await
+            .map_err(status)?
+    } else {
+        auth.resolve_resource(caller, chain.as_deref(), kind, &r.name)
+            .await
+            .map_err(status)?
+    };
     Ok(match answer {
         Ok(route) => proto::ResolveResourceResponse {
             route: Some(route_to_proto(&route)),
@@ -157,6 +163,8 @@ impl AuthClient {
                 kind: kind.as_str().to_owned(),
                 name: name.to_owned(),
                 user_cert: user_cert.map(<[u8]>::to_vec).unwrap_or_default(),
+                db_user: String::new(),
+                db_name: String::new(),
             })
             .await?
             .into_inner();
@@ -164,6 +172,63 @@ impl AuthClient {
             Some(route) => Ok(Ok(route_from_proto(route)?)),
             None if !r.denied.is_empty() => Ok(Err(r.denied)),
             None => Err(ClientError::Invalid("neither a route nor a denial".into())),
+        }
+    }
+
+    /// Where a database connection as `db_user` (and `db_name`) goes, for the user `user_cert`
+    /// (DER, as a proxy holds it) or the caller itself: the labels and the roles'
+    /// `db_users`/`db_names`. The inner `Err` is the Auth Service's denial, naming the database
+    /// and the refused user or name.
+    pub async fn resolve_db(
+        &mut self,
+        name: &str,
+        db_user: &str,
+        db_name: Option<&str>,
+        user_cert: Option<&[u8]>,
+    ) -> Result<Resolved, ClientError> {
+        let r = self
+            .raw()
+            .resolve_resource(proto::ResolveResourceRequest {
+                kind: ServedKind::Db.as_str().to_owned(),
+                name: name.to_owned(),
+                user_cert: user_cert.map(<[u8]>::to_vec).unwrap_or_default(),
+                db_user: db_user.to_owned(),
+                db_name: db_name.unwrap_or_default().to_owned(),
+            })
+            .await?
+            .into_inner();
+        match r.route {
+            Some(route) => Ok(Ok(route_from_proto(route)?)),
+            None if !r.denied.is_empty() => Ok(Err(r.denied)),
+            None => Err(ClientError::Invalid("neither a route nor a denial".into())),
+        }
+    }
+
+    /// A database client certificate for the caller (`tsh db login`) for the public key
+    /// `tls_public_key` (DER SubjectPublicKeyInfo): the certificates (no SSH half) and the
+    /// database's protocol, or the Auth Service's denial.
+    pub async fn issue_db_cert(
+        &mut self,
+        name: &str,
+        db_user: &str,
+        db_name: Option<&str>,
+        tls_public_key: Vec<u8>,
+    ) -> Result<Result<(proto::Certs, String), String>, ClientError> {
+        let r = self
+            .raw()
+            .issue_db_cert(proto::DbCertRequest {
+                name: name.to_owned(),
+                db_user: db_user.to_owned(),
+                db_name: db_name.unwrap_or_default().to_owned(),
+                tls_public_key,
+                ttl_seconds: 0,
+            })
+            .await?
+            .into_inner();
+        match r.certs {
+            Some(certs) => Ok(Ok((certs, r.protocol))),
+            None if !r.denied.is_empty() => Ok(Err(r.denied)),
+            None => Err(ClientError::Invalid("neither certificates nor a denial".into())),
         }
     }
 

@@ -261,20 +261,32 @@ fn status(e: AuthError) -> Status {
     }
 }
 
-fn certs_to_proto(certs: IssuedCerts, cluster: &str) -> Result<proto::Certs, Status> {
-    let internal = |e: String| Status::internal(e);
+/// The CAs' TLS PEMs and SSH keys, host CA first.
+fn ca_pems(trusted: &[svc_core::identity::TrustedCa]) -> Result<(Vec<String>, Vec<String>), Status> {
     let mut tls_ca_pems = Vec::new();
     let mut ssh_ca_keys = Vec::new();
     for kind in [
         svc_core::identity::IdentityKind::Host,
         svc_core::identity::IdentityKind::User,
     ] {
-        for ca in certs.trusted.iter().filter(|ca| ca.kind() == kind) {
-            let pem = trusted_pem(ca).map_err(|e| internal(e.to_string()))?;
+        for ca in trusted.iter().filter(|ca| ca.kind() == kind) {
+            let pem = trusted_pem(ca).map_err(|e| Status::internal(e.to_string()))?;
             tls_ca_pems.push(pem.tls_cert_pem);
             ssh_ca_keys.push(pem.ssh_public_key);
         }
     }
+    Ok((tls_ca_pems, ssh_ca_keys))
+}
+
+fn unix_secs(t: std::time::SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn certs_to_proto(certs: IssuedCerts, cluster: &str) -> Result<proto::Certs, Status> {
+    let internal = |e: String| Status::internal(e);
+    let (tls_ca_pems, ssh_ca_keys) = ca_pems(&certs.trusted)?;
     Ok(proto::Certs {
         name: certs.name,
         tls_cert_pem: pem::encode(&pem::Pem::new("CERTIFICATE", certs.tls_cert.to_vec())),
@@ -282,11 +294,7 @@ fn certs_to_proto(certs: IssuedCerts, cluster: &str) -> Result<proto::Certs, Sta
         tls_ca_pems,
         ssh_ca_keys,
         cluster_name: cluster.to_owned(),
-        not_after_unix: certs
-            .not_after
-            .duration_since(UNIX_EPOCH)
-            .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-            .unwrap_or(0),
+        not_after_unix: unix_secs(certs.not_after),
     })
 }
 
@@ -592,6 +600,46 @@ impl proto::auth_server::Auth for AuthGrpc {
     ) -> Result<Response<proto::ResolveResourceResponse>, Status> {
         let caller = self.caller(&req).await?;
         let answer = super::resources::resolve(&self.auth, &caller, req.into_inner(), status).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn issue_db_cert(
+        &self,
+        req: Request<proto::DbCertRequest>,
+    ) -> Result<Response<proto::DbCertResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let db_req = svc_core::auth::DbCertRequest {
+            name: r.name,
+            db_user: r.db_user,
+            db_name: (!r.db_name.is_empty()).then_some(r.db_name),
+            tls_public_key: r.tls_public_key,
+            ttl: (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds)),
+        };
+        let answer = match self.auth.issue_db_cert(&caller, &db_req).await.map_err(status)? {
+            Ok(cert) => {
+                tracing::info!(user = %cert.name, db = %db_req.name, db_user = %db_req.db_user, "auth: database certificate issued");
+                let (tls_ca_pems, ssh_ca_keys) = ca_pems(&cert.trusted)?;
+                proto::DbCertResponse {
+                    certs: Some(proto::Certs {
+                        name: cert.name,
+                        tls_cert_pem: pem::encode(&pem::Pem::new("CERTIFICATE", cert.tls_cert.to_vec())),
+                        ssh_cert: String::new(),
+                        tls_ca_pems,
+                        ssh_ca_keys,
+                        cluster_name: self.auth.cluster().to_owned(),
+                        not_after_unix: unix_secs(cert.not_after),
+                    }),
+                    denied: String::new(),
+                    protocol: cert.route.protocol,
+                }
+            }
+            Err(e) => proto::DbCertResponse {
+                certs: None,
+                denied: e.to_string(),
+                protocol: String::new(),
+            },
+        };
         Ok(Response::new(answer))
     }
 

@@ -37,24 +37,50 @@ pub async fn db_protocol(profile: &Profile, name: &str) -> Result<DbProtocol, Er
     })
 }
 
-/// Serves a local proxy for `kind`/`name` on `127.0.0.1:port` (0: any free port) until
-/// `shutdown`. Databases' protocol is asked of the Auth Service first ([`db_protocol`]).
-/// `on_listening` is called once with the bound address (`tsh` prints it); `on_error` with each
-/// connection that failed.
+/// The database user and name a local proxy connects as (`tsh proxy db --db-user/--db-name`).
+#[derive(Debug, Clone, Default)]
+pub struct DbUser {
+    /// The database user (Postgres: else the client's own).
+    pub user: Option<String>,
+    /// The database name (Postgres: else the client's own).
+    pub name: Option<String>,
+}
+
+/// What a local proxy serves: the resource, the local port, the database user and name.
+#[derive(Debug, Clone)]
+pub struct LocalTarget {
+    /// The resource kind.
+    pub kind: ServedKind,
+    /// The resource name.
+    pub name: String,
+    /// The local port (0: any free port).
+    pub port: u16,
+    /// The database user and name to connect as (databases only).
+    pub db: DbUser,
+}
+
+/// Serves a local proxy for `target` on `127.0.0.1:<port>` until `shutdown`. Databases'
+/// protocol is asked of the Auth Service first ([`db_protocol`]). `on_listening` is called
+/// once with the bound address (`tsh` prints it); `on_error` with each connection that failed.
 pub async fn serve_local_proxy(
     profile: &Profile,
-    kind: ServedKind,
-    name: String,
-    port: u16,
+    target: LocalTarget,
     shutdown: CancellationToken,
     on_listening: impl FnOnce(SocketAddr) -> Result<(), Error>,
     on_error: impl Fn(SocketAddr, LocalProxyError) + Send + Sync + 'static,
 ) -> Result<(), Error> {
+    let LocalTarget { kind, name, port, db } = target;
     let protocol = match kind {
         ServedKind::Db => Some(db_protocol(profile, &name).await?),
         _ => None,
     };
-    let what = LocalProxy { kind, name, protocol };
+    let what = LocalProxy {
+        kind,
+        name,
+        protocol,
+        db_user: db.user,
+        db_name: db.name,
+    };
     let client = resource_client(profile)?;
     let (listener, local) = bind_local(port)
         .await

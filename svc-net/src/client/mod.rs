@@ -28,6 +28,7 @@
 //! # }
 //! ```
 
+mod db;
 mod hop;
 mod kubeconfig;
 mod local_proxy;
@@ -38,9 +39,10 @@ pub mod ssh;
 
 use std::path::PathBuf;
 
+pub use db::{DbConfig, DbLogin, db_config, db_login, load_db_login};
 pub use hop::{ProxiedStream, ProxyEndpoint, SshIdentity, connect_via_proxy};
 pub use kubeconfig::{kubeconfig, write_kubeconfig};
-pub use local_proxy::{db_protocol, resource_client, serve_local_proxy};
+pub use local_proxy::{DbUser, LocalTarget, db_protocol, resource_client, serve_local_proxy};
 pub use login::{LoginError, login_via_proxy, login_via_proxy_with, ping_via_proxy};
 #[cfg(feature = "node")]
 pub use profile::tctl_identity;

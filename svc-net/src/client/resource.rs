@@ -15,7 +15,7 @@ use svc_core::Addr;
 use svc_core::auth::ServedKind;
 use svc_core::config::DbProtocol;
 use svc_core::identity::IdentityKind;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
@@ -102,6 +102,22 @@ impl ResourceClient {
     /// Opens a stream to `kind`/`name` with the ALPN `protocol` ([`alpn_for`]); the proxy's
     /// refusal comes back as [`ConnectError::Refused`] with its text.
     pub async fn connect(&self, kind: ServedKind, name: &str, protocol: &str) -> Result<BoxIo, ConnectError> {
+        let req = ResourceRequest {
+            kind,
+            name: name.to_owned(),
+            db_user: None,
+            db_name: None,
+        };
+        self.connect_request(&req, protocol).await
+    }
+
+    /// [`connect`](Self::connect) with a whole request line (databases: with the database
+    /// user and name).
+    pub async fn connect_request(
+        &self,
+        req: &ResourceRequest,
+        protocol: &str,
+    ) -> Result<BoxIo, ConnectError> {
         let addr = self.proxy.to_string();
         let proxy_err = |reason: String| ConnectError::Proxy {
             addr: addr.clone(),
@@ -124,11 +140,7 @@ impl ResourceClient {
             .connect(sni, tcp)
             .await
             .map_err(|e| proxy_err(format!("TLS: {e}")))?;
-        let mut line = serde_json::to_vec(&ResourceRequest {
-            kind,
-            name: name.to_owned(),
-        })
-        .map_err(|e| proxy_err(e.to_string()))?;
+        let mut line = serde_json::to_vec(req).map_err(|e| proxy_err(e.to_string()))?;
         line.push(b'\n');
         tls.write_all(&line).await.map_err(|e| proxy_err(e.to_string()))?;
         tls.flush().await.map_err(|e| proxy_err(e.to_string()))?;
@@ -143,37 +155,13 @@ impl ResourceClient {
     }
 }
 
-/// Postgres request codes that ask for encryption first (SSLRequest, GSSENCRequest).
-const SSL_CODE: u32 = 80_877_103;
-const GSSENC_CODE: u32 = 80_877_104;
-
 /// The local side of a Postgres client's negotiation: answers `N` to its SSLRequest and
 /// GSSENCRequest (the hop to the proxy is TLS already, and the agent does TLS to the server)
 /// and returns the startup message, which the caller forwards first.
 pub(crate) async fn postgres_startup<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
 ) -> std::io::Result<Vec<u8>> {
-    loop {
-        let mut len = [0u8; 4];
-        io.read_exact(&mut len).await?;
-        let n = u32::from_be_bytes(len) as usize;
-        if !(8..=10_000).contains(&n) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("a Postgres startup message of {n} bytes: expected 8 to 10000"),
-            ));
-        }
-        let mut body = vec![0u8; n - 4];
-        io.read_exact(&mut body).await?;
-        let code = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-        if n == 8 && (code == SSL_CODE || code == GSSENC_CODE) {
-            io.write_all(b"N").await?;
-            continue;
-        }
-        let mut msg = len.to_vec();
-        msg.extend_from_slice(&body);
-        return Ok(msg);
-    }
+    crate::services::postgres::read_startup_raw(io).await
 }
 
 /// A local listener for one resource (`tsh proxy app|db|desktop`): each accepted connection is
@@ -190,6 +178,10 @@ pub struct LocalProxy {
     pub name: String,
     /// The database protocol (databases only).
     pub protocol: Option<DbProtocol>,
+    /// The database user (`--db-user`; databases only).
+    pub db_user: Option<String>,
+    /// The database name (`--db-name`; databases only).
+    pub db_name: Option<String>,
 }
 
 impl LocalProxy {
@@ -247,7 +239,13 @@ impl LocalProxy {
             None
         };
         let alpn = alpn_for(self.kind, self.protocol);
-        let mut upstream = match client.connect(self.kind, &self.name, alpn).await {
+        let req = ResourceRequest {
+            kind: self.kind,
+            name: self.name.clone(),
+            db_user: self.db_user.clone(),
+            db_name: self.db_name.clone(),
+        };
+        let mut upstream = match client.connect_request(&req, alpn).await {
             Ok(s) => s,
             Err(e) => {
                 if postgres {
@@ -294,31 +292,18 @@ pub async fn bind_local(port: u16) -> std::io::Result<(TcpListener, SocketAddr)>
 
 /// A Postgres `ErrorResponse` (severity FATAL, SQLSTATE 28000 for refusals, 08006 otherwise).
 fn postgres_error(e: &ConnectError) -> Vec<u8> {
+    use crate::services::postgres::{REFUSED, UNREACHABLE, error_response};
     let code = match e {
-        ConnectError::Refused(_) => "28000",
-        _ => "08006",
+        ConnectError::Refused(_) => REFUSED,
+        _ => UNREACHABLE,
     };
-    let mut fields = Vec::new();
-    for (tag, value) in [
-        (b'S', "FATAL"),
-        (b'V', "FATAL"),
-        (b'C', code),
-        (b'M', &e.to_string()),
-    ] {
-        fields.push(tag);
-        fields.extend_from_slice(value.replace('\0', " ").as_bytes());
-        fields.push(0);
-    }
-    fields.push(0);
-    let mut msg = vec![b'E'];
-    msg.extend_from_slice(&u32::try_from(fields.len() + 4).unwrap_or(u32::MAX).to_be_bytes());
-    msg.extend_from_slice(&fields);
-    msg
+    error_response(code, &e.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt;
 
     #[tokio::test]
     async fn postgres_negotiation_refuses_encryption_and_returns_the_startup() {

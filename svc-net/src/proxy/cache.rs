@@ -385,6 +385,29 @@ impl ProxyDecisions {
     }
 }
 
+impl ProxyDecisions {
+    /// Where a database connection as `db_user` (and `db_name`) goes for the holder of
+    /// `user_cert` (DER): labels, then the roles' `db_users`/`db_names`.
+    pub async fn resolve_db(
+        &self,
+        name: &str,
+        db_user: &str,
+        db_name: Option<&str>,
+        user_cert: &[u8],
+    ) -> Resolved {
+        let chain = [CertificateDer::from(user_cert.to_vec())];
+        match self
+            .rules
+            .resolve_db(&self.caller, Some(&chain), name, db_user, db_name)
+            .await
+        {
+            Ok(Ok(route)) => Ok(route),
+            Ok(Err(denied)) => Err(denied.to_string()),
+            Err(e) => Err(format!("access to db \"{name}\" refused: {e}")),
+        }
+    }
+}
+
 impl NodeAuthorizer for ProxyDecisions {
     fn authorize(self: Arc<Self>, user_cert: Certificate, node: String, login: String) -> NodeDecisionFuture {
         Box::pin(async move { self.authorize_node(&user_cert, &node, &login).await })
@@ -460,6 +483,26 @@ impl RouteResolver {
             RouteResolver::Local(d) => Ok(d.resolve_resource(kind, name, user_cert).await),
             RouteResolver::Remote(client) => {
                 client.clone().resolve_resource(kind, name, Some(user_cert)).await
+            }
+        }
+    }
+
+    /// Where a database connection as `db_user` (and `db_name`) goes for the holder of
+    /// `user_cert` (DER), with the roles' `db_users`/`db_names` checked.
+    pub async fn resolve_db(
+        &self,
+        name: &str,
+        db_user: &str,
+        db_name: Option<&str>,
+        user_cert: &[u8],
+    ) -> Result<Resolved, ClientError> {
+        match self {
+            RouteResolver::Local(d) => Ok(d.resolve_db(name, db_user, db_name, user_cert).await),
+            RouteResolver::Remote(client) => {
+                client
+                    .clone()
+                    .resolve_db(name, db_user, db_name, Some(user_cert))
+                    .await
             }
         }
     }

@@ -523,7 +523,7 @@ pub(crate) fn install_resource_routes(
     let proxy = ResourceProxy::new(config);
     let mut builder = builder
         .postgres(proxy.postgres_service())
-        .mysql(proxy.service())
+        .mysql(proxy.mysql_service())
         .mongo(proxy.service())
         .redis(proxy.service())
         .kube(kube.service());

@@ -19,16 +19,24 @@ use tokio_rustls::TlsAcceptor;
 use crate::io::{ConnFuture, Connection};
 use crate::proxy::cache::RouteResolver;
 use crate::route::detect::POSTGRES_SSL_REQUEST as SSL_REQUEST;
-use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest};
+use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest, mysql, postgres};
 use crate::tls::{ServerIdentity, TlsError};
-use crate::tunnel::{DialRequest, TunnelDialer, read_line};
+use crate::tunnel::{DbRoute, DialRequest, TunnelDialer, read_line};
 use crate::{
     io::{ConnService, conn_service},
     route::alpn,
 };
 
-/// The ALPN names this entry serves.
-pub const ALPNS: [&str; 5] = [alpn::TCP, alpn::POSTGRES, alpn::MYSQL, alpn::MONGODB, alpn::REDIS];
+/// The ALPN names this entry serves (`postgresql`: Postgres 17+ clients with
+/// `sslnegotiation=direct`, and those clients' TLS after an SSLRequest).
+pub const ALPNS: [&str; 6] = [
+    alpn::TCP,
+    alpn::POSTGRES,
+    alpn::POSTGRES_NATIVE,
+    alpn::MYSQL,
+    alpn::MONGODB,
+    alpn::REDIS,
+];
 
 /// What the entry needs.
 #[non_exhaustive]
@@ -113,6 +121,187 @@ impl ResourceProxy {
         entry(self.clone(), false)
     }
 
+    /// The handler for native MySQL/MariaDB clients (the `mysql_listen_addr` listener): svc
+    /// greets them as a server advertising TLS, takes their SSLRequest, runs TLS with their
+    /// `tsh db login` certificate, reads their user and database from the HandshakeResponse,
+    /// checks them against the certificate's route and the roles, and has the agent log in to
+    /// the real server; refusals are ERR packets naming the database and the user.
+    pub fn mysql_service(&self) -> ConnService {
+        let proxy = self.clone();
+        conn_service(tower::service_fn(move |mut conn: Connection| {
+            let proxy = proxy.clone();
+            ConnFuture::new(async move {
+                conn.classified();
+                let (peer, local) = (conn.peer_addr, conn.local_addr);
+                if let Err(e) = proxy.serve_mysql(conn.io, peer, local).await {
+                    tracing::info!(%peer, reason = %e, "MySQL connection refused");
+                }
+                Ok(())
+            })
+        }))
+    }
+
+    async fn serve_mysql<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        &self,
+        mut io: S,
+        peer: std::net::SocketAddr,
+        local: std::net::SocketAddr,
+    ) -> Result<(), Refusal> {
+        let deadline = tokio::time::Instant::now() + self.inner.handshake_timeout;
+        let late = || Refusal::Text("the MySQL handshake did not finish before the deadline".into());
+        tokio::time::timeout_at(deadline, mysql::greet_client(&mut io))
+            .await
+            .map_err(|_| late())?
+            .map_err(|e| Refusal::Text(e.to_string()))?;
+        let acceptor = TlsAcceptor::from(self.inner.tls.clone());
+        let mut tls = crate::tls::accept_before(&acceptor, io, deadline)
+            .await
+            .map_err(|e| Refusal::Text(e.to_string()))?;
+        let chain: Vec<_> = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.clone().into_owned())
+            .collect();
+        let (seq, payload) = tokio::time::timeout_at(deadline, mysql::read_packet(&mut tls))
+            .await
+            .map_err(|_| late())??;
+        let seq = seq.wrapping_add(1);
+        let user = match self.inner.verifier.verify_user_x509(&chain, SystemTime::now()) {
+            Ok(user) => user,
+            Err(e) => {
+                let msg = format!("a user certificate is required: {e}");
+                mysql::refuse(&mut tls, seq, mysql::ACCESS_DENIED, &msg).await;
+                return Err(Refusal::Text(msg));
+            }
+        };
+        let Some(route) = user.db_route.clone().filter(|r| r.protocol == "mysql") else {
+            let msg = "a MySQL database certificate is required: run tsh db login NAME --db-user USER";
+            mysql::refuse(&mut tls, seq, mysql::ACCESS_DENIED, msg).await;
+            return Err(Refusal::Text(msg.into()));
+        };
+        let leaf = chain.first().map(|c| c.to_vec()).unwrap_or_default();
+        let expected = MysqlExpected {
+            name: route.service.clone(),
+            user: Some(route.user.clone()),
+            database: route.database.clone(),
+            what: "this certificate",
+        };
+        self.mysql_login(
+            tls,
+            seq,
+            &payload,
+            expected,
+            &leaf,
+            &user.username,
+            peer,
+            local,
+            deadline,
+        )
+        .await
+    }
+
+    /// The rest of a MySQL connection phase once the client's HandshakeResponse (`payload`,
+    /// answered as packet `seq`) is read: its user and database against `expected` and the
+    /// roles, the agent's login to the server, then the command phase both ways.
+    #[allow(clippy::too_many_arguments)]
+    async fn mysql_login<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        mut tls: S,
+        seq: u8,
+        payload: &[u8],
+        expected: MysqlExpected,
+        leaf: &[u8],
+        username: &str,
+        peer: std::net::SocketAddr,
+        local: std::net::SocketAddr,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), Refusal> {
+        let name = expected.name.clone();
+        let (code, msg) = 'refused: {
+            let login = match mysql::parse_login(payload) {
+                Ok(l) => l,
+                Err(e) => break 'refused (mysql::ACCESS_DENIED, e.to_string()),
+            };
+            if let Some(want) = &expected.user
+                && *want != login.user
+            {
+                break 'refused (
+                    mysql::ACCESS_DENIED,
+                    format!(
+                        "{} is for database user \"{want}\" of db \"{name}\", not \"{}\"",
+                        expected.what, login.user
+                    ),
+                );
+            }
+            let database = match (&expected.database, login.database) {
+                (Some(want), Some(got)) if *want != got => {
+                    break 'refused (
+                        mysql::ACCESS_DENIED,
+                        format!(
+                            "{} is for database name \"{want}\" of db \"{name}\", not \"{got}\"",
+                            expected.what
+                        ),
+                    );
+                }
+                (Some(want), _) => Some(want.clone()),
+                (None, got) => got,
+            };
+            let resolved = match self
+                .inner
+                .auth
+                .resolve_db(&name, &login.user, database.as_deref(), leaf)
+                .await
+            {
+                Ok(Ok(r)) => r,
+                Ok(Err(denied)) => break 'refused (mysql::ACCESS_DENIED, denied),
+                Err(e) => break 'refused (mysql::UNREACHABLE, format!("asking the Auth Service: {e}")),
+            };
+            if resolved.resource.protocol != "mysql" {
+                let msg = format!("db \"{name}\" speaks {}, not mysql", resolved.resource.protocol);
+                break 'refused (mysql::ACCESS_DENIED, msg);
+            }
+            let dial = DialRequest {
+                address: name.clone(),
+                server_id: resolved.server_id.clone(),
+                conn_type: ServedKind::Db,
+                client_src_addr: peer.to_string(),
+                client_dst_addr: local.to_string(),
+                db_route: Some(DbRoute {
+                    user: login.user.clone(),
+                    database: database.clone(),
+                }),
+            };
+            let mut upstream = match self.inner.dialer.dial(dial).await {
+                Ok(s) => s,
+                Err(e) => break 'refused (mysql::UNREACHABLE, format!("db \"{name}\": {e}")),
+            };
+            let mut line = serde_json::to_vec(&login.hello).map_err(|e| Refusal::Text(e.to_string()))?;
+            line.push(b'\n');
+            upstream.write_all(&line).await?;
+            upstream.flush().await?;
+            let answer = match tokio::time::timeout_at(deadline, read_line(&mut upstream, MAX_LINE)).await {
+                Ok(Ok(Some(a))) => a,
+                Ok(Ok(None)) => "the agent closed the connection".to_owned(),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "the agent did not log in to the database before the deadline".to_owned(),
+            };
+            if answer != mysql::HELLO_OK {
+                break 'refused (mysql::UNREACHABLE, format!("db \"{name}\": {answer}"));
+            }
+            mysql::write_packet(&mut tls, seq, &mysql::ok_payload()).await?;
+            tracing::info!(%peer, user = %username, name = %name, db_user = %login.user, agent = %resolved.server_id, "database connection");
+            let _ =
+                tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
+            return Ok(());
+        };
+        tracing::info!(%peer, user = %username, name = %name, reason = %msg, "database connection refused");
+        mysql::refuse(&mut tls, seq, code, &msg).await;
+        Err(Refusal::Text(msg))
+    }
+
     /// The handler for Postgres clients that start with an SSLRequest (the multiplexer's
     /// Postgres detection, `ProxyBuilder::postgres`): answered `S`, then the same as
     /// [`service`](Self::service) with the database's protocol fixed to Postgres.
@@ -151,6 +340,76 @@ impl ResourceProxy {
                 return reply(&mut tls, &format!("a user certificate is required: {e}")).await;
             }
         };
+        let leaf = chain.first().map(|c| c.to_vec()).unwrap_or_default();
+        // A database certificate (`tsh db login`): the route is in the certificate and the
+        // client speaks its own protocol from the first byte, no request line.
+        if let Some(route) = user.db_route.clone() {
+            // Redis and MongoDB clients (redis-cli --tls, mongosh --tls) send no ALPN: they
+            // reach this entry on their own listener (`redis_listen_addr`, `mongo_listen_addr`)
+            // or with the protocol's ALPN. The protocol-level user is the agent's to hold to
+            // the route (Redis AUTH/HELLO); the proxy checks the roles and dials with it.
+            let native_other = match (route.protocol.as_str(), protocol.as_str()) {
+                ("redis", "" | alpn::REDIS) | ("mongodb", "" | alpn::MONGODB) => true,
+                _ => false,
+            };
+            if native_other {
+                return self
+                    .native_session(tls, &route, &leaf, &user.username, peer, local)
+                    .await;
+            }
+            let native_pg = matches!(protocol.as_str(), alpn::POSTGRES | alpn::POSTGRES_NATIVE);
+            if !native_pg || route.protocol != "postgres" {
+                let msg = format!(
+                    "the database certificate for db \"{}\" ({}) does not fit this connection (ALPN {protocol:?})",
+                    route.service, route.protocol
+                );
+                return reply(&mut tls, &msg).await;
+            }
+            let after_deadline = tokio::time::Instant::now() + after;
+            let startup =
+                match tokio::time::timeout_at(after_deadline, postgres::read_startup(&mut tls)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        postgres::refuse(&mut tls, postgres::REFUSED, &e.to_string()).await;
+                        return Err(Refusal::Text(e.to_string()));
+                    }
+                    Err(_) => {
+                        return Err(Refusal::Text(
+                            "no Postgres startup message before the deadline".into(),
+                        ));
+                    }
+                };
+            let mismatch = if startup.user != route.user {
+                Some(format!(
+                    "this certificate is for database user \"{}\" of db \"{}\", not \"{}\" (tsh db login {} --db-user {})",
+                    route.user, route.service, startup.user, route.service, startup.user
+                ))
+            } else {
+                route
+                    .database
+                    .as_ref()
+                    .filter(|d| **d != startup.database)
+                    .map(|d| {
+                        format!(
+                            "this certificate is for database name \"{d}\" of db \"{}\", not \"{}\"",
+                            route.service, startup.database
+                        )
+                    })
+            };
+            if let Some(msg) = mismatch {
+                tracing::info!(%peer, user = %user.username, db = %route.service, reason = %msg, "database connection refused");
+                postgres::refuse(&mut tls, postgres::REFUSED, &msg).await;
+                return Err(Refusal::Text(msg));
+            }
+            return self
+                .postgres_session(tls, startup, &route.service, &leaf, &user.username, peer, local)
+                .await;
+        }
+        if postgres {
+            let msg = "a database certificate is required: run `tsh db login NAME --db-user USER` and connect with its files (tsh db config NAME)";
+            postgres::refuse(&mut tls, postgres::REFUSED, msg).await;
+            return Err(Refusal::Text(msg.into()));
+        }
         let line = tokio::time::timeout(after, read_line(&mut tls, MAX_LINE))
             .await
             .map_err(|_| Refusal::Text("no resource request before the deadline".into()))??
@@ -174,7 +433,6 @@ impl ResourceProxy {
             let msg = format!("ALPN {protocol:?} does not carry {} connections", req.kind);
             return reply(&mut tls, &msg).await;
         }
-        let leaf = chain.first().map(|c| c.to_vec()).unwrap_or_default();
         let auth = &self.inner.auth;
         let route = match auth.resolve_resource(req.kind, &req.name, &leaf).await {
             Ok(Ok(route)) => route,
@@ -193,13 +451,106 @@ impl ResourceProxy {
             );
             return reply(&mut tls, &msg).await;
         }
+        let mut db_route = None;
+        if req.kind == ServedKind::Db {
+            if route.resource.protocol == "postgres" {
+                // The startup message names the user and database: checked once it is read.
+                tls.write_all(format!("{RESOURCE_OK}\n").as_bytes()).await?;
+                tls.flush().await?;
+                let startup = match tokio::time::timeout(after, postgres::read_startup(&mut tls)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        postgres::refuse(&mut tls, postgres::REFUSED, &e.to_string()).await;
+                        return Err(Refusal::Text(e.to_string()));
+                    }
+                    Err(_) => {
+                        return Err(Refusal::Text(
+                            "no Postgres startup message before the deadline".into(),
+                        ));
+                    }
+                };
+                let mismatch = match (&req.db_user, &req.db_name) {
+                    (Some(u), _) if *u != startup.user => Some(format!(
+                        "tsh proxy db was started for database user \"{u}\", the client asked for \"{}\"",
+                        startup.user
+                    )),
+                    (_, Some(d)) if *d != startup.database => Some(format!(
+                        "tsh proxy db was started for database name \"{d}\", the client asked for \"{}\"",
+                        startup.database
+                    )),
+                    _ => None,
+                };
+                if let Some(msg) = mismatch {
+                    postgres::refuse(&mut tls, postgres::REFUSED, &msg).await;
+                    return Err(Refusal::Text(msg));
+                }
+                return self
+                    .postgres_session(tls, startup, &req.name, &leaf, &user.username, peer, local)
+                    .await;
+            }
+            if route.resource.protocol == "mysql" {
+                // `tsh proxy db`: the hop is TLS already; svc greets the client as a server.
+                tls.write_all(format!("{RESOURCE_OK}\n").as_bytes()).await?;
+                tls.flush().await?;
+                let deadline = tokio::time::Instant::now() + after;
+                let late = || Refusal::Text("the MySQL handshake did not finish before the deadline".into());
+                tokio::time::timeout_at(deadline, mysql::send_greeting(&mut tls, false))
+                    .await
+                    .map_err(|_| late())?
+                    .map_err(|e| Refusal::Text(e.to_string()))?;
+                let (seq, payload) = tokio::time::timeout_at(deadline, mysql::read_packet(&mut tls))
+                    .await
+                    .map_err(|_| late())??;
+                let expected = MysqlExpected {
+                    name: req.name.clone(),
+                    user: req.db_user.clone(),
+                    database: req.db_name.clone(),
+                    what: "tsh proxy db",
+                };
+                return self
+                    .mysql_login(
+                        tls,
+                        seq.wrapping_add(1),
+                        &payload,
+                        expected,
+                        &leaf,
+                        &user.username,
+                        peer,
+                        local,
+                        deadline,
+                    )
+                    .await;
+            }
+            let Some(db_user) = req.db_user.clone() else {
+                let msg = format!(
+                    "db \"{}\" ({}): a database user is required (tsh proxy db {} --db-user USER)",
+                    req.name, route.resource.protocol, req.name
+                );
+                return reply(&mut tls, &msg).await;
+            };
+            match auth
+                .resolve_db(&req.name, &db_user, req.db_name.as_deref(), &leaf)
+                .await
+            {
+                Ok(Ok(_)) => {}
+                Ok(Err(denied)) => {
+                    tracing::info!(%peer, user = %user.username, name = %req.name, reason = %denied, "database access refused");
+                    return reply(&mut tls, &denied).await;
+                }
+                Err(e) => return reply(&mut tls, &format!("asking the Auth Service: {e}")).await,
+            }
+            db_route = Some(DbRoute {
+                user: db_user,
+                database: req.db_name.clone(),
+            });
+        }
         let dial = DialRequest {
             address: req.name.clone(),
             server_id: route.server_id.clone(),
             conn_type: req.kind,
             client_src_addr: peer.to_string(),
             client_dst_addr: local.to_string(),
-            db_route: None,
+            db_route,
         };
         let mut upstream = match self.inner.dialer.dial(dial.clone()).await {
             Ok(s) => s,
@@ -229,6 +580,127 @@ impl ResourceProxy {
         let _ = tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
         Ok(())
     }
+}
+
+impl ResourceProxy {
+    /// A native client with a database certificate for a protocol whose user the agent
+    /// enforces (Redis, MongoDB): the roles' `db_users`/`db_names` for the certificate's route,
+    /// the dial with that route, then the bytes both ways. A refusal is logged and the
+    /// connection closed (these protocols have no error message before their first command).
+    async fn native_session<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        mut tls: S,
+        cert_route: &svc_core::identity::DbCertRoute,
+        leaf: &[u8],
+        username: &str,
+        peer: std::net::SocketAddr,
+        local: std::net::SocketAddr,
+    ) -> Result<(), Refusal> {
+        let name = &cert_route.service;
+        let refused = |msg: String| {
+            tracing::info!(%peer, user = %username, name = %name, db_user = %cert_route.user, reason = %msg, "database connection refused");
+            Err(Refusal::Text(msg))
+        };
+        let route = match self
+            .inner
+            .auth
+            .resolve_db(name, &cert_route.user, cert_route.database.as_deref(), leaf)
+            .await
+        {
+            Ok(Ok(route)) => route,
+            Ok(Err(denied)) => return refused(denied),
+            Err(e) => return refused(format!("asking the Auth Service: {e}")),
+        };
+        if route.resource.protocol != cert_route.protocol {
+            return refused(format!(
+                "db \"{name}\" speaks {}, not {}",
+                route.resource.protocol, cert_route.protocol
+            ));
+        }
+        let dial = DialRequest {
+            address: name.clone(),
+            server_id: route.server_id.clone(),
+            conn_type: ServedKind::Db,
+            client_src_addr: peer.to_string(),
+            client_dst_addr: local.to_string(),
+            db_route: Some(DbRoute {
+                user: cert_route.user.clone(),
+                database: cert_route.database.clone(),
+            }),
+        };
+        let mut upstream = match self.inner.dialer.dial(dial).await {
+            Ok(s) => s,
+            Err(e) => return refused(format!("db \"{name}\": {e}")),
+        };
+        tracing::info!(%peer, user = %username, name = %name, db_user = %cert_route.user, agent = %route.server_id, "database connection");
+        let _ = tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
+        Ok(())
+    }
+
+    /// A Postgres session whose startup message was read: the roles' `db_users`/`db_names`
+    /// for its user and database, the dial with that route, the startup message forwarded,
+    /// then the bytes both ways. Refusals reach the client as a Postgres `ErrorResponse`.
+    #[allow(clippy::too_many_arguments)]
+    async fn postgres_session<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        mut tls: S,
+        startup: postgres::Startup,
+        name: &str,
+        leaf: &[u8],
+        username: &str,
+        peer: std::net::SocketAddr,
+        local: std::net::SocketAddr,
+    ) -> Result<(), Refusal> {
+        let (code, msg) = 'refused: {
+            let route = match self
+                .inner
+                .auth
+                .resolve_db(name, &startup.user, Some(&startup.database), leaf)
+                .await
+            {
+                Ok(Ok(route)) => route,
+                Ok(Err(denied)) => break 'refused (postgres::REFUSED, denied),
+                Err(e) => break 'refused (postgres::UNREACHABLE, format!("asking the Auth Service: {e}")),
+            };
+            if route.resource.protocol != "postgres" {
+                let msg = format!("db \"{name}\" speaks {}, not postgres", route.resource.protocol);
+                break 'refused (postgres::REFUSED, msg);
+            }
+            let dial = DialRequest {
+                address: name.to_owned(),
+                server_id: route.server_id.clone(),
+                conn_type: ServedKind::Db,
+                client_src_addr: peer.to_string(),
+                client_dst_addr: local.to_string(),
+                db_route: Some(DbRoute {
+                    user: startup.user.clone(),
+                    database: Some(startup.database.clone()),
+                }),
+            };
+            let mut upstream = match self.inner.dialer.dial(dial).await {
+                Ok(s) => s,
+                Err(e) => break 'refused (postgres::UNREACHABLE, format!("db \"{name}\": {e}")),
+            };
+            upstream.write_all(&startup.raw).await?;
+            tracing::info!(%peer, user = %username, name = %name, db_user = %startup.user, database = %startup.database, agent = %route.server_id, "database connection");
+            let _ =
+                tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
+            return Ok(());
+        };
+        tracing::info!(%peer, user = %username, name = %name, db_user = %startup.user, reason = %msg, "database connection refused");
+        postgres::refuse(&mut tls, code, &msg).await;
+        Err(Refusal::Text(msg))
+    }
+}
+
+/// What a MySQL client's HandshakeResponse must say: from its certificate's route (native
+/// clients) or from `tsh proxy db --db-user/--db-name` (`None`: the client's own).
+struct MysqlExpected {
+    name: String,
+    user: Option<String>,
+    database: Option<String>,
+    /// Who set them, for the refusal: `this certificate` or `tsh proxy db`.
+    what: &'static str,
 }
 
 /// Sends the refusal line and closes.

@@ -35,6 +35,9 @@ pub mod alpn {
     pub const PROXY_SSH: &str = "svc-proxy-ssh";
     /// Postgres clients.
     pub const POSTGRES: &str = "svc-postgres";
+    /// Native Postgres clients (Postgres 17+ send it, with `sslnegotiation=direct` straight
+    /// into TLS).
+    pub const POSTGRES_NATIVE: &str = "postgresql";
     /// MySQL clients.
     pub const MYSQL: &str = "svc-mysql";
     /// MongoDB clients.

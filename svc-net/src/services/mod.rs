@@ -9,6 +9,8 @@
 //! [`ServedKind`] — the one resource-kind type, from `svc_core::auth`.
 
 pub(crate) mod kube;
+pub mod mysql;
+pub(crate) mod postgres;
 
 use serde::{Deserialize, Serialize};
 pub use svc_core::auth::ServedKind;
@@ -20,6 +22,14 @@ pub struct ResourceRequest {
     pub kind: ServedKind,
     /// The resource name.
     pub name: String,
+    /// Databases: the database user to connect as (`tsh proxy db --db-user`); the client's own
+    /// protocol-level user must then be the same. Postgres clients may leave it out (their
+    /// startup message names the user).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_user: Option<String>,
+    /// Databases: the database name (`--db-name`), likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_name: Option<String>,
 }
 
 /// The proxy's answer line when the resource is connected.

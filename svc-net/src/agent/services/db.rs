@@ -5,8 +5,14 @@
 //! `tls.server_name` (else the host of `uri`). The client's own connection to its local `tsh`
 //! proxy is plain (tsh answered its SSLRequest with `N`), so what arrives through the tunnel
 //! is the client's startup message, relayed inside this TLS session. Without `tls`, and for
-//! MySQL, the stream is plain TCP to `uri`. Redis (`db_redis`: TLS, the session runs as
-//! `db_route.user`) and MongoDB (`db_mongo`: TLS) have their own modules.
+//! MySQL, the stream is plain TCP to `uri`; with `tls`, MySQL gets the agent's own TLS login
+//! (below). Redis (`db_redis`: TLS, the session runs as `db_route.user`) and MongoDB
+//! (`db_mongo`: TLS) have their own modules.
+//!
+//! Every dial must carry the route the proxy authorised (`DialRequest::db_route`); without one
+//! it is refused. Postgres: the client's startup message must name exactly the route's user
+//! and database, else the client gets a Postgres `ErrorResponse` naming both and nothing
+//! reaches the server.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,7 +23,8 @@ use tower::BoxError;
 
 use super::{ServiceError, connect, tls_to};
 use crate::io::BoxIo;
-use crate::tunnel::{DialRequest, DialService, dial_service_fn};
+use crate::services::{mysql, postgres};
+use crate::tunnel::{DbRoute, DialRequest, DialService, dial_service_fn};
 
 use crate::route::detect::POSTGRES_SSL_REQUEST as SSL_REQUEST;
 
@@ -95,7 +102,7 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
             .trim_end_matches(']')
             .to_owned();
         let tls = match (&db.tls, db.protocol) {
-            (Some(t), DbProtocol::Postgres | DbProtocol::Redis | DbProtocol::Mongodb) => Some((
+            (Some(t), DbProtocol::Postgres | DbProtocol::Mysql | DbProtocol::Redis | DbProtocol::Mongodb) => Some((
                 tls_config(db, t)?,
                 t.server_name.clone().unwrap_or_else(|| host.clone()),
             )),
@@ -114,6 +121,14 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
         let targets = targets.clone();
         async move {
             let name = req.address;
+            let Some(route) = req.db_route else {
+                return Err(ServiceError::Handshake {
+                    kind: "db",
+                    name,
+                    reason: "the dial request carries no database route (the proxy authorises the database user first)".into(),
+                }
+                .into());
+            };
             let t = targets
                 .iter()
                 .find(|t| t.name == name)
@@ -123,7 +138,7 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
                 })?;
             match t.protocol {
                 DbProtocol::Redis => {
-                    let route = req.db_route.as_ref();
+                    let route = Some(&route);
                     return Ok(super::db_redis::open(
                         &name,
                         &t.host,
@@ -147,6 +162,18 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
                 _ => {}
             }
             let mut tcp = connect("db", &name, &t.host, t.port).await?;
+            if t.protocol == DbProtocol::Mysql {
+                let Some((config, server_name)) = t.tls.clone() else {
+                    return Err(ServiceError::Handshake {
+                        kind: "db",
+                        name,
+                        reason: "MySQL needs tls (ca_cert_file, cert_file, key_file) in its db_service entry: the agent logs in with its certificate".into(),
+                    }
+                    .into());
+                };
+                tracing::info!(db = %name, protocol = "mysql", db_user = %route.user, client = %req.client_src_addr, "database connection");
+                return Ok::<BoxIo, BoxError>(mysql_session(tcp, config, server_name, name, route));
+            }
             let io: BoxIo = match &t.tls {
                 Some((config, server_name)) => {
                     let handshake = |reason: String| ServiceError::Handshake {
@@ -172,10 +199,105 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
                 }
                 None => Box::new(tcp),
             };
-            tracing::info!(db = %name, protocol = t.protocol.as_str(), client = %req.client_src_addr, "database connection");
+            tracing::info!(db = %name, protocol = t.protocol.as_str(), db_user = %route.user, client = %req.client_src_addr, "database connection");
+            let io = match t.protocol {
+                DbProtocol::Postgres => postgres_checked(io, name, route),
+                _ => io,
+            };
             Ok::<BoxIo, BoxError>(io)
         }
     }))
+}
+
+/// The proxy's end of a MySQL session: a task reads the [`MysqlHello`](mysql::MysqlHello)
+/// line, logs in to the server as the route's user (and database) with TLS and the agent's
+/// certificate, answers [`mysql::HELLO_OK`] or the server's refusal, then relays the command
+/// phase. The client's own user and database were checked against the route by the proxy;
+/// here the session can only ever be the route's.
+fn mysql_session(
+    tcp: tokio::net::TcpStream,
+    config: Arc<rustls::ClientConfig>,
+    server_name: String,
+    name: String,
+    route: DbRoute,
+) -> BoxIo {
+    let (client_end, mut ours) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let hello = match crate::tunnel::read_line(&mut ours, crate::services::MAX_LINE).await {
+            Ok(Some(line)) => serde_json::from_str::<mysql::MysqlHello>(&line),
+            _ => return,
+        };
+        let hello = match hello {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = ours
+                    .write_all(format!("a malformed MySQL hello: {e}\n").as_bytes())
+                    .await;
+                return;
+            }
+        };
+        let server = mysql::connect_server(
+            tcp,
+            config,
+            &server_name,
+            &route.user,
+            route.database.as_deref(),
+            hello,
+        )
+        .await;
+        let mut server = match server {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = format!("logging in as database user \"{}\": {e}", route.user).replace('\n', " ");
+                tracing::info!(db = %name, reason = %msg, "database connection refused");
+                let _ = ours.write_all(format!("{msg}\n").as_bytes()).await;
+                return;
+            }
+        };
+        if ours
+            .write_all(format!("{}\n", mysql::HELLO_OK).as_bytes())
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let _ = tokio::io::copy_bidirectional_with_sizes(&mut ours, &mut server, 64 * 1024, 64 * 1024).await;
+    });
+    Box::new(client_end)
+}
+
+/// The client's end of a Postgres session whose startup message must match `route`: a task
+/// reads the startup message from the client, compares its user and database with the route,
+/// and forwards it and everything after to `server`; a mismatch is answered with an
+/// `ErrorResponse` naming both, and the server sees nothing.
+fn postgres_checked(server: BoxIo, name: String, route: DbRoute) -> BoxIo {
+    let (client_end, mut ours) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let mut server = server;
+        let startup = match postgres::read_startup(&mut ours).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::info!(db = %name, reason = %e, "database connection refused");
+                postgres::refuse(&mut ours, postgres::REFUSED, &e.to_string()).await;
+                return;
+            }
+        };
+        let want_db = route.database.as_deref().unwrap_or(&route.user);
+        if startup.user != route.user || startup.database != want_db {
+            let msg = format!(
+                "db \"{name}\": the connection was authorised for database user \"{}\" and database \"{want_db}\", the client asked for user \"{}\" and database \"{}\"",
+                route.user, startup.user, startup.database
+            );
+            tracing::info!(db = %name, reason = %msg, "database connection refused");
+            postgres::refuse(&mut ours, postgres::REFUSED, &msg).await;
+            return;
+        }
+        if server.write_all(&startup.raw).await.is_err() {
+            return;
+        }
+        let _ = tokio::io::copy_bidirectional_with_sizes(&mut ours, &mut server, 64 * 1024, 64 * 1024).await;
+    });
+    Box::new(client_end)
 }
 
 #[cfg(test)]
@@ -184,8 +306,29 @@ mod tests {
     use svc_core::auth::ServedKind;
     use tower::ServiceExt;
 
+    fn startup(user: &str, database: &str) -> Vec<u8> {
+        let mut body = 196_608u32.to_be_bytes().to_vec();
+        for (k, v) in [("user", user), ("database", database)] {
+            body.extend_from_slice(k.as_bytes());
+            body.push(0);
+            body.extend_from_slice(v.as_bytes());
+            body.push(0);
+        }
+        body.push(0);
+        let mut m = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+        m.extend_from_slice(&body);
+        m
+    }
+
+    fn route(user: &str, database: &str) -> Option<DbRoute> {
+        Some(DbRoute {
+            user: user.into(),
+            database: Some(database.into()),
+        })
+    }
+
     /// A server that answers the SSLRequest with `answer`, then (on `S`) runs TLS with a
-    /// certificate for `localhost` and echoes one message.
+    /// certificate for `localhost` and echoes the startup message of alice/shop.
     async fn fake_postgres(answer: u8) -> (u16, Vec<u8>) {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -218,7 +361,7 @@ mod tests {
                     .accept(tcp)
                     .await
                     .unwrap();
-                let mut buf = [0u8; 7];
+                let mut buf = vec![0u8; startup("alice", "shop").len()];
                 tls.read_exact(&mut buf).await.unwrap();
                 tls.write_all(&buf).await.unwrap();
                 tls.flush().await.unwrap();
@@ -227,7 +370,7 @@ mod tests {
         (port, ca.pem().into_bytes())
     }
 
-    async fn dial(port: u16, ca: &[u8]) -> Result<BoxIo, BoxError> {
+    async fn dial(port: u16, ca: &[u8], db_route: Option<DbRoute>) -> Result<BoxIo, BoxError> {
         let dir = tempfile::tempdir().unwrap();
         let ca_file = dir.path().join("ca.pem");
         std::fs::write(&ca_file, ca).unwrap();
@@ -237,36 +380,71 @@ mod tests {
         );
         let config = svc_core::config::Config::from_yaml_str_with_hostname(&yaml, "h").unwrap();
         let svc = db_service(&config.db.databases).unwrap();
-        let req = |name: &str| DialRequest {
+        let req = |name: &str, db_route: Option<DbRoute>| DialRequest {
             address: name.into(),
             server_id: "h.test".into(),
             conn_type: ServedKind::Db,
             client_src_addr: "127.0.0.1:1".into(),
             client_dst_addr: "127.0.0.1:2".into(),
-            db_route: None,
+            db_route,
         };
-        let unknown = svc.clone().oneshot(req("mysql-1")).await.err().unwrap();
+        let unknown = svc
+            .clone()
+            .oneshot(req("mysql-1", route("alice", "shop")))
+            .await
+            .err()
+            .unwrap();
         assert_eq!(unknown.to_string(), "this agent serves no db named \"mysql-1\"");
-        svc.oneshot(req("pg")).await
+        let no_route = svc.clone().oneshot(req("pg", None)).await.err().unwrap();
+        assert!(
+            no_route.to_string().contains("carries no database route"),
+            "{no_route}"
+        );
+        svc.oneshot(req("pg", db_route)).await
     }
 
     #[tokio::test]
     async fn postgres_gets_tls_to_the_server_verified_with_the_configured_ca() {
         let (port, ca) = fake_postgres(b'S').await;
-        let mut io = dial(port, &ca).await.unwrap();
-        io.write_all(b"startup").await.unwrap();
-        let mut buf = [0u8; 7];
+        let mut io = dial(port, &ca, route("alice", "shop")).await.unwrap();
+        let sent = startup("alice", "shop");
+        io.write_all(&sent).await.unwrap();
+        let mut buf = vec![0u8; sent.len()];
         tokio::time::timeout(std::time::Duration::from_secs(30), io.read_exact(&mut buf))
             .await
             .expect("the fake server's echo did not come back within 30 s")
             .unwrap();
-        assert_eq!(&buf, b"startup");
+        assert_eq!(buf, sent);
+    }
+
+    #[tokio::test]
+    async fn a_startup_for_another_user_gets_a_postgres_error_naming_both() {
+        let (port, ca) = fake_postgres(b'S').await;
+        let mut io = dial(port, &ca, route("alice", "shop")).await.unwrap();
+        io.write_all(&startup("postgres", "shop")).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(std::time::Duration::from_secs(30), io.read_to_end(&mut answer))
+            .await
+            .expect("the agent's refusal did not come within 30 s")
+            .unwrap();
+        assert_eq!(answer.first(), Some(&b'E'), "{answer:?}");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            text.contains("C28000")
+                && text.contains("database user \"alice\"")
+                && text.contains("user \"postgres\""),
+            "{text}"
+        );
     }
 
     #[tokio::test]
     async fn a_server_refusing_tls_is_an_error_naming_the_database() {
         let (port, ca) = fake_postgres(b'N').await;
-        let err = dial(port, &ca).await.err().unwrap().to_string();
+        let err = dial(port, &ca, route("alice", "shop"))
+            .await
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.starts_with("db \"pg\": the server refused TLS"), "{err}");
     }
 }
