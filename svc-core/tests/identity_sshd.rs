@@ -50,6 +50,7 @@ fn user_request(logins: &[&str]) -> UserCertRequest {
         roles: vec!["access".into()],
         logins: logins.iter().map(|l| (*l).to_owned()).collect(),
         ttl: Duration::from_secs(3600),
+        ssh_permits: Default::default(),
     }
 }
 

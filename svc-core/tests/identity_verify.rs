@@ -66,6 +66,7 @@ fn alice_request() -> UserCertRequest {
         roles: vec!["access".into(), "editor".into()],
         logins: vec!["alice".into(), "root".into()],
         ttl: Duration::from_secs(12 * 3600),
+        ssh_permits: Default::default(),
     }
 }
 

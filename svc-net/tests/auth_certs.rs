@@ -95,6 +95,7 @@ fn user_identity(s: &Server, roles: &[&str]) -> ClientIdentity {
         roles: roles.iter().map(|r| (*r).to_owned()).collect(),
         logins: vec!["mallory".into()],
         ttl: Duration::from_secs(3600),
+        ssh_permits: Default::default(),
     };
     let certs = IssuedCerts {
         name: "mallory".into(),

@@ -1023,6 +1023,7 @@ impl AuthService {
             roles: user.spec.roles.clone(),
             logins,
             ttl,
+            ssh_permits: roles.ssh_permits(),
         };
         let now = self.now();
         let tls_cert = self.user_ca.sign_user_x509(&user_req, &req.tls_public_key, now)?;

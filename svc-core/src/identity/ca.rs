@@ -223,6 +223,7 @@ impl CertAuthority {
             now,
             req.ttl,
             self.not_after,
+            super::SshPermits::default(),
         )
     }
 
@@ -244,6 +245,7 @@ impl CertAuthority {
             now,
             req.ttl,
             self.not_after,
+            req.ssh_permits,
         )
     }
 

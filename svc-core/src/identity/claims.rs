@@ -213,6 +213,7 @@ mod tests {
             roles: vec![],
             logins: vec![],
             ttl: std::time::Duration::from_secs(60),
+            ssh_permits: Default::default(),
         };
         let err = Claims::for_user(&req, "c").unwrap_err();
         assert!(

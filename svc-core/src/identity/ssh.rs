@@ -9,9 +9,10 @@ use ssh_key::{Certificate, PrivateKey, PublicKey};
 use super::x509::{random_32_bytes, random_u64, whole_seconds};
 use super::{CLOCK_SKEW, Claims, IdentityError, IdentityKind, SSH_IDENTITY_EXTENSION, VerifyError};
 
-/// The standard extensions a user certificate carries: what an interactive session needs.
-/// (X11 forwarding and `~/.ssh/rc` are left off; RBAC can narrow the rest later.)
-const USER_PERMITS: [&str; 3] = ["permit-agent-forwarding", "permit-port-forwarding", "permit-pty"];
+/// The standard extension every user certificate carries: what an interactive session needs.
+/// (X11 forwarding and `~/.ssh/rc` are left off; port and agent forwarding follow the role
+/// options, [`SshPermits`](super::SshPermits).)
+const USER_PERMIT_PTY: &str = "permit-pty";
 
 fn unix(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_secs()
@@ -26,6 +27,7 @@ pub(crate) fn sign(
     now: SystemTime,
     ttl: Duration,
     ca_not_after: SystemTime,
+    permits: super::SshPermits,
 ) -> Result<Certificate, IdentityError> {
     let now = whole_seconds(now);
     let valid_after = unix(now - CLOCK_SKEW);
@@ -47,8 +49,12 @@ pub(crate) fn sign(
         }
         IdentityKind::User => {
             builder.cert_type(CertType::User)?;
-            for permit in USER_PERMITS {
-                builder.extension(permit, "")?;
+            builder.extension(USER_PERMIT_PTY, "")?;
+            if permits.port_forwarding {
+                builder.extension(super::SshPermits::PORT_FORWARDING, "")?;
+            }
+            if permits.agent_forwarding {
+                builder.extension(super::SshPermits::AGENT_FORWARDING, "")?;
             }
             claims.logins.iter().collect()
         }

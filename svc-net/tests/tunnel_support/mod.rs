@@ -135,6 +135,7 @@ impl Cluster {
             roles: vec!["access".into()],
             logins: logins.iter().map(|s| s.to_string()).collect(),
             ttl: Duration::from_secs(3600),
+            ssh_permits: Default::default(),
         };
         let cert = self
             .user_ca
