@@ -436,7 +436,13 @@ impl NodeHandler {
             .env("USER", &account.name)
             .env("LOGNAME", &account.name)
             .env("SVC_USER", &user.username)
-            .current_dir(&account.home)
+            // Relative paths start at the home directory; an account without one (`nobody`)
+            // starts at the root.
+            .current_dir(if account.home.is_dir() {
+                account.home.as_path()
+            } else {
+                std::path::Path::new("/")
+            })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
