@@ -581,6 +581,7 @@ fn scp_and_sftp_copy_a_50_mib_file_both_ways() {
             "scp down",
         ),
     ] {
+        let started = std::time::Instant::now();
         let out = common::wait::run_within(
             Command::new(&scp)
                 .args(openssh_options(&cluster))
@@ -596,9 +597,30 @@ fn scp_and_sftp_copy_a_50_mib_file_both_ways() {
             String::from_utf8_lossy(&out.stderr),
             cluster.stderr()
         );
+        // A figure for the record, not an assertion.
+        eprintln!("{what}: 50 MiB in {:?}", started.elapsed());
     }
     assert_eq!(sha256(&remote), want, "scp up");
     assert_eq!(sha256(&back), want, "scp down");
+
+    // Legacy scp (-O): the scp program on the node, through an exec session.
+    let legacy = dir.path().join("legacy.bin");
+    let out = common::wait::run_within(
+        Command::new(&scp)
+            .args(openssh_options(&cluster))
+            .arg("-O")
+            .arg(format!("root@{node}:{}", remote.display()))
+            .arg(&legacy),
+        common::wait::STEP,
+        "scp -O down",
+    )
+    .expect("run scp -O");
+    assert!(
+        out.status.success(),
+        "scp -O: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(sha256(&legacy), want, "scp -O down");
     assert!(
         cluster.stderr().contains("sftp session"),
         "scp used the sftp subsystem"

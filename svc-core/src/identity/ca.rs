@@ -218,12 +218,11 @@ impl CertAuthority {
         super::ssh::sign(
             self.ssh_key.expose(),
             &claims,
-            IdentityKind::Host,
+            super::ssh::SignedKind::Host,
             subject,
             now,
             req.ttl,
             self.not_after,
-            super::SshPermits::default(),
         )
     }
 
@@ -240,12 +239,11 @@ impl CertAuthority {
         super::ssh::sign(
             self.ssh_key.expose(),
             &claims,
-            IdentityKind::User,
+            super::ssh::SignedKind::User(req.ssh_permits),
             subject,
             now,
             req.ttl,
             self.not_after,
-            req.ssh_permits,
         )
     }
 

@@ -18,16 +18,25 @@ fn unix(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_secs()
 }
 
+/// What kind of certificate [`sign`] makes: a host's, or a user's with what its sessions may
+/// do besides running programs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum SignedKind {
+    /// A host certificate.
+    Host,
+    /// A user certificate with these `permit-*` extensions.
+    User(super::SshPermits),
+}
+
 /// Signs an OpenSSH certificate stating `claims` for `subject`.
 pub(crate) fn sign(
     ca_key: &PrivateKey,
     claims: &Claims,
-    kind: IdentityKind,
+    kind: SignedKind,
     subject: &PublicKey,
     now: SystemTime,
     ttl: Duration,
     ca_not_after: SystemTime,
-    permits: super::SshPermits,
 ) -> Result<Certificate, IdentityError> {
     let now = whole_seconds(now);
     let valid_after = unix(now - CLOCK_SKEW);
@@ -41,13 +50,13 @@ pub(crate) fn sign(
     builder.serial(random_u64()?)?;
     builder.key_id(claims.name.as_str())?;
     let principals: Vec<&String> = match kind {
-        IdentityKind::Host => {
+        SignedKind::Host => {
             builder.cert_type(CertType::Host)?;
             let mut principals = vec![&claims.name, &claims.node_name];
             principals.extend(claims.names.iter());
             principals
         }
-        IdentityKind::User => {
+        SignedKind::User(permits) => {
             builder.cert_type(CertType::User)?;
             builder.extension(USER_PERMIT_PTY, "")?;
             if permits.port_forwarding {

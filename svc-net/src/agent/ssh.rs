@@ -976,8 +976,10 @@ impl russh::server::Handler for NodeHandler {
         }
         self.watch();
         let stop = self.conn.child_token();
+        // A cancel names the port asked for or, for port 0, the one allocated: either finds it.
         self.forwards
             .insert((address.to_owned(), asked_port), stop.clone());
+        self.forwards.insert((address.to_owned(), *port), stop.clone());
         let (handle, address, bound_port, peer) = (session.handle(), address.to_owned(), *port, self.peer);
         tracing::info!(?peer, %bind, port = bound_port, "remote forward listening");
         tokio::spawn(async move {
@@ -1024,6 +1026,7 @@ impl russh::server::Handler for NodeHandler {
         match self.forwards.remove(&(address.to_owned(), port)) {
             Some(stop) => {
                 stop.cancel();
+                self.forwards.retain(|_, other| !other.is_cancelled());
                 Ok(true)
             }
             None => Ok(false),
