@@ -771,3 +771,117 @@ fn sftp_reads_only_what_the_login_user_may_read() {
         "root-only\n"
     );
 }
+
+#[test]
+fn agent_forwarding_follows_the_role_option_forward_agent() {
+    let ssh = svc_testkit::require("ssh", "openssh-client");
+    let (agent_bin, add, keygen) = (
+        svc_testkit::require("ssh-agent", "openssh-client"),
+        svc_testkit::require("ssh-add", "openssh-client"),
+        svc_testkit::require("ssh-keygen", "openssh-client"),
+    );
+    let cluster = Cluster::start("info");
+    let role = "kind: role\nversion: v7\nmetadata:\n  name: agent-forwarding\nspec:\n  allow:\n    logins: [root]\n    node_labels:\n      '*': '*'\n  options:\n    forward_agent: true\n";
+    cluster
+        .tctl_admin(
+            &[
+                "create",
+                &cluster.write("agent-forwarding.yaml", role).to_string_lossy(),
+            ],
+            None,
+        )
+        .ok();
+    cluster
+        .tctl_admin(
+            &[
+                "users",
+                "add",
+                "frank",
+                "--roles=agent-forwarding",
+                "--password-stdin",
+            ],
+            Some(PASSWORD),
+        )
+        .ok();
+    cluster.add_user("gina", PASSWORD);
+
+    // A local agent holding a key with a recognisable comment.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("agent.sock");
+    let _agent = Background(
+        Command::new(&agent_bin)
+            .arg("-D")
+            .arg("-a")
+            .arg(&sock)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn ssh-agent"),
+    );
+    common::wait::wait_until(common::wait::STEP, "the ssh-agent socket", || sock.exists());
+    let key = dir.path().join("forwarded");
+    let out = common::wait::run_within(
+        Command::new(&keygen)
+            .args([
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "forwarded-key-comment",
+                "-f",
+            ])
+            .arg(&key),
+        common::wait::STEP,
+        "ssh-keygen",
+    )
+    .expect("run ssh-keygen");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = common::wait::run_within(
+        Command::new(&add).env("SSH_AUTH_SOCK", &sock).arg(&key),
+        common::wait::STEP,
+        "ssh-add",
+    )
+    .expect("run ssh-add");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let list_keys_on_node = || {
+        common::wait::run_within(
+            Command::new(&ssh)
+                .env("SSH_AUTH_SOCK", &sock)
+                .args(openssh_options(&cluster))
+                .arg("-A")
+                .arg(format!("root@{}", nodename()))
+                .arg("ssh-add -l; echo status=$?"),
+            common::wait::STEP,
+            "ssh -A",
+        )
+        .expect("run ssh -A")
+    };
+    // frank's role sets forward_agent: true: the node's ssh-add sees the local agent's key.
+    cluster.login("frank", PASSWORD).ok();
+    let out = list_keys_on_node();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("forwarded-key-comment") && text.contains("status=0"),
+        "{text}\n{}\nsvc: {}",
+        String::from_utf8_lossy(&out.stderr),
+        cluster.stderr()
+    );
+    // gina has only the access role (forward_agent defaults to false): no agent on the node.
+    cluster.login("gina", PASSWORD).ok();
+    let out = list_keys_on_node();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !text.contains("forwarded-key-comment") && text.contains("status=2"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = cluster.stderr();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("agent forwarding refused") && l.contains("gina") && l.contains("access")),
+        "{log}"
+    );
+}

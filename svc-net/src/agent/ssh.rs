@@ -18,7 +18,10 @@
 //! `cancel-tcpip-forward` stops such a listener. Each request is checked when it arrives: the
 //! user's certificate must carry `permit-port-forwarding` (the role option `port_forwarding`,
 //! default allowed) and node RBAC must have let the user in; a refused request is logged with
-//! the user, roles and login. Agent forwarding (`auth-agent-req@openssh.com`) is refused.
+//! the user, roles and login. Agent forwarding (`auth-agent-req@openssh.com`) needs
+//! `permit-agent-forwarding` (the role option `forward_agent`, default not allowed): the
+//! session's programs get `SSH_AUTH_SOCK`, a socket in a directory only the login can enter,
+//! whose connections go to the client's agent on `auth-agent@openssh.com` channels.
 //!
 //! The `sftp` subsystem (OpenSSH `sftp`, and `scp` since OpenSSH 9) runs as a process of its
 //! own started with the login's uid, gid and groups ([`sftp`]): file access is the login
@@ -193,6 +196,7 @@ impl SshServer {
             },
             forwards: HashMap::new(),
             sftp: self.sftp.clone(),
+            agent_sock: None,
         };
         let started =
             crate::ssh::authenticate_before(self.config.clone(), io, handler, on_auth, self.auth_timeout)
@@ -300,6 +304,8 @@ struct NodeHandler {
     /// token closes the listener.
     forwards: HashMap<(String, u32), CancellationToken>,
     sftp: Option<Arc<sftp::SftpLauncher>>,
+    /// The forwarded agent's socket, once a session asked for it (one per connection).
+    agent_sock: Option<std::path::PathBuf>,
 }
 
 /// Whether the agent switches to the login's account for its programs: only when it runs as
@@ -318,15 +324,73 @@ fn must_switch(account: &passwd::Account) -> Result<bool, String> {
 /// How long connecting a `direct-tcpip` channel's target may take.
 const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Copies between a forwarding channel and its TCP connection until either side ends or `kill`
-/// fires.
-async fn splice(channel: Channel<Msg>, mut tcp: tokio::net::TcpStream, kill: CancellationToken) {
+/// Copies between a forwarding channel and its local connection (TCP, or the agent socket)
+/// until either side ends or `kill` fires.
+async fn splice<S: AsyncRead + AsyncWrite + Unpin>(
+    channel: Channel<Msg>,
+    mut local: S,
+    kill: CancellationToken,
+) {
     let mut stream = channel.into_stream();
     tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut stream, &mut tcp) => {}
+        _ = tokio::io::copy_bidirectional(&mut stream, &mut local) => {}
         _ = kill.cancelled() => {}
     }
     let _ = stream.shutdown().await;
+}
+
+/// Listens on a Unix socket for the login's programs (`SSH_AUTH_SOCK`) and carries each
+/// connection to the client's agent on an `auth-agent@openssh.com` channel. The socket lives in
+/// a fresh directory of mode 0700 owned by the login; both are removed when `stop` fires.
+fn forward_agent(
+    account: &passwd::Account,
+    handle: russh::server::Handle,
+    stop: CancellationToken,
+) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(format!("svc-agent-{:016x}", rand::random::<u64>()));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    let sock = dir.join("agent.sock");
+    let bound = (|| {
+        let listener = tokio::net::UnixListener::bind(&sock)?;
+        if passwd::current_uid() == Some(0) {
+            std::os::unix::fs::chown(&dir, Some(account.uid), Some(account.gid))?;
+            std::os::unix::fs::chown(&sock, Some(account.uid), Some(account.gid))?;
+        }
+        Ok::<_, std::io::Error>(listener)
+    })();
+    let listener = match bound {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
+    let cleanup = dir.clone();
+    tokio::spawn(async move {
+        loop {
+            let conn = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((conn, _)) => conn,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "agent socket: accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                _ = stop.cancelled() => break,
+            };
+            let (handle, kill) = (handle.clone(), stop.child_token());
+            tokio::spawn(async move {
+                match handle.channel_open_agent().await {
+                    Ok(channel) => splice(channel, conn, kill).await,
+                    Err(e) => tracing::info!(error = %e, "agent forwarding: the client refused the channel"),
+                }
+            });
+        }
+        let _ = std::fs::remove_dir_all(&cleanup);
+    });
+    Ok(sock)
 }
 
 /// The address a remote forward listens on: the loopback interface (OpenSSH's `GatewayPorts
@@ -885,14 +949,37 @@ impl russh::server::Handler for NodeHandler {
     async fn agent_request(
         &mut self,
         channel: ChannelId,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        let (user, roles) = match &self.user {
-            Some((u, _)) => (u.username.clone(), u.roles.clone()),
-            None => (String::new(), Vec::new()),
+        let Some((user, account)) = &self.user else {
+            return Ok(false);
         };
-        tracing::warn!(peer = ?self.peer, ?channel, %user, ?roles, role_allows = self.permits.agent_forwarding, "agent forwarding refused: the SSH Service does not forward agents");
-        Ok(false)
+        if self.denied.is_some() || !self.permits.agent_forwarding {
+            tracing::warn!(peer = ?self.peer, user = %user.username, roles = ?user.roles, login = %account.name, "agent forwarding refused: no role sets forward_agent: true");
+            return Ok(false);
+        }
+        let Some(state) = self.channels.get_mut(&channel).filter(|s| s.channel.is_some()) else {
+            return Ok(false);
+        };
+        let sock = match &self.agent_sock {
+            Some(sock) => sock.clone(),
+            None => match forward_agent(account, session.handle(), self.conn.child_token()) {
+                Ok(sock) => {
+                    tracing::info!(peer = ?self.peer, user = %user.username, login = %account.name, "agent forwarding");
+                    self.agent_sock = Some(sock.clone());
+                    sock
+                }
+                Err(e) => {
+                    tracing::warn!(peer = ?self.peer, error = %e, "agent forwarding: creating the socket failed");
+                    return Ok(false);
+                }
+            },
+        };
+        state
+            .env
+            .push(("SSH_AUTH_SOCK".into(), sock.display().to_string()));
+        self.watch();
+        Ok(true)
     }
 
     async fn channel_open_direct_tcpip(
