@@ -629,6 +629,7 @@ fn scp_and_sftp_copy_a_50_mib_file_both_ways() {
     // tsh scp: up into a directory (the file keeps its name), then down.
     let remote_dir = dir.path().join("remote-dir");
     std::fs::create_dir(&remote_dir).expect("mkdir");
+    let started = std::time::Instant::now();
     cluster
         .tsh(
             &[
@@ -639,8 +640,10 @@ fn scp_and_sftp_copy_a_50_mib_file_both_ways() {
             None,
         )
         .ok();
+    eprintln!("tsh scp up: 50 MiB in {:?}", started.elapsed());
     assert_eq!(sha256(&remote_dir.join("big.bin")), want, "tsh scp up");
     let tsh_back = dir.path().join("tsh-back.bin");
+    let started = std::time::Instant::now();
     cluster
         .tsh(
             &[
@@ -651,6 +654,7 @@ fn scp_and_sftp_copy_a_50_mib_file_both_ways() {
             None,
         )
         .ok();
+    eprintln!("tsh scp down: 50 MiB in {:?}", started.elapsed());
     assert_eq!(sha256(&tsh_back), want, "tsh scp down");
 
     // sftp with a batch: put, get, ls, rm.

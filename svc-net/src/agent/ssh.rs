@@ -8,7 +8,8 @@
 //! its [`NodeAuthorizer`] about itself (its host ID) — the user's current roles against this
 //! node's labels and the login — and a refused user starts nothing: every shell or command
 //! request gets the refusal text on stderr, exit status 1 and a closed channel (authentication
-//! itself is accepted only so the refusal can be shown; other channel types are not served). When the authorizer cannot decide, the answer
+//! itself is accepted only so the refusal can be shown; its forwarding requests and sftp are
+//! refused too; other channel types are not served). When the authorizer cannot decide, the answer
 //! is a refusal. The server presents the agent's host certificate. Sessions: `exec` and `shell`, with a PTY when asked (`pty-process`),
 //! `env`, `window-change`, exit status; closing the channel kills the child.
 //!
@@ -30,7 +31,8 @@
 //! While programs run, the server asks its authorizer again every
 //! [`SshServerConfig::recheck_interval`]: when the answer becomes a refusal (the user or the
 //! node was locked, the user deleted, a role removed), every program of the connection is
-//! killed and its channel gets `svc: session closed: <reason>` and exit status 1.
+//! killed and its channel gets `svc: session closed: <reason>` and exit status 1; its forwarded
+//! connections, remote-forward listeners and agent socket close with them.
 
 use std::{
     collections::HashMap,

@@ -636,6 +636,9 @@ fn file_name(path: &str) -> &str {
     path.trim_end_matches('/').rsplit('/').next().unwrap_or(path)
 }
 
+/// The buffer of `tsh scp`'s copies: about one sftp packet's worth of data.
+const SCP_BUFFER: usize = 255 * 1024;
+
 /// `tsh scp`: copies one file between here and `target` (logged in as `login`) over the
 /// node's `sftp` subsystem; `upload` copies `local` to `remote`, else `remote` to `local`. A
 /// directory as the destination receives the file under its own name. Returns the bytes
@@ -670,28 +673,31 @@ pub async fn copy(
                 .ok_or_else(|| Error::Scp(format!("{}: not a file name", local.display())))?;
             path = format!("{}/{name}", path.trim_end_matches('/'));
         }
-        let mut from = tokio::fs::File::open(local).await?;
+        // Large reads, so each sftp write carries as much as a packet holds.
+        let mut from = tokio::io::BufReader::with_capacity(SCP_BUFFER, tokio::fs::File::open(local).await?);
         let mut to = sftp.create(path.clone()).await.map_err(|source| Error::Sftp {
             what: "creating",
             path: path.clone(),
             source,
         })?;
-        let n = tokio::io::copy(&mut from, &mut to).await?;
+        let n = tokio::io::copy_buf(&mut from, &mut to).await?;
         to.shutdown().await?;
         n
     } else {
-        let mut from = sftp.open(remote.to_owned()).await.map_err(|source| Error::Sftp {
+        let from = sftp.open(remote.to_owned()).await.map_err(|source| Error::Sftp {
             what: "opening",
             path: remote.to_owned(),
             source,
         })?;
+        // Large buffers, so each sftp read asks for as much as a packet holds.
+        let mut from = tokio::io::BufReader::with_capacity(SCP_BUFFER, from);
         let local = if local.is_dir() {
             local.join(file_name(remote))
         } else {
             local.to_owned()
         };
         let mut to = tokio::fs::File::create(&local).await?;
-        let n = tokio::io::copy(&mut from, &mut to).await?;
+        let n = tokio::io::copy_buf(&mut from, &mut to).await?;
         to.flush().await?;
         n
     };
