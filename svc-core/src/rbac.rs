@@ -332,6 +332,19 @@ pub struct NodeAccess<'a> {
 
 impl RoleSet {
     /// Whether `login` is denied by a role (`deny.logins` naming it, or `*`).
+    /// What SSH sessions may do besides running programs, from the roles' options: port
+    /// forwarding unless some role sets `port_forwarding: false` (the default is allowed, as
+    /// in Teleport); agent forwarding only when some role sets `forward_agent: true` and none
+    /// sets it `false`.
+    pub fn ssh_permits(&self) -> crate::identity::SshPermits {
+        let options = || self.roles.iter().map(|r| &r.spec.options);
+        crate::identity::SshPermits {
+            port_forwarding: !options().any(|o| o.port_forwarding == Some(false)),
+            agent_forwarding: options().any(|o| o.forward_agent == Some(true))
+                && !options().any(|o| o.forward_agent == Some(false)),
+        }
+    }
+
     pub(crate) fn login_denied(&self, login: &str) -> bool {
         self.roles
             .iter()
@@ -802,6 +815,45 @@ spec:
         assert_eq!(
             "write".parse::<Verb>().unwrap_err(),
             "unknown verb \"write\", expected one of: create, read, list, update, delete, *"
+        );
+    }
+
+    fn role_with_options(name: &str, options: &str) -> Role {
+        let text =
+            format!("kind: role\nversion: v7\nmetadata:\n  name: {name}\nspec:\n  options:\n{options}");
+        match parse_resource(&text).unwrap() {
+            Resource::Role(r) => r,
+            other => panic!("expected a role, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ssh_permits_follow_the_role_options() {
+        let plain = role_with_options("plain", "    {}\n");
+        assert_eq!(
+            RoleSet::new([plain.clone()]).ssh_permits(),
+            crate::identity::SshPermits {
+                port_forwarding: true,
+                agent_forwarding: false
+            },
+            "the defaults: port forwarding allowed, agent forwarding not"
+        );
+        let no_fwd = role_with_options("no-fwd", "    port_forwarding: false\n");
+        let agent = role_with_options("agent", "    forward_agent: true\n");
+        let no_agent = role_with_options("no-agent", "    forward_agent: false\n");
+        let set = RoleSet::new([plain.clone(), no_fwd, agent.clone()]).ssh_permits();
+        assert!(!set.port_forwarding, "one role's false wins");
+        assert!(set.agent_forwarding, "one role's true grants agent forwarding");
+        let set = RoleSet::new([agent, no_agent]).ssh_permits();
+        assert!(!set.agent_forwarding, "a false beats a true for agent forwarding");
+        let err = parse_resource(
+            "kind: role\nversion: v7\nmetadata:\n  name: x\nspec:\n  options:\n    port_fowarding: false\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("port_fowarding"),
+            "a misspelt option is refused: {err}"
         );
     }
 }

@@ -51,6 +51,7 @@ fn user_request(logins: &[&str]) -> UserCertRequest {
         logins: logins.iter().map(|l| (*l).to_owned()).collect(),
         ttl: Duration::from_secs(3600),
         db_route: None,
+        ssh_permits: Default::default(),
     }
 }
 

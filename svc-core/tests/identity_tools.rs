@@ -88,6 +88,11 @@ fn ssh_keygen_reads_ca_key_and_user_certificate() -> Result<()> {
         logins: vec!["alice".into(), "root".into()],
         ttl,
         db_route: None,
+        // Roles that allow both forwardings: the certificate permits both.
+        ssh_permits: svc_core::identity::SshPermits {
+            port_forwarding: true,
+            agent_forwarding: true,
+        },
     };
     let cert = user_ca.sign_user_ssh(&req, user_key.public_key(), now)?;
     let cert_path = dir.path().join("id_ed25519-cert.pub");
@@ -184,6 +189,7 @@ fn openssl_verifies_x509_chain_and_ca_pin() -> Result<()> {
         logins: vec!["alice".into()],
         ttl: Duration::from_secs(3600),
         db_route: None,
+        ssh_permits: Default::default(),
     };
     let user_cert = user_ca.sign_user_x509(&user_req, &key.subject_public_key_info(), now)?;
     let pem = |der: &[u8]| pem::encode(&pem::Pem::new("CERTIFICATE", der.to_vec()));

@@ -67,6 +67,7 @@ fn alice_request() -> UserCertRequest {
         logins: vec!["alice".into(), "root".into()],
         ttl: Duration::from_secs(12 * 3600),
         db_route: None,
+        ssh_permits: Default::default(),
     }
 }
 

@@ -96,6 +96,7 @@ fn user_identity(s: &Server, roles: &[&str]) -> ClientIdentity {
         logins: vec!["mallory".into()],
         ttl: Duration::from_secs(3600),
         db_route: None,
+        ssh_permits: Default::default(),
     };
     let certs = IssuedCerts {
         name: "mallory".into(),

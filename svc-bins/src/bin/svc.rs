@@ -19,6 +19,17 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Version => println!("svc {}", svc_core::version::current()),
         Command::Configure => print!("{}", svc_core::config::render_default_commented()),
+        Command::SftpServer { uid, gid, groups } => {
+            // Still one thread: drop to the login's rights before anything else runs.
+            if let (Some(uid), Some(gid)) = (uid, gid) {
+                svc_net::agent::ssh::sftp::drop_privileges(uid, gid, &groups)
+                    .with_context(|| format!("becoming uid {uid} gid {gid}"))?;
+            }
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(svc_net::agent::ssh::sftp::serve_stdio());
+        }
         Command::Start {
             config,
             data_dir,

@@ -56,6 +56,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ssh {
             port,
             login,
+            local,
+            remote,
+            dynamic,
+            no_command,
             target,
             command,
         } => {
@@ -65,13 +69,53 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 target.port = p;
             }
             let login = target.resolve_login(login, &profile)?;
+            let mut options = client::ssh::SshOptions {
+                no_command,
+                ..Default::default()
+            };
+            for (kind, specs) in [('L', &local), ('R', &remote), ('D', &dynamic)] {
+                for spec in specs {
+                    options.forwards.push(client::ssh::Forward::parse(kind, spec)?);
+                }
+            }
             let rt = rt()?;
             let command = (!command.is_empty()).then(|| command.join(" "));
-            let status = rt.block_on(client::ssh::run(&profile, &target, &login, command.as_deref()))?;
+            let status = rt.block_on(client::ssh::run_with(
+                &profile,
+                &target,
+                &login,
+                command.as_deref(),
+                &options,
+            ))?;
             // Not a plain drop: that would wait for the blocking read of standard input.
             rt.shutdown_background();
             // The remote command's status is ours, as with OpenSSH (statuses above 255 wrap).
             std::process::exit(i32::try_from(status & 0xff).unwrap_or(255));
+        }
+        Command::Scp {
+            port,
+            source,
+            destination,
+        } => {
+            use client::ssh::ScpPath;
+            let profile = Profile::signed_in()?;
+            let (local, mut target, path, upload) =
+                match (ScpPath::parse(&source)?, ScpPath::parse(&destination)?) {
+                    (ScpPath::Local(local), ScpPath::Remote { target, path }) => (local, target, path, true),
+                    (ScpPath::Remote { target, path }, ScpPath::Local(local)) => (local, target, path, false),
+                    _ => anyhow::bail!(
+                        "tsh scp: exactly one of SOURCE and DESTINATION must be [login@]node:path"
+                    ),
+                };
+            if let Some(p) = port {
+                target.port = p;
+            }
+            let login = target.resolve_login(None, &profile)?;
+            let bytes = rt()?.block_on(client::ssh::copy(
+                &profile, &target, &login, &local, &path, upload,
+            ))?;
+            eprintln!("tsh scp: {bytes} bytes copied");
+            Ok(())
         }
         Command::Proxy(ProxyCommand::Ssh { target }) => {
             let profile = Profile::signed_in()?;

@@ -44,4 +44,18 @@ pub enum Command {
         #[arg(long)]
         insecure: bool,
     },
+    /// The SSH Service's sftp subsystem on stdin/stdout (started by the agent for one session).
+    /// Becomes `--uid`/`--gid`/`--groups` first when given.
+    #[command(hide = true)]
+    SftpServer {
+        /// The login's uid.
+        #[arg(long, requires = "gid")]
+        uid: Option<u32>,
+        /// The login's primary gid.
+        #[arg(long, requires = "uid")]
+        gid: Option<u32>,
+        /// The login's groups, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<u32>,
+    },
 }

@@ -64,11 +64,38 @@ pub enum Command {
         /// logins).
         #[arg(long, short = 'l')]
         login: Option<String>,
+        /// Local port forwarding, `[bind_address:]port:host:hostport`: connections to the local
+        /// port are made to host:hostport from the node. Repeatable.
+        #[arg(short = 'L', value_name = "SPEC")]
+        local: Vec<String>,
+        /// Remote port forwarding, `[bind_address:]port:host:hostport`: the node listens on
+        /// port (its loopback interface) and connections come to host:hostport from here.
+        /// Repeatable.
+        #[arg(short = 'R', value_name = "SPEC")]
+        remote: Vec<String>,
+        /// Dynamic port forwarding, `[bind_address:]port`: a local SOCKS5 proxy whose
+        /// connections are made from the node. Repeatable.
+        #[arg(short = 'D', value_name = "SPEC")]
+        dynamic: Vec<String>,
+        /// Run no command: keep the forwardings until interrupted.
+        #[arg(short = 'N')]
+        no_command: bool,
         /// `[login@]node[:port]`; node is a node name, host ID or host UUID.
         target: String,
         /// The command (its words are joined with spaces, as OpenSSH does).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
+    },
+    /// Copy a file to or from a node over sftp: `tsh scp FILE [login@]node:PATH` or
+    /// `tsh scp [login@]node:PATH FILE`.
+    Scp {
+        /// The node's SSH Service port (default 3022).
+        #[arg(long, short = 'P')]
+        port: Option<u16>,
+        /// The source.
+        source: String,
+        /// The destination.
+        destination: String,
     },
     /// List the SSH nodes your roles allow (by their labels).
     Ls {

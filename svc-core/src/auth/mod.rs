@@ -1058,6 +1058,11 @@ impl AuthService {
             logins: identity.logins.clone(),
             ttl,
             db_route: Some(db_route.clone()),
+            // No SSH half: a database certificate permits nothing over SSH.
+            ssh_permits: crate::identity::SshPermits {
+                port_forwarding: false,
+                agent_forwarding: false,
+            },
         };
         let tls_cert = self.user_ca.sign_user_x509(&user_req, &req.tls_public_key, now)?;
         Ok(Ok(DbCert {
@@ -1118,6 +1123,7 @@ impl AuthService {
             logins,
             ttl,
             db_route: None,
+            ssh_permits: roles.ssh_permits(),
         };
         let now = self.now();
         let tls_cert = self.user_ca.sign_user_x509(&user_req, &req.tls_public_key, now)?;

@@ -218,7 +218,7 @@ impl CertAuthority {
         super::ssh::sign(
             self.ssh_key.expose(),
             &claims,
-            IdentityKind::Host,
+            super::ssh::SignedKind::Host,
             subject,
             now,
             req.ttl,
@@ -239,7 +239,7 @@ impl CertAuthority {
         super::ssh::sign(
             self.ssh_key.expose(),
             &claims,
-            IdentityKind::User,
+            super::ssh::SignedKind::User(req.ssh_permits),
             subject,
             now,
             req.ttl,

@@ -272,6 +272,7 @@ mod tests {
             logins: vec![],
             ttl: std::time::Duration::from_secs(60),
             db_route: None,
+            ssh_permits: Default::default(),
         };
         let err = Claims::for_user(&req, "c").unwrap_err();
         assert!(

@@ -221,6 +221,45 @@ pub struct UserCertRequest {
     pub ttl: Duration,
     /// The database route of a database client certificate (`tsh db login`), else `None`.
     pub db_route: Option<DbCertRoute>,
+    /// What the user's SSH sessions may do besides running programs (the certificate's
+    /// `permit-*` extensions).
+    pub ssh_permits: SshPermits,
+}
+
+/// What a user's SSH sessions may do besides running programs, from the user's role options;
+/// signed into the SSH certificate as OpenSSH's `permit-port-forwarding` and
+/// `permit-agent-forwarding` extensions, which the SSH Service checks at each request.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SshPermits {
+    /// TCP port forwarding (`direct-tcpip` channels, `tcpip-forward` requests).
+    pub port_forwarding: bool,
+    /// SSH agent forwarding (`auth-agent-req@openssh.com`).
+    pub agent_forwarding: bool,
+}
+
+impl Default for SshPermits {
+    /// The role options' defaults: port forwarding allowed, agent forwarding not.
+    fn default() -> Self {
+        Self {
+            port_forwarding: true,
+            agent_forwarding: false,
+        }
+    }
+}
+
+impl SshPermits {
+    /// The OpenSSH extension that permits port forwarding.
+    pub const PORT_FORWARDING: &'static str = "permit-port-forwarding";
+    /// The OpenSSH extension that permits agent forwarding.
+    pub const AGENT_FORWARDING: &'static str = "permit-agent-forwarding";
+
+    /// The permits a certificate's extensions state.
+    pub fn of(cert: &ssh_key::Certificate) -> Self {
+        Self {
+            port_forwarding: cert.extensions().contains_key(Self::PORT_FORWARDING),
+            agent_forwarding: cert.extensions().contains_key(Self::AGENT_FORWARDING),
+        }
+    }
 }
 
 /// The database route a database client certificate carries: which database, over which

@@ -9,19 +9,30 @@ use ssh_key::{Certificate, PrivateKey, PublicKey};
 use super::x509::{random_32_bytes, random_u64, whole_seconds};
 use super::{CLOCK_SKEW, Claims, IdentityError, IdentityKind, SSH_IDENTITY_EXTENSION, VerifyError};
 
-/// The standard extensions a user certificate carries: what an interactive session needs.
-/// (X11 forwarding and `~/.ssh/rc` are left off; RBAC can narrow the rest later.)
-const USER_PERMITS: [&str; 3] = ["permit-agent-forwarding", "permit-port-forwarding", "permit-pty"];
+/// The standard extension every user certificate carries: what an interactive session needs.
+/// (X11 forwarding and `~/.ssh/rc` are left off; port and agent forwarding follow the role
+/// options, [`SshPermits`](super::SshPermits).)
+const USER_PERMIT_PTY: &str = "permit-pty";
 
 fn unix(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_secs()
+}
+
+/// What kind of certificate [`sign`] makes: a host's, or a user's with what its sessions may
+/// do besides running programs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum SignedKind {
+    /// A host certificate.
+    Host,
+    /// A user certificate with these `permit-*` extensions.
+    User(super::SshPermits),
 }
 
 /// Signs an OpenSSH certificate stating `claims` for `subject`.
 pub(crate) fn sign(
     ca_key: &PrivateKey,
     claims: &Claims,
-    kind: IdentityKind,
+    kind: SignedKind,
     subject: &PublicKey,
     now: SystemTime,
     ttl: Duration,
@@ -39,16 +50,20 @@ pub(crate) fn sign(
     builder.serial(random_u64()?)?;
     builder.key_id(claims.name.as_str())?;
     let principals: Vec<&String> = match kind {
-        IdentityKind::Host => {
+        SignedKind::Host => {
             builder.cert_type(CertType::Host)?;
             let mut principals = vec![&claims.name, &claims.node_name];
             principals.extend(claims.names.iter());
             principals
         }
-        IdentityKind::User => {
+        SignedKind::User(permits) => {
             builder.cert_type(CertType::User)?;
-            for permit in USER_PERMITS {
-                builder.extension(permit, "")?;
+            builder.extension(USER_PERMIT_PTY, "")?;
+            if permits.port_forwarding {
+                builder.extension(super::SshPermits::PORT_FORWARDING, "")?;
+            }
+            if permits.agent_forwarding {
+                builder.extension(super::SshPermits::AGENT_FORWARDING, "")?;
             }
             claims.logins.iter().collect()
         }

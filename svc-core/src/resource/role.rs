@@ -26,6 +26,31 @@ pub struct RoleSpec {
     /// What the role takes away; deny beats allow across all of a user's roles.
     #[serde(default)]
     pub deny: RoleConditions,
+    /// Session options (SSH port and agent forwarding).
+    #[serde(default, skip_serializing_if = "RoleOptions::is_unset")]
+    pub options: RoleOptions,
+}
+
+/// `spec.options` of a role: what an SSH session may do besides running programs. An option a
+/// role leaves out takes its default; across a user's roles, a `false` wins for
+/// `port_forwarding` and a `true` is needed (and no `false`) for `forward_agent`
+/// ([`RoleSet::ssh_permits`](crate::rbac::RoleSet::ssh_permits)).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleOptions {
+    /// TCP port forwarding over SSH (`ssh -L`, `-R`, `-D`); default: allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_forwarding: Option<bool>,
+    /// SSH agent forwarding (`ssh -A`); default: not allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_agent: Option<bool>,
+}
+
+impl RoleOptions {
+    /// Whether no option is set.
+    pub fn is_unset(&self) -> bool {
+        self.port_forwarding.is_none() && self.forward_agent.is_none()
+    }
 }
 
 /// `spec.allow` or `spec.deny`.

@@ -8,14 +8,31 @@
 //! its [`NodeAuthorizer`] about itself (its host ID) — the user's current roles against this
 //! node's labels and the login — and a refused user starts nothing: every shell or command
 //! request gets the refusal text on stderr, exit status 1 and a closed channel (authentication
-//! itself is accepted only so the refusal can be shown; other channel types are not served). When the authorizer cannot decide, the answer
+//! itself is accepted only so the refusal can be shown; its forwarding requests and sftp are
+//! refused too; other channel types are not served). When the authorizer cannot decide, the answer
 //! is a refusal. The server presents the agent's host certificate. Sessions: `exec` and `shell`, with a PTY when asked (`pty-process`),
 //! `env`, `window-change`, exit status; closing the channel kills the child.
+//!
+//! Port forwarding: `direct-tcpip` channels (`ssh -L`, and `ssh -D`'s SOCKS connections) are
+//! connected from the agent host; `tcpip-forward` requests (`ssh -R`) listen on the agent host's
+//! loopback interface and open `forwarded-tcpip` channels back for each connection;
+//! `cancel-tcpip-forward` stops such a listener. Each request is checked when it arrives: the
+//! user's certificate must carry `permit-port-forwarding` (the role option `port_forwarding`,
+//! default allowed) and node RBAC must have let the user in; a refused request is logged with
+//! the user, roles and login. Agent forwarding (`auth-agent-req@openssh.com`) needs
+//! `permit-agent-forwarding` (the role option `forward_agent`, default not allowed): the
+//! session's programs get `SSH_AUTH_SOCK`, a socket in a directory only the login can enter,
+//! whose connections go to the client's agent on `auth-agent@openssh.com` channels.
+//!
+//! The `sftp` subsystem (OpenSSH `sftp`, and `scp` since OpenSSH 9) runs as a process of its
+//! own started with the login's uid, gid and groups ([`sftp`]): file access is the login
+//! user's, never the agent's.
 //!
 //! While programs run, the server asks its authorizer again every
 //! [`SshServerConfig::recheck_interval`]: when the answer becomes a refusal (the user or the
 //! node was locked, the user deleted, a role removed), every program of the connection is
-//! killed and its channel gets `svc: session closed: <reason>` and exit status 1.
+//! killed and its channel gets `svc: session closed: <reason>` and exit status 1; its forwarded
+//! connections, remote-forward listeners and agent socket close with them.
 
 use std::{
     collections::HashMap,
@@ -32,7 +49,7 @@ use russh::{
     server::{Auth, ChannelOpenHandle, Msg, Session},
 };
 use svc_core::auth::ServedKind;
-use svc_core::identity::{UserIdentity, Verifier};
+use svc_core::identity::{SshPermits, UserIdentity, Verifier};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpListener,
@@ -41,6 +58,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 mod passwd;
+pub mod sftp;
 use tower::BoxError;
 
 use crate::ssh::{SshError, authz::NodeAuthorizer};
@@ -71,6 +89,8 @@ pub struct SshServerConfig {
     /// [`DEFAULT_RECHECK_INTERVAL`](crate::ssh::authz::DEFAULT_RECHECK_INTERVAL)); a refusal ends
     /// every program of the connection, with the reason on stderr.
     pub recheck_interval: Duration,
+    /// How the `sftp` subsystem is started; `None`: the subsystem is refused.
+    pub sftp: Option<sftp::SftpLauncher>,
 }
 
 impl SshServerConfig {
@@ -91,7 +111,14 @@ impl SshServerConfig {
             proxied_authorizer: None,
             tunables: Tunables::default(),
             recheck_interval: crate::ssh::authz::DEFAULT_RECHECK_INTERVAL,
+            sftp: None,
         }
+    }
+
+    /// Serves the `sftp` subsystem with `launcher`.
+    pub fn with_sftp(mut self, launcher: sftp::SftpLauncher) -> Self {
+        self.sftp = Some(launcher);
+        self
     }
 
     /// Decides sessions that came through the cluster's proxy with `authorizer`.
@@ -111,6 +138,7 @@ pub struct SshServer {
     authorizer: Arc<dyn NodeAuthorizer>,
     proxied_authorizer: Arc<dyn NodeAuthorizer>,
     recheck_interval: Duration,
+    sftp: Option<Arc<sftp::SftpLauncher>>,
 }
 
 impl std::fmt::Debug for SshServer {
@@ -133,6 +161,7 @@ impl SshServer {
                 .unwrap_or_else(|| config.authorizer.clone()),
             authorizer: config.authorizer,
             recheck_interval: config.recheck_interval,
+            sftp: config.sftp.map(Arc::new),
         }
     }
 
@@ -163,6 +192,13 @@ impl SshServer {
             revoked: Arc::new(OnceLock::new()),
             watching: false,
             channels: HashMap::new(),
+            permits: SshPermits {
+                port_forwarding: false,
+                agent_forwarding: false,
+            },
+            forwards: HashMap::new(),
+            sftp: self.sftp.clone(),
+            agent_sock: None,
         };
         let started =
             crate::ssh::authenticate_before(self.config.clone(), io, handler, on_auth, self.auth_timeout)
@@ -264,6 +300,110 @@ struct NodeHandler {
     /// Whether the periodic re-check runs.
     watching: bool,
     channels: HashMap<ChannelId, ChanState>,
+    /// What the certificate permits besides sessions (port and agent forwarding).
+    permits: SshPermits,
+    /// Remote forwards (`tcpip-forward`) by the address and port asked for: cancelling the
+    /// token closes the listener.
+    forwards: HashMap<(String, u32), CancellationToken>,
+    sftp: Option<Arc<sftp::SftpLauncher>>,
+    /// The forwarded agent's socket, once a session asked for it (one per connection).
+    agent_sock: Option<std::path::PathBuf>,
+}
+
+/// Whether the agent switches to the login's account for its programs: only when it runs as
+/// root; otherwise the login must be the account the agent runs as.
+fn must_switch(account: &passwd::Account) -> Result<bool, String> {
+    match passwd::current_uid() {
+        Some(0) => Ok(account.uid != 0),
+        Some(uid) if uid == account.uid => Ok(false),
+        _ => Err(format!(
+            "the agent runs unprivileged and cannot start a session as {:?}",
+            account.name
+        )),
+    }
+}
+
+/// How long connecting a `direct-tcpip` channel's target may take.
+const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Copies between a forwarding channel and its local connection (TCP, or the agent socket)
+/// until either side ends or `kill` fires.
+async fn splice<S: AsyncRead + AsyncWrite + Unpin>(
+    channel: Channel<Msg>,
+    mut local: S,
+    kill: CancellationToken,
+) {
+    let mut stream = channel.into_stream();
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut stream, &mut local) => {}
+        _ = kill.cancelled() => {}
+    }
+    let _ = stream.shutdown().await;
+}
+
+/// Listens on a Unix socket for the login's programs (`SSH_AUTH_SOCK`) and carries each
+/// connection to the client's agent on an `auth-agent@openssh.com` channel. The socket lives in
+/// a fresh directory of mode 0700 owned by the login; both are removed when `stop` fires.
+fn forward_agent(
+    account: &passwd::Account,
+    handle: russh::server::Handle,
+    stop: CancellationToken,
+) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(format!("svc-agent-{:016x}", rand::random::<u64>()));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    let sock = dir.join("agent.sock");
+    let bound = (|| {
+        let listener = tokio::net::UnixListener::bind(&sock)?;
+        if passwd::current_uid() == Some(0) {
+            std::os::unix::fs::chown(&dir, Some(account.uid), Some(account.gid))?;
+            std::os::unix::fs::chown(&sock, Some(account.uid), Some(account.gid))?;
+        }
+        Ok::<_, std::io::Error>(listener)
+    })();
+    let listener = match bound {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
+    let cleanup = dir.clone();
+    tokio::spawn(async move {
+        loop {
+            let conn = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((conn, _)) => conn,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "agent socket: accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                _ = stop.cancelled() => break,
+            };
+            let (handle, kill) = (handle.clone(), stop.child_token());
+            tokio::spawn(async move {
+                match handle.channel_open_agent().await {
+                    Ok(channel) => splice(channel, conn, kill).await,
+                    Err(e) => tracing::info!(error = %e, "agent forwarding: the client refused the channel"),
+                }
+            });
+        }
+        let _ = std::fs::remove_dir_all(&cleanup);
+    });
+    Ok(sock)
+}
+
+/// The address a remote forward listens on: the loopback interface (OpenSSH's `GatewayPorts
+/// no`), in the family asked for.
+fn forward_bind_addr(address: &str, port: u32) -> Result<SocketAddr, String> {
+    let port = u16::try_from(port).map_err(|_| format!("port {port} is out of range"))?;
+    let ip: std::net::IpAddr = match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(_)) => std::net::Ipv6Addr::LOCALHOST.into(),
+        _ => std::net::Ipv4Addr::LOCALHOST.into(),
+    };
+    Ok(SocketAddr::new(ip, port))
 }
 
 /// Environment variables a client may set (OpenSSH's `AcceptEnv` spirit: locale and
@@ -309,6 +449,83 @@ impl NodeHandler {
         });
     }
 
+    /// Why a port forwarding request (`what`) is refused, if it is; a refusal is logged with
+    /// the user, roles and login.
+    fn forwarding_refused(&self, what: &str) -> Option<String> {
+        if let Some(denied) = &self.denied {
+            return Some(denied.clone());
+        }
+        let Some((user, account)) = &self.user else {
+            return Some("not authenticated".into());
+        };
+        if !self.permits.port_forwarding {
+            tracing::warn!(peer = ?self.peer, user = %user.username, roles = ?user.roles, login = %account.name, request = what, "port forwarding refused: a role sets port_forwarding: false");
+            return Some(format!(
+                "port forwarding is not allowed for {} (role option port_forwarding)",
+                user.username
+            ));
+        }
+        None
+    }
+
+    /// Starts the `sftp` subsystem on channel `id`: the launcher's program with the login's
+    /// rights (it drops to them itself before serving), its stdin and stdout on the channel.
+    fn start_sftp(&mut self, id: ChannelId) -> Result<(), String> {
+        if let Some(denied) = &self.denied {
+            return Err(denied.clone());
+        }
+        let Some((user, account)) = &self.user else {
+            return Err("not authenticated".into());
+        };
+        let launcher = self
+            .sftp
+            .clone()
+            .ok_or("this SSH Service does not serve the sftp subsystem")?;
+        let state = self.channels.get_mut(&id).ok_or("unknown channel")?;
+        let channel = state.channel.take().ok_or("the channel already runs a program")?;
+        let mut cmd = tokio::process::Command::new(&launcher.program);
+        cmd.args(&launcher.args);
+        if must_switch(account)? || passwd::current_uid() == Some(0) {
+            let groups: Vec<String> = passwd::groups(&account.name, account.gid)
+                .iter()
+                .map(u32::to_string)
+                .collect();
+            cmd.arg("--uid")
+                .arg(account.uid.to_string())
+                .arg("--gid")
+                .arg(account.gid.to_string())
+                .arg("--groups")
+                .arg(groups.join(","));
+        }
+        cmd.env_clear()
+            .env("HOME", &account.home)
+            .env("USER", &account.name)
+            .env("LOGNAME", &account.name)
+            .env("SVC_USER", &user.username)
+            // Relative paths start at the home directory; an account without one (`nobody`)
+            // starts at the root.
+            .current_dir(if account.home.is_dir() {
+                account.home.as_path()
+            } else {
+                std::path::Path::new("/")
+            })
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("starting the sftp server {}: {e}", launcher.program.display()))?;
+        tracing::info!(peer = ?self.peer, user = %user.username, login = %account.name, "sftp session");
+        tokio::spawn(run_piped(
+            channel,
+            child,
+            state.kill.clone(),
+            self.revoked.clone(),
+        ));
+        Ok(())
+    }
+
     fn start(&mut self, id: ChannelId, command: Option<String>) -> Result<(), String> {
         if let Some(denied) = &self.denied {
             return Err(denied.clone());
@@ -343,17 +560,7 @@ impl NodeHandler {
         };
         // Switch to the login's account only when running as root; otherwise the login must
         // be the account the agent runs as.
-        let me = passwd::current_uid();
-        let switch = match me {
-            Some(0) => account.uid != 0,
-            Some(uid) if uid == account.uid => false,
-            _ => {
-                return Err(format!(
-                    "the agent runs unprivileged and cannot start a session as {:?}",
-                    account.name
-                ));
-            }
-        };
+        let switch = must_switch(account)?;
         let kill = state.kill.clone();
         if let Some((_, cols, rows)) = state.pty.clone() {
             let (pty, pts) = pty_process::open().map_err(|e| format!("allocating a PTY: {e}"))?;
@@ -604,6 +811,7 @@ impl russh::server::Handler for NodeHandler {
         } else {
             tracing::info!(peer = ?self.peer, login, user = %user.username, "SSH login");
             self.asked = Some((certificate.clone(), login.to_owned()));
+            self.permits = SshPermits::of(certificate);
         }
         self.user = Some((user, account));
         if let Some(tx) = self.authenticated.take() {
@@ -716,6 +924,202 @@ impl russh::server::Handler for NodeHandler {
             let _ = tx.send((dim(col_width).max(1), dim(row_height).max(1)));
         }
         Ok(())
+    }
+
+    async fn subsystem_request(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if name != "sftp" {
+            tracing::info!(peer = ?self.peer, subsystem = name, "unknown subsystem refused");
+            return session.channel_failure(channel);
+        }
+        match self.start_sftp(channel) {
+            Ok(()) => {
+                self.watch();
+                session.channel_success(channel)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "starting the sftp subsystem failed");
+                end_with_error(session, channel, format!("svc: {e}\n"))
+            }
+        }
+    }
+
+    async fn agent_request(
+        &mut self,
+        channel: ChannelId,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        let Some((user, account)) = &self.user else {
+            return Ok(false);
+        };
+        if self.denied.is_some() || !self.permits.agent_forwarding {
+            tracing::warn!(peer = ?self.peer, user = %user.username, roles = ?user.roles, login = %account.name, "agent forwarding refused: no role sets forward_agent: true");
+            return Ok(false);
+        }
+        let Some(state) = self.channels.get_mut(&channel).filter(|s| s.channel.is_some()) else {
+            return Ok(false);
+        };
+        let sock = match &self.agent_sock {
+            Some(sock) => sock.clone(),
+            None => match forward_agent(account, session.handle(), self.conn.child_token()) {
+                Ok(sock) => {
+                    tracing::info!(peer = ?self.peer, user = %user.username, login = %account.name, "agent forwarding");
+                    self.agent_sock = Some(sock.clone());
+                    sock
+                }
+                Err(e) => {
+                    tracing::warn!(peer = ?self.peer, error = %e, "agent forwarding: creating the socket failed");
+                    return Ok(false);
+                }
+            },
+        };
+        state
+            .env
+            .push(("SSH_AUTH_SOCK".into(), sock.display().to_string()));
+        self.watch();
+        Ok(true)
+    }
+
+    async fn channel_open_direct_tcpip(
+        &mut self,
+        channel: Channel<Msg>,
+        host_to_connect: &str,
+        port_to_connect: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let target = format!("{host_to_connect}:{port_to_connect}");
+        if let Some(why) = self.forwarding_refused(&format!("direct-tcpip to {target}")) {
+            tracing::info!(peer = ?self.peer, %target, reason = %why, "direct-tcpip channel refused");
+            reply
+                .reject(russh::ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        }
+        self.watch();
+        let (host, kill, peer) = (host_to_connect.to_owned(), self.conn.child_token(), self.peer);
+        let Ok(port) = u16::try_from(port_to_connect) else {
+            reply.reject(russh::ChannelOpenFailure::ConnectFailed).await;
+            return Ok(());
+        };
+        // Connect off the session's loop; the channel is confirmed once the target answers.
+        tokio::spawn(async move {
+            let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+            match tokio::time::timeout(FORWARD_CONNECT_TIMEOUT, connect).await {
+                Ok(Ok(tcp)) => {
+                    tracing::debug!(?peer, %target, "direct-tcpip channel connected");
+                    reply.accept().await;
+                    splice(channel, tcp, kill).await;
+                }
+                Ok(Err(e)) => {
+                    tracing::info!(?peer, %target, error = %e, "direct-tcpip: connecting failed");
+                    reply.reject(russh::ChannelOpenFailure::ConnectFailed).await;
+                }
+                Err(_) => {
+                    tracing::info!(?peer, %target, "direct-tcpip: connecting timed out");
+                    reply.reject(russh::ChannelOpenFailure::ConnectFailed).await;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn tcpip_forward(
+        &mut self,
+        address: &str,
+        port: &mut u32,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        if let Some(why) = self.forwarding_refused(&format!("tcpip-forward {address}:{port}")) {
+            tracing::info!(peer = ?self.peer, address, port = *port, reason = %why, "remote forward refused");
+            return Ok(false);
+        }
+        let unprivileged = self.user.as_ref().is_some_and(|(_, a)| a.uid != 0);
+        if unprivileged && *port != 0 && *port < 1024 {
+            tracing::info!(peer = ?self.peer, address, port = *port, "remote forward refused: a privileged port for a non-root login");
+            return Ok(false);
+        }
+        let bind = match forward_bind_addr(address, *port) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::info!(peer = ?self.peer, address, error = %e, "remote forward refused");
+                return Ok(false);
+            }
+        };
+        let listener = match TcpListener::bind(bind).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::info!(peer = ?self.peer, %bind, error = %e, "remote forward: binding failed");
+                return Ok(false);
+            }
+        };
+        let asked_port = *port;
+        if *port == 0 {
+            *port = listener.local_addr().map(|a| u32::from(a.port())).unwrap_or(0);
+        }
+        self.watch();
+        let stop = self.conn.child_token();
+        // A cancel names the port asked for or, for port 0, the one allocated: either finds it.
+        self.forwards
+            .insert((address.to_owned(), asked_port), stop.clone());
+        self.forwards.insert((address.to_owned(), *port), stop.clone());
+        let (handle, address, bound_port, peer) = (session.handle(), address.to_owned(), *port, self.peer);
+        tracing::info!(?peer, %bind, port = bound_port, "remote forward listening");
+        tokio::spawn(async move {
+            loop {
+                let (tcp, from) = tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "remote forward: accept failed");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    },
+                    _ = stop.cancelled() => return,
+                };
+                let (handle, address, kill) = (handle.clone(), address.clone(), stop.child_token());
+                tokio::spawn(async move {
+                    let opened = handle
+                        .channel_open_forwarded_tcpip(
+                            address,
+                            bound_port,
+                            from.ip().to_string(),
+                            u32::from(from.port()),
+                        )
+                        .await;
+                    match opened {
+                        Ok(channel) => splice(channel, tcp, kill).await,
+                        Err(e) => {
+                            tracing::info!(error = %e, "remote forward: the client refused the channel")
+                        }
+                    }
+                });
+            }
+        });
+        Ok(true)
+    }
+
+    async fn cancel_tcpip_forward(
+        &mut self,
+        address: &str,
+        port: u32,
+        _session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        match self.forwards.remove(&(address.to_owned(), port)) {
+            Some(stop) => {
+                stop.cancel();
+                self.forwards.retain(|_, other| !other.is_cancelled());
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     async fn channel_close(&mut self, channel: ChannelId, _session: &mut Session) -> Result<(), Self::Error> {

@@ -208,4 +208,34 @@ pub enum Error {
     /// Local I/O (standard input and output, the terminal) failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// A port forwarding specification (`-L`, `-R`, `-D`) is malformed.
+    #[error("forwarding {spec:?}: {reason}")]
+    Forward {
+        /// The specification as given.
+        spec: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The node refused a port forwarding request.
+    #[error("{host} refused port forwarding {spec:?} (the role option port_forwarding may forbid it)")]
+    ForwardRefused {
+        /// The node.
+        host: String,
+        /// The specification as given.
+        spec: String,
+    },
+    /// An sftp operation (`tsh scp`) failed.
+    #[error("sftp {what} {path:?}")]
+    Sftp {
+        /// What was done.
+        what: &'static str,
+        /// The remote path.
+        path: String,
+        /// Why.
+        #[source]
+        source: russh_sftp::client::error::Error,
+    },
+    /// A `tsh scp` argument names neither a local nor a remote file properly.
+    #[error("scp: {0}")]
+    Scp(String),
 }

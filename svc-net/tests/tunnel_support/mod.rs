@@ -136,6 +136,7 @@ impl Cluster {
             logins: logins.iter().map(|s| s.to_string()).collect(),
             ttl: Duration::from_secs(3600),
             db_route: None,
+            ssh_permits: Default::default(),
         };
         let cert = self
             .user_ca

@@ -707,22 +707,30 @@ fn ssh_server(
     config: &Config,
 ) -> Result<SshServer, NodeError> {
     let addrs = auth_addrs(identity, config);
-    Ok(SshServer::new(
-        SshServerConfig::new(
-            identity.ssh_private_key()?,
-            identity.ssh_certificate()?,
-            Arc::new(identity.verifier()?),
-            identity.name.clone(),
-            AuthNodeAuthorizer::at(addrs.clone(), identity.clone(), Some(dialer.clone()), false),
-        )
-        // Sessions the proxy let through survive a short Auth Service outage.
-        .with_proxied_authorizer(AuthNodeAuthorizer::at(
-            addrs,
-            identity.clone(),
-            Some(dialer.clone()),
-            true,
-        )),
-    ))
+    let config = SshServerConfig::new(
+        identity.ssh_private_key()?,
+        identity.ssh_certificate()?,
+        Arc::new(identity.verifier()?),
+        identity.name.clone(),
+        AuthNodeAuthorizer::at(addrs.clone(), identity.clone(), Some(dialer.clone()), false),
+    )
+    // Sessions the proxy let through survive a short Auth Service outage.
+    .with_proxied_authorizer(AuthNodeAuthorizer::at(
+        addrs,
+        identity.clone(),
+        Some(dialer.clone()),
+        true,
+    ));
+    // The sftp subsystem is this binary's `sftp-server` subcommand, started with the login's
+    // rights.
+    let config = match crate::agent::ssh::sftp::SftpLauncher::this_binary() {
+        Ok(launcher) => config.with_sftp(launcher),
+        Err(e) => {
+            tracing::warn!(error = %e, "the sftp subsystem is off: the agent's own program cannot be found");
+            config
+        }
+    };
+    Ok(SshServer::new(config))
 }
 
 fn refuse_ssh() -> DialService {

@@ -102,10 +102,12 @@ pub fn db_service(databases: &[Database]) -> Result<DialService, ServiceError> {
             .trim_end_matches(']')
             .to_owned();
         let tls = match (&db.tls, db.protocol) {
-            (Some(t), DbProtocol::Postgres | DbProtocol::Mysql | DbProtocol::Redis | DbProtocol::Mongodb) => Some((
-                tls_config(db, t)?,
-                t.server_name.clone().unwrap_or_else(|| host.clone()),
-            )),
+            (Some(t), DbProtocol::Postgres | DbProtocol::Mysql | DbProtocol::Redis | DbProtocol::Mongodb) => {
+                Some((
+                    tls_config(db, t)?,
+                    t.server_name.clone().unwrap_or_else(|| host.clone()),
+                ))
+            }
             _ => None,
         };
         targets.push(DbTarget {

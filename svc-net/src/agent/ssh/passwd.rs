@@ -34,6 +34,33 @@ pub(crate) fn lookup(login: &str) -> Option<Account> {
     find(&std::fs::read_to_string("/etc/passwd").ok()?, login)
 }
 
+/// The groups of `login` in group-format text: `primary` first, then every group that lists
+/// the login as a member.
+pub(crate) fn groups_in(group: &str, login: &str, primary: u32) -> Vec<u32> {
+    let mut gids = vec![primary];
+    for line in group.lines() {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() < 4 || !f[3].split(',').any(|m| m == login) {
+            continue;
+        }
+        if let Ok(gid) = f[2].parse::<u32>()
+            && !gids.contains(&gid)
+        {
+            gids.push(gid);
+        }
+    }
+    gids
+}
+
+/// The groups of `login` (`/etc/group`), `primary` first.
+pub(crate) fn groups(login: &str, primary: u32) -> Vec<u32> {
+    groups_in(
+        &std::fs::read_to_string("/etc/group").unwrap_or_default(),
+        login,
+        primary,
+    )
+}
+
 /// The uid this process runs as (the owner of `/proc/self`), if it can be read.
 pub(crate) fn current_uid() -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
@@ -43,6 +70,13 @@ pub(crate) fn current_uid() -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lists_groups() {
+        let text = "root:x:0:\nsudo:x:27:bob,carol\nbob:x:1000:\ndocker:x:999:carol\nbad\n";
+        assert_eq!(groups_in(text, "bob", 1000), vec![1000, 27]);
+        assert_eq!(groups_in(text, "carol", 1001), vec![1001, 27, 999]);
+    }
 
     #[test]
     fn finds_accounts() {
