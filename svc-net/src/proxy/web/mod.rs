@@ -9,6 +9,7 @@
 #[cfg(feature = "login")]
 pub mod login;
 pub mod ping;
+pub mod upgrade;
 pub mod version;
 
 use std::{
@@ -260,7 +261,9 @@ impl WebHttp {
             let c = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT.min(self.idle_timeout))
-                .serve_connection(io, api);
+                .serve_connection(io, api)
+                // The connection upgrade (`/webapi/connectionupgrade`) takes the stream over.
+                .with_upgrades();
             tokio::pin!(c);
             crate::idle::drive(c, &tracker, self.idle_timeout, &shutdown, peer).await?;
         }
