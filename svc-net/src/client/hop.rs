@@ -170,7 +170,11 @@ pub async fn connect_via_proxy(
             })?;
             // Through the connection upgrade when a load balancer terminates TLS in front of
             // the proxy (`conn_upgrade`).
-            let tls = crate::conn_upgrade::connect_tls(dial, tls_config(endpoint)?, name, &addr)
+            let outer = crate::conn_upgrade::OuterTrust {
+                extra_ca_pem: endpoint.extra_ca_pem.clone(),
+                insecure: false,
+            };
+            let tls = crate::conn_upgrade::connect_tls(dial, tls_config(endpoint)?, &outer, name, &addr)
                 .await
                 .map_err(|e| SshError::Dial {
                     addr: addr.clone(),

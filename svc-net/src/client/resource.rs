@@ -122,7 +122,11 @@ impl ResourceClient {
         let sni = ServerName::try_from(host).map_err(|e| proxy_err(e.to_string()))?;
         // Through the connection upgrade when a load balancer terminates TLS in front of the
         // proxy (`conn_upgrade`).
-        let mut tls = crate::conn_upgrade::connect_tls(dial, config, sni, &addr)
+        let outer = crate::conn_upgrade::OuterTrust {
+            extra_ca_pem: self.extra_ca_pem.clone(),
+            insecure: self.insecure,
+        };
+        let mut tls = crate::conn_upgrade::connect_tls(dial, config, &outer, sni, &addr)
             .await
             .map_err(|e| proxy_err(e.to_string()))?;
         let mut line = serde_json::to_vec(&ResourceRequest {

@@ -1,21 +1,19 @@
 //! Connection upgrade: svc's routed protocols inside an HTTPS request, for clients that reach
 //! the proxy through a layer-7 load balancer which terminates TLS and drops ALPN.
 //!
-//! Where it sits: a client that wants, say, `svc-reversetunnel` first tries TLS to the proxy
-//! address with that ALPN ([`connect_tls`]). If the handshake completes without the ALPN it
-//! asked for, or is refused with the `no_application_protocol` alert, a load balancer answered
-//! it. The client then sends `GET /webapi/connectionupgrade` over HTTPS (ALPN `http/1.1`) with
-//! `Upgrade: alpn` (or the WebSocket form: `Upgrade: websocket` with
+//! Where it sits: before its first connection to a proxy address, a client probes it: a TLS
+//! handshake offering only ALPN [`alpn::PING`], which the proxy's web API negotiates. If the
+//! handshake completes without it, or is refused with the `no_application_protocol` alert, a
+//! load balancer answered. The client then sends `GET /webapi/connectionupgrade` over HTTPS
+//! (ALPN `http/1.1`) with `Upgrade: alpn` (or the WebSocket form: `Upgrade: websocket` with
 //! `Sec-WebSocket-Protocol: alpn`, the stream then carried in binary frames, see [`ws`]). After
-//! `101 Switching Protocols` it runs the TLS handshake it wanted — its ALPN, SNI and client
-//! certificate — inside the upgraded stream; the proxy hands that stream to its ALPN router
-//! as if it had arrived on the web port (`proxy::web::upgrade`).
+//! `101 Switching Protocols` it runs the TLS handshake it wanted — its ALPN, SNI, trust and
+//! client certificate — inside the upgraded stream; the proxy hands that stream to its ALPN
+//! router as if it had arrived on the web port (`proxy::web::upgrade`).
 //!
-//! The outer handshake (to the load balancer) checks the balancer's certificate with the same
-//! trust as the inner one (public web roots, the extra CA bundle given to the client, the
-//! cluster CA), so a balancer's own certificate must chain to one of those. What a client
-//! learned about an address is remembered for the life of the process: later dials go straight
-//! to the upgrade. [`MODE_ENV`] forces a form (or turns the upgrade off).
+//! The probe's answer is remembered per address for the life of the process. The load
+//! balancer's own certificate is checked per [`OuterTrust`]. [`MODE_ENV`] forces a form (or
+//! turns the upgrade off).
 
 pub mod ws;
 
@@ -32,6 +30,7 @@ use tokio::io::AsyncWriteExt;
 use tokio_rustls::{TlsConnector, client::TlsStream};
 
 use crate::io::{BoxIo, rewind::Rewind};
+use crate::route::alpn;
 
 /// The web API path of the upgrade.
 pub const PATH: &str = "/webapi/connectionupgrade";
@@ -126,11 +125,43 @@ fn remember(addr: &str, required: bool) {
     }
 }
 
-/// Whether a finished handshake shows that a load balancer answered: the client asked for
-/// ALPN and got none of it.
-fn alpn_missing(config: &rustls::ClientConfig, negotiated: Option<&[u8]>) -> bool {
-    !config.alpn_protocols.is_empty()
-        && !negotiated.is_some_and(|p| config.alpn_protocols.iter().any(|w| w == p))
+/// How the load balancer's own certificate (the outer handshake of the upgrade) is checked.
+#[derive(Debug, Clone, Default)]
+pub struct OuterTrust {
+    /// Extra CAs (PEM) besides the public web roots and [`LB_CA_ENV`]: the client's own CA
+    /// bundle (`tsh login --cacert`, the agent's proxy CA).
+    pub extra_ca_pem: Option<Vec<u8>>,
+    /// Check nothing (`--insecure`). What crosses the load balancer is still the inner TLS,
+    /// which authenticates the proxy as without a load balancer.
+    pub insecure: bool,
+}
+
+/// Environment variable naming a PEM bundle of CAs that issue load balancers' certificates
+/// (trusted for the outer handshake of the upgrade only, in addition to the public web roots).
+pub const LB_CA_ENV: &str = "SVC_LB_CA_FILE";
+
+impl OuterTrust {
+    fn config(&self, addr: &str) -> Result<Arc<rustls::ClientConfig>, UpgradeError> {
+        let fail = |reason: String| UpgradeError::Upgrade {
+            addr: addr.to_owned(),
+            reason: format!("load balancer trust: {reason}"),
+        };
+        let mut config = if self.insecure {
+            crate::tls::insecure_client_config().map_err(|e| fail(e.to_string()))?
+        } else {
+            let mut pem = self.extra_ca_pem.clone().unwrap_or_default();
+            if let Some(path) = std::env::var_os(LB_CA_ENV).filter(|p| !p.is_empty()) {
+                let file = std::fs::read(&path)
+                    .map_err(|e| fail(format!("{LB_CA_ENV}={}: {e}", path.to_string_lossy())))?;
+                pem.push(b'\n');
+                pem.extend(file);
+            }
+            let extra = (!pem.iter().all(u8::is_ascii_whitespace)).then_some(pem);
+            (*crate::tls::client_config(extra.as_deref()).map_err(|e| fail(e.to_string()))?).clone()
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
 }
 
 /// Whether a handshake error is the `no_application_protocol` alert (a TLS-terminating
@@ -146,13 +177,30 @@ fn no_application_protocol(e: &std::io::Error) -> bool {
         })
 }
 
-/// A TLS stream to the proxy's router at `addr` under `config` (its ALPN, its client
-/// certificate), through the connection upgrade when a load balancer is in the way or
-/// [`MODE_ENV`] says so. `dial` opens a fresh byte stream to `addr` (it is called again for
-/// the upgrade after a probe the load balancer answered).
+/// The probe: a TLS handshake offering only [`alpn::PING`], which the proxy's web API
+/// negotiates. It checks no certificate and sends nothing: it only learns who answered.
+/// `Some(true)`: a load balancer (no ALPN, or the `no_application_protocol` alert);
+/// `Some(false)`: the proxy; `None`: neither could be told (the real handshake will say why).
+async fn probe(io: BoxIo, name: ServerName<'static>) -> Option<bool> {
+    let mut config = crate::tls::insecure_client_config().ok()?;
+    config.alpn_protocols = vec![alpn::PING.as_bytes().to_vec()];
+    match TlsConnector::from(Arc::new(config)).connect(name, io).await {
+        Ok(tls) => Some(tls.get_ref().1.alpn_protocol() != Some(alpn::PING.as_bytes())),
+        Err(e) if no_application_protocol(&e) => Some(true),
+        Err(_) => None,
+    }
+}
+
+/// A TLS stream to the proxy's router at `addr` under `config` (its ALPN, its trust, its
+/// client certificate), through the connection upgrade when a load balancer that terminates
+/// TLS is in the way or [`MODE_ENV`] says so. `dial` opens a fresh byte stream to `addr`.
+///
+/// In `auto` mode the first connection to an address is preceded by a probe ([`alpn::PING`]);
+/// its answer is remembered for the life of the process.
 pub async fn connect_tls<D, F, E>(
     dial: D,
     config: Arc<rustls::ClientConfig>,
+    outer: &OuterTrust,
     name: ServerName<'static>,
     addr: &str,
 ) -> Result<TlsStream<BoxIo>, UpgradeError>
@@ -165,44 +213,53 @@ where
         addr: addr.to_owned(),
         reason: e.to_string(),
     };
-    let tls_err = |stage, source| UpgradeError::Tls {
-        addr: addr.to_owned(),
-        stage,
-        source,
-    };
     let mode = Mode::from_env()?;
-    let websocket = mode == Mode::WebSocket;
-    let forced = matches!(mode, Mode::Alpn | Mode::WebSocket);
-    if !forced && (mode == Mode::Off || remembered(addr) != Some(true)) {
-        let io = dial().await.map_err(dial_err)?;
-        match TlsConnector::from(config.clone()).connect(name.clone(), io).await {
-            Ok(tls) if mode == Mode::Off || !alpn_missing(&config, tls.get_ref().1.alpn_protocol()) => {
-                remember(addr, false);
-                return Ok(tls);
+    let upgrade_needed = match mode {
+        Mode::Off => false,
+        Mode::Alpn | Mode::WebSocket => true,
+        Mode::Auto => match remembered(addr) {
+            Some(known) => known,
+            None => {
+                let io = dial().await.map_err(dial_err)?;
+                match probe(io, name.clone()).await {
+                    Some(found) => {
+                        if found {
+                            tracing::info!(%addr, "a load balancer that terminates TLS answered; using the connection upgrade");
+                        }
+                        remember(addr, found);
+                        found
+                    }
+                    None => false,
+                }
             }
-            Ok(_) => {
-                tracing::info!(%addr, "the TLS handshake ended without the ALPN asked for (a load balancer answered it); using the connection upgrade");
-            }
-            Err(e) if mode != Mode::Off && no_application_protocol(&e) => {
-                tracing::info!(%addr, "the TLS handshake was refused for its ALPN (a load balancer answered it); using the connection upgrade");
-            }
-            Err(e) => return Err(tls_err("direct", e)),
-        }
-        remember(addr, true);
-    }
+        },
+    };
     let io = dial().await.map_err(dial_err)?;
-    let upgraded = upgrade(io, &config, name.clone(), addr, websocket).await?;
+    let io = if upgrade_needed {
+        let outer = outer.config(addr)?;
+        upgrade(io, outer, name.clone(), addr, mode == Mode::WebSocket).await?
+    } else {
+        io
+    };
     TlsConnector::from(config)
-        .connect(name, upgraded)
+        .connect(name, io)
         .await
-        .map_err(|e| tls_err("inside the upgraded connection", e))
+        .map_err(|source| UpgradeError::Tls {
+            addr: addr.to_owned(),
+            stage: if upgrade_needed {
+                "inside the upgraded connection"
+            } else {
+                "direct"
+            },
+            source,
+        })
 }
 
-/// Runs the upgrade request on a fresh stream to the load balancer: TLS with `config`'s trust
-/// and ALPN `http/1.1`, `GET` [`PATH`], `101`; returns the upgraded stream.
+/// Runs the upgrade request on a fresh stream to the load balancer: TLS with `outer` (ALPN
+/// `http/1.1`), `GET` [`PATH`], `101`; returns the upgraded stream.
 async fn upgrade(
     io: BoxIo,
-    config: &rustls::ClientConfig,
+    outer: Arc<rustls::ClientConfig>,
     name: ServerName<'static>,
     addr: &str,
     websocket: bool,
@@ -211,9 +268,7 @@ async fn upgrade(
         addr: addr.to_owned(),
         reason,
     };
-    let mut outer = config.clone();
-    outer.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let tls = TlsConnector::from(Arc::new(outer))
+    let tls = TlsConnector::from(outer)
         .connect(name, io)
         .await
         .map_err(|source| UpgradeError::Tls {
@@ -303,7 +358,7 @@ mod tests {
     fn websocket_accept_matches_the_rfc_example() {
         assert_eq!(
             websocket_accept("dGhlIHNhbXBsZSBub25jZQ=="),
-            "s3pPLMBiTxaE9kWKGkgxOo4OZ2Q="
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
         );
     }
 }

@@ -329,7 +329,8 @@ impl ProxyBuilder {
         let routes = self
             .routes
             .route(alpn::HTTP1, web_handler.clone())
-            .route(alpn::H2, web_handler.clone());
+            .route(alpn::H2, web_handler.clone())
+            .route(alpn::PING, web_handler.clone());
         // The web port routes TLS by ALPN in both modes: in separate mode the dedicated ports
         // carry SSH, tunnels and native database clients, and the web port still serves the
         // local proxies (`svc-tcp`, the database ALPNs), which `tsh` reaches there either way.

@@ -703,6 +703,10 @@ async fn run_tunnel_on(
             let tls = crate::conn_upgrade::connect_tls(
                 buffered,
                 Arc::new(tls_config),
+                &crate::conn_upgrade::OuterTrust {
+                    extra_ca_pem: cfg.proxy_ca_pem.clone(),
+                    insecure: cfg.insecure_proxy_tls,
+                },
                 server_name(&target.addr)?,
                 &target.addr.to_string(),
             )

@@ -192,8 +192,10 @@ pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 /// unresponsive HTTP/2 peer is closed after at most twice this long.
 pub const H2_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// The ALPN names the web API advertises, in the server's order of preference.
-pub(crate) const WEB_ALPN: [&str; 2] = ["http/1.1", "h2"];
+/// The ALPN names the web API advertises, in the server's order of preference; the last is
+/// the connection-upgrade probe ([`alpn::PING`](crate::route::alpn::PING)), whose client
+/// closes once the handshake is done.
+pub(crate) const WEB_ALPN: [&str; 3] = ["http/1.1", "h2", crate::route::alpn::PING];
 
 /// Terminates TLS (under the connection's peek deadline) and serves [`WebApi`] on each
 /// connection: `Connection → ()`.

@@ -190,7 +190,7 @@ mod tests {
                 ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
             ])),
             Ok(Form::WebSocket {
-                accept: "s3pPLMBiTxaE9kWKGkgxOo4OZ2Q=".into()
+                accept: "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=".into()
             })
         );
         assert!(form(&headers(&[("upgrade", "websocket")])).is_err());
