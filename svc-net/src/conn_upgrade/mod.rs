@@ -214,6 +214,9 @@ where
         reason: e.to_string(),
     };
     let mode = Mode::from_env()?;
+    // The load balancer is addressed by the host the client dials (its SNI, its certificate);
+    // `name` is for the proxy inside (the Auth API client, for one, uses a fixed name).
+    let lb_name = lb_name(addr).unwrap_or_else(|| name.clone());
     let upgrade_needed = match mode {
         Mode::Off => false,
         Mode::Alpn | Mode::WebSocket => true,
@@ -221,7 +224,7 @@ where
             Some(known) => known,
             None => {
                 let io = dial().await.map_err(dial_err)?;
-                match probe(io, name.clone()).await {
+                match probe(io, lb_name.clone()).await {
                     Some(found) => {
                         if found {
                             tracing::info!(%addr, "a load balancer that terminates TLS answered; using the connection upgrade");
@@ -234,13 +237,25 @@ where
             }
         },
     };
-    let io = dial().await.map_err(dial_err)?;
-    let io = if upgrade_needed {
+    let mut io = dial().await.map_err(dial_err)?;
+    let mut upgrade_needed = upgrade_needed;
+    if upgrade_needed {
         let outer = outer.config(addr)?;
-        upgrade(io, outer, name.clone(), addr, mode == Mode::WebSocket).await?
-    } else {
-        io
-    };
+        match upgrade(io, outer, lb_name, addr, mode == Mode::WebSocket).await {
+            Ok(upgraded) => io = upgraded,
+            // The probe's answer came from a TLS server that is no HTTP server either (an
+            // older Auth Service, a bare tunnel endpoint): connect directly after all.
+            Err(UpgradeError::Tls { source, .. })
+                if mode == Mode::Auto && no_application_protocol(&source) =>
+            {
+                tracing::debug!(%addr, "not an HTTP server either; connecting directly");
+                remember(addr, false);
+                upgrade_needed = false;
+                io = dial().await.map_err(dial_err)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
     TlsConnector::from(config)
         .connect(name, io)
         .await
@@ -341,6 +356,17 @@ async fn upgrade(
     })
 }
 
+/// The TLS name of `addr`'s host (`host:port`, `[v6]:port`).
+fn lb_name(addr: &str) -> Option<ServerName<'static>> {
+    let addr = svc_core::Addr::parse(addr).ok()?;
+    let host = addr
+        .host_str()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    ServerName::try_from(host).ok()
+}
+
 /// The `Sec-WebSocket-Accept` value for a `Sec-WebSocket-Key`.
 pub fn websocket_accept(key: &str) -> String {
     let digest = ring::digest::digest(
@@ -353,6 +379,18 @@ pub fn websocket_accept(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_load_balancer_is_named_by_the_dialed_host() {
+        assert_eq!(
+            lb_name("proxy.example.com:443").map(|n| n.to_str().into_owned()),
+            Some("proxy.example.com".to_owned())
+        );
+        assert_eq!(
+            lb_name("[::1]:3080").map(|n| n.to_str().into_owned()),
+            Some("::1".to_owned())
+        );
+    }
 
     #[test]
     fn websocket_accept_matches_the_rfc_example() {

@@ -91,6 +91,26 @@ impl WebApi {
 pub struct WebApiService {
     api: Arc<WebApi>,
     client: Option<ClientAddr>,
+    upgraded: Option<UpgradedTask>,
+}
+
+/// Where the connection upgrade ([`upgrade`]) leaves the task serving an upgraded stream, so
+/// that the web connection's own task lasts as long as that stream: the listener's connection
+/// cap and shutdown drain count it. Put in each request's extensions by [`WebHttp`].
+#[derive(Clone, Default)]
+pub(crate) struct UpgradedTask(Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>);
+
+impl UpgradedTask {
+    /// Records the task serving the upgraded stream.
+    pub(crate) fn set(&self, task: tokio::task::JoinHandle<()>) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(task);
+        }
+    }
+
+    fn take(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.0.lock().ok().and_then(|mut slot| slot.take())
+    }
 }
 
 impl WebApiService {
@@ -99,6 +119,7 @@ impl WebApiService {
         Self {
             api: Arc::new(api),
             client: None,
+            upgraded: None,
         }
     }
 
@@ -108,7 +129,13 @@ impl WebApiService {
         Self {
             api: self.api.clone(),
             client: Some(ClientAddr(client)),
+            upgraded: None,
         }
+    }
+
+    fn with_upgraded(mut self, slot: UpgradedTask) -> Self {
+        self.upgraded = Some(slot);
+        self
     }
 }
 
@@ -140,6 +167,9 @@ impl WebApiService {
     fn route(&self, mut req: Request<Body>) -> WebFuture {
         if let Some(client) = self.client {
             req.extensions_mut().insert(client);
+        }
+        if let Some(slot) = &self.upgraded {
+            req.extensions_mut().insert(slot.clone());
         }
         let api = &self.api;
         let path = req.uri().path();
@@ -243,7 +273,12 @@ impl WebHandler {
 impl WebHttp {
     async fn serve(self, conn: TlsConnection) -> Result<(), WebError> {
         let tracker = crate::idle::IdleTracker::new();
-        let api = tracker.service(self.api.for_client(conn.peer_addr));
+        let upgraded = UpgradedTask::default();
+        let api = tracker.service(
+            self.api
+                .for_client(conn.peer_addr)
+                .with_upgraded(upgraded.clone()),
+        );
         let h2 = conn.alpn() == Some(b"h2");
         let (shutdown, peer) = (conn.shutdown, conn.peer_addr);
         let io = TokioIo::new(conn.io);
@@ -268,6 +303,10 @@ impl WebHttp {
                 .with_upgrades();
             tokio::pin!(c);
             crate::idle::drive(c, &tracker, self.idle_timeout, &shutdown, peer).await?;
+        }
+        // An upgraded connection lives on in its own task: this connection ends with it.
+        if let Some(task) = upgraded.take() {
+            let _ = task.await;
         }
         Ok(())
     }

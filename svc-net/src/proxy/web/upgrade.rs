@@ -4,6 +4,8 @@
 //! stream (unframed from WebSocket binary frames in that form) to the proxy's ALPN router as a
 //! new [`Connection`]: the client's address, a fresh peek deadline (a client that never sends
 //! its inner ClientHello is cut off by it, like one on the web port) and the proxy's shutdown.
+//! The web connection's task waits for the upgraded one, so the listener's connection cap and
+//! drain count upgraded connections.
 //! A request without an upgrade this endpoint knows is answered `400` as plain HTTP.
 
 use std::{
@@ -19,7 +21,7 @@ use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceExt};
 
-use super::{Body, ClientAddr, ResponseBody, WebFuture, full, json_error};
+use super::{Body, ClientAddr, ResponseBody, UpgradedTask, WebFuture, full, json_error};
 use crate::conn_upgrade::{
     UPGRADE_ALPN, UPGRADE_WEBSOCKET, WEBSOCKET_PROTOCOL, websocket_accept,
     ws::{Role, WsStream},
@@ -111,7 +113,8 @@ impl UpgradeService {
         let on_upgrade = hyper::upgrade::on(&mut req);
         let (local, peek, shutdown) = (self.local_addr, self.peek_timeout, self.shutdown.clone());
         let websocket = matches!(form, Form::WebSocket { .. });
-        tokio::spawn(async move {
+        let slot = req.extensions().get::<UpgradedTask>().cloned();
+        let task = tokio::spawn(async move {
             let upgraded = match on_upgrade.await {
                 Ok(u) => TokioIo::new(u),
                 Err(e) => {
@@ -126,11 +129,18 @@ impl UpgradeService {
             };
             let mut conn = Connection::new(io, peer, local, peek);
             conn.shutdown = shutdown;
-            tracing::debug!(%peer, websocket, "upgraded connection handed to the router");
+            if websocket {
+                tracing::debug!(%peer, "upgraded connection (WebSocket form) handed to the router");
+            } else {
+                tracing::debug!(%peer, "upgraded connection handed to the router");
+            }
             if let Err(e) = router.oneshot(conn).await {
                 tracing::debug!(%peer, error = %e, "upgraded connection ended");
             }
         });
+        if let Some(slot) = slot {
+            slot.set(task);
+        }
         let mut resp = Response::new(full(""));
         *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         let h = resp.headers_mut();
