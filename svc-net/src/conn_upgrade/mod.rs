@@ -47,6 +47,8 @@ pub const MODE_ENV: &str = "SVC_CONN_UPGRADE";
 
 /// The GUID of the WebSocket handshake (RFC 6455 section 1.3).
 const WEBSOCKET_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+/// How long the probe's handshake may take; past it the client connects directly.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// The largest response head accepted to the upgrade request.
 const MAX_RESPONSE_HEAD: usize = 16 * 1024;
 
@@ -184,10 +186,11 @@ fn no_application_protocol(e: &std::io::Error) -> bool {
 async fn probe(io: BoxIo, name: ServerName<'static>) -> Option<bool> {
     let mut config = crate::tls::insecure_client_config().ok()?;
     config.alpn_protocols = vec![alpn::PING.as_bytes().to_vec()];
-    match TlsConnector::from(Arc::new(config)).connect(name, io).await {
-        Ok(tls) => Some(tls.get_ref().1.alpn_protocol() != Some(alpn::PING.as_bytes())),
-        Err(e) if no_application_protocol(&e) => Some(true),
-        Err(_) => None,
+    let handshake = TlsConnector::from(Arc::new(config)).connect(name, io);
+    match tokio::time::timeout(PROBE_TIMEOUT, handshake).await {
+        Ok(Ok(tls)) => Some(tls.get_ref().1.alpn_protocol() != Some(alpn::PING.as_bytes())),
+        Ok(Err(e)) if no_application_protocol(&e) => Some(true),
+        Ok(Err(_)) | Err(_) => None,
     }
 }
 
@@ -224,16 +227,14 @@ where
             Some(known) => known,
             None => {
                 let io = dial().await.map_err(dial_err)?;
-                match probe(io, lb_name.clone()).await {
-                    Some(found) => {
-                        if found {
-                            tracing::info!(%addr, "a load balancer that terminates TLS answered; using the connection upgrade");
-                        }
-                        remember(addr, found);
-                        found
-                    }
-                    None => false,
+                // No answer either way (an older proxy closes a connection whose ALPN it does
+                // not route): connect directly, as before the upgrade existed.
+                let found = probe(io, lb_name.clone()).await.unwrap_or(false);
+                if found {
+                    tracing::info!(%addr, "a load balancer that terminates TLS answered; using the connection upgrade");
                 }
+                remember(addr, found);
+                found
             }
         },
     };
