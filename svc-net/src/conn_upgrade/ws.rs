@@ -98,9 +98,21 @@ impl<S> WsStream<S> {
     }
 }
 
-/// Parses a frame header at the front of `buf`: `(fin+opcode byte, payload length, mask,
-/// header length)`, or `None` when more bytes are needed.
-fn parse_header(buf: &[u8]) -> io::Result<Option<(u8, u64, Option<[u8; 4]>, usize)>> {
+/// A parsed frame header.
+#[derive(Debug, PartialEq, Eq)]
+struct FrameHeader {
+    /// The first byte: FIN and opcode.
+    b0: u8,
+    /// The payload length.
+    len: u64,
+    /// The masking key, for masked frames.
+    mask: Option<[u8; 4]>,
+    /// How many bytes the header took.
+    at: usize,
+}
+
+/// Parses a frame header at the front of `buf`, or `None` when more bytes are needed.
+fn parse_header(buf: &[u8]) -> io::Result<Option<FrameHeader>> {
     if buf.len() < 2 {
         return Ok(None);
     }
@@ -133,7 +145,7 @@ fn parse_header(buf: &[u8]) -> io::Result<Option<(u8, u64, Option<[u8; 4]>, usiz
     } else {
         None
     };
-    Ok(Some((b0, len, mask, at)))
+    Ok(Some(FrameHeader { b0, len, mask, at }))
 }
 
 /// Reads more raw bytes from `inner` into `rbuf`; `Ok(0)` is EOF.
@@ -170,7 +182,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
             match &mut this.read {
                 ReadState::Closed => return Poll::Ready(Ok(())),
                 ReadState::Header => {
-                    let Some((b0, len, mask, at)) = parse_header(&this.rbuf)? else {
+                    let Some(FrameHeader { b0, len, mask, at }) = parse_header(&this.rbuf)? else {
                         if this.rbuf.len() >= MAX_HEADER {
                             return Poll::Ready(Err(io::Error::new(
                                 io::ErrorKind::InvalidData,
@@ -297,9 +309,17 @@ mod tests {
     fn reserved_bits_are_refused() {
         assert!(parse_header(&[0xc2, 0x00]).is_err());
         assert_eq!(parse_header(&[0x82]).expect("short header"), None);
-        let (_, len, mask, at) = parse_header(&[0x82, 0xfe, 0x01, 0x00, 1, 2, 3, 4])
+        let header = parse_header(&[0x82, 0xfe, 0x01, 0x00, 1, 2, 3, 4])
             .expect("header")
             .expect("complete");
-        assert_eq!((len, mask, at), (256, Some([1, 2, 3, 4]), 8));
+        assert_eq!(
+            header,
+            FrameHeader {
+                b0: 0x82,
+                len: 256,
+                mask: Some([1, 2, 3, 4]),
+                at: 8
+            }
+        );
     }
 }

@@ -99,6 +99,13 @@ impl UpgradeService {
         if req.method() != http::Method::GET {
             return json_error(StatusCode::METHOD_NOT_ALLOWED, "the connection upgrade takes GET");
         }
+        if req.version() != http::Version::HTTP_11 {
+            // HTTP/2 has no `Upgrade` (and HTTP/1.0 no `101`).
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "the connection upgrade needs HTTP/1.1 (is the load balancer speaking HTTP/2 to the proxy?)",
+            );
+        }
         let form = match form(req.headers()) {
             Ok(f) => f,
             Err(msg) => return json_error(StatusCode::BAD_REQUEST, msg),
