@@ -201,6 +201,19 @@ where
     }
 }
 
+impl<I, S, B> GracefulConn for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<tower::BoxError>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<tower::BoxError>,
+{
+    fn shutdown(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
 impl<I, S, B, E> GracefulConn for hyper::server::conn::http2::Connection<I, S, E>
 where
     S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,

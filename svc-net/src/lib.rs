@@ -65,6 +65,7 @@ pub mod auth;
 pub mod client;
 #[cfg(feature = "node")]
 pub mod cluster;
+pub mod conn_upgrade;
 pub mod diag;
 pub mod dial;
 pub mod http;

@@ -188,13 +188,22 @@ async fn channel(
         let config = config.clone();
         let dialer = dialer.clone();
         async move {
-            let stream = dialer.dial(&target).await.map_err(std::io::Error::other)?;
+            let dial = || async {
+                dialer
+                    .dial(&target)
+                    .await
+                    .map(|s| Box::new(s) as crate::io::BoxIo)
+            };
             // The name is not checked (see the verifier); it only fills the SNI field.
             let name = ServerName::try_from("auth.svc")
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-            let tls = tokio_rustls::TlsConnector::from(config)
-                .connect(name, stream)
-                .await?;
+            // Through a proxy behind a load balancer that terminates TLS: the connection
+            // upgrade (`conn_upgrade`); the load balancer's certificate is checked against the
+            // public web roots and `SVC_LB_CA_FILE`.
+            let outer = crate::conn_upgrade::OuterTrust::default();
+            let tls = crate::conn_upgrade::connect_tls(dial, config, &outer, name, &target.to_string())
+                .await
+                .map_err(std::io::Error::other)?;
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
         }
     });

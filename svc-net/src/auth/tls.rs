@@ -34,7 +34,9 @@ pub(super) fn server_config(
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(clients)
         .with_single_cert(chain, key)?;
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    // The connection-upgrade probe is answered too, so that a client reaching the Auth
+    // Service directly knows no load balancer is in the way (`conn_upgrade`).
+    config.alpn_protocols = vec![ALPN_H2.to_vec(), crate::route::alpn::PING.as_bytes().to_vec()];
     Ok(Arc::new(config))
 }
 

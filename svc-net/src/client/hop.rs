@@ -23,7 +23,6 @@ use svc_core::{
     identity::{IdentityKind, SystemRole, Verifier},
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio_rustls::TlsConnector;
 
 use crate::ssh::{SshError, Tunables, client_config};
 use crate::{dial::ProxyDialer, io::BoxIo, route::alpn};
@@ -124,7 +123,7 @@ impl AsyncWrite for ProxiedStream {
     }
 }
 
-fn tls_connector(endpoint: &ProxyEndpoint) -> Result<TlsConnector, SshError> {
+fn tls_config(endpoint: &ProxyEndpoint) -> Result<Arc<rustls::ClientConfig>, SshError> {
     let invalid = |reason: String| SshError::Invalid {
         what: "proxy CA bundle",
         reason,
@@ -138,7 +137,7 @@ fn tls_connector(endpoint: &ProxyEndpoint) -> Result<TlsConnector, SshError> {
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![alpn::PROXY_SSH.as_bytes().to_vec()];
-    Ok(TlsConnector::from(Arc::new(config)))
+    Ok(Arc::new(config))
 }
 
 /// Opens a stream to `node`'s SSH Service (`port` 0 means the default, 3022) through the proxy.
@@ -151,14 +150,17 @@ pub async fn connect_via_proxy(
 ) -> Result<ProxiedStream, SshError> {
     let addr = endpoint.addr.to_string();
     let setup = async {
-        let tcp = endpoint
-            .dialer
-            .dial(&endpoint.addr)
-            .await
-            .map_err(|e| SshError::Dial {
-                addr: addr.clone(),
-                reason: e.to_string(),
-            })?;
+        let dial = || async {
+            endpoint
+                .dialer
+                .dial(&endpoint.addr)
+                .await
+                .map(|tcp| Box::new(tcp) as BoxIo)
+                .map_err(|e| SshError::Dial {
+                    addr: addr.clone(),
+                    reason: e.to_string(),
+                })
+        };
         let io: BoxIo = if endpoint.tls {
             let host = endpoint.addr.host_str();
             let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
@@ -166,16 +168,21 @@ pub async fn connect_via_proxy(
                 what: "proxy address",
                 reason: e.to_string(),
             })?;
-            let tls = tls_connector(endpoint)?
-                .connect(name, tcp)
+            // Through the connection upgrade when a load balancer terminates TLS in front of
+            // the proxy (`conn_upgrade`).
+            let outer = crate::conn_upgrade::OuterTrust {
+                extra_ca_pem: endpoint.extra_ca_pem.clone(),
+                insecure: false,
+            };
+            let tls = crate::conn_upgrade::connect_tls(dial, tls_config(endpoint)?, &outer, name, &addr)
                 .await
                 .map_err(|e| SshError::Dial {
                     addr: addr.clone(),
-                    reason: format!("TLS: {e}"),
+                    reason: e.to_string(),
                 })?;
             Box::new(tls)
         } else {
-            Box::new(tcp)
+            dial().await?
         };
         let config = client_config(&Tunables::default());
         let handler = ClientHandler {

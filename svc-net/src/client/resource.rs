@@ -17,7 +17,6 @@ use svc_core::config::DbProtocol;
 use svc_core::identity::IdentityKind;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::ClientIdentity;
@@ -124,11 +123,12 @@ impl ResourceClient {
             reason,
         };
         let config = self.tls(protocol)?;
-        let tcp = self
-            .dialer
-            .dial(&self.proxy)
-            .await
-            .map_err(|e| proxy_err(e.to_string()))?;
+        let dial = || async {
+            self.dialer
+                .dial(&self.proxy)
+                .await
+                .map(|tcp| Box::new(tcp) as BoxIo)
+        };
         let host = self
             .proxy
             .host_str()
@@ -136,10 +136,15 @@ impl ResourceClient {
             .trim_end_matches(']')
             .to_owned();
         let sni = ServerName::try_from(host).map_err(|e| proxy_err(e.to_string()))?;
-        let mut tls = TlsConnector::from(config)
-            .connect(sni, tcp)
+        // Through the connection upgrade when a load balancer terminates TLS in front of the
+        // proxy (`conn_upgrade`).
+        let outer = crate::conn_upgrade::OuterTrust {
+            extra_ca_pem: self.extra_ca_pem.clone(),
+            insecure: self.insecure,
+        };
+        let mut tls = crate::conn_upgrade::connect_tls(dial, config, &outer, sni, &addr)
             .await
-            .map_err(|e| proxy_err(format!("TLS: {e}")))?;
+            .map_err(|e| proxy_err(e.to_string()))?;
         let mut line = serde_json::to_vec(req).map_err(|e| proxy_err(e.to_string()))?;
         line.push(b'\n');
         tls.write_all(&line).await.map_err(|e| proxy_err(e.to_string()))?;

@@ -311,7 +311,24 @@ impl ProxyBuilder {
         }
 
         let ping = web::web_service(web::ping::PingService::new(&settings.ping, &self.version));
+        // Upgraded connections (`/webapi/connectionupgrade`, for clients behind load balancers
+        // that terminate TLS) go to the router, which holds the web API as a route: the cell is
+        // filled once the router is built.
+        let shutdown = CancellationToken::new();
+        let router_cell = web::upgrade::RouterCell::default();
+        let web_local = web.local_addr().map_err(|source| ProxyError::Bind {
+            field: "web_listen_addr",
+            addr: settings.ping.web_listen_addr.clone(),
+            source,
+        })?;
+        let upgrade = web::web_service(web::upgrade::UpgradeService::new(
+            router_cell.clone(),
+            web_local,
+            settings.listen.peek_timeout,
+            shutdown.clone(),
+        ));
         let mut api = WebApi::new()
+            .mount(crate::conn_upgrade::PATH, upgrade)
             .mount(web::ping::PING_PATH, ping.clone())
             .mount(web::ping::FIND_PATH, ping);
         for (prefix, svc) in self.web_mounts {
@@ -325,12 +342,15 @@ impl ProxyBuilder {
         let routes = self
             .routes
             .route(alpn::HTTP1, web_handler.clone())
-            .route(alpn::H2, web_handler.clone());
+            .route(alpn::H2, web_handler.clone())
+            .route(alpn::PING, web_handler.clone());
         // The web port routes TLS by ALPN in both modes: in separate mode the dedicated ports
         // carry SSH, tunnels and native database clients, and the web port still serves the
         // local proxies (`svc-tcp`, the database ALPNs), which `tsh` reaches there either way.
+        let router = conn_service(routes.build());
+        let _ = router_cell.set(router.clone());
         let mut mux = Multiplexer::builder()
-            .tls(conn_service(routes.build()))
+            .tls(router)
             .trusted_proxies(settings.trusted_proxy_networks.clone());
         if let Some(ssh) = self.ssh.filter(|_| !separate) {
             mux = mux.ssh(ssh);
@@ -339,13 +359,8 @@ impl ProxyBuilder {
             mux = mux.postgres(pg);
         }
 
-        let shutdown = CancellationToken::new();
         let mut addrs = BoundAddrs {
-            web: web.local_addr().map_err(|source| ProxyError::Bind {
-                field: "web_listen_addr",
-                addr: settings.ping.web_listen_addr.clone(),
-                source,
-            })?,
+            web: web_local,
             others: Vec::new(),
         };
         let opts = settings.listen.clone();

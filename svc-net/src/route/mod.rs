@@ -50,6 +50,10 @@ pub mod alpn {
     pub const AUTH_PREFIX: &str = "svc-auth@";
     /// The proxy's gRPC API.
     pub const PROXY_GRPC: &str = "svc-proxy-grpc";
+    /// The connection-upgrade probe: served by the web API's TLS so that a client can tell
+    /// the proxy itself (which negotiates it) from a load balancer that terminates TLS (which
+    /// refuses it or negotiates nothing). See [`conn_upgrade`](crate::conn_upgrade).
+    pub const PING: &str = "svc-ping";
     /// HTTP/2.
     pub const H2: &str = "h2";
     /// HTTP/1.1; also the route of clients that send no ALPN.

@@ -681,28 +681,40 @@ async fn run_tunnel_on(
         _closed: closed.clone().drop_guard(),
     };
     let connect = async {
-        let tcp = cfg
-            .dialer
-            .dial(&target.addr)
-            .await
-            .map_err(|source| TunnelError::Dial {
-                addr: target.addr.to_string(),
-                source,
-            })?;
+        let dial = || async {
+            cfg.dialer
+                .dial(&target.addr)
+                .await
+                .map_err(|source| TunnelError::Dial {
+                    addr: target.addr.to_string(),
+                    source,
+                })
+        };
         let io: BoxIo = if target.tls {
             let mut tls_config = (**shared.tls.config()).clone();
             tls_config.alpn_protocols = vec![alpn::REVERSE_TUNNEL.as_bytes().to_vec()];
-            let tcp = tokio::io::BufReader::with_capacity(super::TLS_READ_BUFFER, tcp);
-            let tls = TlsConnector::from(Arc::new(tls_config))
-                .connect(server_name(&target.addr)?, tcp)
-                .await
-                .map_err(|source| TunnelError::Tls {
-                    addr: target.addr.to_string(),
-                    source,
-                })?;
+            // Behind a load balancer that terminates TLS the tunnel rides the connection
+            // upgrade (`conn_upgrade`); directly, this is one TLS handshake as before.
+            let buffered = || async {
+                dial().await.map(|tcp| {
+                    Box::new(tokio::io::BufReader::with_capacity(super::TLS_READ_BUFFER, tcp)) as BoxIo
+                })
+            };
+            let tls = crate::conn_upgrade::connect_tls(
+                buffered,
+                Arc::new(tls_config),
+                &crate::conn_upgrade::OuterTrust {
+                    extra_ca_pem: cfg.proxy_ca_pem.clone(),
+                    insecure: cfg.insecure_proxy_tls,
+                },
+                server_name(&target.addr)?,
+                &target.addr.to_string(),
+            )
+            .await
+            .map_err(|source| TunnelError::Upgrade(Box::new(source)))?;
             Box::new(tls)
         } else {
-            Box::new(tcp)
+            Box::new(dial().await?)
         };
         let mut handle = russh::client::connect_stream(shared.ssh.clone(), io, handler).await?;
         let auth = handle

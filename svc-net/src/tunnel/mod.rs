@@ -216,6 +216,10 @@ pub enum TunnelError {
         /// The cause.
         source: std::io::Error,
     },
+    /// Reaching the proxy's router over TLS failed, directly or through the connection
+    /// upgrade (behind a load balancer that terminates TLS).
+    #[error("{0}")]
+    Upgrade(Box<crate::conn_upgrade::UpgradeError>),
     /// The SSH layer failed.
     #[error("ssh: {0}")]
     Ssh(#[from] russh::Error),

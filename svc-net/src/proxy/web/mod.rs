@@ -9,6 +9,7 @@
 #[cfg(feature = "login")]
 pub mod login;
 pub mod ping;
+pub mod upgrade;
 pub mod version;
 
 use std::{
@@ -90,6 +91,26 @@ impl WebApi {
 pub struct WebApiService {
     api: Arc<WebApi>,
     client: Option<ClientAddr>,
+    upgraded: Option<UpgradedTask>,
+}
+
+/// Where the connection upgrade ([`upgrade`]) leaves the task serving an upgraded stream, so
+/// that the web connection's own task lasts as long as that stream: the listener's connection
+/// cap and shutdown drain count it. Put in each request's extensions by [`WebHttp`].
+#[derive(Clone, Default)]
+pub(crate) struct UpgradedTask(Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>);
+
+impl UpgradedTask {
+    /// Records the task serving the upgraded stream.
+    pub(crate) fn set(&self, task: tokio::task::JoinHandle<()>) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(task);
+        }
+    }
+
+    fn take(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.0.lock().ok().and_then(|mut slot| slot.take())
+    }
 }
 
 impl WebApiService {
@@ -98,6 +119,7 @@ impl WebApiService {
         Self {
             api: Arc::new(api),
             client: None,
+            upgraded: None,
         }
     }
 
@@ -107,7 +129,13 @@ impl WebApiService {
         Self {
             api: self.api.clone(),
             client: Some(ClientAddr(client)),
+            upgraded: None,
         }
+    }
+
+    fn with_upgraded(mut self, slot: UpgradedTask) -> Self {
+        self.upgraded = Some(slot);
+        self
     }
 }
 
@@ -139,6 +167,9 @@ impl WebApiService {
     fn route(&self, mut req: Request<Body>) -> WebFuture {
         if let Some(client) = self.client {
             req.extensions_mut().insert(client);
+        }
+        if let Some(slot) = &self.upgraded {
+            req.extensions_mut().insert(slot.clone());
         }
         let api = &self.api;
         let path = req.uri().path();
@@ -191,8 +222,10 @@ pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 /// unresponsive HTTP/2 peer is closed after at most twice this long.
 pub const H2_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// The ALPN names the web API advertises, in the server's order of preference.
-pub(crate) const WEB_ALPN: [&str; 2] = ["http/1.1", "h2"];
+/// The ALPN names the web API advertises, in the server's order of preference; the last is
+/// the connection-upgrade probe ([`alpn::PING`](crate::route::alpn::PING)), whose client
+/// closes once the handshake is done.
+pub(crate) const WEB_ALPN: [&str; 3] = ["http/1.1", "h2", crate::route::alpn::PING];
 
 /// Terminates TLS (under the connection's peek deadline) and serves [`WebApi`] on each
 /// connection: `Connection → ()`.
@@ -240,7 +273,12 @@ impl WebHandler {
 impl WebHttp {
     async fn serve(self, conn: TlsConnection) -> Result<(), WebError> {
         let tracker = crate::idle::IdleTracker::new();
-        let api = tracker.service(self.api.for_client(conn.peer_addr));
+        let upgraded = UpgradedTask::default();
+        let api = tracker.service(
+            self.api
+                .for_client(conn.peer_addr)
+                .with_upgraded(upgraded.clone()),
+        );
         let h2 = conn.alpn() == Some(b"h2");
         let (shutdown, peer) = (conn.shutdown, conn.peer_addr);
         let io = TokioIo::new(conn.io);
@@ -260,9 +298,15 @@ impl WebHttp {
             let c = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT.min(self.idle_timeout))
-                .serve_connection(io, api);
+                .serve_connection(io, api)
+                // The connection upgrade (`/webapi/connectionupgrade`) takes the stream over.
+                .with_upgrades();
             tokio::pin!(c);
             crate::idle::drive(c, &tracker, self.idle_timeout, &shutdown, peer).await?;
+        }
+        // An upgraded connection lives on in its own task: this connection ends with it.
+        if let Some(task) = upgraded.take() {
+            let _ = task.await;
         }
         Ok(())
     }
