@@ -173,7 +173,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let svc = service(dir.path(), "docs", "mongodb", port, &ca, "localhost", None);
         let err = svc
-            .oneshot(dial_request("docs", None))
+            .oneshot(dial_request("docs", Some("app")))
             .await
             .err()
             .unwrap()

@@ -789,7 +789,7 @@ pub(super) mod tests {
             .unwrap()
             .to_string();
         assert!(
-            err.starts_with("db \"cache\": the dial request names no database user"),
+            err.starts_with("db \"cache\": the dial request carries no database route"),
             "{err}"
         );
     }
