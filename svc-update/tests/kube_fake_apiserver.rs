@@ -558,3 +558,50 @@ async fn kubectl_replace_of_a_stale_secret_is_a_conflict() {
         .await;
     assert_eq!(value, "Mg==", "the newer value stays");
 }
+
+/// The pod subresources: `kubectl exec` over WebSocket (v5) runs the command, stdin included,
+/// and `kubectl logs -f` streams each line as it is appended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_exec_and_logs_follow() {
+    let api = FakeApiServer::start().await;
+    let k = Kubectl::new(&api);
+    api.insert(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "svc"},
+        "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]},
+        "status": {"phase": "Running"}}));
+    assert_eq!(k.run(&["exec", "web", "--", "echo", "hi"]).await, "hi\n");
+
+    let mut cat = k.command(&["exec", "-i", "web", "--", "cat"]);
+    cat.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cat.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"through stdin\n").await.unwrap();
+    drop(stdin);
+    let out = within(Duration::from_secs(60), "kubectl exec -i cat finishing", child.wait_with_output())
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "through stdin\n");
+
+    let out = k.command(&["exec", "web", "--", "false"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+
+    api.append_log("svc", "web", "first line");
+    let mut child = k
+        .command(&["logs", "-f", "web"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = async || {
+        within(Duration::from_secs(30), "kubectl logs -f printing a line", lines.next_line())
+            .await
+            .unwrap()
+            .expect("kubectl logs -f ended")
+    };
+    assert_eq!(next().await, "first line");
+    api.append_log("svc", "web", "second line");
+    assert_eq!(next().await, "second line");
+    child.kill().await.unwrap();
+}

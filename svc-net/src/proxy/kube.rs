@@ -7,7 +7,12 @@
 //! `Impersonate-Group` per role. A refusal is answered per request with a Kubernetes `Status`
 //! (403) naming the cluster. The agent's end is `agent::services::KubeAgent`.
 //!
-//! Limits: HTTP/1.1 only; connection upgrades (`kubectl exec`, `port-forward`) are not relayed.
+//! Connection upgrades (`kubectl exec`, `attach`, `cp` over WebSocket `v5.channel.k8s.io` and
+//! its predecessors, `port-forward` and older clients over `SPDY/3.1`) are relayed: the agent's
+//! `101 Switching Protocols` goes back to the client, then bytes flow both ways until either
+//! side closes. Responses are streamed as they arrive (`watch`, `logs -f`), never collected.
+//!
+//! Limits: HTTP/1.1 only (kubectl's default for an upgrade or a watch).
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -24,7 +29,7 @@ use tower::BoxError;
 use crate::io::{ConnFuture, ConnService, Connection, conn_service};
 use crate::proxy::cache::RouteResolver;
 use crate::route::alpn;
-use crate::services::kube::{Body, status};
+use crate::services::kube::{Body, client_upgrade, relay_upgrade, status};
 use crate::tls::{ServerIdentity, TlsError};
 use crate::tunnel::{DialRequest, TunnelDialer};
 
@@ -125,7 +130,11 @@ impl KubeProxy {
                     Ok(stream) => {
                         let (sender, conn) =
                             hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-                        tokio::spawn(conn);
+                        tokio::spawn(async move {
+                            if let Err(e) = conn.with_upgrades().await {
+                                tracing::debug!(error = %e, "kubernetes tunnel stream ended");
+                            }
+                        });
                         Ok(Arc::new(tokio::sync::Mutex::new(sender)))
                     }
                     Err(e) => Err((
@@ -160,12 +169,14 @@ impl KubeProxy {
         });
         hyper::server::conn::http1::Builder::new()
             .serve_connection(TokioIo::new(tls), svc)
+            .with_upgrades()
             .await?;
         Ok(())
     }
 }
 
-/// Sends one client request to the agent with the user's identity as impersonation headers.
+/// Sends one client request to the agent with the user's identity as impersonation headers; an
+/// upgrade the agent accepts is relayed both ways.
 async fn relay(
     sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>,
     user: &UserIdentity,
@@ -205,8 +216,12 @@ async fn relay(
             &format!("the agent's stream: {e}"),
         );
     }
+    let upgrade = client_upgrade(&mut req);
     match sender.send_request(req).await {
-        Ok(resp) => resp.map(BodyExt::boxed_unsync),
+        Ok(mut resp) => {
+            relay_upgrade(upgrade, &mut resp, "proxy");
+            resp.map(BodyExt::boxed_unsync)
+        }
         Err(e) => status(
             StatusCode::BAD_GATEWAY,
             "ServiceUnavailable",

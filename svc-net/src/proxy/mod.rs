@@ -290,6 +290,11 @@ impl ProxyBuilder {
                     &mut settings.ping.db.mongo_listen_addr,
                     self.mongo.clone(),
                 ),
+                (
+                    "kube_listen_addr",
+                    &mut settings.ping.kube_listen_addr,
+                    self.kube.clone(),
+                ),
             ] {
                 if let Some(addr) = addr {
                     extra.push((field, bind(field, addr).await?, handler));

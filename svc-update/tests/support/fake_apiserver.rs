@@ -5,13 +5,16 @@
 //! selectors), watch (from a `resourceVersion`, with `410 Gone` for one older than the last
 //! compaction), create, update (guarded by `resourceVersion`), delete, JSON merge patch and
 //! strategic-merge patch (maps merge; `containers`, `env`, `volumes`, … merge by their keys) for
-//! Pods, Secrets, Deployments, StatefulSets and Leases. Every request is recorded so tests can
+//! Pods, Secrets, Deployments, StatefulSets and Leases; and the pod subresources `exec`
+//! (WebSocket, the command running on this machine) and `log` (following) — see [`pods`]. Every request is recorded so tests can
 //! assert that a resource was *not* written. [`FakeApiServer::kubelet`] stands in for the
 //! workload controllers and the kubelet where a test needs pods to follow an image change. The
 //! same server is exercised by the real `kubectl`
 //! in `kube_fake_apiserver.rs`, which keeps it honest.
 
 #![allow(dead_code, unreachable_pub)]
+
+mod pods;
 
 use std::{
     collections::BTreeMap,
@@ -139,6 +142,8 @@ struct Inner {
     gone: usize,
     /// Watches that have sent their initial state and wait for changes.
     open_watches: usize,
+    /// (namespace, pod) → its log lines.
+    logs: BTreeMap<(String, String), Vec<String>>,
 }
 
 struct State {
@@ -147,6 +152,8 @@ struct State {
     rv_tx: watch::Sender<u64>,
     /// Bumped to end every open watch (as an API server restart would).
     epoch_tx: watch::Sender<u64>,
+    /// Bumped when a log line is appended, for followers.
+    log_tx: watch::Sender<u64>,
 }
 
 /// A running fake API server.
@@ -175,6 +182,7 @@ impl FakeApiServer {
             }),
             rv_tx: watch::channel(1).0,
             epoch_tx: watch::channel(0).0,
+            log_tx: watch::channel(0).0,
         });
         let st = state.clone();
         let task = tokio::spawn(async move {
@@ -189,7 +197,7 @@ impl FakeApiServer {
                         async move { Ok::<_, Infallible>(handle(st, req).await) }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .await;
                 });
             }
@@ -377,6 +385,19 @@ impl FakeApiServer {
         })
     }
 
+    /// Appends `line` to the log of pod `namespace/pod` (`kubectl logs`, followers get it at once).
+    pub fn append_log(&self, namespace: &str, pod: &str, line: &str) {
+        self.state
+            .inner
+            .lock()
+            .unwrap()
+            .logs
+            .entry((namespace.to_owned(), pod.to_owned()))
+            .or_default()
+            .push(line.to_owned());
+        self.state.log_tx.send_modify(|n| *n += 1);
+    }
+
     /// Ends every open watch stream, as an API server restart would.
     pub fn disconnect_watches(&self) {
         self.state.epoch_tx.send_modify(|e| *e += 1);
@@ -482,6 +503,9 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         query: query.clone(),
         content_type: content_type.clone(),
     });
+    if let Some((ns, name, sub)) = pods::subresource(&path) {
+        return pods::serve(state, req, &ns, &name, &sub).await;
+    }
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
