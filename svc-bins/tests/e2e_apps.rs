@@ -8,6 +8,8 @@
 //! naming the resource.
 
 mod common;
+#[path = "../../svc-update/tests/support/mod.rs"]
+mod support;
 
 use svc_testkit::wait::OutputWithin;
 
@@ -409,6 +411,211 @@ fn kubectl_with_the_kubeconfig_from_tsh_kube_login() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["user"], "alice");
     assert_eq!(json["path"], "/api/v1/namespaces/default");
+}
+
+/// `kubectl` on a stream of its own: each line of its standard output on a channel, its
+/// standard error in a file.
+struct Streaming {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    stderr: PathBuf,
+}
+
+impl Streaming {
+    fn start(kubectl: &Path, kubeconfig: &Path, args: &[&str], stderr: PathBuf) -> Streaming {
+        let mut child = Command::new(kubectl)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Streaming { child, lines, stderr }
+    }
+
+    /// Reads lines until `expected` (earlier ones are state from before), each within
+    /// [`common::wait::STEP`].
+    fn until(&self, expected: &str, what: &str) {
+        loop {
+            let line = self.lines.recv_timeout(common::wait::STEP).unwrap_or_else(|e| {
+                panic!(
+                    "{what}: no line {expected:?} ({e}); kubectl: {}",
+                    std::fs::read_to_string(&self.stderr).unwrap_or_default()
+                )
+            });
+            if line == expected {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The kubectl commands that switch protocols or stream, run against the fake API server
+/// directly (keeping the fake honest) and then through svc (`tsh kube login`'s kubeconfig →
+/// the proxy's Kubernetes route → tunnel → agent → API server) with the same results: `exec`
+/// (WebSocket `v5.channel.k8s.io`, with and without stdin, and a failing command's exit
+/// code), `cp` both ways (tar through exec), `logs -f` receiving a line appended while it
+/// follows, and `get -w` receiving an event.
+#[test]
+fn kubectl_exec_cp_logs_follow_and_watch_through_the_kube_route() {
+    let kubectl = require("kubectl", "kubectl");
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt.block_on(support::fake_apiserver::FakeApiServer::start());
+    let pod = |name: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]},
+            "status": {"phase": "Running"}})
+    };
+    api.insert(pod("web"));
+    let services = format!(
+        "kubernetes_service:\n  enabled: true\n  kube_cluster_name: lab\n  api_url: {}\n",
+        api.url()
+    );
+    let cluster = Cluster::start_extra("info", &services);
+    cluster
+        .tctl_admin(
+            &["users", "add", "alice", "--roles=access", "--password-stdin"],
+            Some(PASSWORD),
+        )
+        .ok();
+    let alice = User::login(&cluster, "alice");
+    let export = alice.tsh(&["kube", "login", "lab"]);
+    let through_svc = PathBuf::from(
+        export
+            .trim()
+            .strip_prefix("export KUBECONFIG=")
+            .expect("export line"),
+    );
+    let direct = dir.path().join("direct.kubeconfig");
+    std::fs::write(&direct, api.kubeconfig("default")).unwrap();
+
+    for (how, kubeconfig) in [("direct", &direct), ("svc", &through_svc)] {
+        let run = |args: &[&str], stdin: Option<&str>| -> std::process::Output {
+            let mut cmd = Command::new(&kubectl);
+            cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
+            let what = format!("kubectl {args:?} ({how})");
+            match stdin {
+                None => cmd.output_within(common::wait::STEP, &what).unwrap(),
+                Some(text) => {
+                    let mut child = cmd
+                        .stdin(Stdio::piped())
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::piped())
+                        .spawn()
+                        .unwrap();
+                    let mut input = child.stdin.take().unwrap();
+                    input.write_all(text.as_bytes()).unwrap();
+                    drop(input);
+                    svc_testkit::wait::output_within(child, common::wait::STEP, &what)
+                }
+            }
+        };
+        let ok = |args: &[&str], stdin: Option<&str>| -> String {
+            let out = run(args, stdin);
+            assert!(
+                out.status.success(),
+                "kubectl {args:?} ({how}): {}\nsvc: {}",
+                String::from_utf8_lossy(&out.stderr),
+                cluster.stderr()
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+
+        // exec: output, stdin (closed by the v5 close signal), a failing command's exit code.
+        assert_eq!(ok(&["exec", "web", "--", "echo", "hi"], None), "hi\n", "{how}");
+        assert_eq!(
+            ok(&["exec", "-i", "web", "--", "cat"], Some("through stdin\n")),
+            "through stdin\n",
+            "{how}"
+        );
+        let out = run(&["exec", "web", "--", "sh", "-c", "exit 3"], None);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{how}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        // cp both ways: kubectl runs tar in the "pod" through exec.
+        let local = dir.path().join(format!("local-{how}.txt"));
+        std::fs::write(&local, format!("copied {how}\n")).unwrap();
+        let in_pod = dir.path().join(format!("pod-{how}"));
+        std::fs::create_dir_all(&in_pod).unwrap();
+        let in_pod_file = in_pod.join("copy.txt");
+        ok(
+            &[
+                "cp",
+                &local.to_string_lossy(),
+                &format!("web:{}", in_pod_file.display()),
+            ],
+            None,
+        );
+        assert_eq!(
+            std::fs::read_to_string(&in_pod_file).unwrap(),
+            format!("copied {how}\n")
+        );
+        let back = dir.path().join(format!("back-{how}.txt"));
+        ok(
+            &[
+                "cp",
+                &format!("web:{}", in_pod_file.display()),
+                &back.to_string_lossy(),
+            ],
+            None,
+        );
+        assert_eq!(std::fs::read_to_string(&back).unwrap(), format!("copied {how}\n"));
+
+        // logs -f: a line appended while kubectl follows arrives while the stream stays open.
+        api.append_log("default", "web", &format!("{how} one"));
+        let logs = Streaming::start(
+            &kubectl,
+            kubeconfig,
+            &["logs", "-f", "web"],
+            dir.path().join(format!("logs-{how}.err")),
+        );
+        logs.until(&format!("{how} one"), "kubectl logs -f, the first lines");
+        api.append_log("default", "web", &format!("{how} two"));
+        logs.until(&format!("{how} two"), "kubectl logs -f, the appended line");
+        drop(logs);
+
+        // get -w: an event after the watch opened arrives.
+        let watches = api.open_watches();
+        let watch = Streaming::start(
+            &kubectl,
+            kubeconfig,
+            &["get", "pods", "-w", "-o", "name"],
+            dir.path().join(format!("watch-{how}.err")),
+        );
+        watch.until("pod/web", "kubectl get -w, the initial list");
+        common::wait::wait_until(common::wait::STEP, "kubectl's watch is open", || {
+            api.open_watches() > watches
+        });
+        let name = format!("added-{how}");
+        api.insert(pod(&name));
+        watch.until(&format!("pod/{name}"), "kubectl get -w, the event");
+    }
+    drop(rt);
 }
 
 /// Separate ports (TLS routing off): `ping`'s database members name listeners that really

@@ -572,19 +572,32 @@ async fn kubectl_exec_and_logs_follow() {
     assert_eq!(k.run(&["exec", "web", "--", "echo", "hi"]).await, "hi\n");
 
     let mut cat = k.command(&["exec", "-i", "web", "--", "cat"]);
-    cat.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cat.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cat.spawn().unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"through stdin\n").await.unwrap();
-    drop(stdin);
-    let out = within(Duration::from_secs(60), "kubectl exec -i cat finishing", child.wait_with_output())
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"through stdin\n")
         .await
         .unwrap();
+    drop(stdin);
+    let out = within(
+        Duration::from_secs(60),
+        "kubectl exec -i cat finishing",
+        child.wait_with_output(),
+    )
+    .await
+    .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "through stdin\n");
 
     let out = k.command(&["exec", "web", "--", "false"]).output().await.unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     api.append_log("svc", "web", "first line");
     let mut child = k
@@ -595,10 +608,14 @@ async fn kubectl_exec_and_logs_follow() {
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut next = async || {
-        within(Duration::from_secs(30), "kubectl logs -f printing a line", lines.next_line())
-            .await
-            .unwrap()
-            .expect("kubectl logs -f ended")
+        within(
+            Duration::from_secs(30),
+            "kubectl logs -f printing a line",
+            lines.next_line(),
+        )
+        .await
+        .unwrap()
+        .expect("kubectl logs -f ended")
     };
     assert_eq!(next().await, "first line");
     api.append_log("svc", "web", "second line");

@@ -31,11 +31,7 @@ pub(crate) fn client_upgrade<B>(req: &mut Request<B>) -> Option<OnUpgrade> {
 
 /// When `resp` switches protocols (`101`) and the client asked to, relays the upgraded
 /// connections both ways until either side closes; `what` names the hop in the logs.
-pub(crate) fn relay_upgrade(
-    client: Option<OnUpgrade>,
-    resp: &mut Response<Incoming>,
-    what: &'static str,
-) {
+pub(crate) fn relay_upgrade(client: Option<OnUpgrade>, resp: &mut Response<Incoming>, what: &'static str) {
     let Some(client) = client else { return };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         return;

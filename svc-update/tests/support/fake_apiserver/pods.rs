@@ -32,9 +32,15 @@ const EXEC_PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
 pub(super) fn subresource(path: &str) -> Option<(String, String, String)> {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match segments.as_slice() {
-        ["api", "v1", "namespaces", ns, "pods", name, sub @ ("exec" | "log")] => {
-            Some(((*ns).to_owned(), (*name).to_owned(), (*sub).to_owned()))
-        }
+        [
+            "api",
+            "v1",
+            "namespaces",
+            ns,
+            "pods",
+            name,
+            sub @ ("exec" | "log"),
+        ] => Some(((*ns).to_owned(), (*name).to_owned(), (*sub).to_owned())),
         _ => None,
     }
 }
@@ -90,9 +96,7 @@ pub(super) async fn serve(
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(',').map(|p| p.trim().to_owned()))
         .collect();
-    let protocol = EXEC_PROTOCOLS
-        .iter()
-        .find(|p| offered.iter().any(|o| o == *p));
+    let protocol = EXEC_PROTOCOLS.iter().find(|p| offered.iter().any(|o| o == *p));
     let key = req
         .headers()
         .get(header::SEC_WEBSOCKET_KEY)
@@ -174,7 +178,9 @@ fn log_response(state: Arc<State>, ns: &str, name: &str, follow: bool) -> Respon
         }
     });
     let body = StreamBody::new(stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(Frame::data(b)), rx))
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, std::convert::Infallible>(Frame::data(b)), rx))
     }));
     let mut response = Response::new(BodyExt::boxed(body));
     response.headers_mut().insert(
@@ -251,8 +257,14 @@ where
             }
         }
     };
-    let stdout = child.stdout.take().map(|s| Box::new(s) as Box<dyn AsyncRead + Unpin + Send>);
-    let stderr = child.stderr.take().map(|s| Box::new(s) as Box<dyn AsyncRead + Unpin + Send>);
+    let stdout = child
+        .stdout
+        .take()
+        .map(|s| Box::new(s) as Box<dyn AsyncRead + Unpin + Send>);
+    let stderr = child
+        .stderr
+        .take()
+        .map(|s| Box::new(s) as Box<dyn AsyncRead + Unpin + Send>);
     tokio::join!(pump(stdout, 1), pump(stderr, 2));
     let exit = child.wait().await;
     reader.abort();
@@ -405,6 +417,9 @@ mod tests {
 
     #[test]
     fn the_rfc_6455_handshake_example() {
-        assert_eq!(accept_key("dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+        assert_eq!(
+            accept_key("dGhlIHNhbXBsZSBub25jZQ=="),
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
     }
 }
