@@ -448,15 +448,20 @@ impl Streaming {
     /// Reads lines until `expected` (earlier ones are state from before), each within
     /// [`common::wait::STEP`].
     fn until(&self, expected: &str, what: &str) {
+        self.first(what, |line| (line == expected).then_some(()));
+    }
+
+    /// The first line `pick` takes (each line within [`common::wait::STEP`]).
+    fn first<T>(&self, what: &str, pick: impl Fn(&str) -> Option<T>) -> T {
         loop {
             let line = self.lines.recv_timeout(common::wait::STEP).unwrap_or_else(|e| {
                 panic!(
-                    "{what}: no line {expected:?} ({e}); kubectl: {}",
+                    "{what}: no such line ({e}); kubectl: {}",
                     std::fs::read_to_string(&self.stderr).unwrap_or_default()
                 )
             });
-            if line == expected {
-                return;
+            if let Some(found) = pick(&line) {
+                return found;
             }
         }
     }
@@ -473,7 +478,8 @@ impl Drop for Streaming {
 /// directly (keeping the fake honest) and then through svc (`tsh kube login`'s kubeconfig →
 /// the proxy's Kubernetes route → tunnel → agent → API server) with the same results: `exec`
 /// (WebSocket `v5.channel.k8s.io`, with and without stdin, and a failing command's exit
-/// code), `cp` both ways (tar through exec), `logs -f` receiving a line appended while it
+/// code), `cp` both ways (tar through exec), `port-forward` (SPDY/3.1, after the WebSocket
+/// tunnel is refused) carrying curl's request to a local HTTP server, `logs -f` receiving a line appended while it
 /// follows, and `get -w` receiving an event.
 #[test]
 fn kubectl_exec_cp_logs_follow_and_watch_through_the_kube_route() {
@@ -507,6 +513,10 @@ fn kubectl_exec_cp_logs_follow_and_watch_through_the_kube_route() {
             .strip_prefix("export KUBECONFIG=")
             .expect("export line"),
     );
+    let site = dir.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("hello.txt"), "hello through port-forward\n").unwrap();
+    let (_http, http_port) = http_server(&site);
     let direct = dir.path().join("direct.kubeconfig");
     std::fs::write(&direct, api.kubeconfig("default")).unwrap();
 
@@ -585,6 +595,35 @@ fn kubectl_exec_cp_logs_follow_and_watch_through_the_kube_route() {
             None,
         );
         assert_eq!(std::fs::read_to_string(&back).unwrap(), format!("copied {how}\n"));
+
+        // port-forward: curl through kubectl's local port reaches the "pod's" HTTP server.
+        let forward = Streaming::start(
+            &kubectl,
+            kubeconfig,
+            &["port-forward", "pod/web", &format!(":{http_port}")],
+            dir.path().join(format!("port-forward-{how}.err")),
+        );
+        let local: u16 = forward.first("kubectl port-forward listening", |line| {
+            line.strip_prefix("Forwarding from 127.0.0.1:")
+                .and_then(|r| r.split(' ').next())
+                .and_then(|p| p.parse().ok())
+        });
+        for _ in 0..2 {
+            let out = Command::new(require("curl", "curl"))
+                .args(["-sS", "--max-time", "30"])
+                .arg(format!("http://127.0.0.1:{local}/hello.txt"))
+                .output_within(common::wait::STEP, "curl through kubectl port-forward")
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "hello through port-forward\n",
+                "{how}: curl: {}\nkubectl: {}\nsvc: {}",
+                String::from_utf8_lossy(&out.stderr),
+                std::fs::read_to_string(&forward.stderr).unwrap_or_default(),
+                cluster.stderr()
+            );
+        }
+        drop(forward);
 
         // logs -f: a line appended while kubectl follows arrives while the stream stays open.
         api.append_log("default", "web", &format!("{how} one"));

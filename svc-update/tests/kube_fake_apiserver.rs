@@ -622,3 +622,71 @@ async fn kubectl_exec_and_logs_follow() {
     assert_eq!(next().await, "second line");
     child.kill().await.unwrap();
 }
+
+/// `kubectl port-forward` (SPDY/3.1) carries an HTTP request to a port of the "pod" (this
+/// machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_port_forward_carries_a_request() {
+    let api = FakeApiServer::start().await;
+    let k = Kubectl::new(&api);
+    api.insert(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "svc"},
+        "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]},
+        "status": {"phase": "Running"}}));
+    let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target_port = target.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = target.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buf = vec![0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nfrom the pod",
+                    )
+                    .await;
+            });
+        }
+    });
+    let log = k.dir.path().join("port-forward.log");
+    let mut child = k
+        .command(&["port-forward", "pod/web", &format!(":{target_port}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // "Forwarding from 127.0.0.1:<local> -> <target>"
+    let line = within(
+        Duration::from_secs(30),
+        "kubectl port-forward listening",
+        lines.next_line(),
+    )
+    .await
+    .unwrap()
+    .expect("kubectl port-forward ended");
+    let local: u16 = line
+        .strip_prefix("Forwarding from 127.0.0.1:")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected port-forward line {line:?}"));
+    let out = within(
+        Duration::from_secs(60),
+        "curl through kubectl port-forward",
+        tokio::process::Command::new("curl")
+            .args(["-sS", "--max-time", "30"])
+            .arg(format!("http://127.0.0.1:{local}/"))
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "from the pod",
+        "curl: {}\nkubectl: {}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&log).unwrap()
+    );
+    child.kill().await.unwrap();
+}

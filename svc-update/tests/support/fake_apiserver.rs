@@ -6,7 +6,8 @@
 //! compaction), create, update (guarded by `resourceVersion`), delete, JSON merge patch and
 //! strategic-merge patch (maps merge; `containers`, `env`, `volumes`, … merge by their keys) for
 //! Pods, Secrets, Deployments, StatefulSets and Leases; and the pod subresources `exec`
-//! (WebSocket, the command running on this machine) and `log` (following) — see [`pods`]. Every request is recorded so tests can
+//! (WebSocket, the command running on this machine), `portforward` (SPDY/3.1, to this
+//! machine's ports) and `log` (following) — see [`pods`] and [`spdy`]. Every request is recorded so tests can
 //! assert that a resource was *not* written. [`FakeApiServer::kubelet`] stands in for the
 //! workload controllers and the kubelet where a test needs pods to follow an image change. The
 //! same server is exercised by the real `kubectl`
@@ -15,6 +16,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 mod pods;
+mod spdy;
 
 use std::{
     collections::BTreeMap,

@@ -6,6 +6,8 @@
 //!   this machine: the command runs as a local process, so `kubectl exec -- echo hi`,
 //!   `kubectl exec -i -- cat` and `kubectl cp` (which runs `tar` through exec) really work.
 //!   SPDY is answered `400`, which makes kubectl say so rather than fall back silently.
+//! - `portforward`: SPDY/3.1 (see [`super::spdy`]); the WebSocket tunnel newer kubectl tries
+//!   first is answered `400`, and kubectl falls back to SPDY.
 //! - `log`: the lines given to [`FakeApiServer::append_log`], `follow=true` keeping the stream
 //!   open and sending each new line as it is appended.
 
@@ -39,7 +41,7 @@ pub(super) fn subresource(path: &str) -> Option<(String, String, String)> {
             ns,
             "pods",
             name,
-            sub @ ("exec" | "log"),
+            sub @ ("exec" | "log" | "portforward"),
         ] => Some(((*ns).to_owned(), (*name).to_owned(), (*sub).to_owned())),
         _ => None,
     }
@@ -83,6 +85,9 @@ pub(super) async fn serve(
     let query = req.uri().query().unwrap_or("").to_owned();
     if sub == "log" {
         return log_response(state, ns, name, flag(&query, "follow"));
+    }
+    if sub == "portforward" {
+        return portforward(req);
     }
     let websocket = req
         .headers()
@@ -142,6 +147,47 @@ pub(super) async fn serve(
     h.insert(
         header::SEC_WEBSOCKET_ACCEPT,
         header::HeaderValue::from_str(&accept_key(&key)).expect("base64 is a header value"),
+    );
+    resp
+}
+
+/// Switches to SPDY/3.1 for a port-forward; anything else is a `400` (kubectl then falls back).
+fn portforward(mut req: Request<Incoming>) -> Response<Body> {
+    let h = req.headers();
+    let spdy = h
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("SPDY/3.1"));
+    let portforward = h
+        .get_all("x-stream-protocol-version")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').any(|p| p.trim() == "portforward.k8s.io"));
+    if !(spdy && portforward) {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!(
+                "the fake's portforward speaks SPDY/3.1 (portforward.k8s.io) only; offered upgrade {:?}",
+                h.get(header::UPGRADE)
+            ),
+        );
+    }
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        match upgrade.await {
+            Ok(io) => super::spdy::session(TokioIo::new(io)).await,
+            Err(e) => eprintln!("fake apiserver: portforward upgrade failed: {e}"),
+        }
+    });
+    let mut resp = Response::new(Empty::new().map_err(|never| match never {}).boxed());
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = resp.headers_mut();
+    h.insert(header::UPGRADE, header::HeaderValue::from_static("SPDY/3.1"));
+    h.insert(header::CONNECTION, header::HeaderValue::from_static("Upgrade"));
+    h.insert(
+        "x-stream-protocol-version",
+        header::HeaderValue::from_static("portforward.k8s.io"),
     );
     resp
 }
