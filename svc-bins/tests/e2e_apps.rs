@@ -658,8 +658,9 @@ fn kubectl_exec_cp_logs_follow_and_watch_through_the_kube_route() {
 }
 
 /// Separate ports (TLS routing off): `ping`'s database members name listeners that really
-/// answer (Postgres takes an SSLRequest, MySQL and MongoDB accept TLS), and the local proxies
-/// still work through the web port.
+/// answer (Postgres takes an SSLRequest, MySQL and MongoDB accept TLS), the local proxies
+/// still work through the web port, and `kube_listen_addr` is bound: `tsh kube login` points
+/// kubectl at it and kubectl gets through.
 #[test]
 fn separate_ports_are_what_ping_says_and_local_proxies_still_work() {
     let dir = tempfile::tempdir().unwrap();
@@ -667,10 +668,15 @@ fn separate_ports_are_what_ping_says_and_local_proxies_still_work() {
     std::fs::create_dir_all(&site).unwrap();
     std::fs::write(site.join("hello.txt"), "hello from the app\n").unwrap();
     let (_http, http_port) = http_server(&site);
+    let api = KubeApi::start(dir.path(), "separate-mode-token");
     let services = format!(
         "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\n  proxy_listener_mode: separate\n\
-proxy_service:\n  web_listen_addr: 127.0.0.1:0\n  listen_addr: 127.0.0.1:0\n  tunnel_listen_addr: 127.0.0.1:0\n  postgres_listen_addr: 127.0.0.1:0\n  mysql_listen_addr: 127.0.0.1:0\n  mongo_listen_addr: 127.0.0.1:0\n\
-app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1:{http_port}\n"
+proxy_service:\n  web_listen_addr: 127.0.0.1:0\n  listen_addr: 127.0.0.1:0\n  tunnel_listen_addr: 127.0.0.1:0\n  postgres_listen_addr: 127.0.0.1:0\n  mysql_listen_addr: 127.0.0.1:0\n  mongo_listen_addr: 127.0.0.1:0\n  kube_listen_addr: 127.0.0.1:0\n\
+app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1:{http_port}\n\
+kubernetes_service:\n  enabled: true\n  kube_cluster_name: lab\n  api_url: https://127.0.0.1:{}\n  ca_file: {}\n  token_file: {}\n",
+        api.port,
+        api.ca_file.display(),
+        api.token_file.display()
     );
     let cluster = Cluster::start_with(tempfile::tempdir().unwrap(), "info", &services);
     let out = Command::new(require("curl", "curl"))
@@ -723,6 +729,46 @@ app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1
         std::fs::read_to_string(&app_err).unwrap_or_default(),
         cluster.stderr()
     );
+
+    // The Kubernetes listener: advertised with the port bound, and what the kubeconfig uses.
+    let kube = p["kube"]["public_addr"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        p["kube"]["enabled"] == true && kube.starts_with("127.0.0.1:") && !kube.ends_with(":0"),
+        "{ping}"
+    );
+    assert_ne!(kube, cluster.web_addr, "{ping}");
+    let export = alice.tsh(&["kube", "login", "lab"]);
+    let kubeconfig = export
+        .trim()
+        .strip_prefix("export KUBECONFIG=")
+        .expect("export line")
+        .to_owned();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&kubeconfig).unwrap()).unwrap();
+    assert_eq!(
+        config["clusters"][0]["cluster"]["server"],
+        format!("https://{kube}"),
+        "{config}"
+    );
+    let out = Command::new(require("kubectl", "kubectl"))
+        .args([
+            "--kubeconfig",
+            &kubeconfig,
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default",
+        ])
+        .output_within(common::wait::STEP, "kubectl get --raw via kube_listen_addr")
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl: {}\nsvc: {}",
+        String::from_utf8_lossy(&out.stderr),
+        cluster.stderr()
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["user"], "alice");
+    assert_eq!(json["path"], "/api/v1/namespaces/default");
 }
 
 /// The header-echoing app (`tests/apps/echo_headers.py`) on a port it picks; returns its port.
