@@ -270,7 +270,7 @@ where
                 0x9 => {
                     let _ = write_frame(&mut *pong.lock().await, 0xA, &payload).await;
                 }
-                0x1 | 0x2 | 0x0 => match payload.split_first() {
+                0x0..=0x2 => match payload.split_first() {
                     Some((0, data)) => {
                         if let Some(s) = child_stdin.as_mut()
                             && s.write_all(data).await.is_err()

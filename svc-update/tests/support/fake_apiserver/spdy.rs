@@ -114,11 +114,7 @@ where
                     let _ = tx.send(None);
                 }
             }
-            PING => {
-                if write_control(&wr, PING, 0, &payload).await.is_err() {
-                    return;
-                }
-            }
+            PING if write_control(&wr, PING, 0, &payload).await.is_err() => return,
             GOAWAY => return,
             _ => {}
         }
