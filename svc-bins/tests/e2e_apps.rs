@@ -423,7 +423,18 @@ struct Streaming {
 
 impl Streaming {
     fn start(kubectl: &Path, kubeconfig: &Path, args: &[&str], stderr: PathBuf) -> Streaming {
+        Streaming::start_with(kubectl, kubeconfig, args, &[], stderr)
+    }
+
+    fn start_with(
+        kubectl: &Path,
+        kubeconfig: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr: PathBuf,
+    ) -> Streaming {
         let mut child = Command::new(kubectl)
+            .envs(env.iter().copied())
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(args)
@@ -478,8 +489,8 @@ impl Drop for Streaming {
 /// directly (keeping the fake honest) and then through svc (`tsh kube login`'s kubeconfig →
 /// the proxy's Kubernetes route → tunnel → agent → API server) with the same results: `exec`
 /// (WebSocket `v5.channel.k8s.io`, with and without stdin, and a failing command's exit
-/// code), `cp` both ways (tar through exec), `port-forward` (SPDY/3.1, after the WebSocket
-/// tunnel is refused) carrying curl's request to a local HTTP server, `logs -f` receiving a line appended while it
+/// code), `cp` both ways (tar through exec), `port-forward` (SPDY/3.1 in WebSocket and bare)
+/// carrying curl's requests to a local HTTP server, `logs -f` receiving a line appended while it
 /// follows, and `get -w` receiving an event.
 #[test]
 fn kubectl_exec_cp_logs_follow_and_watch_through_the_kube_route() {
@@ -596,34 +607,45 @@ fn kubectl_exec_cp_logs_follow_and_watch_through_the_kube_route() {
         );
         assert_eq!(std::fs::read_to_string(&back).unwrap(), format!("copied {how}\n"));
 
-        // port-forward: curl through kubectl's local port reaches the "pod's" HTTP server.
-        let forward = Streaming::start(
-            &kubectl,
-            kubeconfig,
-            &["port-forward", "pod/web", &format!(":{http_port}")],
-            dir.path().join(format!("port-forward-{how}.err")),
-        );
-        let local: u16 = forward.first("kubectl port-forward listening", |line| {
-            line.strip_prefix("Forwarding from 127.0.0.1:")
-                .and_then(|r| r.split(' ').next())
-                .and_then(|p| p.parse().ok())
-        });
-        for _ in 0..2 {
-            let out = Command::new(require("curl", "curl"))
-                .args(["-sS", "--max-time", "30"])
-                .arg(format!("http://127.0.0.1:{local}/hello.txt"))
-                .output_within(common::wait::STEP, "curl through kubectl port-forward")
-                .unwrap();
-            assert_eq!(
-                String::from_utf8_lossy(&out.stdout),
-                "hello through port-forward\n",
-                "{how}: curl: {}\nkubectl: {}\nsvc: {}",
-                String::from_utf8_lossy(&out.stderr),
-                std::fs::read_to_string(&forward.stderr).unwrap_or_default(),
-                cluster.stderr()
+        // port-forward, over SPDY/3.1 tunnelled in WebSocket (kubectl's default) and bare
+        // SPDY/3.1: curl through kubectl's local port reaches the "pod's" HTTP server.
+        for (websockets, upgrade) in [("true", "websocket"), ("false", "SPDY/3.1")] {
+            let forward = Streaming::start_with(
+                &kubectl,
+                kubeconfig,
+                &["port-forward", "pod/web", &format!(":{http_port}")],
+                &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", websockets)],
+                dir.path().join(format!("port-forward-{how}-{websockets}.err")),
             );
+            let local: u16 = forward.first("kubectl port-forward listening", |line| {
+                line.strip_prefix("Forwarding from 127.0.0.1:")
+                    .and_then(|r| r.split(' ').next())
+                    .and_then(|p| p.parse().ok())
+            });
+            for _ in 0..2 {
+                let out = Command::new(require("curl", "curl"))
+                    .args(["-sS", "--max-time", "30"])
+                    .arg(format!("http://127.0.0.1:{local}/hello.txt"))
+                    .output_within(common::wait::STEP, "curl through kubectl port-forward")
+                    .unwrap();
+                assert_eq!(
+                    String::from_utf8_lossy(&out.stdout),
+                    "hello through port-forward\n",
+                    "{how} ({upgrade}): curl: {}\nkubectl: {}\nsvc: {}",
+                    String::from_utf8_lossy(&out.stderr),
+                    std::fs::read_to_string(&forward.stderr).unwrap_or_default(),
+                    cluster.stderr()
+                );
+            }
+            drop(forward);
+            let seen: Vec<String> = api
+                .requests()
+                .into_iter()
+                .filter(|r| r.path.ends_with("/portforward"))
+                .map(|r| r.upgrade)
+                .collect();
+            assert_eq!(seen.last().map(String::as_str), Some(upgrade), "{how}: {seen:?}");
         }
-        drop(forward);
 
         // logs -f: a line appended while kubectl follows arrives while the stream stays open.
         api.append_log("default", "web", &format!("{how} one"));

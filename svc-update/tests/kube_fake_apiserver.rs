@@ -623,8 +623,9 @@ async fn kubectl_exec_and_logs_follow() {
     child.kill().await.unwrap();
 }
 
-/// `kubectl port-forward` (SPDY/3.1) carries an HTTP request to a port of the "pod" (this
-/// machine).
+/// `kubectl port-forward` carries an HTTP request to a port of the "pod" (this machine), over
+/// SPDY/3.1 tunnelled in WebSocket (kubectl's default) and bare SPDY/3.1
+/// (`KUBECTL_PORT_FORWARD_WEBSOCKETS=false`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_port_forward_carries_a_request() {
     let api = FakeApiServer::start().await;
@@ -649,44 +650,63 @@ async fn kubectl_port_forward_carries_a_request() {
             });
         }
     });
-    let log = k.dir.path().join("port-forward.log");
-    let mut child = k
-        .command(&["port-forward", "pod/web", &format!(":{target_port}")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
-        .spawn()
+    for websockets in ["true", "false"] {
+        let log = k.dir.path().join(format!("port-forward-{websockets}.log"));
+        let mut child = k
+            .command(&["port-forward", "pod/web", &format!(":{target_port}")])
+            .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", websockets)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        // "Forwarding from 127.0.0.1:<local> -> <target>"
+        let line = within(
+            Duration::from_secs(30),
+            "kubectl port-forward listening",
+            lines.next_line(),
+        )
+        .await
+        .unwrap()
+        .expect("kubectl port-forward ended");
+        let local: u16 = line
+            .strip_prefix("Forwarding from 127.0.0.1:")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected port-forward line {line:?}"));
+        let out = within(
+            Duration::from_secs(60),
+            "curl through kubectl port-forward",
+            tokio::process::Command::new("curl")
+                .args(["-sS", "--max-time", "30"])
+                .arg(format!("http://127.0.0.1:{local}/"))
+                .output(),
+        )
+        .await
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    // "Forwarding from 127.0.0.1:<local> -> <target>"
-    let line = within(
-        Duration::from_secs(30),
-        "kubectl port-forward listening",
-        lines.next_line(),
-    )
-    .await
-    .unwrap()
-    .expect("kubectl port-forward ended");
-    let local: u16 = line
-        .strip_prefix("Forwarding from 127.0.0.1:")
-        .and_then(|r| r.split(' ').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected port-forward line {line:?}"));
-    let out = within(
-        Duration::from_secs(60),
-        "curl through kubectl port-forward",
-        tokio::process::Command::new("curl")
-            .args(["-sS", "--max-time", "30"])
-            .arg(format!("http://127.0.0.1:{local}/"))
-            .output(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "from the pod",
-        "curl: {}\nkubectl: {}",
-        String::from_utf8_lossy(&out.stderr),
-        std::fs::read_to_string(&log).unwrap()
-    );
-    child.kill().await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "from the pod",
+            "websockets {websockets}: curl: {}\nkubectl: {}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap()
+        );
+        child.kill().await.unwrap();
+        let upgrades: Vec<String> = api
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.ends_with("/portforward"))
+            .map(|r| r.upgrade)
+            .collect();
+        let expected = if websockets == "true" {
+            "websocket"
+        } else {
+            "SPDY/3.1"
+        };
+        assert_eq!(
+            upgrades.last().map(String::as_str),
+            Some(expected),
+            "{upgrades:?}"
+        );
+    }
 }

@@ -119,6 +119,8 @@ pub struct Recorded {
     pub query: String,
     /// The Content-Type header, if any.
     pub content_type: String,
+    /// The Upgrade header (`websocket`, `SPDY/3.1`), if any.
+    pub upgrade: String,
 }
 
 #[derive(Debug, Clone)]
@@ -504,6 +506,12 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         path: path.clone(),
         query: query.clone(),
         content_type: content_type.clone(),
+        upgrade: req
+            .headers()
+            .get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned(),
     });
     if let Some((ns, name, sub)) = pods::subresource(&path) {
         return pods::serve(state, req, &ns, &name, &sub).await;

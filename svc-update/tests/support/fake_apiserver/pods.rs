@@ -6,8 +6,9 @@
 //!   this machine: the command runs as a local process, so `kubectl exec -- echo hi`,
 //!   `kubectl exec -i -- cat` and `kubectl cp` (which runs `tar` through exec) really work.
 //!   SPDY is answered `400`, which makes kubectl say so rather than fall back silently.
-//! - `portforward`: SPDY/3.1 (see [`super::spdy`]); the WebSocket tunnel newer kubectl tries
-//!   first is answered `400`, and kubectl falls back to SPDY.
+//! - `portforward`: SPDY/3.1 (see [`super::spdy`]), tunnelled in WebSocket binary messages
+//!   (subprotocol `SPDY/3.1+portforward.k8s.io`, kubectl's default) or bare
+//!   (`Upgrade: SPDY/3.1`, with `KUBECTL_PORT_FORWARD_WEBSOCKETS=false` or older clients).
 //! - `log`: the lines given to [`FakeApiServer::append_log`], `follow=true` keeping the stream
 //!   open and sending each new line as it is appended.
 
@@ -135,6 +136,71 @@ pub(super) async fn serve(
             Err(e) => eprintln!("fake apiserver: exec upgrade failed: {e}"),
         }
     });
+    switch_to_websocket(*protocol, &key)
+}
+
+/// The WebSocket subprotocol of SPDY tunnelled in WebSocket binary messages.
+const TUNNEL_PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
+
+/// A WebSocket upgrade offering [`TUNNEL_PROTOCOL`] (kubectl's default): switches, then runs
+/// the SPDY session over the messages' bytes. `None` when `req` is no such offer.
+fn portforward_over_websocket(req: &mut Request<Incoming>) -> Option<Response<Body>> {
+    let h = req.headers();
+    let websocket = h
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let offered = h
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').any(|p| p.trim() == TUNNEL_PROTOCOL));
+    let key = h
+        .get(header::SEC_WEBSOCKET_KEY)
+        .and_then(|v| v.to_str().ok())?
+        .to_owned();
+    if !(websocket && offered) {
+        return None;
+    }
+    let upgrade = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        match upgrade.await {
+            Ok(io) => {
+                // SPDY bytes ↔ binary messages.
+                let (near, far) = tokio::io::duplex(64 * 1024);
+                tokio::spawn(super::spdy::session(far));
+                let (mut ws_rd, mut ws_wr) = tokio::io::split(TokioIo::new(io));
+                let (mut rd, mut wr) = tokio::io::split(near);
+                let inbound = async move {
+                    while let Ok((opcode, payload)) = read_frame(&mut ws_rd).await {
+                        match opcode {
+                            0x8 => break,
+                            0x0..=0x2 if wr.write_all(&payload).await.is_err() => break,
+                            _ => {}
+                        }
+                    }
+                    let _ = wr.shutdown().await;
+                };
+                let outbound = async move {
+                    let mut buf = vec![0u8; 32 * 1024];
+                    while let Ok(n @ 1..) = rd.read(&mut buf).await {
+                        if write_frame(&mut ws_wr, 0x2, &buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                    let _ = write_frame(&mut ws_wr, 0x8, &1000u16.to_be_bytes()).await;
+                    let _ = ws_wr.shutdown().await;
+                };
+                tokio::join!(inbound, outbound);
+            }
+            Err(e) => eprintln!("fake apiserver: portforward upgrade failed: {e}"),
+        }
+    });
+    Some(switch_to_websocket(TUNNEL_PROTOCOL, &key))
+}
+
+/// `101 Switching Protocols` to WebSocket with `protocol`, answering `key`.
+fn switch_to_websocket(protocol: &'static str, key: &str) -> Response<Body> {
     let mut resp = Response::new(Empty::new().map_err(|never| match never {}).boxed());
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = resp.headers_mut();
@@ -146,13 +212,17 @@ pub(super) async fn serve(
     );
     h.insert(
         header::SEC_WEBSOCKET_ACCEPT,
-        header::HeaderValue::from_str(&accept_key(&key)).expect("base64 is a header value"),
+        header::HeaderValue::from_str(&accept_key(key)).expect("base64 is a header value"),
     );
     resp
 }
 
-/// Switches to SPDY/3.1 for a port-forward; anything else is a `400` (kubectl then falls back).
+/// Switches to SPDY/3.1 for a port-forward, bare (`Upgrade: SPDY/3.1`) or tunnelled in
+/// WebSocket; anything else is a `400`.
 fn portforward(mut req: Request<Incoming>) -> Response<Body> {
+    if let Some(resp) = portforward_over_websocket(&mut req) {
+        return resp;
+    }
     let h = req.headers();
     let spdy = h
         .get(header::UPGRADE)
@@ -168,7 +238,7 @@ fn portforward(mut req: Request<Incoming>) -> Response<Body> {
             StatusCode::BAD_REQUEST,
             "BadRequest",
             format!(
-                "the fake's portforward speaks SPDY/3.1 (portforward.k8s.io) only; offered upgrade {:?}",
+                "the fake's portforward speaks SPDY/3.1 (portforward.k8s.io), bare or tunnelled in WebSocket ({TUNNEL_PROTOCOL}); offered upgrade {:?}",
                 h.get(header::UPGRADE)
             ),
         );
