@@ -136,7 +136,7 @@ pub(super) async fn serve(
             Err(e) => eprintln!("fake apiserver: exec upgrade failed: {e}"),
         }
     });
-    switch_to_websocket(*protocol, &key)
+    switch_to_websocket(protocol, &key)
 }
 
 /// The WebSocket subprotocol of SPDY tunnelled in WebSocket binary messages.
