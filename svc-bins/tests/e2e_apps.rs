@@ -489,7 +489,7 @@ impl Drop for Streaming {
 /// directly (keeping the fake honest) and then through svc (`tsh kube login`'s kubeconfig →
 /// the proxy's Kubernetes route → tunnel → agent → API server) with the same results: `exec`
 /// (WebSocket `v5.channel.k8s.io`, with and without stdin, and a failing command's exit
-/// code), `cp` both ways (tar through exec), `port-forward` (SPDY/3.1 in WebSocket and bare)
+/// code; SPDY/3.1 `v4.channel.k8s.io` as older clients use), `cp` both ways (tar through exec), `port-forward` (SPDY/3.1 in WebSocket and bare)
 /// carrying curl's requests to a local HTTP server, `logs -f` receiving a line appended while it
 /// follows, and `get -w` receiving an event.
 #[test]
@@ -577,6 +577,36 @@ fn kubectl_exec_cp_logs_follow_and_watch_through_the_kube_route() {
             "{how}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+
+        // exec over SPDY/3.1 (v4.channel.k8s.io), as older clients do: stdin, stdout, stderr.
+        let mut child = Command::new(&kubectl)
+            .env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["exec", "-i", "web", "--", "sh", "-c", "cat; echo err >&2"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(b"over spdy\n").unwrap();
+        drop(input);
+        let out = svc_testkit::wait::output_within(child, common::wait::STEP, "kubectl exec over SPDY");
+        assert!(
+            out.status.success(),
+            "{how}: {}\nsvc: {}",
+            String::from_utf8_lossy(&out.stderr),
+            cluster.stderr()
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "over spdy\n", "{how}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n", "{how}");
+        let last_exec = api
+            .requests()
+            .into_iter()
+            .rfind(|r| r.path.ends_with("/exec"))
+            .map(|r| r.upgrade);
+        assert_eq!(last_exec.as_deref(), Some("SPDY/3.1"), "{how}");
 
         // cp both ways: kubectl runs tar in the "pod" through exec.
         let local = dir.path().join(format!("local-{how}.txt"));

@@ -570,6 +570,35 @@ async fn kubectl_exec_and_logs_follow() {
         "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]},
         "status": {"phase": "Running"}}));
     assert_eq!(k.run(&["exec", "web", "--", "echo", "hi"]).await, "hi\n");
+    // Over SPDY/3.1 (v4.channel.k8s.io) too, stdin ending with its stream.
+    let mut spdy = k.command(&["exec", "-i", "web", "--", "sh", "-c", "cat; echo err >&2"]);
+    spdy.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = spdy.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"over spdy\n")
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = within(
+        Duration::from_secs(60),
+        "kubectl exec over SPDY finishing",
+        child.wait_with_output(),
+    )
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "over spdy\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n");
+    let exec_upgrades: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/exec"))
+        .map(|r| r.upgrade)
+        .collect();
+    assert_eq!(exec_upgrades, ["websocket", "SPDY/3.1"]);
 
     let mut cat = k.command(&["exec", "-i", "web", "--", "cat"]);
     cat.stdin(Stdio::piped())

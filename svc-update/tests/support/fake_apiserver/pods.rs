@@ -5,7 +5,8 @@
 //!   3 the final `Status`; in v5, a client message `[255, 0]` closes stdin). The "container" is
 //!   this machine: the command runs as a local process, so `kubectl exec -- echo hi`,
 //!   `kubectl exec -i -- cat` and `kubectl cp` (which runs `tar` through exec) really work.
-//!   SPDY is answered `400`, which makes kubectl say so rather than fall back silently.
+//!   Or bare SPDY/3.1 with `v4.channel.k8s.io` (kubectl with
+//!   `KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false`, older clients; see [`super::spdy`]).
 //! - `portforward`: SPDY/3.1 (see [`super::spdy`]), tunnelled in WebSocket binary messages
 //!   (subprotocol `SPDY/3.1+portforward.k8s.io`, kubectl's default) or bare
 //!   (`Upgrade: SPDY/3.1`, with `KUBECTL_PORT_FORWARD_WEBSOCKETS=false` or older clients).
@@ -90,6 +91,9 @@ pub(super) async fn serve(
     if sub == "portforward" {
         return portforward(req);
     }
+    if let Some(resp) = exec_over_spdy(&mut req, &query) {
+        return resp;
+    }
     let websocket = req
         .headers()
         .get(header::UPGRADE)
@@ -113,8 +117,9 @@ pub(super) async fn serve(
             StatusCode::BAD_REQUEST,
             "BadRequest",
             format!(
-                "the fake's exec speaks WebSocket ({}) only; offered upgrade {:?}, protocols {offered:?}",
+                "the fake's exec speaks WebSocket ({}) or SPDY/3.1 ({}); offered upgrade {:?}, protocols {offered:?}",
                 EXEC_PROTOCOLS.join(", "),
+                EXEC_PROTOCOLS[1],
                 req.headers().get(header::UPGRADE)
             ),
         );
@@ -137,6 +142,54 @@ pub(super) async fn serve(
         }
     });
     switch_to_websocket(protocol, &key)
+}
+
+/// An exec over bare SPDY/3.1 offering `v4.channel.k8s.io`: switches and runs the command
+/// over SPDY streams (see [`super::spdy`]). `None` when `req` is no such offer.
+fn exec_over_spdy(req: &mut Request<Incoming>, query: &str) -> Option<Response<Body>> {
+    let h = req.headers();
+    let spdy = h
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("SPDY/3.1"));
+    let v4 = h
+        .get_all("x-stream-protocol-version")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').any(|p| p.trim() == EXEC_PROTOCOLS[1]));
+    if !(spdy && v4) {
+        return None;
+    }
+    let exec = super::spdy::Exec {
+        command: all_values(query, "command"),
+        stdin: flag(query, "stdin"),
+        stdout: flag(query, "stdout"),
+        stderr: flag(query, "stderr"),
+    };
+    if exec.command.is_empty() {
+        return Some(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "you must specify at least 1 command".into(),
+        ));
+    }
+    let upgrade = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        match upgrade.await {
+            Ok(io) => super::spdy::session(TokioIo::new(io), Some(exec)).await,
+            Err(e) => eprintln!("fake apiserver: exec upgrade failed: {e}"),
+        }
+    });
+    let mut resp = Response::new(Empty::new().map_err(|never| match never {}).boxed());
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = resp.headers_mut();
+    h.insert(header::UPGRADE, header::HeaderValue::from_static("SPDY/3.1"));
+    h.insert(header::CONNECTION, header::HeaderValue::from_static("Upgrade"));
+    h.insert(
+        "x-stream-protocol-version",
+        header::HeaderValue::from_static(EXEC_PROTOCOLS[1]),
+    );
+    Some(resp)
 }
 
 /// The WebSocket subprotocol of SPDY tunnelled in WebSocket binary messages.
@@ -168,7 +221,7 @@ fn portforward_over_websocket(req: &mut Request<Incoming>) -> Option<Response<Bo
             Ok(io) => {
                 // SPDY bytes ↔ binary messages.
                 let (near, far) = tokio::io::duplex(64 * 1024);
-                tokio::spawn(super::spdy::session(far));
+                tokio::spawn(super::spdy::session(far, None));
                 let (mut ws_rd, mut ws_wr) = tokio::io::split(TokioIo::new(io));
                 let (mut rd, mut wr) = tokio::io::split(near);
                 let inbound = async move {
@@ -246,7 +299,7 @@ fn portforward(mut req: Request<Incoming>) -> Response<Body> {
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         match upgrade.await {
-            Ok(io) => super::spdy::session(TokioIo::new(io)).await,
+            Ok(io) => super::spdy::session(TokioIo::new(io), None).await,
             Err(e) => eprintln!("fake apiserver: portforward upgrade failed: {e}"),
         }
     });
@@ -384,7 +437,12 @@ where
     tokio::join!(pump(stdout, 1), pump(stderr, 2));
     let exit = child.wait().await;
     reader.abort();
-    let result = match exit {
+    finish(&wr, exit_status(exit)).await;
+}
+
+/// The `Status` the kubelet reports for a command's exit.
+pub(super) fn exit_status(exit: std::io::Result<std::process::ExitStatus>) -> serde_json::Value {
+    match exit {
         Ok(s) if s.success() => json!({"metadata": {}, "status": "Success"}),
         Ok(s) => {
             let code = s.code().unwrap_or(-1);
@@ -395,8 +453,7 @@ where
         }
         Err(e) => json!({"metadata": {}, "status": "Failure", "message": e.to_string(),
             "reason": "InternalError"}),
-    };
-    finish(&wr, result).await;
+    }
 }
 
 /// Sends `result` on the error stream (3), then a close frame.

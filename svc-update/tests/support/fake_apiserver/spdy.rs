@@ -1,8 +1,13 @@
-//! The fake's `portforward` subresource over SPDY/3.1 (`Upgrade: SPDY/3.1`,
-//! `X-Stream-Protocol-Version: portforward.k8s.io`), as kubectl falls back to when the
-//! WebSocket tunnel is refused. For each forwarded connection kubectl opens an `error` and a
-//! `data` stream naming the `port`; the "pod" is this machine, so the data stream is joined to
-//! `127.0.0.1:<port>`.
+//! The fake's SPDY/3.1 sessions (`Upgrade: SPDY/3.1`):
+//!
+//! - `portforward` (`X-Stream-Protocol-Version: portforward.k8s.io`, bare or tunnelled in
+//!   WebSocket): for each forwarded connection kubectl opens an `error` and a `data` stream
+//!   naming the `port`; the "pod" is this machine, so the data stream is joined to
+//!   `127.0.0.1:<port>`.
+//! - `exec` (`v4.channel.k8s.io`, what kubectl uses with
+//!   `KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false` and older clients): kubectl opens `error`,
+//!   `stdin`, `stdout` and `stderr` streams as asked; once they are all open the command runs
+//!   locally, stdin ending with the stream's FIN, and its exit is the `Status` on `error`.
 //!
 //! SPDY header blocks are zlib streams with a preset dictionary (one stream per direction for
 //! the whole connection). The client's blocks are inflated here ([`Inflater`]); the
@@ -11,6 +16,7 @@
 //! The fake's own blocks are zlib stored blocks, which need no dictionary.
 
 use std::collections::HashMap;
+use std::process::Stdio;
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -30,11 +36,31 @@ const FLAG_FIN: u8 = 1;
 
 type Writer = Arc<Mutex<Box<dyn AsyncWrite + Unpin + Send>>>;
 
-/// Serves one upgraded port-forward connection until the client goes away.
-pub(super) async fn session<S>(io: S)
+/// What an exec session runs.
+pub(super) struct Exec {
+    /// The command and its arguments.
+    pub command: Vec<String>,
+    /// Whether stdin, stdout and stderr streams are expected.
+    pub stdin: bool,
+    pub stdout: bool,
+    pub stderr: bool,
+}
+
+/// The exec streams opened so far.
+#[derive(Default)]
+struct ExecStreams {
+    error: Option<u32>,
+    stdin: Option<(u32, mpsc::UnboundedReceiver<Option<Vec<u8>>>)>,
+    stdout: Option<u32>,
+    stderr: Option<u32>,
+}
+
+/// Serves one upgraded connection until the client goes away: port-forward, or `exec`.
+pub(super) async fn session<S>(io: S, mut exec: Option<Exec>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let mut streams = ExecStreams::default();
     let (mut rd, wr) = tokio::io::split(io);
     let wr: Writer = Arc::new(Mutex::new(Box::new(wr)));
     let mut inflater: Option<Inflater> = None;
@@ -95,6 +121,27 @@ where
                 }
                 let get = |k: &str| headers.get(k).cloned().unwrap_or_default();
                 let request = get("requestid");
+                if let Some(wanted) = &exec {
+                    match get("streamtype").as_str() {
+                        "error" => streams.error = Some(id),
+                        "stdin" => {
+                            let (tx, rx) = mpsc::unbounded_channel();
+                            data.insert(id, tx);
+                            streams.stdin = Some((id, rx));
+                        }
+                        "stdout" => streams.stdout = Some(id),
+                        "stderr" => streams.stderr = Some(id),
+                        other => eprintln!("fake apiserver: SPDY exec stream type {other:?} ignored"),
+                    }
+                    let ready = streams.error.is_some()
+                        && streams.stdin.is_some() == wanted.stdin
+                        && streams.stdout.is_some() == wanted.stdout
+                        && streams.stderr.is_some() == wanted.stderr;
+                    if ready && let Some(exec) = exec.take() {
+                        tokio::spawn(run_exec(wr.clone(), exec, std::mem::take(&mut streams)));
+                    }
+                    continue;
+                }
                 match get("streamtype").as_str() {
                     "error" => {
                         errors.insert(request, id);
@@ -119,6 +166,65 @@ where
             _ => {}
         }
     }
+}
+
+/// Runs `exec` locally over its streams; the exit is the `Status` on the error stream.
+async fn run_exec(wr: Writer, exec: Exec, streams: ExecStreams) {
+    let Some(error) = streams.error else { return };
+    let child = tokio::process::Command::new(&exec.command[0])
+        .args(&exec.command[1..])
+        .stdin(if exec.stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            let failure = serde_json::json!({"metadata": {}, "status": "Failure",
+                "message": format!("exec: \"{}\": {e}", exec.command[0]), "reason": "InternalError"});
+            for id in [streams.stdout, streams.stderr].into_iter().flatten() {
+                let _ = write_data(&wr, id, FLAG_FIN, &[]).await;
+            }
+            let _ = write_data(&wr, error, FLAG_FIN, failure.to_string().as_bytes()).await;
+            return;
+        }
+    };
+    if let (Some(mut input), Some((_, mut rx))) = (child.stdin.take(), streams.stdin) {
+        tokio::spawn(async move {
+            while let Some(Some(chunk)) = rx.recv().await {
+                if input.write_all(&chunk).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    let pump = |out: Option<Box<dyn AsyncRead + Unpin + Send>>, id: Option<u32>| {
+        let wr = wr.clone();
+        async move {
+            let (Some(mut out), Some(id)) = (out, id) else {
+                return;
+            };
+            let mut buf = vec![0u8; 16 * 1024];
+            while let Ok(n @ 1..) = out.read(&mut buf).await {
+                if write_data(&wr, id, 0, &buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+            let _ = write_data(&wr, id, FLAG_FIN, &[]).await;
+        }
+    };
+    let stdout = child
+        .stdout
+        .take()
+        .map(|s| Box::new(s) as Box<dyn AsyncRead + Unpin + Send>);
+    let stderr = child
+        .stderr
+        .take()
+        .map(|s| Box::new(s) as Box<dyn AsyncRead + Unpin + Send>);
+    tokio::join!(pump(stdout, streams.stdout), pump(stderr, streams.stderr));
+    let result = super::pods::exit_status(child.wait().await);
+    let _ = write_data(&wr, error, FLAG_FIN, result.to_string().as_bytes()).await;
 }
 
 /// Joins data stream `id` to `127.0.0.1:<port>`; a failure to connect is written on the
