@@ -821,6 +821,27 @@ kubernetes_service:\n  enabled: true\n  kube_cluster_name: lab\n  api_url: https
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["user"], "alice");
     assert_eq!(json["path"], "/api/v1/namespaces/default");
+
+    // Without the SNI naming the cluster, the listener says what is missing.
+    let profile: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(alice.home.join("profile.json")).unwrap()).unwrap();
+    let (cert, key) = (dir.path().join("alice.pem"), dir.path().join("alice-key.pem"));
+    std::fs::write(&cert, profile["identity"]["tls_cert_pem"].as_str().unwrap()).unwrap();
+    std::fs::write(&key, profile["identity"]["tls_key_pem"].as_str().unwrap()).unwrap();
+    let out = Command::new(require("curl", "curl"))
+        .args(["-sSk", "--max-time", "30", "-w", "\n%{http_code}", "--cert"])
+        .arg(&cert)
+        .arg("--key")
+        .arg(&key)
+        .arg(format!("https://{kube}/api"))
+        .output_within(common::wait::STEP, "curl to kube_listen_addr without SNI")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.ends_with("\n400") && text.contains("no Kubernetes cluster named"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The header-echoing app (`tests/apps/echo_headers.py`) on a port it picks; returns its port.
