@@ -296,8 +296,8 @@ pub struct SignedIn {
 }
 
 /// Signs `request.user` in through the proxy (`HTTPS_PROXY`/`NO_PROXY` honoured): asks
-/// `/webapi/ping` how the proxy routes (TLS routing, its SSH and Kubernetes entries), signs in with `password`
-/// and lists the nodes the user may reach for `known_hosts`.
+/// `/webapi/ping` how the proxy routes (TLS routing, its SSH and Kubernetes entries), signs in
+/// with `password` and lists the nodes the user may reach for `known_hosts`.
 pub async fn sign_in(request: SignIn, password: &Secret) -> Result<SignedIn, Error> {
     let proxy = request.proxy.to_string();
     let ca = request.ca_pem.as_deref();
