@@ -489,7 +489,7 @@ impl Drop for Streaming {
 /// directly (keeping the fake honest) and then through svc (`tsh kube login`'s kubeconfig →
 /// the proxy's Kubernetes route → tunnel → agent → API server) with the same results: `exec`
 /// (WebSocket `v5.channel.k8s.io`, with and without stdin, and a failing command's exit
-/// code; SPDY/3.1 `v4.channel.k8s.io` as older clients use), `cp` both ways (tar through exec), `port-forward` (SPDY/3.1 in WebSocket and bare)
+/// code; SPDY/3.1 `v4.channel.k8s.io` as older clients use), `attach -i`, `cp` both ways (tar through exec), `port-forward` (SPDY/3.1 in WebSocket and bare)
 /// carrying curl's requests to a local HTTP server, `logs -f` receiving a line appended while it
 /// follows, and `get -w` receiving an event.
 #[test]
@@ -501,7 +501,7 @@ fn kubectl_exec_cp_logs_follow_and_watch_through_the_kube_route() {
     let pod = |name: &str| {
         serde_json::json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default"},
-            "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]},
+            "spec": {"containers": [{"name": "main", "image": "busybox:1.36", "command": ["cat"]}]},
             "status": {"phase": "Running"}})
     };
     api.insert(pod("web"));
@@ -568,6 +568,12 @@ fn kubectl_exec_cp_logs_follow_and_watch_through_the_kube_route() {
         assert_eq!(
             ok(&["exec", "-i", "web", "--", "cat"], Some("through stdin\n")),
             "through stdin\n",
+            "{how}"
+        );
+        // attach: to the container's command (cat), kubectl's stdin in, its output back.
+        assert_eq!(
+            ok(&["attach", "-i", "web"], Some("attached\n")),
+            "attached\n",
             "{how}"
         );
         let out = run(&["exec", "web", "--", "sh", "-c", "exit 3"], None);

@@ -567,9 +567,30 @@ async fn kubectl_exec_and_logs_follow() {
     let k = Kubectl::new(&api);
     api.insert(json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "web", "namespace": "svc"},
-        "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]},
+        "spec": {"containers": [{"name": "main", "image": "busybox:1.36", "command": ["cat"]}]},
         "status": {"phase": "Running"}}));
     assert_eq!(k.run(&["exec", "web", "--", "echo", "hi"]).await, "hi\n");
+    // attach: the container's command (cat) with kubectl's stdin.
+    let mut attach = k.command(&["attach", "-i", "web"]);
+    attach
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = attach.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"attached\n")
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = within(
+        Duration::from_secs(60),
+        "kubectl attach finishing",
+        child.wait_with_output(),
+    )
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "attached\n");
     // Over SPDY/3.1 (v4.channel.k8s.io) too, stdin ending with its stream.
     let mut spdy = k.command(&["exec", "-i", "web", "--", "sh", "-c", "cat; echo err >&2"]);
     spdy.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
@@ -595,10 +616,10 @@ async fn kubectl_exec_and_logs_follow() {
     let exec_upgrades: Vec<String> = api
         .requests()
         .into_iter()
-        .filter(|r| r.path.ends_with("/exec"))
+        .filter(|r| r.path.ends_with("/exec") || r.path.ends_with("/attach"))
         .map(|r| r.upgrade)
         .collect();
-    assert_eq!(exec_upgrades, ["websocket", "SPDY/3.1"]);
+    assert_eq!(exec_upgrades, ["websocket", "websocket", "SPDY/3.1"]);
 
     let mut cat = k.command(&["exec", "-i", "web", "--", "cat"]);
     cat.stdin(Stdio::piped())

@@ -1,6 +1,7 @@
 //! The fake's pod subresources, as the kubelet would serve them behind the API server:
 //!
-//! - `exec`: WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io`) with kubectl's channel
+//! - `exec` and `attach` (which runs the container's `command` and `args` for the session):
+//!   WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io`) with kubectl's channel
 //!   framing (each binary message starts with its stream id: 0 stdin, 1 stdout, 2 stderr,
 //!   3 the final `Status`; in v5, a client message `[255, 0]` closes stdin). The "container" is
 //!   this machine: the command runs as a local process, so `kubectl exec -- echo hi`,
@@ -43,7 +44,7 @@ pub(super) fn subresource(path: &str) -> Option<(String, String, String)> {
             ns,
             "pods",
             name,
-            sub @ ("exec" | "log" | "portforward"),
+            sub @ ("exec" | "attach" | "log" | "portforward"),
         ] => Some(((*ns).to_owned(), (*name).to_owned(), (*sub).to_owned())),
         _ => None,
     }
@@ -71,19 +72,20 @@ pub(super) async fn serve(
     name: &str,
     sub: &str,
 ) -> Response<Body> {
-    let exists = state
+    let pod = state
         .inner
         .lock()
         .unwrap()
         .objects
-        .contains_key(&("pods", ns.to_owned(), name.to_owned()));
-    if !exists {
+        .get(&("pods", ns.to_owned(), name.to_owned()))
+        .cloned();
+    let Some(pod) = pod else {
         return status(
             StatusCode::NOT_FOUND,
             "NotFound",
             format!("pods \"{name}\" not found"),
         );
-    }
+    };
     let query = req.uri().query().unwrap_or("").to_owned();
     if sub == "log" {
         return log_response(state, ns, name, flag(&query, "follow"));
@@ -91,7 +93,25 @@ pub(super) async fn serve(
     if sub == "portforward" {
         return portforward(req);
     }
-    if let Some(resp) = exec_over_spdy(&mut req, &query) {
+    // attach: the container's own command (`command` and `args` of the container named by
+    // `container`, else the first), run for the session.
+    let command = if sub == "attach" {
+        let containers = pod["spec"]["containers"].as_array().cloned().unwrap_or_default();
+        let wanted = all_values(&query, "container");
+        let container = containers
+            .iter()
+            .find(|c| wanted.first().is_none_or(|w| c["name"] == w.as_str()))
+            .cloned()
+            .unwrap_or_default();
+        ["command", "args"]
+            .iter()
+            .flat_map(|k| container[k].as_array().cloned().unwrap_or_default())
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    } else {
+        all_values(&query, "command")
+    };
+    if let Some(resp) = exec_over_spdy(&mut req, &query, command.clone()) {
         return resp;
     }
     let websocket = req
@@ -124,7 +144,6 @@ pub(super) async fn serve(
             ),
         );
     };
-    let command = all_values(&query, "command");
     if command.is_empty() {
         return status(
             StatusCode::BAD_REQUEST,
@@ -146,7 +165,7 @@ pub(super) async fn serve(
 
 /// An exec over bare SPDY/3.1 offering `v4.channel.k8s.io`: switches and runs the command
 /// over SPDY streams (see [`super::spdy`]). `None` when `req` is no such offer.
-fn exec_over_spdy(req: &mut Request<Incoming>, query: &str) -> Option<Response<Body>> {
+fn exec_over_spdy(req: &mut Request<Incoming>, query: &str, command: Vec<String>) -> Option<Response<Body>> {
     let h = req.headers();
     let spdy = h
         .get(header::UPGRADE)
@@ -161,7 +180,7 @@ fn exec_over_spdy(req: &mut Request<Incoming>, query: &str) -> Option<Response<B
         return None;
     }
     let exec = super::spdy::Exec {
-        command: all_values(query, "command"),
+        command,
         stdin: flag(query, "stdin"),
         stdout: flag(query, "stdout"),
         stderr: flag(query, "stderr"),
