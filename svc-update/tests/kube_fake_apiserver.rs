@@ -1,5 +1,6 @@
 //! Keeps the fake API server honest: the real `kubectl` (`/usr/bin/kubectl`, `--validate=false`)
-//! creates, gets, annotates, patches, deletes and watches through it, and the updater
+//! creates, gets, annotates, patches, deletes and watches through it, execs, attaches,
+//! port-forwards (WebSocket and SPDY/3.1) and follows logs, and the updater
 //! controller reacts to `kubectl annotate` exactly as the documentation says.
 
 mod support;
