@@ -8,6 +8,8 @@
 //! naming the resource.
 
 mod common;
+#[path = "../../svc-update/tests/support/mod.rs"]
+mod support;
 
 use svc_testkit::wait::OutputWithin;
 
@@ -411,9 +413,312 @@ fn kubectl_with_the_kubeconfig_from_tsh_kube_login() {
     assert_eq!(json["path"], "/api/v1/namespaces/default");
 }
 
+/// `kubectl` on a stream of its own: each line of its standard output on a channel, its
+/// standard error in a file.
+struct Streaming {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    stderr: PathBuf,
+}
+
+impl Streaming {
+    fn start(kubectl: &Path, kubeconfig: &Path, args: &[&str], stderr: PathBuf) -> Streaming {
+        Streaming::start_with(kubectl, kubeconfig, args, &[], stderr)
+    }
+
+    fn start_with(
+        kubectl: &Path,
+        kubeconfig: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr: PathBuf,
+    ) -> Streaming {
+        let mut child = Command::new(kubectl)
+            .envs(env.iter().copied())
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Streaming { child, lines, stderr }
+    }
+
+    /// Reads lines until `expected` (earlier ones are state from before), each within
+    /// [`common::wait::STEP`].
+    fn until(&self, expected: &str, what: &str) {
+        self.first(what, |line| (line == expected).then_some(()));
+    }
+
+    /// The first line `pick` takes (each line within [`common::wait::STEP`]).
+    fn first<T>(&self, what: &str, pick: impl Fn(&str) -> Option<T>) -> T {
+        loop {
+            let line = self.lines.recv_timeout(common::wait::STEP).unwrap_or_else(|e| {
+                panic!(
+                    "{what}: no such line ({e}); kubectl: {}",
+                    std::fs::read_to_string(&self.stderr).unwrap_or_default()
+                )
+            });
+            if let Some(found) = pick(&line) {
+                return found;
+            }
+        }
+    }
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The kubectl commands that switch protocols or stream, run against the fake API server
+/// directly (keeping the fake honest) and then through svc (`tsh kube login`'s kubeconfig →
+/// the proxy's Kubernetes route → tunnel → agent → API server) with the same results: `exec`
+/// (WebSocket `v5.channel.k8s.io`, with and without stdin, and a failing command's exit
+/// code; SPDY/3.1 `v4.channel.k8s.io` as older clients use), `attach -i`, `cp` both ways (tar through exec), `port-forward` (SPDY/3.1 in WebSocket and bare)
+/// carrying curl's requests to a local HTTP server, `logs -f` receiving a line appended while it
+/// follows, and `get -w` receiving an event.
+#[test]
+fn kubectl_exec_cp_logs_follow_and_watch_through_the_kube_route() {
+    let kubectl = require("kubectl", "kubectl");
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt.block_on(support::fake_apiserver::FakeApiServer::start());
+    let pod = |name: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"containers": [{"name": "main", "image": "busybox:1.36", "command": ["cat"]}]},
+            "status": {"phase": "Running"}})
+    };
+    api.insert(pod("web"));
+    let services = format!(
+        "kubernetes_service:\n  enabled: true\n  kube_cluster_name: lab\n  api_url: {}\n",
+        api.url()
+    );
+    let cluster = Cluster::start_extra("info", &services);
+    cluster
+        .tctl_admin(
+            &["users", "add", "alice", "--roles=access", "--password-stdin"],
+            Some(PASSWORD),
+        )
+        .ok();
+    let alice = User::login(&cluster, "alice");
+    let export = alice.tsh(&["kube", "login", "lab"]);
+    let through_svc = PathBuf::from(
+        export
+            .trim()
+            .strip_prefix("export KUBECONFIG=")
+            .expect("export line"),
+    );
+    let site = dir.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("hello.txt"), "hello through port-forward\n").unwrap();
+    let (_http, http_port) = http_server(&site);
+    let direct = dir.path().join("direct.kubeconfig");
+    std::fs::write(&direct, api.kubeconfig("default")).unwrap();
+
+    for (how, kubeconfig) in [("direct", &direct), ("svc", &through_svc)] {
+        let run = |args: &[&str], stdin: Option<&str>| -> std::process::Output {
+            let mut cmd = Command::new(&kubectl);
+            cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
+            let what = format!("kubectl {args:?} ({how})");
+            match stdin {
+                None => cmd.output_within(common::wait::STEP, &what).unwrap(),
+                Some(text) => {
+                    let mut child = cmd
+                        .stdin(Stdio::piped())
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::piped())
+                        .spawn()
+                        .unwrap();
+                    let mut input = child.stdin.take().unwrap();
+                    input.write_all(text.as_bytes()).unwrap();
+                    drop(input);
+                    svc_testkit::wait::output_within(child, common::wait::STEP, &what)
+                }
+            }
+        };
+        let ok = |args: &[&str], stdin: Option<&str>| -> String {
+            let out = run(args, stdin);
+            assert!(
+                out.status.success(),
+                "kubectl {args:?} ({how}): {}\nsvc: {}",
+                String::from_utf8_lossy(&out.stderr),
+                cluster.stderr()
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+
+        // exec: output, stdin (closed by the v5 close signal), a failing command's exit code.
+        assert_eq!(ok(&["exec", "web", "--", "echo", "hi"], None), "hi\n", "{how}");
+        assert_eq!(
+            ok(&["exec", "-i", "web", "--", "cat"], Some("through stdin\n")),
+            "through stdin\n",
+            "{how}"
+        );
+        // attach: to the container's command (cat), kubectl's stdin in, its output back.
+        assert_eq!(
+            ok(&["attach", "-i", "web"], Some("attached\n")),
+            "attached\n",
+            "{how}"
+        );
+        let out = run(&["exec", "web", "--", "sh", "-c", "exit 3"], None);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{how}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        // exec over SPDY/3.1 (v4.channel.k8s.io), as older clients do: stdin, stdout, stderr.
+        let mut child = Command::new(&kubectl)
+            .env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["exec", "-i", "web", "--", "sh", "-c", "cat; echo err >&2"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(b"over spdy\n").unwrap();
+        drop(input);
+        let out = svc_testkit::wait::output_within(child, common::wait::STEP, "kubectl exec over SPDY");
+        assert!(
+            out.status.success(),
+            "{how}: {}\nsvc: {}",
+            String::from_utf8_lossy(&out.stderr),
+            cluster.stderr()
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "over spdy\n", "{how}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n", "{how}");
+        let last_exec = api
+            .requests()
+            .into_iter()
+            .rfind(|r| r.path.ends_with("/exec"))
+            .map(|r| r.upgrade);
+        assert_eq!(last_exec.as_deref(), Some("SPDY/3.1"), "{how}");
+
+        // cp both ways: kubectl runs tar in the "pod" through exec.
+        let local = dir.path().join(format!("local-{how}.txt"));
+        std::fs::write(&local, format!("copied {how}\n")).unwrap();
+        let in_pod = dir.path().join(format!("pod-{how}"));
+        std::fs::create_dir_all(&in_pod).unwrap();
+        let in_pod_file = in_pod.join("copy.txt");
+        ok(
+            &[
+                "cp",
+                &local.to_string_lossy(),
+                &format!("web:{}", in_pod_file.display()),
+            ],
+            None,
+        );
+        assert_eq!(
+            std::fs::read_to_string(&in_pod_file).unwrap(),
+            format!("copied {how}\n")
+        );
+        let back = dir.path().join(format!("back-{how}.txt"));
+        ok(
+            &[
+                "cp",
+                &format!("web:{}", in_pod_file.display()),
+                &back.to_string_lossy(),
+            ],
+            None,
+        );
+        assert_eq!(std::fs::read_to_string(&back).unwrap(), format!("copied {how}\n"));
+
+        // port-forward, over SPDY/3.1 tunnelled in WebSocket (kubectl's default) and bare
+        // SPDY/3.1: curl through kubectl's local port reaches the "pod's" HTTP server.
+        for (websockets, upgrade) in [("true", "websocket"), ("false", "SPDY/3.1")] {
+            let forward = Streaming::start_with(
+                &kubectl,
+                kubeconfig,
+                &["port-forward", "pod/web", &format!(":{http_port}")],
+                &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", websockets)],
+                dir.path().join(format!("port-forward-{how}-{websockets}.err")),
+            );
+            let local: u16 = forward.first("kubectl port-forward listening", |line| {
+                line.strip_prefix("Forwarding from 127.0.0.1:")
+                    .and_then(|r| r.split(' ').next())
+                    .and_then(|p| p.parse().ok())
+            });
+            for _ in 0..2 {
+                let out = Command::new(require("curl", "curl"))
+                    .args(["-sS", "--max-time", "30"])
+                    .arg(format!("http://127.0.0.1:{local}/hello.txt"))
+                    .output_within(common::wait::STEP, "curl through kubectl port-forward")
+                    .unwrap();
+                assert_eq!(
+                    String::from_utf8_lossy(&out.stdout),
+                    "hello through port-forward\n",
+                    "{how} ({upgrade}): curl: {}\nkubectl: {}\nsvc: {}",
+                    String::from_utf8_lossy(&out.stderr),
+                    std::fs::read_to_string(&forward.stderr).unwrap_or_default(),
+                    cluster.stderr()
+                );
+            }
+            drop(forward);
+            let seen: Vec<String> = api
+                .requests()
+                .into_iter()
+                .filter(|r| r.path.ends_with("/portforward"))
+                .map(|r| r.upgrade)
+                .collect();
+            assert_eq!(seen.last().map(String::as_str), Some(upgrade), "{how}: {seen:?}");
+        }
+
+        // logs -f: a line appended while kubectl follows arrives while the stream stays open.
+        api.append_log("default", "web", &format!("{how} one"));
+        let logs = Streaming::start(
+            &kubectl,
+            kubeconfig,
+            &["logs", "-f", "web"],
+            dir.path().join(format!("logs-{how}.err")),
+        );
+        logs.until(&format!("{how} one"), "kubectl logs -f, the first lines");
+        api.append_log("default", "web", &format!("{how} two"));
+        logs.until(&format!("{how} two"), "kubectl logs -f, the appended line");
+        drop(logs);
+
+        // get -w: an event after the watch opened arrives.
+        let watches = api.open_watches();
+        let watch = Streaming::start(
+            &kubectl,
+            kubeconfig,
+            &["get", "pods", "-w", "-o", "name"],
+            dir.path().join(format!("watch-{how}.err")),
+        );
+        watch.until("pod/web", "kubectl get -w, the initial list");
+        common::wait::wait_until(common::wait::STEP, "kubectl's watch is open", || {
+            api.open_watches() > watches
+        });
+        let name = format!("added-{how}");
+        api.insert(pod(&name));
+        watch.until(&format!("pod/{name}"), "kubectl get -w, the event");
+    }
+    drop(rt);
+}
+
 /// Separate ports (TLS routing off): `ping`'s database members name listeners that really
-/// answer (Postgres takes an SSLRequest, MySQL, MongoDB and Redis accept TLS), and the local proxies
-/// still work through the web port.
+/// answer (Postgres takes an SSLRequest, MySQL, MongoDB and Redis accept TLS), the local
+/// proxies still work through the web port, and `kube_listen_addr` is bound: `tsh kube login`
+/// points kubectl at it and kubectl gets through.
 #[test]
 fn separate_ports_are_what_ping_says_and_local_proxies_still_work() {
     let dir = tempfile::tempdir().unwrap();
@@ -421,10 +726,15 @@ fn separate_ports_are_what_ping_says_and_local_proxies_still_work() {
     std::fs::create_dir_all(&site).unwrap();
     std::fs::write(site.join("hello.txt"), "hello from the app\n").unwrap();
     let (_http, http_port) = http_server(&site);
+    let api = KubeApi::start(dir.path(), "separate-mode-token");
     let services = format!(
         "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\n  proxy_listener_mode: separate\n\
-proxy_service:\n  web_listen_addr: 127.0.0.1:0\n  listen_addr: 127.0.0.1:0\n  tunnel_listen_addr: 127.0.0.1:0\n  postgres_listen_addr: 127.0.0.1:0\n  mysql_listen_addr: 127.0.0.1:0\n  mongo_listen_addr: 127.0.0.1:0\n  redis_listen_addr: 127.0.0.1:0\n\
-app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1:{http_port}\n"
+proxy_service:\n  web_listen_addr: 127.0.0.1:0\n  listen_addr: 127.0.0.1:0\n  tunnel_listen_addr: 127.0.0.1:0\n  postgres_listen_addr: 127.0.0.1:0\n  mysql_listen_addr: 127.0.0.1:0\n  mongo_listen_addr: 127.0.0.1:0\n  redis_listen_addr: 127.0.0.1:0\n  kube_listen_addr: 127.0.0.1:0\n\
+app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1:{http_port}\n\
+kubernetes_service:\n  enabled: true\n  kube_cluster_name: lab\n  api_url: https://127.0.0.1:{}\n  ca_file: {}\n  token_file: {}\n",
+        api.port,
+        api.ca_file.display(),
+        api.token_file.display()
     );
     let cluster = Cluster::start_with(tempfile::tempdir().unwrap(), "info", &services);
     let out = Command::new(require("curl", "curl"))
@@ -484,6 +794,67 @@ app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1
         String::from_utf8_lossy(&out.stderr),
         std::fs::read_to_string(&app_err).unwrap_or_default(),
         cluster.stderr()
+    );
+
+    // The Kubernetes listener: advertised with the port bound, and what the kubeconfig uses.
+    let kube = p["kube"]["public_addr"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        p["kube"]["enabled"] == true && kube.starts_with("127.0.0.1:") && !kube.ends_with(":0"),
+        "{ping}"
+    );
+    assert_ne!(kube, cluster.web_addr, "{ping}");
+    let export = alice.tsh(&["kube", "login", "lab"]);
+    let kubeconfig = export
+        .trim()
+        .strip_prefix("export KUBECONFIG=")
+        .expect("export line")
+        .to_owned();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&kubeconfig).unwrap()).unwrap();
+    assert_eq!(
+        config["clusters"][0]["cluster"]["server"],
+        format!("https://{kube}"),
+        "{config}"
+    );
+    let out = Command::new(require("kubectl", "kubectl"))
+        .args([
+            "--kubeconfig",
+            &kubeconfig,
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default",
+        ])
+        .output_within(common::wait::STEP, "kubectl get --raw via kube_listen_addr")
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl: {}\nsvc: {}",
+        String::from_utf8_lossy(&out.stderr),
+        cluster.stderr()
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["user"], "alice");
+    assert_eq!(json["path"], "/api/v1/namespaces/default");
+
+    // Without the SNI naming the cluster, the listener says what is missing.
+    let profile: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(alice.home.join("profile.json")).unwrap()).unwrap();
+    let (cert, key) = (dir.path().join("alice.pem"), dir.path().join("alice-key.pem"));
+    std::fs::write(&cert, profile["identity"]["tls_cert_pem"].as_str().unwrap()).unwrap();
+    std::fs::write(&key, profile["identity"]["tls_key_pem"].as_str().unwrap()).unwrap();
+    let out = Command::new(require("curl", "curl"))
+        .args(["-sSk", "--max-time", "30", "-w", "\n%{http_code}", "--cert"])
+        .arg(&cert)
+        .arg("--key")
+        .arg(&key)
+        .arg(format!("https://{kube}/api"))
+        .output_within(common::wait::STEP, "curl to kube_listen_addr without SNI")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.ends_with("\n400") && text.contains("no Kubernetes cluster named"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 

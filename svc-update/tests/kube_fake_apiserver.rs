@@ -1,5 +1,6 @@
 //! Keeps the fake API server honest: the real `kubectl` (`/usr/bin/kubectl`, `--validate=false`)
-//! creates, gets, annotates, patches, deletes and watches through it, and the updater
+//! creates, gets, annotates, patches, deletes and watches through it, execs, attaches,
+//! port-forwards (WebSocket and SPDY/3.1) and follows logs, and the updater
 //! controller reacts to `kubectl annotate` exactly as the documentation says.
 
 mod support;
@@ -557,4 +558,206 @@ async fn kubectl_replace_of_a_stale_secret_is_a_conflict() {
         .run(&["get", "secret", "svc-agent-0-state", "-o", "jsonpath={.data.a}"])
         .await;
     assert_eq!(value, "Mg==", "the newer value stays");
+}
+
+/// The pod subresources: `kubectl exec` over WebSocket (v5) runs the command, stdin included,
+/// and `kubectl logs -f` streams each line as it is appended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_exec_and_logs_follow() {
+    let api = FakeApiServer::start().await;
+    let k = Kubectl::new(&api);
+    api.insert(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "svc"},
+        "spec": {"containers": [{"name": "main", "image": "busybox:1.36", "command": ["cat"]}]},
+        "status": {"phase": "Running"}}));
+    assert_eq!(k.run(&["exec", "web", "--", "echo", "hi"]).await, "hi\n");
+    // attach: the container's command (cat) with kubectl's stdin.
+    let mut attach = k.command(&["attach", "-i", "web"]);
+    attach
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = attach.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"attached\n")
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = within(
+        Duration::from_secs(60),
+        "kubectl attach finishing",
+        child.wait_with_output(),
+    )
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "attached\n");
+    // Over SPDY/3.1 (v4.channel.k8s.io) too, stdin ending with its stream.
+    let mut spdy = k.command(&["exec", "-i", "web", "--", "sh", "-c", "cat; echo err >&2"]);
+    spdy.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = spdy.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"over spdy\n")
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = within(
+        Duration::from_secs(60),
+        "kubectl exec over SPDY finishing",
+        child.wait_with_output(),
+    )
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "over spdy\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n");
+    let exec_upgrades: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/exec") || r.path.ends_with("/attach"))
+        .map(|r| r.upgrade)
+        .collect();
+    assert_eq!(exec_upgrades, ["websocket", "websocket", "SPDY/3.1"]);
+
+    let mut cat = k.command(&["exec", "-i", "web", "--", "cat"]);
+    cat.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cat.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"through stdin\n")
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = within(
+        Duration::from_secs(60),
+        "kubectl exec -i cat finishing",
+        child.wait_with_output(),
+    )
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "through stdin\n");
+
+    let out = k.command(&["exec", "web", "--", "false"]).output().await.unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    api.append_log("svc", "web", "first line");
+    let mut child = k
+        .command(&["logs", "-f", "web"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = async || {
+        within(
+            Duration::from_secs(30),
+            "kubectl logs -f printing a line",
+            lines.next_line(),
+        )
+        .await
+        .unwrap()
+        .expect("kubectl logs -f ended")
+    };
+    assert_eq!(next().await, "first line");
+    api.append_log("svc", "web", "second line");
+    assert_eq!(next().await, "second line");
+    child.kill().await.unwrap();
+}
+
+/// `kubectl port-forward` carries an HTTP request to a port of the "pod" (this machine), over
+/// SPDY/3.1 tunnelled in WebSocket (kubectl's default) and bare SPDY/3.1
+/// (`KUBECTL_PORT_FORWARD_WEBSOCKETS=false`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_port_forward_carries_a_request() {
+    let api = FakeApiServer::start().await;
+    let k = Kubectl::new(&api);
+    api.insert(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "svc"},
+        "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]},
+        "status": {"phase": "Running"}}));
+    let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target_port = target.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = target.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buf = vec![0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nfrom the pod",
+                    )
+                    .await;
+            });
+        }
+    });
+    for websockets in ["true", "false"] {
+        let log = k.dir.path().join(format!("port-forward-{websockets}.log"));
+        let mut child = k
+            .command(&["port-forward", "pod/web", &format!(":{target_port}")])
+            .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", websockets)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        // "Forwarding from 127.0.0.1:<local> -> <target>"
+        let line = within(
+            Duration::from_secs(30),
+            "kubectl port-forward listening",
+            lines.next_line(),
+        )
+        .await
+        .unwrap()
+        .expect("kubectl port-forward ended");
+        let local: u16 = line
+            .strip_prefix("Forwarding from 127.0.0.1:")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected port-forward line {line:?}"));
+        let out = within(
+            Duration::from_secs(60),
+            "curl through kubectl port-forward",
+            tokio::process::Command::new("curl")
+                .args(["-sS", "--max-time", "30"])
+                .arg(format!("http://127.0.0.1:{local}/"))
+                .output(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "from the pod",
+            "websockets {websockets}: curl: {}\nkubectl: {}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap()
+        );
+        child.kill().await.unwrap();
+        let upgrades: Vec<String> = api
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.ends_with("/portforward"))
+            .map(|r| r.upgrade)
+            .collect();
+        let expected = if websockets == "true" {
+            "websocket"
+        } else {
+            "SPDY/3.1"
+        };
+        assert_eq!(
+            upgrades.last().map(String::as_str),
+            Some(expected),
+            "{upgrades:?}"
+        );
+    }
 }

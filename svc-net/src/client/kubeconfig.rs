@@ -1,6 +1,8 @@
 //! `tsh kube login`: a kubeconfig that points `kubectl` at a Kubernetes cluster through the
-//! proxy — the proxy's web address with the TLS server name `kube-svc-proxy-alpn.<cluster>`
-//! (the proxy routes on it) and the user's certificate and key from the `tsh` profile.
+//! proxy — the proxy's web address (in separate listener mode its Kubernetes listener,
+//! `kube_listen_addr`, when it has one) with the TLS server name
+//! `kube-svc-proxy-alpn.<cluster>` (the proxy routes on it) and the user's certificate and key
+//! from the `tsh` profile.
 
 use base64::Engine;
 
@@ -15,7 +17,7 @@ pub fn kubeconfig(profile: &Profile, cluster: &str) -> Result<String, Error> {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
     let context = format!("{}-{cluster}", profile.identity.cluster);
     let mut cluster_entry = serde_json::json!({
-        "server": format!("https://{}", profile.proxy),
+        "server": format!("https://{}", profile.kube_proxy_addr.as_ref().unwrap_or(&profile.proxy)),
         "tls-server-name": format!("{KUBE_SNI_PREFIX}{cluster}"),
     });
     if let Some(pem) = &profile.ca_pem {

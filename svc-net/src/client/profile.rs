@@ -54,6 +54,10 @@ pub struct Profile {
     /// Without TLS routing: the proxy's SSH entry for clients (`proxy.ssh.ssh_public_addr`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_proxy_addr: Option<String>,
+    /// Without TLS routing: the proxy's Kubernetes listener (`proxy.kube.public_addr`, from
+    /// `kube_listen_addr`), which `tsh kube login` points kubectl at; the web port otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_proxy_addr: Option<String>,
     /// The node names the user could reach when `known_hosts` was last written (`tsh login`,
     /// `tsh ls`): the host patterns its `@cert-authority` lines are limited to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -292,8 +296,8 @@ pub struct SignedIn {
 }
 
 /// Signs `request.user` in through the proxy (`HTTPS_PROXY`/`NO_PROXY` honoured): asks
-/// `/webapi/ping` how the proxy routes (TLS routing, its SSH entry), signs in with `password`
-/// and lists the nodes the user may reach for `known_hosts`.
+/// `/webapi/ping` how the proxy routes (TLS routing, its SSH and Kubernetes entries), signs in
+/// with `password` and lists the nodes the user may reach for `known_hosts`.
 pub async fn sign_in(request: SignIn, password: &Secret) -> Result<SignedIn, Error> {
     let proxy = request.proxy.to_string();
     let ca = request.ca_pem.as_deref();
@@ -314,6 +318,10 @@ pub async fn sign_in(request: SignIn, password: &Secret) -> Result<SignedIn, Err
         .then(|| ping["proxy"]["ssh"]["ssh_public_addr"].as_str())
         .flatten()
         .map(|a| super::ssh::reachable(a, &proxy));
+    let kube_proxy_addr = (!tls_routing && ping["proxy"]["kube"]["enabled"].as_bool() == Some(true))
+        .then(|| ping["proxy"]["kube"]["public_addr"].as_str())
+        .flatten()
+        .map(|a| super::ssh::reachable(a, &proxy));
     let (known_nodes, known_nodes_error) = match reachable_nodes(&identity).await {
         Ok(nodes) => (nodes, None),
         Err(e) => (Vec::new(), Some(e)),
@@ -328,6 +336,7 @@ pub async fn sign_in(request: SignIn, password: &Secret) -> Result<SignedIn, Err
                 .map(|pem| String::from_utf8_lossy(&pem).into_owned()),
             tls_routing: Some(tls_routing),
             ssh_proxy_addr,
+            kube_proxy_addr,
             known_nodes,
         },
         known_nodes_error,

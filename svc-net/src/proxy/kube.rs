@@ -7,7 +7,12 @@
 //! `Impersonate-Group` per role. A refusal is answered per request with a Kubernetes `Status`
 //! (403) naming the cluster. The agent's end is `agent::services::KubeAgent`.
 //!
-//! Limits: HTTP/1.1 only; connection upgrades (`kubectl exec`, `port-forward`) are not relayed.
+//! Connection upgrades (`kubectl exec`, `attach`, `cp` over WebSocket `v5.channel.k8s.io` and
+//! its predecessors, `port-forward` and older clients over `SPDY/3.1`) are relayed: the agent's
+//! `101 Switching Protocols` goes back to the client, then bytes flow both ways until either
+//! side closes. Responses are streamed as they arrive (`watch`, `logs -f`), never collected.
+//!
+//! Limits: HTTP/1.1 only (kubectl's default for an upgrade or a watch).
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -24,9 +29,13 @@ use tower::BoxError;
 use crate::io::{ConnFuture, ConnService, Connection, conn_service};
 use crate::proxy::cache::RouteResolver;
 use crate::route::alpn;
-use crate::services::kube::{Body, status};
+use crate::services::kube::{Body, client_upgrade, relay_upgrade, status};
 use crate::tls::{ServerIdentity, TlsError};
 use crate::tunnel::{DialRequest, TunnelDialer};
+
+/// The HTTP/1.1 connection to the agent over one tunnel stream, shared by the requests of one
+/// client connection (one at a time).
+type AgentSender = tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>;
 
 /// The proxy's Kubernetes entry (see the module docs). Cheap to clone.
 #[derive(Clone)]
@@ -109,36 +118,17 @@ impl KubeProxy {
             .collect();
         let user = self.verifier.verify_user_x509(&chain, SystemTime::now())?;
         let leaf = chain.first().map(|c| c.to_vec()).unwrap_or_default();
-        let auth = &self.auth;
-        let route = auth.resolve_resource(ServedKind::Kube, &cluster, &leaf).await;
-        let upstream = match route {
-            Ok(Ok(route)) => {
-                let dial = DialRequest {
-                    address: cluster.clone(),
-                    server_id: route.server_id,
-                    conn_type: ServedKind::Kube,
-                    client_src_addr: peer.to_string(),
-                    client_dst_addr: local.to_string(),
-                    db_route: None,
-                };
-                match self.dialer.dial(dial).await {
-                    Ok(stream) => {
-                        let (sender, conn) =
-                            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-                        tokio::spawn(conn);
-                        Ok(Arc::new(tokio::sync::Mutex::new(sender)))
-                    }
-                    Err(e) => Err((
-                        StatusCode::BAD_GATEWAY,
-                        format!("kube_cluster \"{cluster}\": {e}"),
-                    )),
-                }
-            }
-            Ok(Err(denied)) => {
-                tracing::info!(%peer, user = %user.username, %cluster, reason = %denied, "kubernetes access refused");
-                Err((StatusCode::FORBIDDEN, denied))
-            }
-            Err(e) => Err((StatusCode::BAD_GATEWAY, format!("asking the Auth Service: {e}"))),
+        let upstream = if cluster.is_empty() {
+            // `kube_listen_addr` reached without the SNI that names the cluster.
+            Err((
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "no Kubernetes cluster named: connect with the TLS server name {}<kube cluster> (tsh kube login writes it as tls-server-name)",
+                    alpn::KUBE_SNI_PREFIX
+                ),
+            ))
+        } else {
+            self.upstream(&cluster, &leaf, &user, peer, local).await
         };
         let user = Arc::new(user);
         let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -147,10 +137,10 @@ impl KubeProxy {
                 let resp = match upstream {
                     Ok(sender) => relay(&sender, &user, req).await,
                     Err((code, message)) => {
-                        let reason = if code == StatusCode::FORBIDDEN {
-                            "Forbidden"
-                        } else {
-                            "ServiceUnavailable"
+                        let reason = match code {
+                            StatusCode::FORBIDDEN => "Forbidden",
+                            StatusCode::BAD_REQUEST => "BadRequest",
+                            _ => "ServiceUnavailable",
                         };
                         status(code, reason, &message)
                     }
@@ -160,17 +150,64 @@ impl KubeProxy {
         });
         hyper::server::conn::http1::Builder::new()
             .serve_connection(TokioIo::new(tls), svc)
+            .with_upgrades()
             .await?;
         Ok(())
     }
+
+    /// The agent's end for `cluster`: the route the Auth Service grants `user` (RBAC by
+    /// `kubernetes_labels`), dialled through the tunnel; or the status to answer with.
+    async fn upstream(
+        &self,
+        cluster: &str,
+        leaf: &[u8],
+        user: &UserIdentity,
+        peer: std::net::SocketAddr,
+        local: std::net::SocketAddr,
+    ) -> Result<Arc<AgentSender>, (StatusCode, String)> {
+        match self.auth.resolve_resource(ServedKind::Kube, cluster, leaf).await {
+            Ok(Ok(route)) => {
+                let dial = DialRequest {
+                    address: cluster.to_owned(),
+                    server_id: route.server_id,
+                    conn_type: ServedKind::Kube,
+                    client_src_addr: peer.to_string(),
+                    client_dst_addr: local.to_string(),
+                    db_route: None,
+                };
+                let unreachable = |e: String| {
+                    (
+                        StatusCode::BAD_GATEWAY,
+                        format!("kube_cluster \"{cluster}\": {e}"),
+                    )
+                };
+                let stream = self
+                    .dialer
+                    .dial(dial)
+                    .await
+                    .map_err(|e| unreachable(e.to_string()))?;
+                let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(|e| unreachable(e.to_string()))?;
+                tokio::spawn(async move {
+                    if let Err(e) = conn.with_upgrades().await {
+                        tracing::debug!(error = %e, "kubernetes tunnel stream ended");
+                    }
+                });
+                Ok(Arc::new(tokio::sync::Mutex::new(sender)))
+            }
+            Ok(Err(denied)) => {
+                tracing::info!(%peer, user = %user.username, %cluster, reason = %denied, "kubernetes access refused");
+                Err((StatusCode::FORBIDDEN, denied))
+            }
+            Err(e) => Err((StatusCode::BAD_GATEWAY, format!("asking the Auth Service: {e}"))),
+        }
+    }
 }
 
-/// Sends one client request to the agent with the user's identity as impersonation headers.
-async fn relay(
-    sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>,
-    user: &UserIdentity,
-    mut req: Request<Incoming>,
-) -> Response<Body> {
+/// Sends one client request to the agent with the user's identity as impersonation headers; an
+/// upgrade the agent accepts is relayed both ways.
+async fn relay(sender: &AgentSender, user: &UserIdentity, mut req: Request<Incoming>) -> Response<Body> {
     let headers = req.headers_mut();
     headers.remove(header::AUTHORIZATION);
     let impersonation: Vec<_> = headers
@@ -205,8 +242,12 @@ async fn relay(
             &format!("the agent's stream: {e}"),
         );
     }
+    let upgrade = client_upgrade(&mut req);
     match sender.send_request(req).await {
-        Ok(resp) => resp.map(BodyExt::boxed_unsync),
+        Ok(mut resp) => {
+            relay_upgrade(upgrade, &mut resp, "proxy");
+            resp.map(BodyExt::boxed_unsync)
+        }
         Err(e) => status(
             StatusCode::BAD_GATEWAY,
             "ServiceUnavailable",

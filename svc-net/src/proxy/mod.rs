@@ -303,6 +303,11 @@ impl ProxyBuilder {
                     &mut settings.ping.db.redis_listen_addr,
                     self.redis.clone(),
                 ),
+                (
+                    "kube_listen_addr",
+                    &mut settings.ping.kube_listen_addr,
+                    self.kube.clone(),
+                ),
             ] {
                 if let Some(addr) = addr {
                     extra.push((field, bind(field, addr).await?, handler));

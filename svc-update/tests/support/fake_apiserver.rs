@@ -5,13 +5,18 @@
 //! selectors), watch (from a `resourceVersion`, with `410 Gone` for one older than the last
 //! compaction), create, update (guarded by `resourceVersion`), delete, JSON merge patch and
 //! strategic-merge patch (maps merge; `containers`, `env`, `volumes`, … merge by their keys) for
-//! Pods, Secrets, Deployments, StatefulSets and Leases. Every request is recorded so tests can
+//! Pods, Secrets, Deployments, StatefulSets and Leases; and the pod subresources `exec`
+//! (WebSocket, the command running on this machine), `portforward` (SPDY/3.1, to this
+//! machine's ports) and `log` (following) — see [`pods`] and [`spdy`]. Every request is recorded so tests can
 //! assert that a resource was *not* written. [`FakeApiServer::kubelet`] stands in for the
 //! workload controllers and the kubelet where a test needs pods to follow an image change. The
 //! same server is exercised by the real `kubectl`
 //! in `kube_fake_apiserver.rs`, which keeps it honest.
 
 #![allow(dead_code, unreachable_pub)]
+
+mod pods;
+mod spdy;
 
 use std::{
     collections::BTreeMap,
@@ -114,6 +119,8 @@ pub struct Recorded {
     pub query: String,
     /// The Content-Type header, if any.
     pub content_type: String,
+    /// The Upgrade header (`websocket`, `SPDY/3.1`), if any.
+    pub upgrade: String,
 }
 
 #[derive(Debug, Clone)]
@@ -139,6 +146,8 @@ struct Inner {
     gone: usize,
     /// Watches that have sent their initial state and wait for changes.
     open_watches: usize,
+    /// (namespace, pod) → its log lines.
+    logs: BTreeMap<(String, String), Vec<String>>,
 }
 
 struct State {
@@ -147,6 +156,8 @@ struct State {
     rv_tx: watch::Sender<u64>,
     /// Bumped to end every open watch (as an API server restart would).
     epoch_tx: watch::Sender<u64>,
+    /// Bumped when a log line is appended, for followers.
+    log_tx: watch::Sender<u64>,
 }
 
 /// A running fake API server.
@@ -175,6 +186,7 @@ impl FakeApiServer {
             }),
             rv_tx: watch::channel(1).0,
             epoch_tx: watch::channel(0).0,
+            log_tx: watch::channel(0).0,
         });
         let st = state.clone();
         let task = tokio::spawn(async move {
@@ -189,7 +201,7 @@ impl FakeApiServer {
                         async move { Ok::<_, Infallible>(handle(st, req).await) }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .await;
                 });
             }
@@ -377,6 +389,19 @@ impl FakeApiServer {
         })
     }
 
+    /// Appends `line` to the log of pod `namespace/pod` (`kubectl logs`, followers get it at once).
+    pub fn append_log(&self, namespace: &str, pod: &str, line: &str) {
+        self.state
+            .inner
+            .lock()
+            .unwrap()
+            .logs
+            .entry((namespace.to_owned(), pod.to_owned()))
+            .or_default()
+            .push(line.to_owned());
+        self.state.log_tx.send_modify(|n| *n += 1);
+    }
+
     /// Ends every open watch stream, as an API server restart would.
     pub fn disconnect_watches(&self) {
         self.state.epoch_tx.send_modify(|e| *e += 1);
@@ -481,7 +506,16 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         path: path.clone(),
         query: query.clone(),
         content_type: content_type.clone(),
+        upgrade: req
+            .headers()
+            .get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned(),
     });
+    if let Some((ns, name, sub)) = pods::subresource(&path) {
+        return pods::serve(state, req, &ns, &name, &sub).await;
+    }
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),

@@ -5,7 +5,12 @@
 //! token (`token_file`, read per request so rotated tokens are picked up) over TLS verified
 //! with `ca_file`, keeping the proxy's `Impersonate-*` headers.
 //!
-//! Limits: HTTP/1.1 only; connection upgrades (`kubectl exec`, `port-forward`) are not relayed.
+//! Connection upgrades (WebSocket for `kubectl exec`, `attach` and `cp`; `SPDY/3.1` for
+//! `port-forward` and older clients) go to the API server like any request, and once it
+//! answers `101 Switching Protocols` the tunnel stream and the API server's connection are
+//! relayed both ways. Responses (`watch`, `logs -f`) are streamed as they arrive.
+//!
+//! Limits: HTTP/1.1 only.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,7 +25,7 @@ use tower::BoxError;
 
 use super::{AppTarget, ServiceError, tls_to};
 use crate::io::BoxIo;
-use crate::services::kube::{Body, status};
+use crate::services::kube::{Body, client_upgrade, relay_upgrade, status};
 use crate::tunnel::{DialRequest, DialService, dial_service_fn};
 
 /// The in-cluster API server and service-account files, used when `api_url` is not set.
@@ -96,7 +101,8 @@ impl KubeAgent {
         })
     }
 
-    /// Serves one request: the agent's credentials replace any the request carries.
+    /// Serves one request: the agent's credentials replace any the request carries; an upgrade
+    /// the API server accepts is relayed both ways.
     async fn forward(&self, mut req: Request<Incoming>) -> Response<Body> {
         let up = &self.upstream;
         let fail = |e: String| {
@@ -148,9 +154,17 @@ impl KubeAgent {
             Ok(x) => x,
             Err(e) => return fail(e.to_string()),
         };
-        tokio::spawn(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "kubernetes API server connection ended");
+            }
+        });
+        let upgrade = client_upgrade(&mut req);
         match sender.send_request(req).await {
-            Ok(resp) => resp.map(BodyExt::boxed_unsync),
+            Ok(mut resp) => {
+                relay_upgrade(upgrade, &mut resp, "agent");
+                resp.map(BodyExt::boxed_unsync)
+            }
             Err(e) => fail(e.to_string()),
         }
     }
@@ -175,6 +189,7 @@ impl KubeAgent {
                     });
                     if let Err(e) = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(near), svc)
+                        .with_upgrades()
                         .await
                     {
                         tracing::debug!(error = %e, "kubernetes tunnel stream ended");
