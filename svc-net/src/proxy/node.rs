@@ -61,7 +61,8 @@ pub(crate) fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> 
     s.ping.tunnel_public_addr = p.tunnel_public_addr.clone();
     s.ping.tunnel_public_addr_override = tunnel_override;
     s.peer_listen_addr = Some(p.peer_listen_addr.clone());
-    s.ping.kube_enabled = p.kube_listen_addr.is_some() || p.kube_public_addr.is_some();
+    // The Kubernetes route is mounted on the web port in both modes (install_resource_routes).
+    s.ping.kube_enabled = true;
     s.ping.kube_listen_addr = p.kube_listen_addr.clone();
     s.ping.kube_public_addr = p.kube_public_addr.clone();
     s.ping.db = p.db.clone();
