@@ -56,12 +56,16 @@ pub(crate) fn validate(raw: RawConfig, hostname: &str) -> Result<Config, ConfigE
     let proxy = proxy(raw.proxy_service, auth.proxy_listener_mode)?;
     if svc.proxy_server.is_none() && svc.auth_servers.is_empty() {
         // Joining nothing explicit means the all-in-one cluster: agents dial this process's own
-        // proxy, through loopback when it listens on every interface.
-        svc.proxy_server = Some(if proxy.enabled {
-            local_dial_addr(&proxy.web_listen_addr)
+        // proxy, through loopback when it listens on every interface. With the Auth Service
+        // here and no proxy, the local agent joins that Auth Service directly (no proxy
+        // address); a lone agent dials a proxy on this host.
+        svc.proxy_server = if proxy.enabled {
+            Some(local_dial_addr(&proxy.web_listen_addr))
+        } else if auth.enabled {
+            None
         } else {
-            loopback(ports::PROXY_WEB)
-        });
+            Some(loopback(ports::PROXY_WEB))
+        };
     }
     let ssh = ssh(raw.ssh_service)?;
     let app = app(raw.app_service)?;
