@@ -81,10 +81,15 @@ pub(crate) fn validate(raw: RawConfig, hostname: &str) -> Result<Config, ConfigE
             (db.enabled, "db_service.enabled", "Database Service"),
         ] {
             if enabled {
+                let why = if auth.enabled && svc.auth_servers.is_empty() {
+                    "this process runs the Auth Service without the Proxy Service, so its agent joins that Auth Service directly; set svc.proxy_server (a Proxy Service run elsewhere), enable proxy_service or disable the service"
+                } else {
+                    "this agent joins the Auth Service directly (svc.auth_server without svc.proxy_server); set svc.proxy_server or disable the service"
+                };
                 return Err(ConfigError::Invalid {
                     path: path.to_owned(),
                     reason: format!(
-                        "the {service} is reachable only through a reverse tunnel via the Proxy Service, but this agent joins the Auth Service directly (svc.auth_server without svc.proxy_server); set svc.proxy_server or disable the service"
+                        "the {service} is reachable only through a reverse tunnel via the Proxy Service, but {why}"
                     ),
                 });
             }
