@@ -142,7 +142,7 @@ pub enum Error {
     Login(#[from] LoginError),
     /// The proxy's ping says this client is too old for the cluster.
     #[error(transparent)]
-    ClientTooOld(#[from] svc_core::version::ClientTooOld),
+    ClientTooOld(#[from] Box<svc_core::version::ClientTooOld>),
     /// The proxy's ping carries a version that does not parse.
     #[error("the proxy's ping: {member}: {source}")]
     PingVersion {

@@ -322,7 +322,7 @@ pub async fn ping(request: &SignIn) -> Result<Pinged, Error> {
     let version_warning = match version("min_client_version")? {
         Some(min_client) => {
             let server = server.unwrap_or_else(|| min_client.clone());
-            svc_core::version::check_client(client, &server, &min_client)?
+            svc_core::version::check_client(client, &server, &min_client).map_err(Box::new)?
         }
         None => server.and_then(|server| {
             svc_core::version::check_client(client, &server, client)
