@@ -5,7 +5,8 @@
 //! on its own listener, with `ssh_service.public_addr` as principals of the host certificate
 //! (read with `ssh-keyscan -c`); every binary prints its version; `tsh login` refuses a proxy
 //! whose ping wants a newer client and warns about a cluster a major version ahead (a fake
-//! proxy in Python).
+//! proxy in Python); a real proxy's ping says the Kubernetes route is live and advertises no
+//! second factor.
 
 mod common;
 
@@ -54,6 +55,32 @@ fn every_binary_prints_its_version() {
         let run = run_client(bin, home.path(), &["version"], None).ok();
         assert_eq!(run.stdout.trim(), format!("{name} {v}"), "{name} version");
     }
+}
+
+#[test]
+fn the_ping_of_a_real_proxy_says_what_it_serves() {
+    let cluster = Cluster::start("info");
+    let url = format!("https://{}/webapi/ping", cluster.web_addr);
+    let mut curl = Command::new(require("curl", "curl"));
+    curl.args(["-sS", "--cacert"])
+        .arg(cluster.data_dir.join("proxy-ca.pem"))
+        .arg(&url);
+    let out = wait::run_within(&mut curl, wait::STEP, "curl the ping").unwrap();
+    let ping: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("ping is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    let web = cluster.web_addr.as_str();
+    // TLS routing: the Kubernetes route on the web port is live, and says where it is.
+    assert_eq!(ping["proxy"]["tls_routing_enabled"], true, "{ping}");
+    assert_eq!(ping["proxy"]["kube"]["enabled"], true, "{ping}");
+    assert_eq!(ping["proxy"]["kube"]["listen_addr"], web, "{ping}");
+    assert_eq!(ping["proxy"]["kube"]["public_addr"], web, "{ping}");
+    assert_eq!(ping["proxy"]["db"]["mysql_listen_addr"], web, "{ping}");
+    // Password sign-in only: no second factor is advertised.
+    assert_eq!(ping["auth"]["second_factor"], "off", "{ping}");
+    assert_eq!(
+        ping["min_client_version"],
+        svc_core::version::min_client_version().without_v()
+    );
 }
 
 #[test]
