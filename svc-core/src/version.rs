@@ -178,6 +178,53 @@ pub fn current() -> &'static Version {
     })
 }
 
+/// This build's version as `--version` prints it (`v17.0.0-dev`): the same text as
+/// [`current`]'s.
+pub fn display() -> &'static str {
+    static TEXT: OnceLock<String> = OnceLock::new();
+    TEXT.get_or_init(|| current().to_string())
+}
+
+/// A client (`tsh`) older than the cluster's `min_client_version` (from the proxy's ping).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "this client is {client}, older than the oldest client version the cluster accepts ({min_client}; \
+     the proxy runs {server}): install a client of version {min_client} or later"
+)]
+pub struct ClientTooOld {
+    /// This client's version.
+    pub client: Version,
+    /// The cluster's `min_client_version`.
+    pub min_client: Version,
+    /// The proxy's `server_version`.
+    pub server: Version,
+}
+
+/// Whether a client of version `client` may talk to a proxy running `server` that accepts
+/// clients from `min_client` on: an error naming both versions when `client` is older than
+/// `min_client`; otherwise a warning to show when the cluster is a major version ahead (the
+/// client may lack what the cluster expects), else `None`.
+pub fn check_client(
+    client: &Version,
+    server: &Version,
+    min_client: &Version,
+) -> Result<Option<String>, ClientTooOld> {
+    if client < min_client {
+        return Err(ClientTooOld {
+            client: client.clone(),
+            min_client: min_client.clone(),
+            server: server.clone(),
+        });
+    }
+    Ok((server.major() > client.major()).then(|| {
+        format!(
+            "the cluster runs {server}, a newer major version than this client ({client}); \
+             upgrade the client to {}.x to use every feature of the cluster",
+            server.major()
+        )
+    }))
+}
+
 /// The oldest `tsh` / `tctl` the procedures in the specification work with (§5.6): 17.0.0-dev.
 pub fn min_client_version() -> Version {
     // A constant of known shape; `Version::parse` cannot fail on it (tested).
@@ -242,6 +289,28 @@ mod tests {
 
     fn v(s: &str) -> Version {
         Version::parse(s).unwrap()
+    }
+
+    #[test]
+    fn a_client_older_than_min_client_version_is_refused_naming_both_versions() {
+        let e = check_client(&v("16.4.0"), &v("17.1.0"), &v("17.0.0-dev")).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("v16.4.0") && text.contains("v17.0.0-dev") && text.contains("v17.1.0"),
+            "{text}"
+        );
+        assert_eq!(
+            check_client(&v("17.0.0-dev"), &v("17.1.0"), &v("17.0.0-dev")),
+            Ok(None)
+        );
+        let warning = check_client(&v("17.2.0"), &v("18.0.0"), &v("17.0.0-dev"))
+            .unwrap()
+            .expect("a major version ahead warns");
+        assert!(
+            warning.contains("v18.0.0") && warning.contains("v17.2.0"),
+            "{warning}"
+        );
+        assert_eq!(display(), current().to_string());
     }
 
     #[test]

@@ -27,7 +27,7 @@ use svc_core::Addr;
 use svc_core::config::Config;
 
 use crate::agent::node::{
-    AgentNode, IdentityStore, RunningNode, ScheduleSink, UpdateStatusSource, agent_roles,
+    AgentNode, IdentityStore, RunningNode, ScheduleSink, UpdateStatusSource, agent_principals, agent_roles,
 };
 use crate::auth::NodeError;
 use crate::auth::node::{AuthServer, RunningAuth, dialable};
@@ -173,27 +173,31 @@ impl Cluster {
         } else {
             None
         };
-        let node = match &proxy {
-            Some(proxy) if !agent_roles(config).is_empty() => {
-                let name = config.svc.nodename.clone();
-                // A new host ID every start: take the name over from the previous run at once.
-                auth.service.release_node_name(&name).await?;
-                let identity = auth.host_identity(&name, agent_roles(config))?;
-                let ca_pem = match proxy.ca_file() {
-                    Some(ca) => Some(std::fs::read(ca).map_err(|e| NodeError::file("reading", ca, e))?),
-                    None => None,
-                };
-                let node = self
-                    .agent()
-                    .identity(identity)
-                    .proxy(Addr::from(dialable(proxy.addrs().web)), ca_pem)
-                    // The updater asks this cluster's own proxy, never a global server.
-                    .version_endpoint(crate::agent::node::version_endpoint(
-                        config.proxy.web_public_addr(),
-                    ));
-                Some(node.start().await?)
-            }
-            _ => None,
+        let node = if agent_roles(config).is_empty() {
+            None
+        } else {
+            let name = config.svc.nodename.clone();
+            // A new host ID every start: take the name over from the previous run at once.
+            auth.service.release_node_name(&name).await?;
+            let identity = auth.host_identity_named(&name, agent_roles(config), agent_principals(config))?;
+            let node = self.agent().identity(identity);
+            let node = match &proxy {
+                Some(proxy) => {
+                    let ca_pem = match proxy.ca_file() {
+                        Some(ca) => Some(std::fs::read(ca).map_err(|e| NodeError::file("reading", ca, e))?),
+                        None => None,
+                    };
+                    node.proxy(Addr::from(dialable(proxy.addrs().web)), ca_pem)
+                        // The updater asks this cluster's own proxy, never a global server.
+                        .version_endpoint(crate::agent::node::version_endpoint(
+                            config.proxy.web_public_addr(),
+                        ))
+                }
+                // No proxy in this process: the agent tunnels to `svc.proxy_server` when one is
+                // set, else it joins this Auth Service directly and opens its own listeners.
+                None => node,
+            };
+            Some(node.start().await?)
         };
         Ok(RunningCluster {
             cluster: auth.cluster().to_owned(),

@@ -61,7 +61,7 @@ async fn ping_and_find_over_curl_http1_and_http2() -> Result<()> {
     assert_eq!(ping["cluster_name"], "test.example.com");
     assert_eq!(ping["automatic_upgrades"], false);
     assert_eq!(ping["auth"]["type"], "local");
-    assert_eq!(ping["auth"]["second_factor"], "otp");
+    assert_eq!(ping["auth"]["second_factor"], "off");
     assert_eq!(ping["auth"]["local"]["name"], "");
     let p = &ping["proxy"];
     assert_eq!(p["tls_routing_enabled"], true);

@@ -17,7 +17,7 @@ enum Kind {
 
 /// Updates an svc agent's StatefulSet or Deployment to the version its channel serves.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(name = "svc-kube-updater", version = svc_core::version::display())]
 struct Args {
     /// Name of the agent's StatefulSet or Deployment.
     #[arg(long, env = "SVC_AGENT_NAME")]

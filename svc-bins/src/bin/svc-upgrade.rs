@@ -20,7 +20,7 @@ use svc_update::{
 #[command(
     name = "svc-upgrade",
     about = "svc agent updater: installs the version the cluster's Proxy Service advertises, in maintenance windows",
-    disable_version_flag = true
+    version = svc_core::version::display()
 )]
 struct Cli {
     /// A PEM bundle trusted for the version endpoint besides the public roots (a self-signed or

@@ -19,6 +19,11 @@ fn main() {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Version = cli.command {
+        // The client's own version; `tctl status` gives the cluster's.
+        println!("tctl {}", svc_core::version::current());
+        return Ok(());
+    }
     let mut auth = svc_bins::tctl::connect(&cli).await?;
     match cli.command {
         Command::Status => {
@@ -128,6 +133,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             output::print_inventory(auth.inventory().await?, &filter, format)?;
         }
+        // Answered above, before connecting.
+        Command::Version => {}
     }
     Ok(())
 }

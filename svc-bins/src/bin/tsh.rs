@@ -16,6 +16,10 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     let rt = || tokio::runtime::Runtime::new().context("starting the runtime");
     match cli.command {
+        Command::Version => {
+            println!("tsh {}", svc_core::version::current());
+            Ok(())
+        }
         Command::Login {
             proxy,
             user,
@@ -33,7 +37,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let ca_pem = cacert
                 .map(|f| std::fs::read(&f).with_context(|| format!("reading --cacert {}", f.display())))
                 .transpose()?;
-            let password = read_password(&user)?;
             let request = SignIn {
                 proxy,
                 user,
@@ -41,7 +44,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ca_pem,
                 ttl,
             };
-            let signed_in = rt()?.block_on(client::sign_in(request, &password))?;
+            let rt = rt()?;
+            // The versions are checked before the password is asked for.
+            let pinged = rt.block_on(client::ping(&request))?;
+            if let Some(warning) = &pinged.version_warning {
+                eprintln!("warning: {warning}");
+            }
+            let password = read_password(&request.user)?;
+            let signed_in = rt.block_on(client::sign_in(request, &pinged, &password))?;
             if let Some(e) = signed_in.known_nodes_error {
                 let e = anyhow::Error::from(e);
                 eprintln!("warning: listing nodes for known_hosts failed ({e:#}); run tsh ls to retry");

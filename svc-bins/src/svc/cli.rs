@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "svc",
     about = "svc cluster access service",
-    disable_version_flag = true
+    version = svc_core::version::display()
 )]
 pub struct Cli {
     #[command(subcommand)]

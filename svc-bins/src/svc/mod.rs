@@ -36,7 +36,11 @@ pub fn load_config(
     }
     if let Some(a) = public_addr {
         config.proxy.public_addr =
-            Some(Addr::parse_with_default_port(&a, 443).with_context(|| format!("--public-addr {a}"))?);
+            // The same default port as proxy_service.public_addr in svc.yaml.
+            Some(
+                Addr::parse_with_default_port(&a, svc_core::config::ports::PROXY_WEB)
+                    .with_context(|| format!("--public-addr {a}"))?,
+            );
     }
     Ok(config)
 }
@@ -100,5 +104,26 @@ pub fn banner(config: &Config, running: &RunningCluster) {
         if let Some(node) = &running.node {
             println!("  tsh ssh root@{}", node.name);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn public_addr_flag_defaults_to_the_port_of_the_config_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("svc.yaml");
+        std::fs::write(
+            &file,
+            "version: v1\nproxy_service:\n  public_addr: proxy.example.com\n",
+        )
+        .unwrap();
+        let from_file = load_config(Some(&file), None, None, None).unwrap();
+        std::fs::write(&file, "version: v1\n").unwrap();
+        let from_flag = load_config(Some(&file), None, None, Some("proxy.example.com".into())).unwrap();
+        assert_eq!(from_flag.proxy.public_addr, from_file.proxy.public_addr);
+        assert_eq!(from_flag.proxy.public_addr.map(|a| a.port()), Some(3080));
     }
 }

@@ -15,7 +15,7 @@ use crate::output::Format;
 #[command(
     name = "tctl",
     about = "svc cluster administration",
-    disable_version_flag = true
+    version = svc_core::version::display()
 )]
 pub struct Cli {
     /// On the Auth host: act with the admin identity of this data directory.
@@ -30,6 +30,8 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
+    /// Print the version of this tctl build (`tctl status` gives the cluster's).
+    Version,
     /// Cluster name, version and CA pin.
     Status,
     /// Create resources from a YAML/JSON file (several documents allowed).

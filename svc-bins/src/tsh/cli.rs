@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 /// `tsh`'s command line.
 #[derive(Parser)]
-#[command(name = "tsh", about = "svc client", disable_version_flag = true)]
+#[command(name = "tsh", about = "svc client", version = svc_core::version::display())]
 pub struct Cli {
     #[command(subcommand)]
     /// What to do.
@@ -27,6 +27,8 @@ pub enum Format {
 /// `tsh`'s subcommands.
 #[derive(Subcommand)]
 pub enum Command {
+    /// Print the version of this tsh build.
+    Version,
     /// Sign in through the proxy (password from the terminal, or from standard input when it is
     /// not a terminal).
     Login {

@@ -75,6 +75,11 @@ impl Agent {
         }
     }
 
+    /// The process ID (to stop the agent with SIGSTOP).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// What the agent logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()

@@ -100,8 +100,15 @@ fn all_in_one_agents_dial_the_local_proxy() {
         .unwrap();
         assert_eq!(c.svc.proxy_server, Some(Addr::parse(want).unwrap()), "{listen}");
     }
-    let c = parse("version: v1\nproxy_service: {enabled: false, web_listen_addr: 0.0.0.0:443}").unwrap();
+    // A lone agent (no Auth Service, no proxy here) dials a proxy on this host.
+    let c = parse(
+        "version: v1\nauth_service: {enabled: false}\nproxy_service: {enabled: false, web_listen_addr: 0.0.0.0:443}",
+    )
+    .unwrap();
     assert_eq!(c.svc.proxy_server, Some(Addr::parse("127.0.0.1:3080").unwrap()));
+    // The Auth Service here without a proxy: the local agent joins it directly.
+    let c = parse("version: v1\nproxy_service: {enabled: false, web_listen_addr: 0.0.0.0:443}").unwrap();
+    assert_eq!(c.svc.proxy_server, None);
 }
 
 #[test]

@@ -56,12 +56,16 @@ pub(crate) fn validate(raw: RawConfig, hostname: &str) -> Result<Config, ConfigE
     let proxy = proxy(raw.proxy_service, auth.proxy_listener_mode)?;
     if svc.proxy_server.is_none() && svc.auth_servers.is_empty() {
         // Joining nothing explicit means the all-in-one cluster: agents dial this process's own
-        // proxy, through loopback when it listens on every interface.
-        svc.proxy_server = Some(if proxy.enabled {
-            local_dial_addr(&proxy.web_listen_addr)
+        // proxy, through loopback when it listens on every interface. With the Auth Service
+        // here and no proxy, the local agent joins that Auth Service directly (no proxy
+        // address); a lone agent dials a proxy on this host.
+        svc.proxy_server = if proxy.enabled {
+            Some(local_dial_addr(&proxy.web_listen_addr))
+        } else if auth.enabled {
+            None
         } else {
-            loopback(ports::PROXY_WEB)
-        });
+            Some(loopback(ports::PROXY_WEB))
+        };
     }
     let ssh = ssh(raw.ssh_service)?;
     let app = app(raw.app_service)?;
@@ -77,10 +81,15 @@ pub(crate) fn validate(raw: RawConfig, hostname: &str) -> Result<Config, ConfigE
             (db.enabled, "db_service.enabled", "Database Service"),
         ] {
             if enabled {
+                let why = if auth.enabled && svc.auth_servers.is_empty() {
+                    "this process runs the Auth Service without the Proxy Service, so its agent joins that Auth Service directly; set svc.proxy_server (a Proxy Service run elsewhere), enable proxy_service or disable the service"
+                } else {
+                    "this agent joins the Auth Service directly (svc.auth_server without svc.proxy_server); set svc.proxy_server or disable the service"
+                };
                 return Err(ConfigError::Invalid {
                     path: path.to_owned(),
                     reason: format!(
-                        "the {service} is reachable only through a reverse tunnel via the Proxy Service, but this agent joins the Auth Service directly (svc.auth_server without svc.proxy_server); set svc.proxy_server or disable the service"
+                        "the {service} is reachable only through a reverse tunnel via the Proxy Service, but {why}"
                     ),
                 });
             }

@@ -274,12 +274,23 @@ impl RunningAuth {
     /// Issues a host identity with `roles` in-process (fresh keys, a new host ID), pointing at
     /// this API: what the in-process proxy and agent run with.
     pub fn host_identity(&self, node: &str, roles: Vec<SystemRole>) -> Result<ClientIdentity, NodeError> {
+        self.host_identity_named(node, roles, Vec::new())
+    }
+
+    /// [`RunningAuth::host_identity`] with `names` as extra principals and certificate names
+    /// (the local agent's `ssh_service.public_addr` hosts).
+    pub fn host_identity_named(
+        &self,
+        node: &str,
+        roles: Vec<SystemRole>,
+        names: Vec<String>,
+    ) -> Result<ClientIdentity, NodeError> {
         let keys = KeyMaterial::generate()?;
         let req = HostCertRequest {
             host_uuid: uuid::Uuid::new_v4(),
             node_name: node.to_owned(),
             roles,
-            additional_names: Vec::new(),
+            additional_names: names,
             ttl: svc_core::auth::HOST_CERT_TTL,
         };
         let certs = self

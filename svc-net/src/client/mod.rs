@@ -47,8 +47,8 @@ pub use login::{LoginError, login_via_proxy, login_via_proxy_with, ping_via_prox
 #[cfg(feature = "node")]
 pub use profile::tctl_identity;
 pub use profile::{
-    KNOWN_HOSTS_FILE, OPENSSH_CERT_FILE, OPENSSH_KEY_FILE, PROFILE_FILE, Profile, SVC_HOME_ENV, SignIn,
-    SignedIn, home, known_hosts, profile_path, sign_in, write_private,
+    KNOWN_HOSTS_FILE, OPENSSH_CERT_FILE, OPENSSH_KEY_FILE, PROFILE_FILE, Pinged, Profile, SVC_HOME_ENV,
+    SignIn, SignedIn, home, known_hosts, ping, profile_path, sign_in, write_private,
 };
 pub use resource::{ConnectError, LocalProxy, LocalProxyError, ResourceClient, alpn_for, bind_local};
 
@@ -142,6 +142,18 @@ pub enum Error {
     /// Signing in through the proxy failed.
     #[error(transparent)]
     Login(#[from] LoginError),
+    /// The proxy's ping says this client is too old for the cluster.
+    #[error(transparent)]
+    ClientTooOld(#[from] Box<svc_core::version::ClientTooOld>),
+    /// The proxy's ping carries a version that does not parse.
+    #[error("the proxy's ping: {member}: {source}")]
+    PingVersion {
+        /// `server_version` or `min_client_version`.
+        member: &'static str,
+        /// Why it does not parse.
+        #[source]
+        source: svc_core::VersionError,
+    },
     /// A call to the Auth Service failed.
     #[error(transparent)]
     Auth(#[from] crate::auth::ClientError),

@@ -295,14 +295,59 @@ pub struct SignedIn {
     pub known_nodes_error: Option<Error>,
 }
 
-/// Signs `request.user` in through the proxy (`HTTPS_PROXY`/`NO_PROXY` honoured): asks
-/// `/webapi/ping` how the proxy routes (TLS routing, its SSH and Kubernetes entries), signs in
-/// with `password` and lists the nodes the user may reach for `known_hosts`.
-pub async fn sign_in(request: SignIn, password: &Secret) -> Result<SignedIn, Error> {
+/// The proxy's `/webapi/ping`, checked against this client's version ([`ping`]).
+#[derive(Debug, Clone)]
+pub struct Pinged {
+    /// The ping document.
+    pub ping: serde_json::Value,
+    /// Set when the cluster runs a newer major version than this client: what to tell the user.
+    pub version_warning: Option<String>,
+}
+
+/// Asks the proxy's `/webapi/ping` (`HTTPS_PROXY`/`NO_PROXY` honoured) and checks this
+/// client's version against it: a client older than the ping's `min_client_version` is
+/// refused ([`Error::ClientTooOld`], naming both versions); a cluster a major version ahead
+/// gives [`Pinged::version_warning`].
+pub async fn ping(request: &SignIn) -> Result<Pinged, Error> {
+    let proxy = request.proxy.to_string();
+    let dialer = ProxyDialer::from_env()?;
+    let ping =
+        super::login::ping_via_proxy(&proxy, request.insecure, request.ca_pem.as_deref(), Some(&dialer))
+            .await?;
+    let version = |member: &'static str| -> Result<Option<svc_core::Version>, Error> {
+        ping[member]
+            .as_str()
+            .map(svc_core::Version::parse)
+            .transpose()
+            .map_err(|source| Error::PingVersion { member, source })
+    };
+    let client = svc_core::version::current();
+    let server = version("server_version")?;
+    let version_warning = match version("min_client_version")? {
+        Some(min_client) => {
+            let server = server.unwrap_or_else(|| min_client.clone());
+            svc_core::version::check_client(client, &server, &min_client).map_err(Box::new)?
+        }
+        None => server.and_then(|server| {
+            svc_core::version::check_client(client, &server, client)
+                .ok()
+                .flatten()
+        }),
+    };
+    Ok(Pinged {
+        ping,
+        version_warning,
+    })
+}
+
+/// Signs `request.user` in through the proxy (`HTTPS_PROXY`/`NO_PROXY` honoured) with the
+/// routing `pinged` describes (TLS routing, its SSH and Kubernetes entries; from [`ping`]), signs in with
+/// `password` and lists the nodes the user may reach for `known_hosts`.
+pub async fn sign_in(request: SignIn, pinged: &Pinged, password: &Secret) -> Result<SignedIn, Error> {
     let proxy = request.proxy.to_string();
     let ca = request.ca_pem.as_deref();
     let dialer = ProxyDialer::from_env()?;
-    let ping = super::login::ping_via_proxy(&proxy, request.insecure, ca, Some(&dialer)).await?;
+    let ping = &pinged.ping;
     let identity = super::login::login_via_proxy_with(
         &proxy,
         request.insecure,

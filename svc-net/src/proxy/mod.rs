@@ -68,6 +68,11 @@ pub struct ProxySettings {
     /// How long a web connection (HTTP/1.1 or HTTP/2) may stay open with no request in flight
     /// before it is closed gracefully (`proxy_service.web_idle_timeout`).
     pub web_idle_timeout: std::time::Duration,
+    /// `auth_service.keep_alive_interval` and `keep_alive_count_max`: the reverse tunnel server
+    /// marks an agent offline and closes its tunnel after `count` silent intervals; SSH
+    /// sessions of the proxy's SSH entry get keepalives too
+    /// ([`crate::ssh::Tunables::with_keep_alive_config`]).
+    pub keep_alive: (std::time::Duration, u32),
 }
 
 /// The default data directory.
@@ -85,6 +90,10 @@ impl Default for ProxySettings {
             channels: BTreeMap::new(),
             listen: ListenOptions::default(),
             web_idle_timeout: crate::idle::DEFAULT_WEB_IDLE_TIMEOUT,
+            keep_alive: {
+                let t = crate::ssh::Tunables::default();
+                (t.keepalive_interval, t.keepalive_count)
+            },
         }
     }
 }

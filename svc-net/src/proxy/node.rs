@@ -33,6 +33,7 @@ use crate::proxy::resources::{ALPNS, ResourceProxy, ResourceProxyConfig};
 use crate::proxy::ssh::{ProxySsh, ProxySshConfig};
 use crate::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
 use crate::route::alpn;
+use crate::ssh::Tunables;
 use crate::tls::{ServerIdentity, TlsSource};
 use crate::tunnel::{DirectDialer, DirectLookup, TunnelDialer, TunnelServer, TunnelServerConfig};
 
@@ -61,7 +62,8 @@ pub(crate) fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> 
     s.ping.tunnel_public_addr = p.tunnel_public_addr.clone();
     s.ping.tunnel_public_addr_override = tunnel_override;
     s.peer_listen_addr = Some(p.peer_listen_addr.clone());
-    s.ping.kube_enabled = p.kube_listen_addr.is_some() || p.kube_public_addr.is_some();
+    // The Kubernetes route is mounted on the web port in both modes (install_resource_routes).
+    s.ping.kube_enabled = true;
     s.ping.kube_listen_addr = p.kube_listen_addr.clone();
     s.ping.kube_public_addr = p.kube_public_addr.clone();
     s.ping.db = p.db.clone();
@@ -78,6 +80,7 @@ pub(crate) fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> 
     s.channels = p.channels().clone();
     s.ping.automatic_upgrades = !s.channels.is_empty();
     s.web_idle_timeout = p.web_idle_timeout;
+    s.keep_alive = (config.auth.keep_alive_interval, config.auth.keep_alive_count_max);
     s.listen = s.listen.clone().with_drain_timeout(p.shutdown_drain_timeout);
     s
 }
@@ -433,6 +436,7 @@ fn install_ssh(
     let key = identity.ssh_private_key()?;
     let cert = identity.ssh_certificate()?;
     let verifier = Arc::new(identity.verifier()?);
+    let (interval, count) = settings.keep_alive;
     let tunnel = TunnelServer::new(
         TunnelServerConfig::new(
             svc_core::version::current().clone(),
@@ -441,7 +445,8 @@ fn install_ssh(
             verifier.clone(),
         )
         .with_tls(tls.server_config(&[alpn::REVERSE_TUNNEL])?)
-        .with_drain_timeout(settings.listen.drain_timeout),
+        .with_drain_timeout(settings.listen.drain_timeout)
+        .with_tunables(Tunables::default().with_keep_alive_config(interval, count, false)),
     );
     // Agents behind a reverse tunnel first; agents that joined the Auth Service directly on
     // the listeners they announced.
@@ -459,7 +464,8 @@ fn install_ssh(
             // with the Auth Service's rules.
             decisions.clone(),
         )
-        .with_tls(tls.server_config(&[alpn::PROXY_SSH])?),
+        .with_tls(tls.server_config(&[alpn::PROXY_SSH])?)
+        .with_tunables(Tunables::default().with_keep_alive_config(interval, count, true)),
     );
     let builder = install_resource_routes(builder, identity, RouteResolver::Local(decisions), dialer)?;
     let builder = builder

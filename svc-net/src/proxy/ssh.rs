@@ -86,6 +86,12 @@ impl ProxySshConfig {
         self.tls = Some(tls);
         self
     }
+
+    /// Replaces the tunables (keepalives of the sessions).
+    pub fn with_tunables(mut self, tunables: Tunables) -> Self {
+        self.tunables = tunables;
+        self
+    }
 }
 
 struct Inner {

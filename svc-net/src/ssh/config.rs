@@ -37,8 +37,11 @@ pub struct Tunables {
     /// key exchange and authenticate; then it is disconnected.
     pub auth_timeout: Duration,
     /// SSH servers: how often a silent client is sent a keepalive request; after
-    /// [`SERVER_KEEPALIVE_MAX`] unanswered ones the connection is closed (a dead peer).
+    /// [`Tunables::server_keepalive_max`] unanswered ones the connection is closed (a dead peer).
     pub server_keepalive: Duration,
+    /// SSH servers: unanswered keepalive requests after which the connection is closed
+    /// (default [`SERVER_KEEPALIVE_MAX`]).
+    pub server_keepalive_max: usize,
     /// SSH servers: close a session with no traffic at all for this long (`None`: never, the
     /// default, so idle shells stay open while their client is alive).
     pub idle_timeout: Option<Duration>,
@@ -60,8 +63,13 @@ pub const CIPHERS: &[russh::cipher::Name] = &[
 /// The default of [`Tunables::auth_timeout`].
 pub const DEFAULT_SSH_AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Unanswered keepalives after which an SSH server closes a connection.
+/// Unanswered keepalives after which an SSH server closes a connection (the default of
+/// [`Tunables::server_keepalive_max`]).
 pub const SERVER_KEEPALIVE_MAX: usize = 3;
+
+/// The default of [`Tunables::server_keepalive`], and the longest interval an SSH session's
+/// keepalives get from the configuration ([`Tunables::with_keep_alive_config`]).
+pub const DEFAULT_SERVER_KEEPALIVE: Duration = Duration::from_secs(30);
 
 impl Default for Tunables {
     fn default() -> Self {
@@ -73,7 +81,8 @@ impl Default for Tunables {
             keepalive_count: 3,
             handshake_timeout: Duration::from_secs(30),
             auth_timeout: DEFAULT_SSH_AUTH_TIMEOUT,
-            server_keepalive: Duration::from_secs(30),
+            server_keepalive: DEFAULT_SERVER_KEEPALIVE,
+            server_keepalive_max: SERVER_KEEPALIVE_MAX,
             idle_timeout: None,
             ciphers: Cow::Borrowed(CIPHERS),
         }
@@ -85,6 +94,25 @@ impl Tunables {
     pub fn with_keepalive(mut self, interval: Duration, count: u32) -> Self {
         self.keepalive_interval = interval;
         self.keepalive_count = count.max(1);
+        self
+    }
+
+    /// Applies `auth_service.keep_alive_interval` and `keep_alive_count_max`: the reverse
+    /// tunnel's heartbeats (agent) and offline timeout (proxy) are `interval` and
+    /// `interval × count`, and its SSH server sends keepalives every `interval`, closing the
+    /// tunnel after `count` unanswered; SSH sessions (the node, the proxy's SSH entry) send
+    /// theirs every `interval` or [`DEFAULT_SERVER_KEEPALIVE`], whichever is shorter, and close
+    /// after `count` unanswered. `session` says which of the two this end is.
+    pub fn with_keep_alive_config(mut self, interval: Duration, count: u32, session: bool) -> Self {
+        let count = count.max(1);
+        self.keepalive_interval = interval;
+        self.keepalive_count = count;
+        self.server_keepalive = if session {
+            interval.min(DEFAULT_SERVER_KEEPALIVE)
+        } else {
+            interval
+        };
+        self.server_keepalive_max = usize::try_from(count).unwrap_or(usize::MAX);
         self
     }
 
@@ -152,7 +180,7 @@ pub(crate) fn server_config(
         channel_buffer_size: tunables.channel_buffer_size,
         inactivity_timeout: tunables.idle_timeout,
         keepalive_interval: Some(tunables.server_keepalive),
-        keepalive_max: SERVER_KEEPALIVE_MAX,
+        keepalive_max: tunables.server_keepalive_max,
         nodelay: true,
         preferred: russh::Preferred {
             cipher: tunables.ciphers.clone(),
@@ -191,6 +219,24 @@ mod tests {
             client_config(&chacha_first).preferred.cipher.as_ref(),
             [russh::cipher::CHACHA20_POLY1305]
         );
+    }
+
+    #[test]
+    fn the_keep_alive_configuration_reaches_the_tunnel_and_the_sessions() {
+        let key = ssh_key::PrivateKey::from(ssh_key::private::Ed25519Keypair::from_seed(&[7; 32]));
+        let tunnel = Tunables::default().with_keep_alive_config(Duration::from_secs(90), 5, false);
+        assert_eq!(tunnel.offline_after(), Duration::from_secs(450));
+        let server = server_config(&tunnel, key.clone(), None);
+        assert_eq!(server.keepalive_interval, Some(Duration::from_secs(90)));
+        assert_eq!(server.keepalive_max, 5);
+        let session = Tunables::default().with_keep_alive_config(Duration::from_secs(90), 5, true);
+        let server = server_config(&session, key.clone(), None);
+        assert_eq!(server.keepalive_interval, Some(DEFAULT_SERVER_KEEPALIVE));
+        assert_eq!(server.keepalive_max, 5);
+        let short = Tunables::default().with_keep_alive_config(Duration::from_secs(2), 2, true);
+        let server = server_config(&short, key, None);
+        assert_eq!(server.keepalive_interval, Some(Duration::from_secs(2)));
+        assert_eq!(server.keepalive_max, 2);
     }
 
     #[test]

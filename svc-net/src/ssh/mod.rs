@@ -19,7 +19,10 @@ mod deadline;
 
 pub use authz::{AuthNodeAuthorizer, NodeAuthorizer, NodeDecision, NodeDecisionFuture};
 pub(crate) use config::server_config;
-pub use config::{CIPHERS, DEFAULT_SSH_AUTH_TIMEOUT, SERVER_KEEPALIVE_MAX, Tunables, client_config};
+pub use config::{
+    CIPHERS, DEFAULT_SERVER_KEEPALIVE, DEFAULT_SSH_AUTH_TIMEOUT, SERVER_KEEPALIVE_MAX, Tunables,
+    client_config,
+};
 
 pub(crate) use deadline::{StartError, authenticate_before};
 

@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use export::ScheduleSink;
 pub use identity_store::{DataDirIdentityStore, IdentityStore, StoredIdentity};
-pub use resources::{agent_dial_service, agent_roles, served_resources};
+pub use resources::{agent_dial_service, agent_principals, agent_roles, served_resources};
 pub use updater::UpdateStatusSource;
 
 use self::heartbeat::{ExportTargets, HeartbeatTask, UpdaterLink};
@@ -282,6 +282,8 @@ impl AgentNode {
             verifier,
             dialer.clone(),
         );
+        // Heartbeats every `auth_service.keep_alive_interval`.
+        agent_config = agent_config.with_tunables(keep_alive_tunables(config, false));
         if let Some(pem) = proxy_ca_pem {
             agent_config = agent_config.with_proxy_ca_pem(pem);
         }
@@ -668,7 +670,7 @@ pub(crate) async fn agent_identity(
         trust_on_first_use,
         node_name: config.svc.nodename.clone(),
         roles: roles.clone(),
-        additional_names: Vec::new(),
+        additional_names: agent_principals(config),
     };
     // Several `svc.auth_server` addresses: the first that can be reached.
     let targets: Vec<String> = if config.svc.auth_servers.is_empty() {
@@ -707,7 +709,7 @@ fn ssh_server(
     config: &Config,
 ) -> Result<SshServer, NodeError> {
     let addrs = auth_addrs(identity, config);
-    let config = SshServerConfig::new(
+    let mut ssh = SshServerConfig::new(
         identity.ssh_private_key()?,
         identity.ssh_certificate()?,
         Arc::new(identity.verifier()?),
@@ -721,16 +723,27 @@ fn ssh_server(
         Some(dialer.clone()),
         true,
     ));
+    ssh.tunables = keep_alive_tunables(config, true);
     // The sftp subsystem is this binary's `sftp-server` subcommand, started with the login's
     // rights.
-    let config = match crate::agent::ssh::sftp::SftpLauncher::this_binary() {
-        Ok(launcher) => config.with_sftp(launcher),
+    let ssh = match crate::agent::ssh::sftp::SftpLauncher::this_binary() {
+        Ok(launcher) => ssh.with_sftp(launcher),
         Err(e) => {
             tracing::warn!(error = %e, "the sftp subsystem is off: the agent's own program cannot be found");
-            config
+            ssh
         }
     };
-    Ok(SshServer::new(config))
+    Ok(SshServer::new(ssh))
+}
+
+/// The SSH tunables with `auth_service.keep_alive_interval` and `keep_alive_count_max`
+/// applied: to the reverse tunnel (`session` false) or to SSH sessions (`session` true).
+fn keep_alive_tunables(config: &Config, session: bool) -> crate::ssh::Tunables {
+    crate::ssh::Tunables::default().with_keep_alive_config(
+        config.auth.keep_alive_interval,
+        config.auth.keep_alive_count_max,
+        session,
+    )
 }
 
 fn refuse_ssh() -> DialService {

@@ -26,6 +26,26 @@ pub fn agent_roles(config: &Config) -> Vec<SystemRole> {
     .collect()
 }
 
+/// The extra names of the agent's host certificate: the hosts of `ssh_service.public_addr`
+/// (when the SSH Service runs), so `ssh` and `tsh` accept the node's certificate under them.
+/// IP addresses are given bare (no brackets); duplicates are dropped.
+pub fn agent_principals(config: &Config) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    if !config.ssh.enabled {
+        return names;
+    }
+    for addr in &config.ssh.public_addrs {
+        let host = addr
+            .host()
+            .ip()
+            .map_or_else(|| addr.host().to_string(), |ip| ip.to_string());
+        if !names.contains(&host) {
+            names.push(host);
+        }
+    }
+    names
+}
+
 /// What the agent's heartbeat announces: its SSH Service, and every app, database, Kubernetes
 /// cluster and desktop of the enabled services, with their labels.
 pub fn served_resources(config: &Config) -> Vec<ServedResource> {

@@ -331,7 +331,7 @@ mod tests {
             }
         });
         let yaml = format!(
-            "version: v1\nproxy_service:\n  enabled: false\napp_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1:{port}\nwindows_desktop_service:\n  enabled: true\n  hosts:\n  - name: win\n    addr: 127.0.0.1:{port}\n"
+            "version: v1\nsvc:\n  proxy_server: 127.0.0.1:3080\nproxy_service:\n  enabled: false\napp_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1:{port}\nwindows_desktop_service:\n  enabled: true\n  hosts:\n  - name: win\n    addr: 127.0.0.1:{port}\n"
         );
         let config = svc_core::config::Config::from_yaml_str_with_hostname(&yaml, "h").unwrap();
         let router = router(AgentServices {

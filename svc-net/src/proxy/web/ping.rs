@@ -25,6 +25,9 @@ use super::{ResponseBody, full, json_error};
 
 pub use svc_core::webapi::{FIND_PATH, PING_PATH};
 
+/// `auth.second_factor` of a cluster signing in by password alone.
+pub const SECOND_FACTOR_OFF: &str = "off";
+
 /// What the ping says: the proxy's addresses per listener mode, the cluster, the sign-in
 /// settings. [`Default`] is a loopback-only proxy in multiplex mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +51,8 @@ pub struct PingSettings {
     pub tunnel_public_addr: Option<Addr>,
     /// Wins over every other tunnel address (`SVC_TUNNEL_PUBLIC_ADDR`).
     pub tunnel_public_addr_override: Option<Addr>,
-    /// Whether Kubernetes access is served.
+    /// Whether Kubernetes access is served (the proxy's Kubernetes route is mounted on the web
+    /// port in both modes, so a Proxy Service built from a configuration always sets it).
     pub kube_enabled: bool,
     /// Kubernetes listener (separate mode).
     pub kube_listen_addr: Option<Addr>,
@@ -63,7 +67,8 @@ pub struct PingSettings {
     pub dial_timeout: Duration,
     /// The authentication type (`auth.type`).
     pub auth_type: String,
-    /// The second factor (`auth.second_factor`).
+    /// The second factor (`auth.second_factor`): `off`, the only one svc implements (sign-in
+    /// is by password; a factor that does not exist is never advertised).
     pub second_factor: String,
     /// The local connector's name (`auth.local.name`).
     pub local_auth_connector: String,
@@ -92,7 +97,7 @@ impl Default for PingSettings {
             automatic_upgrades: false,
             dial_timeout: Duration::from_secs(30),
             auth_type: "local".into(),
-            second_factor: "otp".into(),
+            second_factor: SECOND_FACTOR_OFF.into(),
             local_auth_connector: String::new(),
         }
     }
@@ -199,7 +204,7 @@ pub struct AuthSettings {
     /// `local`, `github`, `saml` or `oidc`.
     #[serde(rename = "type")]
     pub kind: String,
-    /// `off`, `otp`, `webauthn`, `on`, `optional`.
+    /// `off`: svc signs in by password alone.
     pub second_factor: String,
     /// The local connector.
     pub local: LocalAuth,
@@ -233,12 +238,12 @@ pub struct ProxyPing {
 pub struct KubePing {
     /// Whether Kubernetes access is served.
     pub enabled: bool,
-    /// Where clients reach it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub public_addr: Option<String>,
-    /// Where the proxy listens for it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub listen_addr: Option<String>,
+    /// Where clients reach it: `proxy_service.kube_public_addr`, else (separate mode) the
+    /// Kubernetes listener, else the public web address.
+    pub public_addr: String,
+    /// Where the proxy listens for it: the Kubernetes listener in separate mode when set, else
+    /// the web listener (the Kubernetes route on the web port).
+    pub listen_addr: String,
 }
 
 /// `proxy.ssh`.
@@ -267,14 +272,14 @@ pub struct SshPing {
 pub struct DbPing {
     /// Where Postgres clients connect.
     pub postgres_public_addr: String,
-    /// Where the proxy listens for MySQL (separate mode).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mysql_listen_addr: Option<String>,
+    /// Where the proxy listens for MySQL: its own listener in separate mode when set, else the
+    /// web listener (ALPN routing).
+    pub mysql_listen_addr: String,
     /// Where MySQL clients connect.
     pub mysql_public_addr: String,
-    /// Where the proxy listens for MongoDB (separate mode).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mongo_listen_addr: Option<String>,
+    /// Where the proxy listens for MongoDB: its own listener in separate mode when set, else
+    /// the web listener (ALPN routing).
+    pub mongo_listen_addr: String,
     /// Where MongoDB clients connect.
     pub mongo_public_addr: String,
     /// Where the proxy listens for Redis (separate mode).
@@ -329,12 +334,11 @@ pub(crate) fn proxy_ping(settings: &PingSettings) -> ProxyPing {
         ProxyPing {
             kube: KubePing {
                 enabled: s.kube_enabled,
-                public_addr: s.kube_enabled.then(|| {
-                    s.kube_public_addr
-                        .as_ref()
-                        .map_or_else(|| web_public.clone(), ToString::to_string)
-                }),
-                listen_addr: s.kube_enabled.then(|| web_listen.clone()),
+                public_addr: s
+                    .kube_public_addr
+                    .as_ref()
+                    .map_or_else(|| web_public.clone(), ToString::to_string),
+                listen_addr: web_listen.clone(),
             },
             ssh: SshPing {
                 listen_addr: web_listen.clone(),
@@ -347,9 +351,9 @@ pub(crate) fn proxy_ping(settings: &PingSettings) -> ProxyPing {
             },
             db: DbPing {
                 postgres_public_addr: web_public.clone(),
-                mysql_listen_addr: None,
+                mysql_listen_addr: web_listen.clone(),
                 mysql_public_addr: web_public.clone(),
-                mongo_listen_addr: None,
+                mongo_listen_addr: web_listen,
                 mongo_public_addr: web_public.clone(),
                 redis_listen_addr: None,
                 redis_public_addr: web_public,
@@ -357,17 +361,23 @@ pub(crate) fn proxy_ping(settings: &PingSettings) -> ProxyPing {
             tls_routing_enabled: true,
         }
     } else {
-        let kube_listen = s.kube_listen_addr.as_ref().map(ToString::to_string);
+        let listen_or_web = |listen: &Option<Addr>| {
+            listen
+                .as_ref()
+                .map_or_else(|| web_listen.clone(), ToString::to_string)
+        };
         ProxyPing {
             kube: KubePing {
-                enabled: s.kube_enabled && s.kube_listen_addr.is_some(),
-                public_addr: public_or(&s.kube_public_addr, &s.kube_listen_addr),
-                listen_addr: kube_listen,
+                // The Kubernetes route on the web port is live in this mode too.
+                enabled: s.kube_enabled,
+                public_addr: public_or(&s.kube_public_addr, &s.kube_listen_addr)
+                    .unwrap_or_else(|| web_public.clone()),
+                listen_addr: listen_or_web(&s.kube_listen_addr),
             },
             ssh: SshPing {
                 listen_addr: s.ssh_listen_addr.to_string(),
                 tunnel_listen_addr: s.tunnel_listen_addr.to_string(),
-                web_listen_addr: web_listen,
+                web_listen_addr: web_listen.clone(),
                 public_addr: web_public.clone(),
                 ssh_public_addr: s
                     .ssh_public_addr
@@ -381,10 +391,10 @@ pub(crate) fn proxy_ping(settings: &PingSettings) -> ProxyPing {
                 // Postgres is multiplexed on the web port unless it has its own listener.
                 postgres_public_addr: public_or(&s.db.postgres_public_addr, &s.db.postgres_listen_addr)
                     .unwrap_or_else(|| web_public.clone()),
-                mysql_listen_addr: s.db.mysql_listen_addr.as_ref().map(ToString::to_string),
+                mysql_listen_addr: listen_or_web(&s.db.mysql_listen_addr),
                 mysql_public_addr: public_or(&s.db.mysql_public_addr, &s.db.mysql_listen_addr)
                     .unwrap_or_else(|| web_public.clone()),
-                mongo_listen_addr: s.db.mongo_listen_addr.as_ref().map(ToString::to_string),
+                mongo_listen_addr: listen_or_web(&s.db.mongo_listen_addr),
                 mongo_public_addr: public_or(&s.db.mongo_public_addr, &s.db.mongo_listen_addr)
                     .unwrap_or_else(|| web_public.clone()),
                 redis_listen_addr: s.db.redis_listen_addr.as_ref().map(ToString::to_string),
@@ -478,6 +488,18 @@ mod tests {
         assert!(v["proxy"]["db"].get("redis_listen_addr").is_none());
         assert_eq!(v["proxy"]["ssh"]["dial_timeout"], 30_000_000_000u64);
         assert_eq!(v["auth"]["type"], "local");
+        assert_eq!(v["auth"]["second_factor"], "off");
+        // The specification's members are present in both modes.
+        assert_eq!(v["proxy"]["kube"]["enabled"], false);
+        assert_eq!(v["proxy"]["kube"]["public_addr"], "proxy.example.com:443");
+        assert_eq!(v["proxy"]["kube"]["listen_addr"], "127.0.0.1:3080");
+        assert_eq!(v["proxy"]["db"]["mysql_listen_addr"], "127.0.0.1:3080");
+        s.kube_enabled = true;
+        s.kube_public_addr = Some(addr("kube.example.com:443"));
+        let v = serde_json::to_value(ping(&s, &Version::new(17, 1, 0))).unwrap();
+        assert_eq!(v["proxy"]["kube"]["enabled"], true);
+        assert_eq!(v["proxy"]["kube"]["public_addr"], "kube.example.com:443");
+        s.kube_public_addr = None;
 
         s.listener_mode = ListenerMode::Separate;
         s.db.mysql_listen_addr = Some(addr("0.0.0.0:3036"));
@@ -496,6 +518,14 @@ mod tests {
         s.db.redis_public_addr = Some(addr("redis.example.com:6379"));
         let v = serde_json::to_value(ping(&s, &Version::new(17, 1, 0))).unwrap();
         assert_eq!(v["proxy"]["db"]["redis_public_addr"], "redis.example.com:6379");
+        assert_eq!(v["proxy"]["db"]["mongo_listen_addr"], "127.0.0.1:3080");
+        assert_eq!(v["proxy"]["kube"]["enabled"], true);
+        assert_eq!(v["proxy"]["kube"]["listen_addr"], "127.0.0.1:3080");
+        assert_eq!(v["proxy"]["kube"]["public_addr"], "proxy.example.com:443");
+        s.kube_listen_addr = Some(addr("0.0.0.0:3026"));
+        let v = serde_json::to_value(ping(&s, &Version::new(17, 1, 0))).unwrap();
+        assert_eq!(v["proxy"]["kube"]["listen_addr"], "0.0.0.0:3026");
+        assert_eq!(v["proxy"]["kube"]["public_addr"], "0.0.0.0:3026");
         let f = serde_json::to_value(find(&s, &Version::new(17, 1, 0))).unwrap();
         assert!(f.get("auth").is_none());
         assert_eq!(f["proxy"], v["proxy"]);
