@@ -413,7 +413,10 @@ impl Pool {
             .collect()
     }
 
-    /// Held proxies that no complete list names (only when some complete list exists).
+    /// Held proxies that no complete list names (only when some complete list exists, and
+    /// only once the agent holds a proxy that is named: a tunnel is never given up before one
+    /// to a listed proxy is up — with proxy peering the list may name a proxy that is not
+    /// reachable yet, or no longer).
     fn unlisted(&self) -> Vec<String> {
         let complete: BTreeSet<&str> = self
             .lists
@@ -422,6 +425,9 @@ impl Pool {
             .flat_map(|d| d.proxies.iter().map(|p| p.proxy_id.as_str()))
             .collect();
         if !self.lists.values().any(|d| d.complete) {
+            return Vec::new();
+        }
+        if !self.held.keys().any(|id| complete.contains(id.as_str())) {
             return Vec::new();
         }
         self.held
