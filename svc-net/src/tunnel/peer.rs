@@ -362,13 +362,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 fn status_failure(s: Status) -> Failure {
-    match s.code() {
-        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
-            if s.message().is_empty() || std::error::Error::source(&s).is_some() =>
-        {
-            Failure::Transport(error_chain(&s))
-        }
-        _ => Failure::Refused(s.message().to_owned()),
+    match std::error::Error::source(&s) {
+        // The connection failed (refused, TLS alert, closed by the peer): say what happened.
+        Some(source) => Failure::Transport(format!("{}: {}", s.message(), error_chain(source))),
+        // The peer answered (no tunnel to the agent there, the agent refused the dial).
+        None => Failure::Refused(s.message().to_owned()),
     }
 }
 
