@@ -1,9 +1,11 @@
 //! Proxy peering with in-process proxies: three proxies in `proxy_peering` mode with
-//! `agent_connection_count: 1`, each serving the peering API on its own address. The agent,
-//! told only one proxy's address, ends up with one tunnel, to the proxy the rendezvous hash
-//! picks; a client on any proxy reaches it (the others dial through that peer); a session
-//! through a peer finishes while the holding proxy drains; after the holding proxy stops the
-//! agent moves to the next-ranked proxy and new sessions through every remaining proxy work.
+//! `agent_connection_count: 1`, each serving the peering API on its own address. Two agents the
+//! rendezvous hash assigns to the same proxy — one told another proxy's address, one told its
+//! holder's — each end up with one tunnel, to that proxy; a client on any proxy reaches them
+//! (the others dial through that peer); a session through a peer finishes while the holding
+//! proxy drains; after the holding proxy stops both agents move to their next-ranked proxy
+//! (the one told only the stopped proxy's address through the proxies it heard of) and new
+//! sessions through every remaining proxy work.
 //! A peer presenting a node's host certificate, or a user certificate, is refused on the peer
 //! port, and the failure of a dial no peer can serve names the agent and the peers tried.
 #![allow(clippy::unwrap_used)]
@@ -140,6 +142,7 @@ fn announce(proxies: &[PeeringProxy]) {
     let discovery = Discovery {
         proxies: listed(proxies),
         complete: true,
+        hold: None,
     };
     let peers: Vec<Peer> = proxies
         .iter()
@@ -196,47 +199,59 @@ async fn an_agent_tunnelled_to_one_proxy_is_reached_through_every_proxy_and_move
     }
     announce(&proxies);
 
-    // The agent is told only the first proxy's address; it keeps one tunnel, to the proxy the
-    // proxies chose for it.
-    let node = cluster.host(&[SystemRole::Node], "node-peer");
-    let chosen = agent_proxies(&node.host_id, &listed(&proxies), 1)[0]
-        .proxy_id
-        .clone();
+    // Two agents the proxies assign to proxy 1: node-peer is told proxy 0's address (it reaches
+    // proxy 0 first, then moves to proxy 1), node-home proxy 1's own (when proxy 1 stops, the
+    // only address it was given is gone: it turns to the proxies it heard of).
+    let assigned_to_1 = |name: &str| loop {
+        let creds = cluster.host(&[SystemRole::Node], name);
+        if agent_proxies(&creds.host_id, &listed(&proxies), 1)[0].proxy_id == proxies[1].id() {
+            break creds;
+        }
+    };
+    let node = assigned_to_1("node-peer");
+    let home = assigned_to_1("node-home");
+    let chosen = proxies[1].id().to_owned();
+    let holder = 1;
     let agent = start_agent(&cluster, proxies[0].proxy.web, &node);
-    agent
-        .wait_for(|s| s.connected.len() == 1 && s.connected.contains(&chosen))
-        .within("the agent holding exactly one tunnel, to the proxy chosen for it")
-        .await;
-    let holder = proxies.iter().position(|p| p.id() == chosen).unwrap();
-    for (i, p) in proxies.iter().enumerate() {
-        if i == holder {
-            p.proxy
-                .tunnel
-                .registry()
-                .wait_for("node-peer", |a| a.is_some_and(|a| a.online))
-                .within("node-peer registered on the chosen proxy")
-                .await;
-        } else {
-            // Let any tunnel the agent first reached through the configured address drain.
-            p.proxy
-                .tunnel
-                .registry()
-                .wait_for("node-peer", |a| a.is_none())
-                .within("no tunnel of node-peer left on a proxy not chosen for it")
-                .await;
+    let agent_home = start_agent(&cluster, proxies[1].proxy.web, &home);
+    for a in [&agent, &agent_home] {
+        a.wait_for(|s| s.connected.len() == 1 && s.connected.contains(&chosen))
+            .within("the agent holding exactly one tunnel, to the proxy chosen for it")
+            .await;
+    }
+    for name in ["node-peer", "node-home"] {
+        for (i, p) in proxies.iter().enumerate() {
+            if i == holder {
+                p.proxy
+                    .tunnel
+                    .registry()
+                    .wait_for(name, |a| a.is_some_and(|a| a.online))
+                    .within(&format!("{name} registered on the chosen proxy"))
+                    .await;
+            } else {
+                // Any tunnel the agent first reached through its configured address drains.
+                p.proxy
+                    .tunnel
+                    .registry()
+                    .wait_for(name, |a| a.is_none())
+                    .within(&format!("no tunnel of {name} left on a proxy not chosen for it"))
+                    .await;
+            }
         }
     }
     announce(&proxies);
 
-    // A client on any proxy reaches the agent: the holder directly, the others through it.
-    for (i, p) in proxies.iter().enumerate() {
-        assert_eq!(
-            ssh_exec(&p.proxy, &cluster, "node-peer", &format!("echo via {i}"))
-                .await
-                .stdout(),
-            format!("via {i}\n"),
-            "through proxy {i} (holder: {holder})"
-        );
+    // A client on any proxy reaches the agents: the holder directly, the others through it.
+    for name in ["node-peer", "node-home"] {
+        for (i, p) in proxies.iter().enumerate() {
+            assert_eq!(
+                ssh_exec(&p.proxy, &cluster, name, &format!("echo via {i}"))
+                    .await
+                    .stdout(),
+                format!("via {i}\n"),
+                "{name} through proxy {i} (holder: {holder})"
+            );
+        }
     }
     let other = (holder + 1) % proxies.len();
     let direct = setup_time(&proxies[holder].proxy, &cluster, "node-peer", 5).await;
@@ -269,39 +284,47 @@ async fn an_agent_tunnelled_to_one_proxy_is_reached_through_every_proxy_and_move
     );
     stopping.within("the holding proxy's drain").await.unwrap();
 
-    // It left the registry: the agent moves to the proxy now ranked first for it.
+    // It left the registry: each agent moves to the proxy now ranked first for it.
     announce(&proxies);
-    let next = agent_proxies(&node.host_id, &listed(&proxies), 1)[0]
-        .proxy_id
-        .clone();
-    agent
-        .wait_for(|s| {
+    for (a, creds) in [(&agent, &node), (&agent_home, &home)] {
+        let next = agent_proxies(&creds.host_id, &listed(&proxies), 1)[0]
+            .proxy_id
+            .clone();
+        a.wait_for(|s| {
             s.connected.len() == 1 && s.connected.contains(&next) && !s.connected.contains(&stopped_id)
         })
-        .within("the agent moving to the next proxy chosen for it")
+        .within(&format!(
+            "{} moving to the next proxy chosen for it",
+            creds.node_name
+        ))
         .await;
-    println!(
-        "FIGURE: agent holding its new proxy {:?} after the registry dropped the old one",
-        moved_at.elapsed()
-    );
-    proxies
-        .iter()
-        .find(|p| p.id() == next)
-        .unwrap()
-        .proxy
-        .tunnel
-        .registry()
-        .wait_for("node-peer", |a| a.is_some_and(|a| a.online))
-        .within("node-peer registered on its new proxy")
-        .await;
-    announce(&proxies);
-    for (i, p) in proxies.iter().enumerate() {
-        assert_eq!(
-            ssh_exec(&p.proxy, &cluster, "node-peer", &format!("echo after {i}"))
-                .await
-                .stdout(),
-            format!("after {i}\n")
+        println!(
+            "FIGURE: {} holding its next proxy {:?} after its proxy began to stop",
+            creds.node_name,
+            stop_started.elapsed()
         );
+        proxies
+            .iter()
+            .find(|p| p.id() == next)
+            .unwrap()
+            .proxy
+            .tunnel
+            .registry()
+            .wait_for(&creds.node_name, |a| a.is_some_and(|a| a.online))
+            .within(&format!("{} registered on its new proxy", creds.node_name))
+            .await;
+    }
+    announce(&proxies);
+    for name in ["node-peer", "node-home"] {
+        for (i, p) in proxies.iter().enumerate() {
+            assert_eq!(
+                ssh_exec(&p.proxy, &cluster, name, &format!("echo after {i}"))
+                    .await
+                    .stdout(),
+                format!("after {i}\n"),
+                "{name} through proxy {i} after the move"
+            );
+        }
     }
 
     // An agent no proxy holds: the error names it and every peer tried.
@@ -319,6 +342,7 @@ async fn an_agent_tunnelled_to_one_proxy_is_reached_through_every_proxy_and_move
     assert!(err.contains("nowhere") && err.contains(proxies[1].id()), "{err}");
 
     agent.shutdown().await;
+    agent_home.shutdown().await;
     for p in proxies {
         p.shutdown().await;
     }

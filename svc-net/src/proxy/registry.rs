@@ -366,6 +366,7 @@ async fn run(
             tunnel.set_proxies(Discovery {
                 proxies: list.clone(),
                 complete: true,
+                hold: None,
             });
             pushed_at = tokio::time::Instant::now();
             last = Some(list);

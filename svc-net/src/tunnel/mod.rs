@@ -168,6 +168,12 @@ pub struct Discovery {
     /// names. A list that is not complete only adds proxies (older proxies send no such field).
     #[serde(default)]
     pub complete: bool,
+    /// With proxy peering: the host IDs of the proxies (among `proxies`) this agent should
+    /// keep a tunnel to; the others are where to turn when those are out of reach. `None`
+    /// (and from older proxies): every proxy listed. Older agents ignore it and hold every
+    /// proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Vec<String>>,
 }
 
 /// Why a tunnel operation failed.

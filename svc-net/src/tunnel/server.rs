@@ -124,14 +124,20 @@ struct Announce {
 }
 
 impl Announce {
-    /// The list for the agent `agent_id`: every proxy (agent mesh), or, with proxy peering and
-    /// a complete list, the agent's [`agent_proxies`] (as a complete list, so that the agent
-    /// lets go of any other proxy it reached).
+    /// The list for the agent `agent_id`: every proxy, and with proxy peering and a complete
+    /// list, the agent's [`agent_proxies`] as the ones to hold (the agent lets go of any other
+    /// proxy it reached, and turns to the others when those are out of reach).
     fn for_agent(&self, agent_id: &str) -> Discovery {
         match self.strategy.agent_connection_count() {
             Some(count) if self.discovery.complete && !self.discovery.proxies.is_empty() => Discovery {
-                proxies: agent_proxies(agent_id, &self.discovery.proxies, count),
+                proxies: self.discovery.proxies.clone(),
                 complete: true,
+                hold: Some(
+                    agent_proxies(agent_id, &self.discovery.proxies, count)
+                        .into_iter()
+                        .map(|p| p.proxy_id)
+                        .collect(),
+                ),
             },
             _ => self.discovery.clone(),
         }
