@@ -609,7 +609,7 @@ impl ServerCertVerifier for PeerServerVerifier {
     ) -> Result<ServerCertVerified, rustls::Error> {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(now.as_secs());
         self.verifier
-            .verify_host_x509(&[end_entity.clone()], now, Some(SystemRole::Proxy))
+            .verify_host_x509(std::slice::from_ref(end_entity), now, Some(SystemRole::Proxy))
             .map_err(|e| rustls::Error::General(format!("the peer proxy's certificate: {e}")))?;
         Ok(ServerCertVerified::assertion())
     }
