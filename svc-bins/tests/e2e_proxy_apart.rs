@@ -326,7 +326,9 @@ fn a_proxy_apart_serves_tsh_and_keeps_routing_while_the_auth_service_is_down() {
 /// `svc start`s (each with its own `peer_listen_addr`), one agent told the first proxy's
 /// address. The agent ends up tunnelled to one proxy only (the proxies log which), and
 /// `tsh ssh`, signed in through each proxy, reaches it through every one of them: the proxies
-/// learnt the strategy and each other's peer address and held agents from the registry.
+/// learnt the strategy and each other's peer address and held agents from the registry. Then
+/// the holding proxy is killed (`kill -9`, its record still listed): the agent moves and new
+/// sessions through both remaining proxies reach it.
 #[test]
 fn proxy_peering_reaches_an_agent_through_every_proxy() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -398,11 +400,21 @@ fn proxy_peering_reaches_an_agent_through_every_proxy() {
         Some(PASSWORD),
     )
     .ok();
-    // Every proxy serves peering once it heard the strategy from the registry.
+    // Every proxy serves peering once it heard the strategy from the registry, and tells its
+    // agents about all three proxies (a list every 5 seconds).
     for (i, p) in proxies.iter().enumerate() {
-        wait::wait_until(wait::STEP, &format!("proxy-{i} serving proxy peering"), || {
-            p.log().contains("serving proxy peering")
-        });
+        wait::wait_until(
+            wait::STEP,
+            &format!("proxy-{i} serving proxy peering and listing the three proxies"),
+            || {
+                let log = p.log();
+                log.contains("serving proxy peering")
+                    && log
+                        .lines()
+                        .rfind(|l| l.contains("telling the agents about the cluster's proxies"))
+                        .is_some_and(|l| l.matches(".peering.test").count() == 3)
+            },
+        );
     }
     for (i, web) in webs.iter().enumerate() {
         let home = dir.join(format!("home{i}"));
@@ -436,5 +448,24 @@ fn proxy_peering_reaches_an_agent_through_every_proxy() {
         "exactly one proxy holds the agent's tunnel: {holders:?}\nagent: {}",
         agent.log()
     );
+
+    // kill -9 the holding proxy (its record stays listed until it expires): the agent reaches
+    // another proxy — its configured address or one it heard of — and new sessions through
+    // both remaining proxies reach it.
+    let holder = holders[0];
+    proxies[holder].kill9();
+    let killed = std::time::Instant::now();
+    for i in (0..3).filter(|i| *i != holder) {
+        let home = dir.join(format!("home{i}"));
+        wait::wait_until(
+            wait::STEP,
+            &format!("tsh ssh through proxy-{i} after proxy-{holder} died"),
+            || run(TSH, &home, &["ssh", "root@node-peered", "echo again"], None).stdout == "again\n",
+        );
+        println!(
+            "FIGURE: tsh ssh through proxy-{i} reached node-peered {:?} after its proxy was killed",
+            killed.elapsed()
+        );
+    }
     drop(agent);
 }
