@@ -320,3 +320,152 @@ fn a_proxy_apart_serves_tsh_and_keeps_routing_while_the_auth_service_is_down() {
     });
     drop(agent);
 }
+
+/// Proxy peering with the real binaries: an Auth-only `svc start` with
+/// `tunnel_strategy: {type: proxy_peering, agent_connection_count: 1}`, three proxy-only
+/// `svc start`s (each with its own `peer_listen_addr`), one agent told the first proxy's
+/// address. The agent ends up tunnelled to one proxy only (the proxies log which), and
+/// `tsh ssh`, signed in through each proxy, reaches it through every one of them: the proxies
+/// learnt the strategy and each other's peer address and held agents from the registry. Then
+/// the holding proxy is killed (`kill -9`, its record still listed): the agent moves and new
+/// sessions through both remaining proxies reach it.
+#[test]
+fn proxy_peering_reaches_an_agent_through_every_proxy() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let admin_home = dir.join("admin-home");
+    let auth_data = dir.join("auth-data");
+    let auth_yaml = dir.join("auth.yaml");
+    std::fs::write(
+        &auth_yaml,
+        format!(
+            "version: v1\nsvc:\n  data_dir: {}\nauth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: peering.test\n  tunnel_strategy:\n    type: proxy_peering\n    agent_connection_count: 1\nproxy_service:\n  enabled: false\nssh_service:\n  enabled: false\n",
+            auth_data.display()
+        ),
+    )
+    .expect("auth.yaml");
+    let auth = Svc::start(&auth_yaml, dir.join("auth.stderr"));
+    let auth_addr = auth.line("auth");
+
+    let mut proxies = Vec::new();
+    let mut webs = Vec::new();
+    for i in 0..3 {
+        let (token, pin) = token(&auth_data, &admin_home, "proxy");
+        let yaml = dir.join(format!("proxy{i}.yaml"));
+        std::fs::write(
+            &yaml,
+            format!(
+                "version: v1\nsvc:\n  nodename: proxy-{i}\n  data_dir: {}\n  auth_server:\n    - {auth_addr}\n  auth_token: {token}\n  ca_pin: {pin}\nauth_service:\n  enabled: false\nproxy_service:\n  enabled: true\n  web_listen_addr: 127.0.0.1:0\n  peer_listen_addr: {}\nssh_service:\n  enabled: false\n",
+                dir.join(format!("proxy{i}-data")).display(),
+                dead_addr()
+            ),
+        )
+        .expect("proxy.yaml");
+        let proxy = Svc::start(&yaml, dir.join(format!("proxy{i}.stderr")));
+        webs.push(proxy.line("web").trim_start_matches("https://").to_owned());
+        proxies.push(proxy);
+    }
+
+    let (node_token, pin) = token(&auth_data, &admin_home, "node");
+    let agent_yaml = dir.join("agent.yaml");
+    std::fs::write(
+        &agent_yaml,
+        format!(
+            "version: v1\nsvc:\n  nodename: node-peered\n  data_dir: {}\n  proxy_server: {}\n  auth_token: {node_token}\n  ca_pin: {pin}\nauth_service:\n  enabled: false\nproxy_service:\n  enabled: false\nssh_service:\n  enabled: true\n",
+            dir.join("agent-data").display(),
+            webs[0]
+        ),
+    )
+    .expect("agent.yaml");
+    let mut agent_cmd = Command::new(SVC);
+    agent_cmd
+        .args(["start", "--insecure", "--config"])
+        .arg(&agent_yaml);
+    let agent = Agent::start(agent_cmd, dir.join("agent.stderr"));
+
+    let data = auth_data.to_string_lossy().into_owned();
+    run(
+        TCTL,
+        &admin_home,
+        &[
+            "--data-dir",
+            &data,
+            "users",
+            "add",
+            "alice",
+            "--roles=access",
+            "--logins=root",
+            "--password-stdin",
+        ],
+        Some(PASSWORD),
+    )
+    .ok();
+    // Every proxy serves peering once it heard the strategy from the registry, and tells its
+    // agents about all three proxies (a list every 5 seconds).
+    for (i, p) in proxies.iter().enumerate() {
+        wait::wait_until(
+            wait::STEP,
+            &format!("proxy-{i} serving proxy peering and listing the three proxies"),
+            || {
+                let log = p.log();
+                log.contains("serving proxy peering")
+                    && log
+                        .lines()
+                        .rfind(|l| l.contains("telling the agents about the cluster's proxies"))
+                        .is_some_and(|l| l.matches(".peering.test").count() == 3)
+            },
+        );
+    }
+    for (i, web) in webs.iter().enumerate() {
+        let home = dir.join(format!("home{i}"));
+        let flag = format!("--proxy={web}");
+        run(
+            TSH,
+            &home,
+            &["login", &flag, "--user=alice", "--insecure"],
+            Some(&format!("{PASSWORD}\n")),
+        )
+        .ok();
+        let started = std::time::Instant::now();
+        wait::wait_until(wait::STEP, &format!("tsh ssh through proxy-{i}"), || {
+            run(TSH, &home, &["ssh", "root@node-peered", "echo hello"], None).stdout == "hello\n"
+        });
+        println!(
+            "FIGURE: tsh ssh through proxy-{i} reached node-peered {:?} after sign-in",
+            started.elapsed()
+        );
+    }
+    // One tunnel only: the agent let go of every proxy but the one chosen for it.
+    let holders: Vec<usize> = (0..3)
+        .filter(|i| {
+            let log = proxies[*i].log();
+            log.matches("agent tunnel registered").count() > log.matches("agent tunnel closed").count()
+        })
+        .collect();
+    assert_eq!(
+        holders.len(),
+        1,
+        "exactly one proxy holds the agent's tunnel: {holders:?}\nagent: {}",
+        agent.log()
+    );
+
+    // kill -9 the holding proxy (its record stays listed until it expires): the agent reaches
+    // another proxy — its configured address or one it heard of — and new sessions through
+    // both remaining proxies reach it.
+    let holder = holders[0];
+    proxies[holder].kill9();
+    let killed = std::time::Instant::now();
+    for i in (0..3).filter(|i| *i != holder) {
+        let home = dir.join(format!("home{i}"));
+        wait::wait_until(
+            wait::STEP,
+            &format!("tsh ssh through proxy-{i} after proxy-{holder} died"),
+            || run(TSH, &home, &["ssh", "root@node-peered", "echo again"], None).stdout == "again\n",
+        );
+        println!(
+            "FIGURE: tsh ssh through proxy-{i} reached node-peered {:?} after its proxy was killed",
+            killed.elapsed()
+        );
+    }
+    drop(agent);
+}

@@ -114,6 +114,7 @@ fn announce(proxies: &[&TestProxy], lb: SocketAddr) {
             })
             .collect(),
         complete: true,
+        hold: None,
     };
     for p in proxies {
         p.tunnel.set_proxies(list.clone());
@@ -277,6 +278,7 @@ async fn an_agent_behind_one_address_holds_a_tunnel_to_every_proxy_and_survives_
     gone.tunnel.set_proxies(Discovery {
         proxies: Vec::new(),
         complete: false,
+        hold: None,
     });
     agent
         .wait_for(|s| !s.connected.contains(&gone_id) && s.connected.len() == 2)
@@ -318,6 +320,7 @@ async fn a_restarted_proxy_that_stays_listed_gets_its_tunnel_back() {
             })
             .collect(),
         complete: true,
+        hold: None,
     };
 
     let node = cluster.host(&[SystemRole::Node], "node-restart");

@@ -390,6 +390,7 @@ pub struct AuthService {
     passwords: PasswordPool,
     names: HostNamePolicy,
     direct: std::sync::RwLock<DirectDialPolicy>,
+    tunnel_strategy: std::sync::RwLock<crate::config::TunnelStrategy>,
     refused_direct: std::sync::Mutex<Vec<served::RefusedDirect>>,
     rules: AccessRules,
 }
@@ -502,6 +503,7 @@ impl AuthService {
             version: crate::version::current().clone(),
             names: HostNamePolicy::default(),
             direct: std::sync::RwLock::new(DirectDialPolicy::default()),
+            tunnel_strategy: std::sync::RwLock::new(crate::config::TunnelStrategy::default()),
             refused_direct: std::sync::Mutex::new(Vec::new()),
         };
         for role in preset_roles(Vec::<String>::new()) {
@@ -543,6 +545,23 @@ impl AuthService {
     /// Sets which names joining agents may (not) put in their certificates.
     pub fn set_host_name_policy(&mut self, policy: HostNamePolicy) {
         self.names = policy;
+    }
+
+    /// Sets how agents spread their tunnels over the proxies (`auth_service.tunnel_strategy`).
+    pub fn set_tunnel_strategy(&self, strategy: crate::config::TunnelStrategy) {
+        *self
+            .tunnel_strategy
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = strategy;
+    }
+
+    /// The cluster's tunnel strategy (`auth_service.tunnel_strategy`), as proxies are told it
+    /// with the list of proxies.
+    pub fn tunnel_strategy(&self) -> crate::config::TunnelStrategy {
+        *self
+            .tunnel_strategy
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Sets which listeners directly joined agents may announce (`auth_service.direct_dial`,

@@ -47,6 +47,10 @@ pub struct ProxyRecord {
     pub last_seen: u64,
     /// When it expires unless renewed (Unix seconds).
     pub expires: u64,
+    /// Host IDs of the agents holding a reverse tunnel to it (what proxy peering looks up to
+    /// reach an agent through this proxy); renewed as agents come and go.
+    #[serde(default)]
+    pub agents: Vec<String>,
 }
 
 impl ProxyRecord {
@@ -67,6 +71,7 @@ impl ProxyRecord {
             version: String::new(),
             last_seen: 0,
             expires: 0,
+            agents: Vec::new(),
         }
     }
 }

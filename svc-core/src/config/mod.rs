@@ -25,7 +25,7 @@ pub use types::{
     App, AppConfig, AuthConfig, AuthenticationConfig, Config, Database, DbConfig, DbProtocol, DbTls,
     DesktopHost, DirectDialConfig, EtcdStorageConfig, KeyPair, KubeConfig, LogConfig, LogFormat, LogOutput,
     LogSeverity, ProxyConfig, ProxyDbAddrs, ProxyProtocol, SshConfig, StorageConfig, StorageFileError,
-    SvcConfig, WindowsDesktopConfig, ports,
+    SvcConfig, TunnelStrategy, WindowsDesktopConfig, ports,
 };
 
 /// The commented default configuration written by `svc configure`; it parses to

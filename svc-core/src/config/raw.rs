@@ -76,6 +76,16 @@ pub(crate) struct RawAuth {
     pub(crate) authentication: RawAuthentication,
     pub(crate) direct_dial: RawDirectDial,
     pub(crate) storage: RawStorage,
+    pub(crate) tunnel_strategy: Option<RawTunnelStrategy>,
+}
+
+/// `auth_service.tunnel_strategy`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default, expecting = "a mapping")]
+pub(crate) struct RawTunnelStrategy {
+    #[serde(rename = "type")]
+    pub(crate) kind: Option<String>,
+    pub(crate) agent_connection_count: Option<u64>,
 }
 
 /// `auth_service.storage`: where the Auth Service keeps the cluster's state.

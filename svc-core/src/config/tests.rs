@@ -360,3 +360,40 @@ fn the_shutdown_drain_timeout_parses_and_must_be_positive() {
         assert!(err.contains("proxy_service.shutdown_drain_timeout"), "{err}");
     }
 }
+
+#[test]
+fn tunnel_strategy_defaults_to_the_agent_mesh_and_validates_peering() {
+    assert_eq!(
+        parse("version: v1").unwrap().auth.tunnel_strategy,
+        TunnelStrategy::AgentMesh
+    );
+    let c = parse(
+        "version: v1\nauth_service: {tunnel_strategy: {type: proxy_peering, agent_connection_count: 2}}",
+    )
+    .unwrap();
+    assert_eq!(
+        c.auth.tunnel_strategy,
+        TunnelStrategy::ProxyPeering {
+            agent_connection_count: 2
+        }
+    );
+    assert_eq!(c.auth.tunnel_strategy.agent_connection_count(), Some(2));
+    let c = parse("version: v1\nauth_service: {tunnel_strategy: {type: proxy_peering}}").unwrap();
+    assert_eq!(c.auth.tunnel_strategy.agent_connection_count(), Some(1));
+    for (yaml, path) in [
+        (
+            "{type: proxy_peering, agent_connection_count: 0}",
+            "auth_service.tunnel_strategy.agent_connection_count",
+        ),
+        (
+            "{type: agent_mesh, agent_connection_count: 2}",
+            "auth_service.tunnel_strategy.agent_connection_count",
+        ),
+        ("{type: peering}", "auth_service.tunnel_strategy.type"),
+    ] {
+        let err = parse(&format!("version: v1\nauth_service: {{tunnel_strategy: {yaml}}}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(path), "{yaml}: {err}");
+    }
+}

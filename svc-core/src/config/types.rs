@@ -171,6 +171,37 @@ pub struct AuthConfig {
     pub direct_dial: DirectDialConfig,
     /// Where the cluster's state lives (`auth_service.storage`; default the embedded store).
     pub storage: StorageConfig,
+    /// How agents spread their reverse tunnels over the proxies (`auth_service.tunnel_strategy`;
+    /// default every agent to every proxy).
+    pub tunnel_strategy: TunnelStrategy,
+}
+
+/// `auth_service.tunnel_strategy`: how many proxies each agent keeps a reverse tunnel to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TunnelStrategy {
+    /// `type: agent_mesh` (the default): every agent keeps a tunnel to every proxy.
+    #[default]
+    AgentMesh,
+    /// `type: proxy_peering`: every agent keeps tunnels to `agent_connection_count` proxies
+    /// chosen by the proxies; a proxy reaches an agent it holds no tunnel to through a peer
+    /// proxy that does (`proxy_service.peer_listen_addr`).
+    ProxyPeering {
+        /// Tunnels per agent (at least 1; default 1).
+        agent_connection_count: usize,
+    },
+}
+
+impl TunnelStrategy {
+    /// How many proxies an agent keeps a tunnel to: `None` for all of them (agent mesh).
+    pub fn agent_connection_count(&self) -> Option<usize> {
+        match self {
+            TunnelStrategy::AgentMesh => None,
+            TunnelStrategy::ProxyPeering {
+                agent_connection_count,
+            } => Some(*agent_connection_count),
+        }
+    }
 }
 
 /// `auth_service.storage`: where the Auth Service keeps the cluster's state.

@@ -16,7 +16,7 @@ use super::{
     ConfigError, ListenerMode,
     raw::{
         OneOrMany, RawApp, RawAuth, RawAuthentication, RawConfig, RawDb, RawKube, RawLog, RawProxy, RawSsh,
-        RawStorage, RawSvc, RawWindows,
+        RawStorage, RawSvc, RawTunnelStrategy, RawWindows,
     },
     types::*,
 };
@@ -391,7 +391,38 @@ fn auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
             allow_loopback: raw.direct_dial.allow_loopback.unwrap_or(false),
         },
         storage,
+        tunnel_strategy: tunnel_strategy(raw.tunnel_strategy)?,
     })
+}
+
+fn tunnel_strategy(raw: Option<RawTunnelStrategy>) -> Result<TunnelStrategy, ConfigError> {
+    const P: &str = "auth_service.tunnel_strategy";
+    let Some(raw) = raw else {
+        return Ok(TunnelStrategy::AgentMesh);
+    };
+    let kind = match raw.kind.as_deref() {
+        None => "agent_mesh",
+        Some(k) => one_of(
+            &format!("{P}.type"),
+            k,
+            &["agent_mesh", "proxy_peering"],
+            &["agent_mesh", "proxy_peering"],
+        )?,
+    };
+    match (kind, raw.agent_connection_count) {
+        ("agent_mesh", Some(_)) => Err(ConfigError::Invalid {
+            path: format!("{P}.agent_connection_count"),
+            reason: "only valid with type: proxy_peering".to_owned(),
+        }),
+        ("agent_mesh", None) => Ok(TunnelStrategy::AgentMesh),
+        (_, Some(0)) => Err(ConfigError::Invalid {
+            path: format!("{P}.agent_connection_count"),
+            reason: "expected a count of at least 1, found 0".to_owned(),
+        }),
+        (_, count) => Ok(TunnelStrategy::ProxyPeering {
+            agent_connection_count: usize::try_from(count.unwrap_or(1)).unwrap_or(usize::MAX),
+        }),
+    }
 }
 
 fn storage(raw: RawStorage, cluster_name: &str) -> Result<StorageConfig, ConfigError> {

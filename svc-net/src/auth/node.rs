@@ -63,6 +63,7 @@ pub struct AuthServer {
     direct: svc_core::auth::DirectDialPolicy,
     listen: crate::listen::ListenOptions,
     grpc_idle_timeout: std::time::Duration,
+    tunnel_strategy: svc_core::config::TunnelStrategy,
 }
 
 impl std::fmt::Debug for AuthServer {
@@ -92,7 +93,15 @@ impl AuthServer {
                 .with_allow_loopback(config.auth.direct_dial.allow_loopback),
             listen: crate::listen::ListenOptions::default(),
             grpc_idle_timeout: config.auth.grpc_idle_timeout,
+            tunnel_strategy: config.auth.tunnel_strategy,
         }
+    }
+
+    /// How agents spread their tunnels over the proxies (default
+    /// `auth_service.tunnel_strategy`).
+    pub fn tunnel_strategy(mut self, strategy: svc_core::config::TunnelStrategy) -> Self {
+        self.tunnel_strategy = strategy;
+        self
     }
 
     /// How long an Auth API connection may stay open with no call in flight (default
@@ -157,6 +166,7 @@ impl AuthServer {
         let auth = Arc::new(auth.with_login_limits(self.limits));
         let (listener, addr) = super::bind("auth_service.listen_addr", &self.listen_addr).await?;
         auth.set_direct_dial_policy(self.direct.clone());
+        auth.set_tunnel_strategy(self.tunnel_strategy);
         auth.add_service_addrs([addr]);
         let mut names: Vec<String> = self.public_addrs.iter().map(|a| a.host_str()).collect();
         names.push(self.listen_addr.host_str());

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use svc_core::auth::{AuthError, AuthService, Caller, ProxyRecord};
+use svc_core::config::TunnelStrategy;
 use tonic::Status;
 
 use super::client::{AuthClient, ClientError};
@@ -20,6 +21,30 @@ fn to_proto(r: ProxyRecord) -> proto::ProxyInfo {
         version: r.version,
         last_seen_unix: i64::try_from(r.last_seen).unwrap_or(i64::MAX),
         expires_unix: i64::try_from(r.expires).unwrap_or(i64::MAX),
+        agents: r.agents,
+    }
+}
+
+fn strategy_to_proto(s: TunnelStrategy) -> proto::TunnelStrategy {
+    match s.agent_connection_count() {
+        None => proto::TunnelStrategy {
+            r#type: "agent_mesh".into(),
+            agent_connection_count: 0,
+        },
+        Some(n) => proto::TunnelStrategy {
+            r#type: "proxy_peering".into(),
+            agent_connection_count: u32::try_from(n).unwrap_or(u32::MAX),
+        },
+    }
+}
+
+/// The strategy a `ListProxies` answer carries: agent mesh when absent or not understood.
+fn strategy_from_proto(s: Option<proto::TunnelStrategy>) -> TunnelStrategy {
+    match s {
+        Some(s) if s.r#type == "proxy_peering" => TunnelStrategy::ProxyPeering {
+            agent_connection_count: usize::try_from(s.agent_connection_count.max(1)).unwrap_or(1),
+        },
+        _ => TunnelStrategy::AgentMesh,
     }
 }
 
@@ -31,6 +56,7 @@ fn from_proto(p: proto::ProxyInfo) -> ProxyRecord {
     r.version = p.version;
     r.last_seen = u64::try_from(p.last_seen_unix).unwrap_or(0);
     r.expires = u64::try_from(p.expires_unix).unwrap_or(0);
+    r.agents = p.agents;
     r
 }
 
@@ -59,6 +85,7 @@ pub(super) async fn list(
     let proxies = auth.list_proxies(caller).await.map_err(status)?;
     Ok(proto::ProxyList {
         proxies: proxies.into_iter().map(to_proto).collect(),
+        tunnel_strategy: Some(strategy_to_proto(auth.tunnel_strategy())),
     })
 }
 
@@ -85,7 +112,18 @@ impl AuthClient {
 
     /// The cluster's live proxies, by host ID.
     pub async fn list_proxies(&mut self) -> Result<Vec<ProxyRecord>, ClientError> {
+        Ok(self.list_proxies_and_strategy().await?.0)
+    }
+
+    /// The cluster's live proxies, by host ID, and its tunnel strategy
+    /// (`auth_service.tunnel_strategy`; agent mesh from an Auth Service that does not say).
+    pub async fn list_proxies_and_strategy(
+        &mut self,
+    ) -> Result<(Vec<ProxyRecord>, TunnelStrategy), ClientError> {
         let list = self.raw().list_proxies(proto::Empty {}).await?.into_inner();
-        Ok(list.proxies.into_iter().map(from_proto).collect())
+        Ok((
+            list.proxies.into_iter().map(from_proto).collect(),
+            strategy_from_proto(list.tunnel_strategy),
+        ))
     }
 }

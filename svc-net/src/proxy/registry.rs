@@ -4,6 +4,14 @@
 //! connected agent over the tunnel's discovery channel — on change, and again every announce
 //! interval — so that each agent keeps one tunnel per proxy. On a clean stop it removes its
 //! record.
+//!
+//! The list comes with the cluster's tunnel strategy (`auth_service.tunnel_strategy`). With
+//! proxy peering the proxy tells each agent only its share of the proxies
+//! ([`agent_proxies`](crate::tunnel::agent_proxies)), starts serving peering on
+//! `proxy_service.peer_listen_addr` the first time it hears the strategy, keeps the agents it
+//! holds in its record (renewed as soon as they change, at the refresh interval) and hands the
+//! other proxies' records — peer address and held agents — to its
+//! [`PeerDialer`](crate::tunnel::PeerDialer).
 
 use std::{sync::Arc, time::Duration};
 
@@ -13,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::FailoverClient;
 use crate::proxy::{BoundAddrs, ProxySettings};
-use crate::tunnel::{DiscoveredProxy, Discovery, TunnelServer};
+use crate::tunnel::{DiscoveredProxy, Discovery, Peer, PeerDialer, PeerIdentity, TunnelServer};
 
 /// How often the proxy asks for the live proxies by default.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(5);
@@ -97,19 +105,35 @@ pub fn record_for(
     let mut record = ProxyRecord::new(host_id, hostname, web);
     record.tunnel_addr = tunnel;
     record.tls_routing = tls_routing;
-    record.peer_addr = settings
-        .peer_listen_addr
-        .as_ref()
-        .map(ToString::to_string)
-        .unwrap_or_default();
+    // Announced once peering is served (the bound address).
+    record.peer_addr = String::new();
     record.version = svc_core::version::current().to_string();
     record
+}
+
+/// How a proxy serves peering once the cluster asks for it: where to listen, what to present.
+pub struct PeeringConfig {
+    /// `proxy_service.peer_listen_addr`.
+    pub listen: svc_core::Addr,
+    /// The proxy's host identity (its X.509 certificate with the `proxy` role).
+    pub identity: PeerIdentity,
+    /// The peer listener's limits (the proxy's own).
+    pub options: crate::listen::ListenOptions,
+}
+
+impl std::fmt::Debug for PeeringConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeeringConfig")
+            .field("listen", &self.listen)
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A proxy announcing itself; [`Registration::leave`] removes the record.
 pub struct Registration {
     stop: CancellationToken,
-    task: JoinHandle<()>,
+    task: JoinHandle<Option<JoinHandle<()>>>,
     link: Arc<FailoverClient>,
     host_id: String,
 }
@@ -140,10 +164,22 @@ impl Registration {
         host_id: &str,
         config: RegistrationConfig,
     ) -> Self {
+        Self::spawn_with_peering(link, tunnel, host_id, config, None)
+    }
+
+    /// Like [`spawn`](Self::spawn); when the cluster's strategy is proxy peering, also serves
+    /// peering as `peering` says (until [`leave`](Self::leave)).
+    pub fn spawn_with_peering(
+        link: Arc<FailoverClient>,
+        tunnel: TunnelServer,
+        host_id: &str,
+        config: RegistrationConfig,
+        peering: Option<PeeringConfig>,
+    ) -> Self {
         let stop = CancellationToken::new();
         let mut record = config.record.clone();
         record.host_id = host_id.to_owned();
-        let task = tokio::spawn(run(link.clone(), tunnel, record, config, stop.clone()));
+        let task = tokio::spawn(run(link.clone(), tunnel, record, config, peering, stop.clone()));
         Registration {
             stop,
             task,
@@ -156,7 +192,10 @@ impl Registration {
     /// then expires on its own).
     pub async fn leave(self) {
         self.stop.cancel();
-        let _ = self.task.await;
+        // The peer listener drains (bounded by its drain timeout) with the rest of the proxy.
+        if let Ok(Some(peering)) = self.task.await {
+            let _ = peering.await;
+        }
         let link = self.link.clone();
         let leave = async move { link.client().await?.delete_proxy().await };
         match tokio::time::timeout(LEAVE_TIMEOUT, leave).await {
@@ -173,13 +212,64 @@ impl Registration {
     }
 }
 
+/// Binds the peer listener and serves peering on it until `stop`; sets the tunnel's peer
+/// dialer. Returns the address to announce and the serving task.
+async fn start_peering(
+    peering: &PeeringConfig,
+    tunnel: &TunnelServer,
+    stop: &CancellationToken,
+) -> Result<(String, JoinHandle<()>), String> {
+    let dialer = PeerDialer::new(&peering.identity).map_err(|e| e.to_string())?;
+    let addr = peering.listen.to_string();
+    let listener = tokio::net::TcpListener::bind(addr.as_str())
+        .await
+        .map_err(|e| format!("binding {addr}: {e}"))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    if bound.ip().is_unspecified() {
+        tracing::warn!(peer_listen_addr = %peering.listen, "proxy_service.peer_listen_addr has no specific host: peers are told a loopback address, which only proxies on this host can reach");
+    }
+    let announced = crate::auth::node::dialable(bound).to_string();
+    tunnel.set_peer_dialer(dialer);
+    let (tunnel, stop) = (tunnel.clone(), stop.clone());
+    let identity = PeerIdentity {
+        host_id: peering.identity.host_id.clone(),
+        verifier: peering.identity.verifier.clone(),
+        chain: peering.identity.chain.clone(),
+        key: peering.identity.key.clone_key(),
+    };
+    let options = peering.options.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = crate::tunnel::serve_peers(listener, tunnel, &identity, options, stop).await {
+            tracing::error!(error = %e, "proxy peering stopped");
+        }
+    });
+    tracing::info!(listen = %bound, announced = %announced, "serving proxy peering");
+    Ok((announced, task))
+}
+
+/// The agents this proxy holds an online tunnel to, sorted.
+fn held_agents(tunnel: &TunnelServer) -> Vec<String> {
+    let mut held: Vec<String> = tunnel
+        .registry()
+        .list()
+        .into_iter()
+        .filter(|a| a.online)
+        .map(|a| a.host_id)
+        .collect();
+    held.dedup();
+    held
+}
+
 async fn run(
     link: Arc<FailoverClient>,
     tunnel: TunnelServer,
-    record: ProxyRecord,
+    mut record: ProxyRecord,
     config: RegistrationConfig,
+    peering: Option<PeeringConfig>,
     stop: CancellationToken,
-) {
+) -> Option<JoinHandle<()>> {
+    let mut peer_task: Option<JoinHandle<()>> = None;
+    let mut peering_failed = false;
     let mut announce = tokio::time::interval(config.announce_every);
     let mut refresh = tokio::time::interval(config.refresh_every);
     announce.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -207,10 +297,10 @@ async fn run(
                 continue;
             }
             _ = refresh.tick() => {}
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => return peer_task,
         }
-        let listed = async { link.client().await?.list_proxies().await };
-        let proxies = match listed.await {
+        let listed = async { link.client().await?.list_proxies_and_strategy().await };
+        let (proxies, strategy) = match listed.await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "listing the cluster's proxies failed; agents keep the last list");
@@ -218,6 +308,49 @@ async fn run(
                 continue;
             }
         };
+        if tunnel.strategy() != strategy {
+            tracing::info!(?strategy, "the cluster's tunnel strategy");
+            tunnel.set_strategy(strategy);
+        }
+        if strategy.agent_connection_count().is_some()
+            && peer_task.is_none()
+            && !peering_failed
+            && let Some(p) = &peering
+        {
+            match start_peering(p, &tunnel, &stop).await {
+                Ok((addr, task)) => {
+                    record.peer_addr = addr;
+                    peer_task = Some(task);
+                }
+                Err(e) => {
+                    peering_failed = true;
+                    tracing::error!(error = %e, peer_listen_addr = %p.listen, "cannot serve proxy peering: this proxy reaches only the agents tunnelled to it");
+                }
+            }
+        }
+        // The record names the agents held here, renewed as soon as they change.
+        let held = held_agents(&tunnel);
+        if held != record.agents
+            || (peer_task.is_some()
+                && proxies
+                    .iter()
+                    .all(|p| p.host_id != record.host_id || p.peer_addr != record.peer_addr))
+        {
+            record.agents = held;
+            let upsert = async { link.client().await?.upsert_proxy(&record, config.ttl).await };
+            if let Err(e) = upsert.await {
+                tracing::warn!(host_id = %record.host_id, error = %e, "renewing this proxy's record (its agents) failed; retrying at the next refresh");
+                link.reset().await;
+            }
+        }
+        if let Some(dialer) = tunnel.peer_dialer() {
+            dialer.set_peers(
+                proxies
+                    .iter()
+                    .map(|p| Peer::new(p.host_id.clone(), p.peer_addr.clone(), p.agents.clone()))
+                    .collect(),
+            );
+        }
         let mut list: Vec<DiscoveredProxy> = proxies.iter().map(discovered).collect();
         // This proxy is alive whatever the registry says (its own record may not be stored yet).
         if !list.iter().any(|p| p.proxy_id == record.host_id) {
@@ -233,6 +366,7 @@ async fn run(
             tunnel.set_proxies(Discovery {
                 proxies: list.clone(),
                 complete: true,
+                hold: None,
             });
             pushed_at = tokio::time::Instant::now();
             last = Some(list);
@@ -250,6 +384,33 @@ pub(crate) fn register(
     hostname: &str,
 ) -> super::RunningProxy {
     let record = record_for(running.settings(), running.addrs(), &identity.name, hostname);
-    let registration = Registration::spawn(link, tunnel, &identity.name, RegistrationConfig::new(record));
+    let peering = running.settings().peer_listen_addr.clone().and_then(|listen| {
+        let parts = identity
+            .tls_parts()
+            .and_then(|(chain, key)| Ok((chain, key, identity.verifier()?)));
+        match parts {
+            Ok((chain, key, verifier)) => Some(PeeringConfig {
+                listen,
+                identity: PeerIdentity {
+                    host_id: identity.name.clone(),
+                    verifier: Arc::new(verifier),
+                    chain,
+                    key,
+                },
+                options: running.settings().listen.clone(),
+            }),
+            Err(e) => {
+                tracing::error!(error = %e, "the proxy identity cannot serve proxy peering");
+                None
+            }
+        }
+    });
+    let registration = Registration::spawn_with_peering(
+        link,
+        tunnel,
+        &identity.name,
+        RegistrationConfig::new(record),
+        peering,
+    );
     running.with_registration(registration)
 }

@@ -399,6 +399,9 @@ struct Pool {
     held: std::collections::BTreeMap<String, Arc<ConnShared>>,
     /// The last list each held proxy announced.
     lists: std::collections::BTreeMap<String, Discovery>,
+    /// The proxies of the last complete list heard, kept when every tunnel is gone: where to
+    /// dial then (with proxy peering the configured address may be the proxy that went away).
+    remembered: std::collections::BTreeMap<String, super::DiscoveredProxy>,
     /// Dial loops running.
     slots: usize,
 }
@@ -413,15 +416,39 @@ impl Pool {
             .collect()
     }
 
-    /// Held proxies that no complete list names (only when some complete list exists).
+    /// The proxies the lists name to hold: with proxy peering each list's `hold`, otherwise
+    /// every proxy it names.
+    fn named(d: &Discovery) -> BTreeSet<&str> {
+        match &d.hold {
+            Some(hold) => hold.iter().map(String::as_str).collect(),
+            None => d.proxies.iter().map(|p| p.proxy_id.as_str()).collect(),
+        }
+    }
+
+    /// The announced proxies to hold a tunnel to.
+    fn wanted(&self) -> std::collections::BTreeMap<&str, &super::DiscoveredProxy> {
+        let named: BTreeSet<&str> = self.lists.values().flat_map(Self::named).collect();
+        self.known()
+            .into_iter()
+            .filter(|(id, _)| named.contains(id))
+            .collect()
+    }
+
+    /// Held proxies that no complete list names to hold (only when some complete list exists,
+    /// and only once the agent holds a proxy that is named: a tunnel is never given up before
+    /// one to a named proxy is up — with proxy peering the list may name a proxy that is not
+    /// reachable yet, or no longer).
     fn unlisted(&self) -> Vec<String> {
         let complete: BTreeSet<&str> = self
             .lists
             .values()
             .filter(|d| d.complete)
-            .flat_map(|d| d.proxies.iter().map(|p| p.proxy_id.as_str()))
+            .flat_map(Self::named)
             .collect();
         if !self.lists.values().any(|d| d.complete) {
+            return Vec::new();
+        }
+        if !self.held.keys().any(|id| complete.contains(id.as_str())) {
             return Vec::new();
         }
         self.held
@@ -431,11 +458,11 @@ impl Pool {
             .collect()
     }
 
-    /// How many tunnels the agent should hold: every announced proxy and every held one that is
+    /// How many tunnels the agent should hold: every proxy to hold and every held one that is
     /// still listed; at least one.
     fn desired(&self) -> usize {
         let unlisted = self.unlisted();
-        let mut ids: BTreeSet<&str> = self.known().into_keys().collect();
+        let mut ids: BTreeSet<&str> = self.wanted().into_keys().collect();
         ids.extend(
             self.held
                 .keys()
@@ -445,11 +472,17 @@ impl Pool {
         ids.len().max(1)
     }
 
-    /// An announced proxy no tunnel holds, with an address to dial; `turn` rotates among them.
+    /// A proxy to hold that no tunnel holds, with an address to dial; `turn` rotates among
+    /// them. With no list at all (every tunnel lost), a proxy of the last complete list.
     fn missing(&self, turn: usize) -> Option<Target> {
-        let missing: Vec<&super::DiscoveredProxy> = self
-            .known()
-            .into_values()
+        let wanted = self.wanted();
+        let pool: Vec<&super::DiscoveredProxy> = if self.lists.is_empty() {
+            self.remembered.values().collect()
+        } else {
+            wanted.into_values().collect()
+        };
+        let missing: Vec<&super::DiscoveredProxy> = pool
+            .into_iter()
             .filter(|p| !self.held.contains_key(&p.proxy_id) && !p.tunnel_addr.is_empty())
             .collect();
         if missing.is_empty() {
@@ -498,8 +531,15 @@ impl Shared {
         if !pool.held.contains_key(proxy_id) {
             return;
         }
+        if discovery.complete {
+            pool.remembered = discovery
+                .proxies
+                .iter()
+                .map(|p| (p.proxy_id.clone(), p.clone()))
+                .collect();
+        }
         pool.lists.insert(proxy_id.to_owned(), discovery);
-        let missing = pool.known().keys().any(|id| !pool.held.contains_key(*id));
+        let missing = pool.wanted().keys().any(|id| !pool.held.contains_key(*id));
         drop(pool);
         if missing {
             self.wanted.send_modify(|n| *n = n.wrapping_add(1));
@@ -573,7 +613,16 @@ async fn slot_loop(shared: Arc<Shared>, tracker: tokio_util::task::TaskTracker) 
             }
         }
         turn = turn.wrapping_add(1);
-        let announced = lock_pool(&shared).missing(turn);
+        let announced = {
+            let pool = lock_pool(&shared);
+            if pool.lists.is_empty() {
+                // Every tunnel lost: the configured address and the proxies last heard of, in
+                // turn.
+                (turn % 2 == 1).then(|| pool.missing(turn / 2)).flatten()
+            } else {
+                pool.missing(turn)
+            }
+        };
         let mut established = false;
         // Shutdown is watched inside: a tunnel that is up must be closed, not dropped.
         let attempt = async {
@@ -1026,6 +1075,86 @@ mod tests {
 
     fn pinged() -> Addr {
         Addr::parse("proxy.example.com:443").unwrap()
+    }
+
+    fn conn() -> Arc<ConnShared> {
+        Arc::new(ConnShared {
+            disconnect_reason: Mutex::new(None),
+            active: std::sync::atomic::AtomicUsize::new(0),
+            idle: Notify::new(),
+            draining: AtomicBool::new(false),
+            reconnect: Notify::new(),
+            proxy_id: Mutex::new(None),
+        })
+    }
+
+    fn only(proxy_id: &str) -> Discovery {
+        Discovery {
+            proxies: vec![super::super::DiscoveredProxy {
+                proxy_id: proxy_id.into(),
+                tunnel_addr: format!("{proxy_id}.example.com:3024"),
+                tls_routing: false,
+            }],
+            complete: true,
+            hold: None,
+        }
+    }
+
+    #[test]
+    fn a_held_proxy_is_let_go_only_once_a_listed_one_is_held() {
+        // Proxy peering: the agent reached proxy a, which tells it to hold b instead.
+        let mut pool = Pool::default();
+        pool.held.insert("a".into(), conn());
+        pool.lists.insert("a".into(), only("b"));
+        assert!(
+            pool.unlisted().is_empty(),
+            "a is the only tunnel: kept until b is up"
+        );
+        assert_eq!(pool.desired(), 2, "a kept, b wanted");
+        assert_eq!(pool.missing(0).unwrap().addr.to_string(), "b.example.com:3024");
+        // b is up: a is let go.
+        pool.held.insert("b".into(), conn());
+        pool.lists.insert("b".into(), only("b"));
+        assert_eq!(pool.unlisted(), vec!["a".to_owned()]);
+        assert_eq!(pool.desired(), 1);
+    }
+
+    #[test]
+    fn with_a_hold_list_the_agent_holds_its_share_and_remembers_the_rest() {
+        let all = |hold: &str| Discovery {
+            proxies: ["a", "b", "c"]
+                .iter()
+                .map(|id| super::super::DiscoveredProxy {
+                    proxy_id: (*id).into(),
+                    tunnel_addr: format!("{id}.example.com:3024"),
+                    tls_routing: false,
+                })
+                .collect(),
+            complete: true,
+            hold: Some(vec![hold.into()]),
+        };
+        let mut pool = Pool::default();
+        pool.held.insert("b".into(), conn());
+        pool.lists.insert("b".into(), all("b"));
+        pool.remembered = all("b")
+            .proxies
+            .into_iter()
+            .map(|p| (p.proxy_id.clone(), p))
+            .collect();
+        assert_eq!(pool.desired(), 1, "only b is held");
+        assert!(pool.missing(0).is_none() && pool.unlisted().is_empty());
+        // b's tunnel is lost: the agent turns to the other proxies it heard of.
+        pool.held.clear();
+        pool.lists.clear();
+        let targets: BTreeSet<String> = (0..3)
+            .filter_map(|t| pool.missing(t))
+            .map(|t| t.addr.to_string())
+            .collect();
+        let expected: BTreeSet<String> = ["a", "b", "c"]
+            .iter()
+            .map(|id| format!("{id}.example.com:3024"))
+            .collect();
+        assert_eq!(targets, expected);
     }
 
     #[test]

@@ -34,6 +34,7 @@
 mod agent;
 mod backoff;
 mod direct;
+pub mod peer;
 mod registry;
 mod server;
 
@@ -50,10 +51,12 @@ pub(crate) use direct::direct_handler;
 pub use direct::{
     DIRECT_DIAL_TIMEOUT, DirectDialer, DirectLookup, DirectTarget, agent_tls, serve_direct, serve_direct_with,
 };
+pub use peer::{Peer, PeerDialer, PeerError, PeerIdentity, agent_proxies, serve_peers};
 pub use registry::{AgentInfo, AgentRegistry};
 pub use server::{
     DEFAULT_ATTACH_WAIT, DEFAULT_TUNNEL_DRAIN, TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream,
 };
+pub use svc_core::config::TunnelStrategy;
 
 /// Wraps an async function as the [`DialService`] an agent serves dial requests with.
 pub fn dial_service_fn<F, Fut>(f: F) -> DialService
@@ -165,6 +168,12 @@ pub struct Discovery {
     /// names. A list that is not complete only adds proxies (older proxies send no such field).
     #[serde(default)]
     pub complete: bool,
+    /// With proxy peering: the host IDs of the proxies (among `proxies`) this agent should
+    /// keep a tunnel to; the others are where to turn when those are out of reach. `None`
+    /// (and from older proxies): every proxy listed. Older agents ignore it and hold every
+    /// proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Vec<String>>,
 }
 
 /// Why a tunnel operation failed.
@@ -233,6 +242,9 @@ pub enum TunnelError {
     /// The proxy refused the agent's credentials.
     #[error("the proxy at {0} refused the agent's host certificate")]
     AuthRefused(String),
+    /// The agent holds no tunnel here and no peer proxy reached it (proxy peering).
+    #[error(transparent)]
+    Peering(#[from] PeerError),
     /// A deadline passed.
     #[error("{what} timed out after {after:?}")]
     Timeout {

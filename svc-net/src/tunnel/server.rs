@@ -32,7 +32,8 @@ use tower::{BoxError, Service};
 
 use super::{
     DIAL_OK, DISCOVERY_CHANNEL, DialRequest, DirectDialer, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST,
-    RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST, read_line,
+    PeerDialer, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, TunnelStrategy, VERSION_REQUEST,
+    agent_proxies, read_line,
     registry::{AgentInfo, AgentRegistry, ConnState, LiveGuard},
 };
 use crate::io::{BoxIo, ConnFuture, ConnService, Connection, Io, conn_service};
@@ -110,7 +111,37 @@ struct Inner {
     tunables: Tunables,
     drain_timeout: Duration,
     registry: AgentRegistry,
-    discovery: watch::Sender<Discovery>,
+    announce: watch::Sender<Announce>,
+    peers: Arc<std::sync::RwLock<Option<PeerDialer>>>,
+}
+
+/// What the discovery channel tells agents: the cluster's proxies, and how many of them each
+/// agent should hold.
+#[derive(Clone, Debug, Default)]
+struct Announce {
+    discovery: Discovery,
+    strategy: TunnelStrategy,
+}
+
+impl Announce {
+    /// The list for the agent `agent_id`: every proxy, and with proxy peering and a complete
+    /// list, the agent's [`agent_proxies`] as the ones to hold (the agent lets go of any other
+    /// proxy it reached, and turns to the others when those are out of reach).
+    fn for_agent(&self, agent_id: &str) -> Discovery {
+        match self.strategy.agent_connection_count() {
+            Some(count) if self.discovery.complete && !self.discovery.proxies.is_empty() => Discovery {
+                proxies: self.discovery.proxies.clone(),
+                complete: true,
+                hold: Some(
+                    agent_proxies(agent_id, &self.discovery.proxies, count)
+                        .into_iter()
+                        .map(|p| p.proxy_id)
+                        .collect(),
+                ),
+            },
+            _ => self.discovery.clone(),
+        }
+    }
 }
 
 /// Accepts and registers agents' tunnels. Cheap to clone.
@@ -140,7 +171,8 @@ impl TunnelServer {
             tunables: config.tunables,
             drain_timeout: config.drain_timeout,
             registry: AgentRegistry::default(),
-            discovery: watch::channel(Discovery::default()).0,
+            announce: watch::channel(Announce::default()).0,
+            peers: Arc::default(),
         });
         tokio::spawn(sweep(Arc::downgrade(&inner)));
         Self { inner }
@@ -169,12 +201,48 @@ impl TunnelServer {
             timeout: self.inner.tunables.handshake_timeout,
             direct: None,
             attach_wait: DEFAULT_ATTACH_WAIT,
+            peers: self.inner.peers.clone(),
         }
     }
 
     /// Announces the cluster's proxies to every agent (the discovery channel).
     pub fn set_proxies(&self, discovery: Discovery) {
-        self.inner.discovery.send_replace(discovery);
+        self.inner.announce.send_modify(|a| a.discovery = discovery);
+    }
+
+    /// How many of the announced proxies each agent is told to hold (the cluster's
+    /// `tunnel_strategy`): all of them, or with proxy peering its
+    /// [`agent_proxies`]. Agents hear the change at once.
+    pub fn set_strategy(&self, strategy: TunnelStrategy) {
+        self.inner.announce.send_if_modified(|a| {
+            let changed = a.strategy != strategy;
+            a.strategy = strategy;
+            changed
+        });
+    }
+
+    /// The strategy agents are told to follow.
+    pub fn strategy(&self) -> TunnelStrategy {
+        self.inner.announce.borrow().strategy
+    }
+
+    /// Dials agents without a tunnel here through `peers` (proxy peering), from every dialer of
+    /// this server, including those made before.
+    pub fn set_peer_dialer(&self, peers: PeerDialer) {
+        *self
+            .inner
+            .peers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(peers);
+    }
+
+    /// The peer dialer, if one was set.
+    pub fn peer_dialer(&self) -> Option<PeerDialer> {
+        self.inner
+            .peers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Asks every agent's every tunnel to drain and reconnect (elsewhere, when this proxy is
@@ -245,6 +313,7 @@ impl TunnelServer {
             state: state.clone(),
             auth: Some(auth_tx),
             peer,
+            agent_id: String::new(),
         };
         let after = inner.tunables.handshake_timeout;
         let auth_after = inner.tunables.auth_timeout;
@@ -412,6 +481,8 @@ struct TunnelHandler {
     state: Arc<ConnState>,
     auth: Option<oneshot::Sender<HostIdentity>>,
     peer: SocketAddr,
+    /// The agent's host ID once authenticated.
+    agent_id: String,
 }
 
 impl russh::server::Handler for TunnelHandler {
@@ -428,6 +499,7 @@ impl russh::server::Handler for TunnelHandler {
             .verify_host_ssh(certificate, SystemTime::now(), None)
         {
             Ok(host) if host.host_id == user => {
+                self.agent_id = host.host_id.clone();
                 if let Some(tx) = self.auth.take() {
                     let _ = tx.send(host);
                 }
@@ -464,11 +536,12 @@ impl russh::server::Handler for TunnelHandler {
             }
             DISCOVERY_CHANNEL => {
                 reply.accept().await;
-                let mut rx = self.inner.discovery.subscribe();
+                let mut rx = self.inner.announce.subscribe();
+                let agent_id = self.agent_id.clone();
                 tokio::spawn(async move {
                     let mut stream = channel.into_stream();
                     loop {
-                        let msg = rx.borrow_and_update().clone();
+                        let msg = rx.borrow_and_update().for_agent(&agent_id);
                         let Ok(mut line) = serde_json::to_vec(&msg) else {
                             return;
                         };
@@ -541,6 +614,7 @@ pub struct TunnelDialer {
     timeout: Duration,
     direct: Option<DirectDialer>,
     attach_wait: Duration,
+    peers: Arc<std::sync::RwLock<Option<PeerDialer>>>,
 }
 
 /// How long a dial to an agent without a tunnel here waits for one to appear (see
@@ -584,7 +658,29 @@ impl TunnelDialer {
     /// Dials `req.address` through the tunnel of `req.server_id` (a host ID, UUID or node
     /// name; the request sent down the tunnel always names the host ID); without a tunnel,
     /// on the agent's own listener when it joined directly ([`with_direct`](Self::with_direct)).
-    pub async fn dial(&self, mut req: DialRequest) -> Result<TunnelStream, TunnelError> {
+    ///
+    /// With proxy peering ([`TunnelServer::set_peer_dialer`]), an agent without a tunnel here
+    /// is dialed through the peer proxies before waiting for it to attach; when that fails too,
+    /// the error names the agent and every peer tried.
+    pub async fn dial(&self, req: DialRequest) -> Result<TunnelStream, TunnelError> {
+        self.dial_with(req, true).await
+    }
+
+    /// Dials over this proxy's own tunnels (and direct listeners) only, never through a peer:
+    /// what the peering server serves peers with.
+    pub(crate) async fn dial_local(&self, req: DialRequest) -> Result<TunnelStream, TunnelError> {
+        self.dial_with(req, false).await
+    }
+
+    fn peer_dialer(&self) -> Option<PeerDialer> {
+        self.peers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .filter(PeerDialer::has_peers)
+    }
+
+    async fn dial_with(&self, mut req: DialRequest, via_peers: bool) -> Result<TunnelStream, TunnelError> {
         let host_id = match self.registry.resolve(&req.server_id) {
             Some(host_id) => host_id,
             None => {
@@ -596,7 +692,22 @@ impl TunnelDialer {
                         inner: StreamInner::Direct(io),
                     });
                 }
-                self.attached(&server).await.ok_or(TunnelError::NoAgent(server))?
+                let mut peering = None;
+                if via_peers && let Some(peers) = self.peer_dialer() {
+                    match peers.dial(&req).await {
+                        Ok(io) => {
+                            return Ok(TunnelStream {
+                                inner: StreamInner::Direct(io),
+                            });
+                        }
+                        Err(e) => peering = Some(e),
+                    }
+                }
+                match (self.attached(&server).await, peering) {
+                    (Some(host_id), _) => host_id,
+                    (None, Some(e)) => return Err(TunnelError::Peering(e)),
+                    (None, None) => return Err(TunnelError::NoAgent(server)),
+                }
             }
         };
         req.server_id = host_id.clone();

@@ -1,0 +1,404 @@
+//! Proxy peering with in-process proxies: three proxies in `proxy_peering` mode with
+//! `agent_connection_count: 1`, each serving the peering API on its own address. Two agents the
+//! rendezvous hash assigns to the same proxy — one told another proxy's address, one told its
+//! holder's — each end up with one tunnel, to that proxy; a client on any proxy reaches them
+//! (the others dial through that peer); a session through a peer finishes while the holding
+//! proxy drains; after the holding proxy stops both agents move to their next-ranked proxy
+//! (the one told only the stopped proxy's address through the proxies it heard of) and new
+//! sessions through every remaining proxy work.
+//! A peer presenting a node's host certificate, or a user certificate, is refused on the peer
+//! port, and the failure of a dial no peer can serve names the agent and the peers tried.
+#![allow(clippy::unwrap_used)]
+
+mod tunnel_support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime};
+
+use rcgen::PublicKeyData;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use svc_core::auth::ServedKind;
+use svc_core::identity::{HostCertRequest, SystemRole, UserCertRequest};
+use svc_net::tunnel::{
+    DialRequest, DiscoveredProxy, Discovery, Peer, PeerDialer, PeerIdentity, TunnelStrategy, agent_proxies,
+};
+use tokio_util::sync::CancellationToken;
+use tunnel_support::*;
+
+const PEERING: TunnelStrategy = TunnelStrategy::ProxyPeering {
+    agent_connection_count: 1,
+};
+
+fn key_der(key: &rcgen::KeyPair) -> PrivateKeyDer<'static> {
+    PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()))
+}
+
+/// An X.509 host identity from the cluster's host CA for `host_id` with `roles`.
+fn host_x509(cluster: &Cluster, host_id: &str, roles: &[SystemRole]) -> PeerIdentity {
+    let uuid = host_id.split_once('.').unwrap().0.parse::<uuid::Uuid>().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let req = HostCertRequest {
+        host_uuid: uuid,
+        node_name: "peer".into(),
+        roles: roles.to_vec(),
+        additional_names: vec![],
+        ttl: Duration::from_secs(3600),
+    };
+    let der = cluster
+        .host_ca
+        .sign_host_x509(&req, &key.subject_public_key_info(), SystemTime::now())
+        .unwrap();
+    PeerIdentity {
+        host_id: host_id.to_owned(),
+        verifier: cluster.verifier.clone(),
+        chain: vec![der],
+        key: key_der(&key),
+    }
+}
+
+/// A user's X.509 certificate from the user CA, presented as if it were a proxy's.
+fn user_x509(cluster: &Cluster) -> PeerIdentity {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let req = UserCertRequest {
+        username: "mallory".into(),
+        roles: vec!["access".into()],
+        logins: vec!["root".into()],
+        ttl: Duration::from_secs(3600),
+    };
+    let der: CertificateDer<'static> = cluster
+        .user_ca
+        .sign_user_x509(&req, &key.subject_public_key_info(), SystemTime::now())
+        .unwrap();
+    PeerIdentity {
+        host_id: format!("{}.{CLUSTER}", uuid::Uuid::new_v4()),
+        verifier: cluster.verifier.clone(),
+        chain: vec![der],
+        key: key_der(&key),
+    }
+}
+
+/// A test proxy that also serves peering.
+struct PeeringProxy {
+    proxy: TestProxy,
+    peer_addr: SocketAddr,
+    stop_peering: CancellationToken,
+    serving: tokio::task::JoinHandle<()>,
+}
+
+impl PeeringProxy {
+    fn id(&self) -> &str {
+        &self.proxy.creds.host_id
+    }
+
+    async fn shutdown(self) {
+        self.stop_peering.cancel();
+        self.proxy.shutdown().await;
+        self.serving.within("the peering server's stop").await.unwrap();
+    }
+}
+
+async fn start_peering_proxy(cluster: &Cluster) -> PeeringProxy {
+    let proxy = start_proxy(cluster, ProxyOpts::default()).await;
+    let identity = host_x509(cluster, &proxy.creds.host_id, &[SystemRole::Proxy]);
+    proxy.tunnel.set_strategy(PEERING);
+    proxy.tunnel.set_peer_dialer(PeerDialer::new(&identity).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let peer_addr = listener.local_addr().unwrap();
+    let stop_peering = CancellationToken::new();
+    let (tunnel, stop) = (proxy.tunnel.clone(), stop_peering.clone());
+    let serving = tokio::spawn(async move {
+        svc_net::tunnel::serve_peers(
+            listener,
+            tunnel,
+            &identity,
+            svc_net::listen::ListenOptions::default().with_drain_timeout(Duration::from_secs(10)),
+            stop,
+        )
+        .await
+        .unwrap();
+    });
+    PeeringProxy {
+        proxy,
+        peer_addr,
+        stop_peering,
+        serving,
+    }
+}
+
+fn listed(proxies: &[PeeringProxy]) -> Vec<DiscoveredProxy> {
+    proxies
+        .iter()
+        .map(|p| DiscoveredProxy {
+            proxy_id: p.id().to_owned(),
+            tunnel_addr: p.proxy.web.to_string(),
+            tls_routing: true,
+        })
+        .collect()
+}
+
+/// What the registry does every few seconds: every proxy hears the live proxies (and tells its
+/// agents their share), and learns each peer's address and the agents its record holds.
+fn announce(proxies: &[PeeringProxy]) {
+    let discovery = Discovery {
+        proxies: listed(proxies),
+        complete: true,
+        hold: None,
+    };
+    let peers: Vec<Peer> = proxies
+        .iter()
+        .map(|p| {
+            let agents = p
+                .proxy
+                .tunnel
+                .registry()
+                .list()
+                .into_iter()
+                .map(|a| a.host_id)
+                .collect();
+            Peer::new(p.id(), p.peer_addr.to_string(), agents)
+        })
+        .collect();
+    for p in proxies {
+        p.proxy.tunnel.set_proxies(discovery.clone());
+        p.proxy.tunnel.peer_dialer().unwrap().set_peers(peers.clone());
+    }
+}
+
+fn dial_request(server: &str) -> DialRequest {
+    DialRequest {
+        address: "127.0.0.1:3022".into(),
+        server_id: server.into(),
+        conn_type: ServedKind::Node,
+        client_src_addr: "127.0.0.1:5000".into(),
+        client_dst_addr: "127.0.0.1:3080".into(),
+        db_route: None,
+    }
+}
+
+/// Median of how long opening an SSH session through `proxy` takes, over `n` sessions.
+async fn setup_time(proxy: &TestProxy, cluster: &Cluster, node: &str, n: usize) -> Duration {
+    let user = cluster.user("alice", &["root"]);
+    let mut times = Vec::new();
+    for _ in 0..n {
+        let started = Instant::now();
+        let session = node_session(proxy, cluster, &user, node).await;
+        times.push(started.elapsed());
+        let _ = session.disconnect(russh::Disconnect::ByApplication, "", "").await;
+    }
+    times.sort();
+    times[n / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_tunnelled_to_one_proxy_is_reached_through_every_proxy_and_moves_when_it_stops() {
+    init_tracing();
+    let cluster = Cluster::new();
+    let mut proxies = Vec::new();
+    for _ in 0..3 {
+        proxies.push(start_peering_proxy(&cluster).await);
+    }
+    announce(&proxies);
+
+    // Two agents the proxies assign to proxy 1: node-peer is told proxy 0's address (it reaches
+    // proxy 0 first, then moves to proxy 1), node-home proxy 1's own (when proxy 1 stops, the
+    // only address it was given is gone: it turns to the proxies it heard of).
+    let assigned_to_1 = |name: &str| loop {
+        let creds = cluster.host(&[SystemRole::Node], name);
+        if agent_proxies(&creds.host_id, &listed(&proxies), 1)[0].proxy_id == proxies[1].id() {
+            break creds;
+        }
+    };
+    let node = assigned_to_1("node-peer");
+    let home = assigned_to_1("node-home");
+    let chosen = proxies[1].id().to_owned();
+    let holder = 1;
+    let agent = start_agent(&cluster, proxies[0].proxy.web, &node);
+    let agent_home = start_agent(&cluster, proxies[1].proxy.web, &home);
+    for a in [&agent, &agent_home] {
+        a.wait_for(|s| s.connected.len() == 1 && s.connected.contains(&chosen))
+            .within("the agent holding exactly one tunnel, to the proxy chosen for it")
+            .await;
+    }
+    for name in ["node-peer", "node-home"] {
+        for (i, p) in proxies.iter().enumerate() {
+            if i == holder {
+                p.proxy
+                    .tunnel
+                    .registry()
+                    .wait_for(name, |a| a.is_some_and(|a| a.online))
+                    .within(&format!("{name} registered on the chosen proxy"))
+                    .await;
+            } else {
+                // Any tunnel the agent first reached through its configured address drains.
+                p.proxy
+                    .tunnel
+                    .registry()
+                    .wait_for(name, |a| a.is_none())
+                    .within(&format!("no tunnel of {name} left on a proxy not chosen for it"))
+                    .await;
+            }
+        }
+    }
+    announce(&proxies);
+
+    // A client on any proxy reaches the agents: the holder directly, the others through it.
+    for name in ["node-peer", "node-home"] {
+        for (i, p) in proxies.iter().enumerate() {
+            assert_eq!(
+                ssh_exec(&p.proxy, &cluster, name, &format!("echo via {i}"))
+                    .await
+                    .stdout(),
+                format!("via {i}\n"),
+                "{name} through proxy {i} (holder: {holder})"
+            );
+        }
+    }
+    let other = (holder + 1) % proxies.len();
+    let direct = setup_time(&proxies[holder].proxy, &cluster, "node-peer", 5).await;
+    let peered = setup_time(&proxies[other].proxy, &cluster, "node-peer", 5).await;
+    println!(
+        "FIGURE: SSH session setup (median of 5), client on the holding proxy {direct:?}, client on a peer proxy {peered:?} (ratio {:.2})",
+        peered.as_secs_f64() / direct.as_secs_f64()
+    );
+
+    // A session through a peer runs while the holding proxy drains: it finishes.
+    let user = cluster.user("alice", &["root"]);
+    let session = node_session(&proxies[other].proxy, &cluster, &user, "node-peer").await;
+    let running = tokio::spawn(async move {
+        let out = exec(&session, "sleep 1; echo finished").await;
+        (session, out)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopped = proxies.remove(holder);
+    let stopped_id = stopped.id().to_owned();
+    let stop_started = Instant::now();
+    let stopping = tokio::spawn(stopped.shutdown());
+    let (_session, out) = running
+        .within("the session through a peer while the holding proxy drains")
+        .await
+        .unwrap();
+    assert_eq!(
+        out.stdout(),
+        "finished\n",
+        "the peered session finished during the drain"
+    );
+    stopping.within("the holding proxy's drain").await.unwrap();
+
+    // It left the registry: each agent moves to the proxy now ranked first for it.
+    announce(&proxies);
+    for (a, creds) in [(&agent, &node), (&agent_home, &home)] {
+        let next = agent_proxies(&creds.host_id, &listed(&proxies), 1)[0]
+            .proxy_id
+            .clone();
+        a.wait_for(|s| {
+            s.connected.len() == 1 && s.connected.contains(&next) && !s.connected.contains(&stopped_id)
+        })
+        .within(&format!(
+            "{} moving to the next proxy chosen for it",
+            creds.node_name
+        ))
+        .await;
+        println!(
+            "FIGURE: {} holding its next proxy {:?} after its proxy began to stop",
+            creds.node_name,
+            stop_started.elapsed()
+        );
+        proxies
+            .iter()
+            .find(|p| p.id() == next)
+            .unwrap()
+            .proxy
+            .tunnel
+            .registry()
+            .wait_for(&creds.node_name, |a| a.is_some_and(|a| a.online))
+            .within(&format!("{} registered on its new proxy", creds.node_name))
+            .await;
+    }
+    announce(&proxies);
+    for name in ["node-peer", "node-home"] {
+        for (i, p) in proxies.iter().enumerate() {
+            assert_eq!(
+                ssh_exec(&p.proxy, &cluster, name, &format!("echo after {i}"))
+                    .await
+                    .stdout(),
+                format!("after {i}\n"),
+                "{name} through proxy {i} after the move"
+            );
+        }
+    }
+
+    // An agent no proxy holds: the error names it and every peer tried.
+    let err = match proxies[0]
+        .proxy
+        .tunnel
+        .dialer()
+        .with_attach_wait(Duration::ZERO)
+        .dial(dial_request("nowhere"))
+        .await
+    {
+        Ok(_) => panic!("a dial to an agent nobody holds succeeded"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("nowhere") && err.contains(proxies[1].id()), "{err}");
+
+    agent.shutdown().await;
+    agent_home.shutdown().await;
+    for p in proxies {
+        p.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_port_refuses_anything_but_a_proxy_identity() {
+    init_tracing();
+    let cluster = Cluster::new();
+    let holder = start_peering_proxy(&cluster).await;
+    let node = cluster.host(&[SystemRole::Node], "node-guarded");
+    let agent = start_agent(&cluster, holder.proxy.web, &node);
+    holder
+        .proxy
+        .tunnel
+        .registry()
+        .wait_for("node-guarded", |a| a.is_some_and(|a| a.online))
+        .within("node-guarded registered")
+        .await;
+    let peer = Peer::new(
+        holder.id(),
+        holder.peer_addr.to_string(),
+        vec![node.host_id.clone()],
+    );
+    let caller_id = format!("{}.{CLUSTER}", uuid::Uuid::new_v4());
+
+    // A proxy identity is served (the control case).
+    let proxy_caller = PeerDialer::new(&host_x509(&cluster, &caller_id, &[SystemRole::Proxy])).unwrap();
+    proxy_caller.set_peers(vec![peer.clone()]);
+    proxy_caller
+        .dial(&dial_request(&node.host_id))
+        .within("a dial through the peer as a proxy")
+        .await
+        .unwrap();
+
+    // A node's host certificate, and a user certificate, are not.
+    for (what, identity) in [
+        (
+            "a node's host certificate",
+            host_x509(&cluster, &caller_id, &[SystemRole::Node]),
+        ),
+        ("a user certificate", user_x509(&cluster)),
+    ] {
+        let caller = PeerDialer::new(&identity).unwrap();
+        caller.set_peers(vec![peer.clone()]);
+        let err = match caller.dial(&dial_request(&node.host_id)).within(what).await {
+            Ok(_) => panic!("the peer port served a caller presenting {what}"),
+            Err(e) => e.to_string(),
+        };
+        println!("{what}: {err}");
+        assert!(
+            err.contains(&node.host_id) && err.contains(holder.id()),
+            "{what}: the error names the agent and the peer tried: {err}"
+        );
+    }
+
+    agent.shutdown().await;
+    holder.shutdown().await;
+}
