@@ -64,6 +64,8 @@ fn user_x509(cluster: &Cluster) -> PeerIdentity {
         roles: vec!["access".into()],
         logins: vec!["root".into()],
         ttl: Duration::from_secs(3600),
+        db_route: None,
+        ssh_permits: Default::default(),
     };
     let der: CertificateDer<'static> = cluster
         .user_ca
