@@ -1,7 +1,9 @@
 //! End to end: applications, databases and desktops through the real binaries. `svc start`
 //! runs Auth, Proxy and an agent with the Application, Database and Windows Desktop services
 //! (reverse tunnel to its own proxy). Real resources: PostgreSQL (`initdb`/`pg_ctl`, TLS on
-//! with a test CA, non-TLS connections rejected by `pg_hba.conf`), `python3 -m http.server`,
+//! with a test CA, non-TLS connections rejected by `pg_hba.conf`), MariaDB and a TLS-only
+//! `redis-server` with ACL users (native clients with `tsh db login` certificates),
+//! `python3 -m http.server`,
 //! and a `socat` echo server standing in for a desktop host. Real clients: `psql` through
 //! `tsh proxy db`, `curl` through `tsh proxy app`, raw TCP through `tsh proxy desktop`. A user
 //! whose roles do not match the resources' labels is refused for each kind, with a message
@@ -1408,4 +1410,179 @@ db_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres
         String::from_utf8_lossy(&out.stderr),
         std::fs::read_to_string(&my_err).unwrap_or_default()
     );
+}
+
+/// A TLS-only `redis-server` (no plain port) with the default user off and two ACL users:
+/// `alice` (no password) and `bob` (password `bobpass`).
+fn redis_server(dir: &Path, ca: &str, cert: &str, key: &str) -> (Proc, u16) {
+    let server = require("redis-server", "redis-server");
+    let rd = dir.join("redis");
+    std::fs::create_dir_all(&rd).unwrap();
+    for (name, text) in [("ca.pem", ca), ("server.pem", cert), ("server-key.pem", key)] {
+        std::fs::write(rd.join(name), text).unwrap();
+    }
+    let port = free_port();
+    let conf = format!(
+        "port 0\ntls-port {port}\nbind 127.0.0.1\ntls-cert-file {d}/server.pem\ntls-key-file {d}/server-key.pem\n\
+tls-ca-cert-file {d}/ca.pem\ntls-auth-clients no\nsave \"\"\nappendonly no\ndir {d}\n\
+user default off\nuser alice on nopass ~* &* +@all\nuser bob on >bobpass ~* &* +@all\n",
+        d = rd.display()
+    );
+    std::fs::write(rd.join("redis.conf"), conf).unwrap();
+    let child = Command::new(server)
+        .arg(rd.join("redis.conf"))
+        .stdout(std::fs::File::create(rd.join("log")).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let proc = Proc(child);
+    wait_listening(port, "redis-server");
+    (proc, port)
+}
+
+/// `redis-cli ARGS`: its standard output and error together, trimmed.
+fn redis_cli(args: &[String]) -> String {
+    let mut c = Command::new(require("redis-cli", "redis-tools"));
+    c.args(args);
+    let out = common::wait::run_within(&mut c, common::wait::STEP, &format!("redis-cli {args:?}")).unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+    .trim()
+    .to_owned()
+}
+
+/// Redis with a `tsh db login` certificate: `redis-cli --tls` straight to the proxy's Redis
+/// port (separate mode) runs as the certificate's database user and cannot switch to another
+/// (`AUTH` naming someone else is refused by name); a database user the roles do not allow
+/// gets no certificate; `tsh proxy db --db-user` carries plain `redis-cli` the same way. The
+/// agent's session to the server is TLS verified with the configured CA (the server has no
+/// plain port).
+#[test]
+fn redis_cli_with_the_tsh_db_login_certificate_straight_to_the_proxy_and_through_tsh_proxy_db() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = test_ca();
+    let ca_file = dir.path().join("db-ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let (_redis, redis_port) = redis_server(dir.path(), &ca, &cert, &key);
+    let services = format!(
+        "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\n  proxy_listener_mode: separate\n\
+proxy_service:\n  web_listen_addr: 127.0.0.1:0\n  listen_addr: 127.0.0.1:0\n  tunnel_listen_addr: 127.0.0.1:0\n  redis_listen_addr: 127.0.0.1:0\n\
+db_service:\n  enabled: true\n  databases:\n  - name: cache\n    protocol: redis\n    uri: 127.0.0.1:{redis_port}\n    labels: {{env: dev}}\n    tls:\n      ca_cert_file: {}\n      server_name: localhost\n",
+        ca_file.display(),
+    );
+    let cluster = Cluster::start_with(tempfile::tempdir().unwrap(), "info", &services);
+    let role = "kind: role\nversion: v7\nmetadata:\n  name: cache-user\nspec:\n  allow:\n    db_labels: {env: dev}\n    db_users: [alice, bob]\n";
+    cluster
+        .tctl_admin(
+            &[
+                "create",
+                &cluster.write("cache-user.yaml", role).to_string_lossy(),
+            ],
+            None,
+        )
+        .ok();
+    cluster
+        .tctl_admin(
+            &["users", "add", "dave", "--roles=cache-user", "--password-stdin"],
+            Some(PASSWORD),
+        )
+        .ok();
+    let dave = User::login(&cluster, "dave");
+
+    // No certificate for a database user the roles do not name.
+    let err = tsh_fails(&dave, &["db", "login", "cache", "--db-user", "mallory"]);
+    assert!(
+        err.contains("access denied to db \"cache\" as database user \"mallory\""),
+        "{err}"
+    );
+
+    dave.tsh(&["db", "login", "cache", "--db-user", "alice"]);
+    let text = dave.tsh(&["db", "config", "cache"]);
+    assert!(text.contains("redis-cli ") && text.contains("--tls"), "{text}");
+    let config: serde_json::Value =
+        serde_json::from_str(&dave.tsh(&["db", "config", "cache", "-f", "json"])).unwrap();
+    let file = |k: &str| config[k].as_str().unwrap().to_owned();
+    let web_port = cluster.web_addr.rsplit_once(':').unwrap().1.to_owned();
+    assert_ne!(
+        config["port"].to_string(),
+        web_port,
+        "separate mode has its own Redis port: {config}"
+    );
+    let straight = |extra: &[&str]| -> String {
+        let mut args = vec![
+            "-h".to_owned(),
+            file("host"),
+            "-p".to_owned(),
+            config["port"].to_string(),
+            "--tls".to_owned(),
+            "--cert".to_owned(),
+            file("cert"),
+            "--key".to_owned(),
+            file("key"),
+        ];
+        if config["verify"] == true {
+            args.extend(["--cacert".to_owned(), file("ca")]);
+        } else {
+            args.push("--insecure".to_owned());
+        }
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        redis_cli(&args)
+    };
+
+    // Straight to the proxy: the session runs as the certificate's user.
+    assert_eq!(straight(&["ACL", "WHOAMI"]), "alice", "svc: {}", cluster.stderr());
+    assert_eq!(straight(&["SET", "k", "v"]), "OK");
+    assert_eq!(straight(&["GET", "k"]), "v");
+    // Switching to another user, even one the roles allow, is refused by name.
+    let out = straight(&[
+        "--user",
+        "bob",
+        "--pass",
+        "bobpass",
+        "--no-auth-warning",
+        "ACL",
+        "WHOAMI",
+    ]);
+    assert!(
+        out.contains("\"bob\" is not allowed") && out.contains("\"alice\""),
+        "{out}"
+    );
+    // Without a certificate the proxy's Redis port is closed to the client.
+    let mut bare = vec![
+        "-h".to_owned(),
+        file("host"),
+        "-p".to_owned(),
+        config["port"].to_string(),
+        "--tls".to_owned(),
+        "--insecure".to_owned(),
+    ];
+    bare.extend(["PING".to_owned()]);
+    assert_ne!(redis_cli(&bare), "PONG");
+
+    // Through `tsh proxy db --db-user`: plain redis-cli to the local port.
+    let (_local, local_port, local_err) = dave
+        .proxy_with("db", "cache", &["--db-user", "bob"])
+        .expect("tsh proxy db cache --db-user bob");
+    let local = |extra: &[&str]| -> String {
+        let mut args = vec![
+            "-h".to_owned(),
+            "127.0.0.1".to_owned(),
+            "-p".to_owned(),
+            local_port.to_string(),
+        ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        redis_cli(&args)
+    };
+    assert_eq!(
+        local(&["-a", "bobpass", "--no-auth-warning", "ACL", "WHOAMI"]),
+        "bob",
+        "tsh: {}",
+        std::fs::read_to_string(&local_err).unwrap_or_default()
+    );
+    assert_eq!(local(&["-a", "bobpass", "--no-auth-warning", "GET", "k"]), "v");
+    let out = local(&["--user", "alice", "--pass", "x", "--no-auth-warning", "PING"]);
+    assert!(out.contains("\"alice\" is not allowed"), "{out}");
 }

@@ -348,10 +348,10 @@ impl ResourceProxy {
             // reach this entry on their own listener (`redis_listen_addr`, `mongo_listen_addr`)
             // or with the protocol's ALPN. The protocol-level user is the agent's to hold to
             // the route (Redis AUTH/HELLO); the proxy checks the roles and dials with it.
-            let native_other = match (route.protocol.as_str(), protocol.as_str()) {
-                ("redis", "" | alpn::REDIS) | ("mongodb", "" | alpn::MONGODB) => true,
-                _ => false,
-            };
+            let native_other = matches!(
+                (route.protocol.as_str(), protocol.as_str()),
+                ("redis", "" | alpn::REDIS) | ("mongodb", "" | alpn::MONGODB)
+            );
             if native_other {
                 return self
                     .native_session(tls, &route, &leaf, &user.username, peer, local)
