@@ -27,6 +27,7 @@ pub use types::{
     LogSeverity, ProxyConfig, ProxyDbAddrs, ProxyProtocol, SshConfig, StorageConfig, StorageFileError,
     SvcConfig, TunnelStrategy, WindowsDesktopConfig, ports,
 };
+pub use validate::{DEFAULT_KEEP_ALIVE_COUNT_MAX, DEFAULT_KEEP_ALIVE_INTERVAL};
 
 /// The commented default configuration written by `svc configure`; it parses to
 /// [`Config::all_in_one_default`].

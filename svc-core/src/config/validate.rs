@@ -32,9 +32,9 @@ pub(crate) const DEFAULT_CLUSTER_NAME: &str = "svc.local";
 /// `svc.data_dir` when not set.
 pub(crate) const DEFAULT_DATA_DIR: &str = "/var/lib/svc";
 /// `auth_service.keep_alive_interval` when not set.
-pub(crate) const DEFAULT_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5 * 60);
+pub const DEFAULT_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5 * 60);
 /// `auth_service.keep_alive_count_max` when not set.
-pub(crate) const DEFAULT_KEEP_ALIVE_COUNT_MAX: u32 = 3;
+pub const DEFAULT_KEEP_ALIVE_COUNT_MAX: u32 = 3;
 /// `auth_service.grpc_idle_timeout` when not set.
 pub(crate) const DEFAULT_GRPC_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// `proxy_service.web_idle_timeout` when not set.

@@ -90,10 +90,10 @@ impl Default for ProxySettings {
             channels: BTreeMap::new(),
             listen: ListenOptions::default(),
             web_idle_timeout: crate::idle::DEFAULT_WEB_IDLE_TIMEOUT,
-            keep_alive: {
-                let t = crate::ssh::Tunables::default();
-                (t.keepalive_interval, t.keepalive_count)
-            },
+            keep_alive: (
+                svc_core::config::DEFAULT_KEEP_ALIVE_INTERVAL,
+                svc_core::config::DEFAULT_KEEP_ALIVE_COUNT_MAX,
+            ),
         }
     }
 }
