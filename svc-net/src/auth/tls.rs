@@ -4,10 +4,8 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{DigitallySignedStruct, SignatureScheme};
 use svc_core::identity::{SystemRole, Verifier};
 
 /// The ALPN protocol of the Auth API.
@@ -50,25 +48,18 @@ pub(super) enum ServerCheck {
     Pin(Option<String>),
 }
 
-#[derive(Debug)]
-struct AuthServerVerifier {
-    check: ServerCheck,
-    provider: Arc<rustls::crypto::CryptoProvider>,
-}
-
-impl ServerCertVerifier for AuthServerVerifier {
-    fn verify_server_cert(
+impl crate::tls::ServerIdentityCheck for ServerCheck {
+    fn check(
         &self,
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
         _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
         now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
+    ) -> Result<(), rustls::Error> {
         let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(now.as_secs());
         // Names are not checked: the Auth Service is identified by its certificate's identity
         // (cluster + `auth` role), which works whatever address the client dialled.
-        match &self.check {
+        match self {
             ServerCheck::Cluster(verifier) => {
                 let chain = [end_entity.clone()];
                 verifier
@@ -113,41 +104,7 @@ impl ServerCertVerifier for AuthServerVerifier {
                 })?;
             }
         }
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        Ok(())
     }
 }
 
@@ -160,10 +117,7 @@ pub(super) fn client_config(
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AuthServerVerifier {
-            check,
-            provider: provider(),
-        }));
+        .with_custom_certificate_verifier(crate::tls::ServerIdentityVerifier::new(check));
     let mut config = match client {
         Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
         None => builder.with_no_client_auth(),

@@ -411,42 +411,94 @@ pub fn insecure_client_config() -> Result<rustls::ClientConfig, rustls::Error> {
 
 /// The one accept-anything server verifier, for `--insecure` only (see
 /// [`insecure_client_config`]); signatures are still checked so the handshake is well-formed.
-pub(crate) fn insecure_verifier() -> Arc<NoVerify> {
-    Arc::new(NoVerify(provider()))
+pub(crate) fn insecure_verifier() -> Arc<ServerIdentityVerifier<AcceptAny>> {
+    ServerIdentityVerifier::new(AcceptAny)
 }
 
 /// Accepts any server certificate (see [`insecure_client_config`]).
 #[derive(Debug)]
-pub(crate) struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+pub(crate) struct AcceptAny;
 
-impl ServerCertVerifier for NoVerify {
-    fn verify_server_cert(
+impl ServerIdentityCheck for AcceptAny {
+    fn check(
         &self,
         _: &CertificateDer<'_>,
         _: &[CertificateDer<'_>],
         _: &ServerName<'_>,
-        _: &[u8],
         _: UnixTime,
+    ) -> Result<(), rustls::Error> {
+        Ok(())
+    }
+}
+
+/// What a cluster client checks of a server's certificate where web PKI would check names:
+/// the identity the cluster's CAs put in it (the Auth Service's role, an agent's host ID, a
+/// peer proxy's role, a pinned CA before joining). [`ServerIdentityVerifier`] wraps it with the
+/// standard handshake-signature checks.
+pub(crate) trait ServerIdentityCheck: std::fmt::Debug + Send + Sync {
+    /// Accepts or refuses the server's certificate chain at `now` (the error is what the
+    /// handshake fails with).
+    fn check(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        now: UnixTime,
+    ) -> Result<(), rustls::Error>;
+}
+
+/// A rustls server verifier made of a [`ServerIdentityCheck`] and the crate's crypto provider
+/// (which verifies the handshake signatures).
+#[derive(Debug)]
+pub(crate) struct ServerIdentityVerifier<C> {
+    check: C,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl<C: ServerIdentityCheck> ServerIdentityVerifier<C> {
+    /// The verifier for `check`.
+    pub(crate) fn new(check: C) -> Arc<Self> {
+        Arc::new(Self {
+            check,
+            provider: provider(),
+        })
+    }
+}
+
+impl<C: ServerIdentityCheck> ServerCertVerifier for ServerIdentityVerifier<C> {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
+        self.check.check(end_entity, intermediates, server_name, now)?;
         Ok(ServerCertVerified::assertion())
     }
+
     fn verify_tls12_signature(
         &self,
         m: &[u8],
         c: &CertificateDer<'_>,
         d: &rustls::DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.provider.signature_verification_algorithms)
     }
+
     fn verify_tls13_signature(
         &self,
         m: &[u8],
         c: &CertificateDer<'_>,
         d: &rustls::DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.provider.signature_verification_algorithms)
     }
+
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }

@@ -23,8 +23,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures_util::future::BoxFuture;
-use rustls::DigitallySignedStruct;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use svc_core::auth::ServedKind;
@@ -230,9 +228,8 @@ fn connector(identity: &ClientIdentity) -> Result<TlsConnector, TunnelError> {
         .with_safe_default_protocol_versions()
         .map_err(|e| tls_error("the TLS configuration", e))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AgentVerifier {
+        .with_custom_certificate_verifier(crate::tls::ServerIdentityVerifier::new(AgentVerifier {
             verifier,
-            provider: provider(),
         }))
         .with_client_auth_cert(chain, key)
         .map_err(|e| tls_error("the TLS configuration", e))?;
@@ -387,18 +384,16 @@ async fn connect_announced(
 #[derive(Debug)]
 struct AgentVerifier {
     verifier: Verifier,
-    provider: Arc<rustls::crypto::CryptoProvider>,
 }
 
-impl ServerCertVerifier for AgentVerifier {
-    fn verify_server_cert(
+impl crate::tls::ServerIdentityCheck for AgentVerifier {
+    fn check(
         &self,
         end_entity: &CertificateDer<'_>,
         _intermediates: &[CertificateDer<'_>],
         server_name: &ServerName<'_>,
-        _ocsp: &[u8],
         now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
+    ) -> Result<(), rustls::Error> {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(now.as_secs());
         let host = self
             .verifier
@@ -411,41 +406,7 @@ impl ServerCertVerifier for AgentVerifier {
                 host.host_id
             )));
         }
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        Ok(())
     }
 }
 

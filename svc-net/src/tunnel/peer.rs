@@ -26,8 +26,6 @@ use std::{
 
 use futures_util::stream::BoxStream;
 use rustls::{
-    DigitallySignedStruct, SignatureScheme,
-    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
     pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime},
     server::WebPkiClientVerifier,
 };
@@ -127,9 +125,8 @@ impl PeerIdentity {
         let mut config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
             .with_safe_default_protocol_versions()?
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(PeerServerVerifier {
+            .with_custom_certificate_verifier(crate::tls::ServerIdentityVerifier::new(PeerServerVerifier {
                 verifier: self.verifier.clone(),
-                provider: crate::tls::provider(),
             }))
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())?;
         config.alpn_protocols = vec![ALPN_H2.to_vec()];
@@ -595,57 +592,21 @@ fn peer_proxy(conn: &TlsConnection, verifier: &Verifier) -> Result<String, Strin
 #[derive(Debug)]
 struct PeerServerVerifier {
     verifier: Arc<Verifier>,
-    provider: Arc<rustls::crypto::CryptoProvider>,
 }
 
-impl ServerCertVerifier for PeerServerVerifier {
-    fn verify_server_cert(
+impl crate::tls::ServerIdentityCheck for PeerServerVerifier {
+    fn check(
         &self,
         end_entity: &CertificateDer<'_>,
         _intermediates: &[CertificateDer<'_>],
         _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
         now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
+    ) -> Result<(), rustls::Error> {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(now.as_secs());
         self.verifier
             .verify_host_x509(std::slice::from_ref(end_entity), now, Some(SystemRole::Proxy))
             .map_err(|e| rustls::Error::General(format!("the peer proxy's certificate: {e}")))?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        Ok(())
     }
 }
 
