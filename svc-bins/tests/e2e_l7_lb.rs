@@ -6,7 +6,8 @@
 //! - `tsh login` (plain HTTPS) and `tsh ssh` through nginx, in the `alpn` form (found by the
 //!   probe) and in the WebSocket form (forced with `SVC_CONN_UPGRADE=websocket`);
 //! - an agent joining (Auth API), heartbeating and holding its reverse tunnel through nginx,
-//!   and serving `tsh ssh`;
+//!   and serving `tsh ssh` and a `tcp://` application that `tsh proxy app` (a local proxy)
+//!   reaches through nginx;
 //! - the endpoint without an upgrade header answered as plain HTTP (`400`, JSON);
 //! - a client that gets its `101` and never sends the inner ClientHello is cut off at the
 //!   proxy's classification deadline, while `tsh ssh` works meanwhile.
@@ -18,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::resources::{Proc, free_port, require, test_ca, wait_listening};
+use common::resources::{Proc, User, echo_server, free_port, require, test_ca, wait_listening};
 use common::{Cluster, SVC, TSH, agent::Agent, wait};
 
 const PASSWORD: &str = "correct-horse-battery";
@@ -169,6 +170,11 @@ fn setup() -> Setup {
 
 /// Starts an agent (SSH Service only) named `name` that reaches the cluster only at `lb`.
 fn start_agent(s: &Setup, name: &str) -> Agent {
+    start_agent_with(s, name, "")
+}
+
+/// [`start_agent`] with more services in its configuration (`extra`, YAML at the top level).
+fn start_agent_with(s: &Setup, name: &str, extra: &str) -> Agent {
     let out = s
         .cluster
         .tctl_admin(&["tokens", "add", "--type=node", "--format", "json"], None)
@@ -180,7 +186,7 @@ fn start_agent(s: &Setup, name: &str) -> Agent {
     );
     let data = s.cluster.path().join(format!("{name}-data"));
     let yaml = format!(
-        "version: v1\nsvc:\n  nodename: {name}\n  data_dir: {}\n  proxy_server: {}\n  auth_token: {token}\n  ca_pin: {pin}\n  log:\n    severity: debug\nauth_service:\n  enabled: false\nproxy_service:\n  enabled: false\nssh_service:\n  enabled: true\n",
+        "version: v1\nsvc:\n  nodename: {name}\n  data_dir: {}\n  proxy_server: {}\n  auth_token: {token}\n  ca_pin: {pin}\n  log:\n    severity: debug\nauth_service:\n  enabled: false\nproxy_service:\n  enabled: false\nssh_service:\n  enabled: true\n{extra}",
         data.display(),
         s.lb
     );
@@ -210,8 +216,16 @@ fn tsh_and_an_agent_work_through_nginx_terminating_tls() {
     assert_eq!(code, "400", "{body}");
     assert!(body.contains("expected Upgrade: alpn"), "{body}");
 
-    // An agent that only knows nginx joins, heartbeats and holds its tunnel through it.
-    let agent = start_agent(&s, "behind-lb");
+    // An agent that only knows nginx joins, heartbeats and holds its tunnel through it; it
+    // also serves a `tcp://` application (an echo server).
+    let (_echo, echo_port) = echo_server();
+    let agent = start_agent_with(
+        &s,
+        "behind-lb",
+        &format!(
+            "app_service:\n  enabled: true\n  apps:\n  - name: echo\n    uri: tcp://127.0.0.1:{echo_port}\n"
+        ),
+    );
     let target = "root@behind-lb";
     let home = s.cluster.home.clone();
     let mut out = None;
@@ -233,6 +247,23 @@ fn tsh_and_an_agent_work_through_nginx_terminating_tls() {
         "the agent found nginx with the probe:\n{agent_log}"
     );
 
+    // A local proxy (`tsh proxy app`) reaches the application through nginx too.
+    let alice = User { home: home.clone() };
+    let (_local, local_port, local_err) = alice
+        .proxy("app", "echo")
+        .expect("tsh proxy app echo through nginx");
+    let mut echo = std::net::TcpStream::connect(("127.0.0.1", local_port)).expect("local proxy");
+    echo.set_read_timeout(Some(wait::STEP)).expect("read timeout");
+    echo.write_all(b"through the local proxy\n").expect("write");
+    let mut line = String::new();
+    BufReader::new(&echo).read_line(&mut line).unwrap_or_else(|e| {
+        panic!(
+            "no echo through tsh proxy app ({e}): {}",
+            std::fs::read_to_string(&local_err).unwrap_or_default()
+        )
+    });
+    assert_eq!(line, "through the local proxy\n");
+
     // The WebSocket form, forced.
     let ws = run_env(
         TSH,
@@ -253,7 +284,7 @@ fn tsh_and_an_agent_work_through_nginx_terminating_tls() {
         log.contains("upgraded connection handed to the router"),
         "no upgrade (alpn form) logged:\n{log}"
     );
-    for alpn in ["svc-proxy-ssh", "svc-reversetunnel", "svc-auth@"] {
+    for alpn in ["svc-proxy-ssh", "svc-reversetunnel", "svc-auth@", "svc-tcp"] {
         assert!(
             log.lines()
                 .any(|l| l.contains("routing TLS connection") && l.contains(alpn)),

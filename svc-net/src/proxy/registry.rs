@@ -11,7 +11,7 @@
 //! `proxy_service.peer_listen_addr` the first time it hears the strategy, keeps the agents it
 //! holds in its record (renewed as soon as they change, at the refresh interval) and hands the
 //! other proxies' records — peer address and held agents — to its
-//! [`PeerDialer`](crate::tunnel::PeerDialer).
+//! [`PeerDialer`].
 
 use std::{sync::Arc, time::Duration};
 

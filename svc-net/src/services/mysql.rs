@@ -1,10 +1,11 @@
 //! The MySQL/MariaDB wire messages of the connection phase that svc speaks itself.
 //!
-//! Proxy side ([`accept_client`]): svc sends the server greeting advertising `CLIENT_SSL`,
-//! takes the client's SSLRequest, runs TLS (the client's `tsh db login` certificate), and
+//! Proxy side (`greet_client`, `read_packet`, `parse_login`, driven by the proxy's resource
+//! entry): svc sends the server greeting advertising `CLIENT_SSL`, takes the client's
+//! SSLRequest, runs TLS (the client's `tsh db login` certificate), and
 //! reads the HandshakeResponse (user, database). It then dials the agent and writes one
 //! [`MysqlHello`] line with the capabilities the client settled on; the agent
-//! ([`connect_server`]) does its own handshake with the real server — TLS verified, its own
+//! (`connect_server`) does its own handshake with the real server — TLS verified, its own
 //! client certificate, as the route's user — and answers one line, [`HELLO_OK`] or the
 //! server's refusal. The client is then sent an OK (or an ERR packet) and from there on the
 //! command phase flows unchanged both ways: both handshakes used the same capabilities.
@@ -63,7 +64,7 @@ pub(crate) const UNREACHABLE: u16 = 1105;
 /// The first line from the proxy to the agent on a MySQL dial: what the client settled on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MysqlHello {
-    /// The capability flags both handshakes use (the client's, within [`PROXY_CAPS`]).
+    /// The capability flags both handshakes use (the client's, within the proxy's own set).
     pub caps: u32,
     /// The client's character set.
     pub charset: u8,
