@@ -257,7 +257,14 @@ fn a_rogue_direct_addr_pointing_at_a_local_listener_gets_no_bytes() {
         // The token grants the name, so the agent joins and its announcement is what is
         // judged (a name the token does not grant refuses the join itself).
         .tctl_admin(
-            &["tokens", "add", "--type=node", "--extra-names=127.0.0.1", "--format", "json"],
+            &[
+                "tokens",
+                "add",
+                "--type=node",
+                "--extra-names=127.0.0.1",
+                "--format",
+                "json",
+            ],
             None,
         )
         .ok();

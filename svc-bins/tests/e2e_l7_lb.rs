@@ -173,11 +173,12 @@ fn start_agent(s: &Setup, name: &str) -> Agent {
     start_agent_with(s, name, "")
 }
 
-/// [`start_agent`] with more services in its configuration (`extra`, YAML at the top level).
+/// [`start_agent`] with more services in its configuration (`extra`, YAML at the top level;
+/// the join token allows the SSH and Application services).
 fn start_agent_with(s: &Setup, name: &str, extra: &str) -> Agent {
     let out = s
         .cluster
-        .tctl_admin(&["tokens", "add", "--type=node", "--format", "json"], None)
+        .tctl_admin(&["tokens", "add", "--type=node,app", "--format", "json"], None)
         .ok();
     let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("token json");
     let (token, pin) = (
