@@ -1209,8 +1209,16 @@ impl AuthService {
     /// Frees `node_name` whoever holds it. For the agent that runs inside the Auth Service's
     /// own process (`svc start` all in one): it gets a new host ID on every start, and takes its
     /// name over from its previous run at once instead of waiting for that lease to expire.
-    /// Not reachable over the API.
+    /// The previous holder's announcements go with the name: until the new agent's first
+    /// heartbeat, a dial by name would otherwise pick the previous run's host ID, whose tunnel
+    /// never comes back. Not reachable over the API.
     pub async fn release_node_name(&self, node_name: &str) -> Result<(), AuthError> {
+        if let Some(previous) = self.node_name_holder(node_name).await? {
+            match self.backend.delete(&served::served_key(&previous)).await {
+                Ok(_) | Err(BackendError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         match self.backend.delete(&node_name_key(node_name)).await {
             Ok(_) | Err(BackendError::NotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),

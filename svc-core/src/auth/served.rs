@@ -233,7 +233,7 @@ pub(super) struct RefusedDirect {
     until: std::time::SystemTime,
 }
 
-fn served_key(host_id: &str) -> Key {
+pub(super) fn served_key(host_id: &str) -> Key {
     Key::from_segments(["served", host_id])
 }
 

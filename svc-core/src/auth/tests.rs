@@ -1152,8 +1152,17 @@ async fn a_live_node_name_is_held_by_one_agent() {
         err,
         "invalid request: served node \"prod-db\": the agent's certificate names node \"other\""
     );
-    // Releasing the name (the in-process agent of a restarted Auth Service) frees it at once.
+    // Releasing the name (the in-process agent of a restarted Auth Service) frees it at once,
+    // and takes the previous holder's announcement with it: a dial by name must not pick a host
+    // ID whose tunnel will not come back while the new agent's first heartbeat is on its way.
+    let serves_prod_db = |entries: Vec<super::rules::ServedEntry>| {
+        entries
+            .iter()
+            .any(|e| e.resources.iter().any(|r| r.name == "prod-db"))
+    };
+    assert!(serves_prod_db(f.auth.rules.served_entries().await.unwrap()));
     f.auth.release_node_name("prod-db").await.unwrap();
+    assert!(!serves_prod_db(f.auth.rules.served_entries().await.unwrap()));
     announce(&f, &rogue, &[]).await.unwrap();
     assert!(announce(&f, &real, &[]).await.is_err());
     f.auth.release_node_name("prod-db").await.unwrap();
