@@ -21,7 +21,7 @@ use crate::proxy::cache::RouteResolver;
 use crate::route::detect::POSTGRES_SSL_REQUEST as SSL_REQUEST;
 use crate::services::{MAX_LINE, RESOURCE_OK, ResourceRequest, mysql, postgres};
 use crate::tls::{ServerIdentity, TlsError};
-use crate::tunnel::{DbRoute, DialRequest, TunnelDialer, read_line};
+use crate::tunnel::{DbRoute, DialRequest, TunnelDialer, TunnelStream, read_line};
 use crate::{
     io::{ConnService, conn_service},
     route::alpn,
@@ -249,34 +249,14 @@ impl ResourceProxy {
                 (Some(want), _) => Some(want.clone()),
                 (None, got) => got,
             };
-            let resolved = match self
-                .inner
-                .auth
-                .resolve_db(&name, &login.user, database.as_deref(), leaf)
-                .await
-            {
-                Ok(Ok(r)) => r,
-                Ok(Err(denied)) => break 'refused (mysql::ACCESS_DENIED, denied),
-                Err(e) => break 'refused (mysql::UNREACHABLE, format!("asking the Auth Service: {e}")),
+            let route = DbRoute {
+                user: login.user.clone(),
+                database: database.clone(),
             };
-            if resolved.resource.protocol != "mysql" {
-                let msg = format!("db \"{name}\" speaks {}, not mysql", resolved.resource.protocol);
-                break 'refused (mysql::ACCESS_DENIED, msg);
-            }
-            let dial = DialRequest {
-                address: name.clone(),
-                server_id: resolved.server_id.clone(),
-                conn_type: ServedKind::Db,
-                client_src_addr: peer.to_string(),
-                client_dst_addr: local.to_string(),
-                db_route: Some(DbRoute {
-                    user: login.user.clone(),
-                    database: database.clone(),
-                }),
-            };
-            let mut upstream = match self.inner.dialer.dial(dial).await {
-                Ok(s) => s,
-                Err(e) => break 'refused (mysql::UNREACHABLE, format!("db \"{name}\": {e}")),
+            let (mut upstream, agent) = match self.dial_db(&name, "mysql", route, leaf, peer, local).await {
+                Ok(dialed) => dialed,
+                Err(DbDialError::Denied(msg)) => break 'refused (mysql::ACCESS_DENIED, msg),
+                Err(DbDialError::Unreachable(msg)) => break 'refused (mysql::UNREACHABLE, msg),
             };
             let mut line = serde_json::to_vec(&login.hello).map_err(|e| Refusal::Text(e.to_string()))?;
             line.push(b'\n');
@@ -292,7 +272,7 @@ impl ResourceProxy {
                 break 'refused (mysql::UNREACHABLE, format!("db \"{name}\": {answer}"));
             }
             mysql::write_packet(&mut tls, seq, &mysql::ok_payload()).await?;
-            tracing::info!(%peer, user = %username, name = %name, db_user = %login.user, agent = %resolved.server_id, "database connection");
+            tracing::info!(%peer, user = %username, name = %name, db_user = %login.user, %agent, "database connection");
             let _ =
                 tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
             return Ok(());
@@ -582,7 +562,58 @@ impl ResourceProxy {
     }
 }
 
+/// Why [`ResourceProxy::dial_db`] did not reach the database; each caller answers in its
+/// client's protocol (a refusal code or an "unreachable" one).
+enum DbDialError {
+    /// The roles refuse the route, or the database speaks another protocol.
+    Denied(String),
+    /// The Auth Service or the agent could not be reached.
+    Unreachable(String),
+}
+
 impl ResourceProxy {
+    /// The roles' `db_users`/`db_names` for `route` on db `name`, which must speak `protocol`,
+    /// then the dial to its agent carrying the route. Returns the stream and the agent's
+    /// host ID.
+    async fn dial_db(
+        &self,
+        name: &str,
+        protocol: &str,
+        route: DbRoute,
+        leaf: &[u8],
+        peer: std::net::SocketAddr,
+        local: std::net::SocketAddr,
+    ) -> Result<(TunnelStream, String), DbDialError> {
+        let resolved = match self
+            .inner
+            .auth
+            .resolve_db(name, &route.user, route.database.as_deref(), leaf)
+            .await
+        {
+            Ok(Ok(resolved)) => resolved,
+            Ok(Err(denied)) => return Err(DbDialError::Denied(denied)),
+            Err(e) => return Err(DbDialError::Unreachable(format!("asking the Auth Service: {e}"))),
+        };
+        if resolved.resource.protocol != protocol {
+            return Err(DbDialError::Denied(format!(
+                "db \"{name}\" speaks {}, not {protocol}",
+                resolved.resource.protocol
+            )));
+        }
+        let dial = DialRequest {
+            address: name.to_owned(),
+            server_id: resolved.server_id.clone(),
+            conn_type: ServedKind::Db,
+            client_src_addr: peer.to_string(),
+            client_dst_addr: local.to_string(),
+            db_route: Some(route),
+        };
+        match self.inner.dialer.dial(dial).await {
+            Ok(upstream) => Ok((upstream, resolved.server_id)),
+            Err(e) => Err(DbDialError::Unreachable(format!("db \"{name}\": {e}"))),
+        }
+    }
+
     /// A native client with a database certificate for a protocol whose user the agent
     /// enforces (Redis, MongoDB): the roles' `db_users`/`db_names` for the certificate's route,
     /// the dial with that route, then the bytes both ways. A refusal is logged and the
@@ -601,38 +632,18 @@ impl ResourceProxy {
             tracing::info!(%peer, user = %username, name = %name, db_user = %cert_route.user, reason = %msg, "database connection refused");
             Err(Refusal::Text(msg))
         };
-        let route = match self
-            .inner
-            .auth
-            .resolve_db(name, &cert_route.user, cert_route.database.as_deref(), leaf)
+        let route = DbRoute {
+            user: cert_route.user.clone(),
+            database: cert_route.database.clone(),
+        };
+        let (mut upstream, agent) = match self
+            .dial_db(name, &cert_route.protocol, route, leaf, peer, local)
             .await
         {
-            Ok(Ok(route)) => route,
-            Ok(Err(denied)) => return refused(denied),
-            Err(e) => return refused(format!("asking the Auth Service: {e}")),
+            Ok(dialed) => dialed,
+            Err(DbDialError::Denied(msg) | DbDialError::Unreachable(msg)) => return refused(msg),
         };
-        if route.resource.protocol != cert_route.protocol {
-            return refused(format!(
-                "db \"{name}\" speaks {}, not {}",
-                route.resource.protocol, cert_route.protocol
-            ));
-        }
-        let dial = DialRequest {
-            address: name.clone(),
-            server_id: route.server_id.clone(),
-            conn_type: ServedKind::Db,
-            client_src_addr: peer.to_string(),
-            client_dst_addr: local.to_string(),
-            db_route: Some(DbRoute {
-                user: cert_route.user.clone(),
-                database: cert_route.database.clone(),
-            }),
-        };
-        let mut upstream = match self.inner.dialer.dial(dial).await {
-            Ok(s) => s,
-            Err(e) => return refused(format!("db \"{name}\": {e}")),
-        };
-        tracing::info!(%peer, user = %username, name = %name, db_user = %cert_route.user, agent = %route.server_id, "database connection");
+        tracing::info!(%peer, user = %username, name = %name, db_user = %cert_route.user, %agent, "database connection");
         let _ = tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
         Ok(())
     }
@@ -652,37 +663,17 @@ impl ResourceProxy {
         local: std::net::SocketAddr,
     ) -> Result<(), Refusal> {
         let (code, msg) = 'refused: {
-            let route = match self
-                .inner
-                .auth
-                .resolve_db(name, &startup.user, Some(&startup.database), leaf)
-                .await
-            {
-                Ok(Ok(route)) => route,
-                Ok(Err(denied)) => break 'refused (postgres::REFUSED, denied),
-                Err(e) => break 'refused (postgres::UNREACHABLE, format!("asking the Auth Service: {e}")),
+            let route = DbRoute {
+                user: startup.user.clone(),
+                database: Some(startup.database.clone()),
             };
-            if route.resource.protocol != "postgres" {
-                let msg = format!("db \"{name}\" speaks {}, not postgres", route.resource.protocol);
-                break 'refused (postgres::REFUSED, msg);
-            }
-            let dial = DialRequest {
-                address: name.to_owned(),
-                server_id: route.server_id.clone(),
-                conn_type: ServedKind::Db,
-                client_src_addr: peer.to_string(),
-                client_dst_addr: local.to_string(),
-                db_route: Some(DbRoute {
-                    user: startup.user.clone(),
-                    database: Some(startup.database.clone()),
-                }),
-            };
-            let mut upstream = match self.inner.dialer.dial(dial).await {
-                Ok(s) => s,
-                Err(e) => break 'refused (postgres::UNREACHABLE, format!("db \"{name}\": {e}")),
+            let (mut upstream, agent) = match self.dial_db(name, "postgres", route, leaf, peer, local).await {
+                Ok(dialed) => dialed,
+                Err(DbDialError::Denied(msg)) => break 'refused (postgres::REFUSED, msg),
+                Err(DbDialError::Unreachable(msg)) => break 'refused (postgres::UNREACHABLE, msg),
             };
             upstream.write_all(&startup.raw).await?;
-            tracing::info!(%peer, user = %username, name = %name, db_user = %startup.user, database = %startup.database, agent = %route.server_id, "database connection");
+            tracing::info!(%peer, user = %username, name = %name, db_user = %startup.user, database = %startup.database, %agent, "database connection");
             let _ =
                 tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
             return Ok(());
