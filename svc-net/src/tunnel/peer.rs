@@ -236,6 +236,10 @@ impl PeerKeys {
             .with_client_cert_verifier(clients)
             .with_cert_resolver(Arc::new(CurrentKey(self.clone())));
         config.alpn_protocols = vec![ALPN_H2.to_vec()];
+        // No resumption: every connection authenticates with the certificates of the moment
+        // (a resumed session would carry a peer's previous, possibly expired, certificate).
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
         Ok(Arc::new(config))
     }
 
@@ -250,6 +254,8 @@ impl PeerKeys {
             }))
             .with_client_cert_resolver(Arc::new(CurrentKey(self.clone())));
         config.alpn_protocols = vec![ALPN_H2.to_vec()];
+        // No resumption: a renewed certificate is presented at the next connection.
+        config.resumption = rustls::client::Resumption::disabled();
         Ok(Arc::new(config))
     }
 }
