@@ -501,16 +501,18 @@ impl HostKeys {
         let (key, cert) = (identity.ssh_private_key()?, identity.ssh_certificate()?);
         self.tunnel.set_host_key(key.clone(), cert.clone());
         self.ssh.set_host_key(key, cert);
-        self.direct
+        let direct = self
+            .direct
             .set_identity(identity)
-            .map_err(|e| NodeError::setup("the direct dialer", e))?;
+            .map_err(|e| NodeError::setup("the direct dialer", e));
+        // Peering is renewed even when the direct dialer refused the identity.
         if let Some(peer) = &self.peer {
             let (chain, key) = identity.tls_parts()?;
             peer.renew(chain, key)
                 .map_err(|e| NodeError::setup("proxy peering", e))?;
             tracing::info!(host_id = %identity.name, "proxy peering presents the renewed host certificate");
         }
-        Ok(())
+        direct
     }
 }
 
