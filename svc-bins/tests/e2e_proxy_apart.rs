@@ -634,7 +634,10 @@ const MOVE_BOUND: std::time::Duration = std::time::Duration::from_secs(90);
 /// it. The peer port refuses a client without a certificate, with a user's certificate or with
 /// an agent's host certificate, and serves another proxy's identity. Then the proxy holding the
 /// first agent is killed (`kill -9`): the agent moves to another proxy, and `tsh ssh` through
-/// each remaining proxy reaches every agent again within [`MOVE_BOUND`].
+/// each remaining proxy reaches every agent again within [`MOVE_BOUND`]. The proxies ask for
+/// host certificates of [`CERT_TTL_SECS`] (`SVC_HOST_CERT_TTL`): the peer port presents the
+/// renewed one (the serial and end of validity of the identity saved last), and after a second
+/// renewal of the remaining proxies every path still reaches every agent.
 #[test]
 fn proxy_peering_behind_haproxy_with_agents_behind_tinyproxy() {
     use svc_testkit::haproxy::{Haproxy, HaproxyConfig};
