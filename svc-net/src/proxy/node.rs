@@ -190,7 +190,8 @@ impl ProxyServer {
             .await
             .map_err(|e| NodeError::setup("the proxy's listeners", e))?;
         let link = Arc::new(FailoverClient::with_client(client, identity.auth_addr.clone()));
-        let running = crate::proxy::registry::register(running, link, tunnel, &identity, &self.node_name);
+        let (running, _) =
+            crate::proxy::registry::register(running, link, tunnel, &identity, &self.node_name);
         // Agents may never announce the proxy's own listeners for it to dial.
         let addrs = running.addrs();
         auth.service
@@ -248,7 +249,7 @@ impl ProxyServer {
             );
         }
         let builder = install_version_server(builder)?;
-        let (builder, tunnel, keys) = install_ssh(builder, &identity, decisions, join.allow_loopback)?;
+        let (builder, tunnel, mut keys) = install_ssh(builder, &identity, decisions, join.allow_loopback)?;
         let running = match builder.bind().await {
             Ok(r) => r,
             Err(e) => {
@@ -258,8 +259,9 @@ impl ProxyServer {
         };
         // Announced in the cluster's proxy registry (through whichever Auth Service answers),
         // so agents keep a tunnel to this proxy too.
-        let mut running =
+        let (mut running, peer) =
             crate::proxy::registry::register(running, link.clone(), tunnel, &identity, &self.node_name);
+        keys.peer = peer;
         tokio::spawn(renew(
             link,
             join.data_dir.join(PROXY_IDENTITY_FILE),
@@ -477,17 +479,20 @@ fn install_ssh(
         tunnel: tunnel.clone(),
         ssh,
         direct,
+        peer: None,
     };
     Ok((builder, tunnel, keys))
 }
 
 /// Where the proxy presents its host certificates, so renewed ones take effect without a
-/// restart: to agents (the tunnel server), to SSH clients (the SSH entry) and to directly
-/// joined agents' listeners (the direct dialer's client certificate).
+/// restart: to agents (the tunnel server), to SSH clients (the SSH entry), to directly
+/// joined agents' listeners (the direct dialer's client certificate) and to peer proxies (the
+/// peering server's and dialer's certificate, with `peer_listen_addr`).
 struct HostKeys {
     tunnel: TunnelServer,
     ssh: ProxySsh,
     direct: DirectDialer,
+    peer: Option<crate::tunnel::PeerKeys>,
 }
 
 impl HostKeys {
@@ -496,9 +501,18 @@ impl HostKeys {
         let (key, cert) = (identity.ssh_private_key()?, identity.ssh_certificate()?);
         self.tunnel.set_host_key(key.clone(), cert.clone());
         self.ssh.set_host_key(key, cert);
-        self.direct
+        let direct = self
+            .direct
             .set_identity(identity)
-            .map_err(|e| NodeError::setup("the direct dialer", e))
+            .map_err(|e| NodeError::setup("the direct dialer", e));
+        // Peering is renewed even when the direct dialer refused the identity.
+        if let Some(peer) = &self.peer {
+            let (chain, key) = identity.tls_parts()?;
+            peer.renew(chain, key)
+                .map_err(|e| NodeError::setup("proxy peering", e))?;
+            tracing::info!(host_id = %identity.name, "proxy peering presents the renewed host certificate");
+        }
+        direct
     }
 }
 

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::FailoverClient;
 use crate::proxy::{BoundAddrs, ProxySettings};
-use crate::tunnel::{DiscoveredProxy, Discovery, Peer, PeerDialer, PeerIdentity, TunnelServer};
+use crate::tunnel::{DiscoveredProxy, Discovery, Peer, PeerDialer, PeerIdentity, PeerKeys, TunnelServer};
 
 /// How often the proxy asks for the live proxies by default.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(5);
@@ -115,8 +115,9 @@ pub fn record_for(
 pub struct PeeringConfig {
     /// `proxy_service.peer_listen_addr`.
     pub listen: svc_core::Addr,
-    /// The proxy's host identity (its X.509 certificate with the `proxy` role).
-    pub identity: PeerIdentity,
+    /// The proxy's host identity (its X.509 certificate with the `proxy` role), shared with
+    /// the proxy's renewal: the peer server and the peer dialer present whatever it holds.
+    pub keys: PeerKeys,
     /// The peer listener's limits (the proxy's own).
     pub options: crate::listen::ListenOptions,
 }
@@ -125,7 +126,7 @@ impl std::fmt::Debug for PeeringConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PeeringConfig")
             .field("listen", &self.listen)
-            .field("identity", &self.identity)
+            .field("keys", &self.keys)
             .finish_non_exhaustive()
     }
 }
@@ -219,7 +220,7 @@ async fn start_peering(
     tunnel: &TunnelServer,
     stop: &CancellationToken,
 ) -> Result<(String, JoinHandle<()>), String> {
-    let dialer = PeerDialer::new(&peering.identity).map_err(|e| e.to_string())?;
+    let dialer = PeerDialer::with_keys(peering.keys.clone()).map_err(|e| e.to_string())?;
     let addr = peering.listen.to_string();
     let listener = tokio::net::TcpListener::bind(addr.as_str())
         .await
@@ -231,15 +232,10 @@ async fn start_peering(
     let announced = crate::auth::node::dialable(bound).to_string();
     tunnel.set_peer_dialer(dialer);
     let (tunnel, stop) = (tunnel.clone(), stop.clone());
-    let identity = PeerIdentity {
-        host_id: peering.identity.host_id.clone(),
-        verifier: peering.identity.verifier.clone(),
-        chain: peering.identity.chain.clone(),
-        key: peering.identity.key.clone_key(),
-    };
+    let keys = peering.keys.clone();
     let options = peering.options.clone();
     let task = tokio::spawn(async move {
-        if let Err(e) = crate::tunnel::serve_peers(listener, tunnel, &identity, options, stop).await {
+        if let Err(e) = crate::tunnel::serve_peers_with_keys(listener, tunnel, keys, options, stop).await {
             tracing::error!(error = %e, "proxy peering stopped");
         }
     });
@@ -375,28 +371,34 @@ async fn run(
 }
 
 /// Starts `running`'s registration as the proxy `identity` names (the node's hook: one call
-/// after the listeners are bound).
+/// after the listeners are bound). Returns the keys peering presents (with
+/// `peer_listen_addr`), for the proxy's renewal to replace.
 pub(crate) fn register(
     running: super::RunningProxy,
     link: Arc<FailoverClient>,
     tunnel: TunnelServer,
     identity: &crate::auth::ClientIdentity,
     hostname: &str,
-) -> super::RunningProxy {
+) -> (super::RunningProxy, Option<PeerKeys>) {
     let record = record_for(running.settings(), running.addrs(), &identity.name, hostname);
     let peering = running.settings().peer_listen_addr.clone().and_then(|listen| {
-        let parts = identity
+        let keys = identity
             .tls_parts()
-            .and_then(|(chain, key)| Ok((chain, key, identity.verifier()?)));
-        match parts {
-            Ok((chain, key, verifier)) => Some(PeeringConfig {
-                listen,
-                identity: PeerIdentity {
+            .and_then(|(chain, key)| Ok((chain, key, identity.verifier()?)))
+            .map_err(|e| e.to_string())
+            .and_then(|(chain, key, verifier)| {
+                PeerKeys::new(&PeerIdentity {
                     host_id: identity.name.clone(),
                     verifier: Arc::new(verifier),
                     chain,
                     key,
-                },
+                })
+                .map_err(|e| e.to_string())
+            });
+        match keys {
+            Ok(keys) => Some(PeeringConfig {
+                listen,
+                keys,
                 options: running.settings().listen.clone(),
             }),
             Err(e) => {
@@ -405,6 +407,7 @@ pub(crate) fn register(
             }
         }
     });
+    let keys = peering.as_ref().map(|p| p.keys.clone());
     let registration = Registration::spawn_with_peering(
         link,
         tunnel,
@@ -412,5 +415,5 @@ pub(crate) fn register(
         RegistrationConfig::new(record),
         peering,
     );
-    running.with_registration(registration)
+    (running.with_registration(registration), keys)
 }

@@ -51,7 +51,9 @@ pub(crate) use direct::direct_handler;
 pub use direct::{
     DIRECT_DIAL_TIMEOUT, DirectDialer, DirectLookup, DirectTarget, agent_tls, serve_direct, serve_direct_with,
 };
-pub use peer::{Peer, PeerDialer, PeerError, PeerIdentity, agent_proxies, serve_peers};
+pub use peer::{
+    Peer, PeerDialer, PeerError, PeerIdentity, PeerKeys, agent_proxies, serve_peers, serve_peers_with_keys,
+};
 pub use registry::{AgentInfo, AgentRegistry};
 pub use server::{
     DEFAULT_ATTACH_WAIT, DEFAULT_TUNNEL_DRAIN, TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream,

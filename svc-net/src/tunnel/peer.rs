@@ -17,6 +17,15 @@
 //!   agent and every peer tried with its answer.
 //! - [`agent_proxies`]: which proxies an agent is told to keep tunnels to (rendezvous hashing of
 //!   the agent's host ID over the live proxies).
+//! - [`PeerKeys`]: the certificate and key both sides present, shared and replaced in place when
+//!   the proxy renews its host certificates: every TLS handshake after
+//!   [`renew`](PeerKeys::renew) presents the new ones (no restart; connections already up keep
+//!   the ones they were made with until they reconnect).
+//!
+//! Hostile peers: a TLS handshake must finish within [`PEER_HANDSHAKE_TIMEOUT`] (each connection
+//! has its own deadline, so a stalled one holds up no other), the first frame must arrive within
+//! [`PEER_DIAL_TIMEOUT`] and be a well-formed dial request, and no frame may exceed
+//! [`MAX_FRAME_MESSAGE`] bytes.
 
 use std::{
     collections::HashMap,
@@ -26,8 +35,11 @@ use std::{
 
 use futures_util::stream::BoxStream;
 use rustls::{
+    SignatureScheme,
+    client::ResolvesClientCert,
     pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime},
-    server::WebPkiClientVerifier,
+    server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier},
+    sign::CertifiedKey,
 };
 use svc_core::identity::{IdentityKind, SystemRole, Verifier};
 use tokio::{
@@ -61,10 +73,16 @@ use proto::{
 pub const PEER_KEEPALIVE: Duration = Duration::from_secs(10);
 /// How long a ping may go unanswered before the peer connection is closed.
 pub const PEER_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long connecting to a peer, its TLS handshake, and the dial through it may take.
+/// How long connecting to a peer, its TLS handshake, and the dial through it may take; also
+/// how long the server waits for a call's first frame.
 pub const PEER_DIAL_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the server lets a connection take to finish its TLS handshake before closing it.
+pub const PEER_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes per data frame at most.
 const FRAME_BYTES: usize = 32 * 1024;
+/// The largest gRPC message either side accepts (a data frame and its envelope, or a dial
+/// request); a larger one ends the call with `OutOfRange`.
+pub const MAX_FRAME_MESSAGE: usize = FRAME_BYTES + 1024;
 const ALPN_H2: &[u8] = b"h2";
 
 /// Why proxy peering failed.
@@ -82,6 +100,14 @@ pub enum PeerError {
     /// The TLS configuration could not be built from the proxy's identity.
     #[error("proxy peering TLS configuration: {0}")]
     Tls(#[from] rustls::Error),
+    /// A (renewed) identity is not a proxy certificate of this cluster for this proxy.
+    #[error("proxy peering identity for {host_id}: {reason}")]
+    Identity {
+        /// The proxy's host ID.
+        host_id: String,
+        /// What is wrong with the certificate.
+        reason: String,
+    },
 }
 
 /// What a proxy presents to its peers and how it checks them: its host certificate chain and
@@ -105,9 +131,101 @@ impl std::fmt::Debug for PeerIdentity {
     }
 }
 
-impl PeerIdentity {
-    fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
-        let roots = Arc::new(self.verifier.root_store(Some(IdentityKind::Host)));
+/// The certificate and key this proxy presents on peering connections, as both the server and
+/// the client side: shared by [`serve_peers_with_keys`] and [`PeerDialer::with_keys`] and replaced
+/// in place by [`renew`](Self::renew), so a renewal takes effect at the next handshake without
+/// a restart. Cheap to clone.
+#[derive(Clone)]
+pub struct PeerKeys {
+    inner: Arc<KeysInner>,
+}
+
+struct KeysInner {
+    host_id: String,
+    verifier: Arc<Verifier>,
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl std::fmt::Debug for PeerKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerKeys")
+            .field("host_id", &self.inner.host_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PeerKeys {
+    /// Keys presenting `identity` (its chain must be a proxy certificate of the cluster).
+    pub fn new(identity: &PeerIdentity) -> Result<Self, PeerError> {
+        let key = certified(
+            &identity.host_id,
+            identity.chain.clone(),
+            identity.key.clone_key(),
+        )?;
+        Ok(Self {
+            inner: Arc::new(KeysInner {
+                host_id: identity.host_id.clone(),
+                verifier: identity.verifier.clone(),
+                current: RwLock::new(key),
+            }),
+        })
+    }
+
+    /// Presents `chain` and `key` from the next handshake on. Refused (the current ones stay)
+    /// unless the chain is a valid `proxy` host certificate of this cluster for the same host
+    /// ID and the key is the certificate's.
+    pub fn renew(
+        &self,
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Result<(), PeerError> {
+        let host_id = &self.inner.host_id;
+        let host = self
+            .inner
+            .verifier
+            .verify_host_x509(&chain, SystemTime::now(), Some(SystemRole::Proxy))
+            .map_err(|e| PeerError::Identity {
+                host_id: host_id.clone(),
+                reason: e.to_string(),
+            })?;
+        if host.host_id != *host_id {
+            return Err(PeerError::Identity {
+                host_id: host_id.clone(),
+                reason: format!("the renewed certificate names {}", host.host_id),
+            });
+        }
+        let fresh = certified(host_id, chain, key)?;
+        *self
+            .inner
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+        Ok(())
+    }
+
+    /// The leaf certificate presented now.
+    pub fn certificate(&self) -> Option<CertificateDer<'static>> {
+        self.current().cert.first().cloned()
+    }
+
+    /// The proxy's host ID.
+    pub fn host_id(&self) -> &str {
+        &self.inner.host_id
+    }
+
+    fn current(&self) -> Arc<CertifiedKey> {
+        self.inner
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The server side's TLS configuration: presents the current keys, requires a client
+    /// certificate from the cluster's host CA (its `proxy` role is checked after the handshake),
+    /// ALPN `h2`.
+    pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+        let roots = Arc::new(self.inner.verifier.root_store(Some(IdentityKind::Host)));
         // A client certificate is required and must chain to the host CA; the role is checked
         // once the handshake is done (a node's host certificate chains there too).
         let clients = WebPkiClientVerifier::builder_with_provider(roots, crate::tls::provider())
@@ -116,21 +234,73 @@ impl PeerIdentity {
         let mut config = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
             .with_safe_default_protocol_versions()?
             .with_client_cert_verifier(clients)
-            .with_single_cert(self.chain.clone(), self.key.clone_key())?;
+            .with_cert_resolver(Arc::new(CurrentKey(self.clone())));
         config.alpn_protocols = vec![ALPN_H2.to_vec()];
+        // No resumption: every connection authenticates with the certificates of the moment
+        // (a resumed session would carry a peer's previous, possibly expired, certificate).
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
         Ok(Arc::new(config))
     }
 
-    fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
+    /// The client side's TLS configuration: presents the current keys, accepts only a peer
+    /// presenting a `proxy` host certificate of the cluster, ALPN `h2`.
+    pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
         let mut config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
             .with_safe_default_protocol_versions()?
             .dangerous()
             .with_custom_certificate_verifier(crate::tls::ServerIdentityVerifier::new(PeerServerVerifier {
-                verifier: self.verifier.clone(),
+                verifier: self.inner.verifier.clone(),
             }))
-            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())?;
+            .with_client_cert_resolver(Arc::new(CurrentKey(self.clone())));
         config.alpn_protocols = vec![ALPN_H2.to_vec()];
+        // No resumption: a renewed certificate is presented at the next connection.
+        config.resumption = rustls::client::Resumption::disabled();
         Ok(Arc::new(config))
+    }
+}
+
+/// A certificate chain and key as rustls presents them (the key must match the leaf).
+fn certified(
+    host_id: &str,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<CertifiedKey>, PeerError> {
+    let bad = |reason: String| PeerError::Identity {
+        host_id: host_id.to_owned(),
+        reason,
+    };
+    if chain.is_empty() {
+        return Err(bad("no certificate".into()));
+    }
+    let signing = crate::tls::provider()
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| bad(format!("the private key: {e}")))?;
+    let certified = CertifiedKey::new(chain, signing);
+    certified
+        .keys_match()
+        .map_err(|e| bad(format!("the key is not the certificate's: {e}")))?;
+    Ok(Arc::new(certified))
+}
+
+/// Presents whatever [`PeerKeys`] holds at the moment of each handshake, as server and client.
+#[derive(Debug)]
+struct CurrentKey(PeerKeys);
+
+impl ResolvesServerCert for CurrentKey {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.current())
+    }
+}
+
+impl ResolvesClientCert for CurrentKey {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.current())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
     }
 }
 
@@ -200,6 +370,7 @@ pub struct PeerDialer {
 
 struct DialerInner {
     host_id: String,
+    keys: PeerKeys,
     tls: Arc<rustls::ClientConfig>,
     peers: RwLock<Vec<Peer>>,
     channels: Mutex<HashMap<String, Channel>>,
@@ -217,10 +388,17 @@ impl std::fmt::Debug for PeerDialer {
 impl PeerDialer {
     /// A dialer presenting `identity` to the peers (no peers until [`set_peers`](Self::set_peers)).
     pub fn new(identity: &PeerIdentity) -> Result<Self, PeerError> {
+        Self::with_keys(PeerKeys::new(identity)?)
+    }
+
+    /// A dialer presenting whatever `keys` holds at each new connection to a peer (renewed
+    /// keys are used from the next connection on; connections already up keep working).
+    pub fn with_keys(keys: PeerKeys) -> Result<Self, PeerError> {
         Ok(Self {
             inner: Arc::new(DialerInner {
-                host_id: identity.host_id.clone(),
-                tls: identity.client_config()?,
+                host_id: keys.host_id().to_owned(),
+                tls: keys.client_config()?,
+                keys,
                 peers: RwLock::new(Vec::new()),
                 channels: Mutex::new(HashMap::new()),
             }),
@@ -256,6 +434,11 @@ impl PeerDialer {
             .channels
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The keys this dialer presents.
+    pub fn keys(&self) -> &PeerKeys {
+        &self.inner.keys
     }
 
     /// Whether any peer is known (without peers, dials stay local).
@@ -379,7 +562,7 @@ async fn open(channel: Channel, req: &DialRequest) -> Result<BoxIo, Failure> {
         .await
         .map_err(|_| Failure::Transport("request stream closed".into()))?;
     let outbound = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
-    let mut client = ProxyPeerClient::new(channel);
+    let mut client = ProxyPeerClient::new(channel).max_decoding_message_size(MAX_FRAME_MESSAGE);
     let mut inbound = client
         .dial_node(outbound)
         .await
@@ -518,11 +701,24 @@ pub async fn serve_peers(
     options: ListenOptions,
     shutdown: CancellationToken,
 ) -> Result<(), PeerError> {
-    let config = identity.server_config()?;
-    let verifier = identity.verifier.clone();
+    serve_peers_with_keys(listener, tunnel, PeerKeys::new(identity)?, options, shutdown).await
+}
+
+/// Like [`serve_peers`], presenting whatever `keys` holds at each handshake (so a renewal
+/// through [`PeerKeys::renew`] takes effect without a restart).
+pub async fn serve_peers_with_keys(
+    listener: TcpListener,
+    tunnel: super::TunnelServer,
+    keys: PeerKeys,
+    options: ListenOptions,
+    shutdown: CancellationToken,
+) -> Result<(), PeerError> {
+    let config = keys.server_config()?;
+    let verifier = keys.inner.verifier.clone();
     let grpc = ProxyPeerServer::new(PeerService {
         dialer: tunnel.dialer().with_attach_wait(Duration::ZERO),
-    });
+    })
+    .max_decoding_message_size(MAX_FRAME_MESSAGE);
     let per_conn = tower::service_fn(move |conn: TlsConnection| {
         let grpc = grpc.clone();
         let verifier = verifier.clone();
@@ -565,7 +761,11 @@ pub async fn serve_peers(
             Ok(())
         }
     });
-    let service = TlsTerminate::new(config, HandshakeDeadline::Timeout(PEER_DIAL_TIMEOUT), per_conn);
+    let service = TlsTerminate::new(
+        config,
+        HandshakeDeadline::Timeout(PEER_HANDSHAKE_TIMEOUT),
+        per_conn,
+    );
     crate::listen::serve(listener, service, options, shutdown).await;
     Ok(())
 }
