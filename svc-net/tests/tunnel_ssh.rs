@@ -379,7 +379,7 @@ async fn old_and_new_agents(separate: bool) {
 
     let dialer = proxy.tunnel.dialer();
     for (node, reason_part) in [
-        ("node-new", "could not connect"),
+        ("node-new", "the agent could not open it"),
         ("node-old", "this agent serves SSH only"),
     ] {
         let host_id = reg.get(node).unwrap().host_id;
@@ -387,8 +387,7 @@ async fn old_and_new_agents(separate: bool) {
             .dial(app_dial(node))
             .within("a refused dial's answer")
             .await
-            .err()
-            .expect("the agent refuses an app dial");
+            .expect_err("the agent refuses an app dial");
         match &err {
             svc_net::tunnel::TunnelError::DialRefused {
                 server,

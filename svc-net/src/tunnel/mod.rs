@@ -185,9 +185,7 @@ impl DialFailure {
     /// description, which the SSH library on the proxy does not hand on; the agent logs it.
     pub fn text(self) -> &'static str {
         match self {
-            DialFailure::ConnectFailed => {
-                "the agent could not connect to it (the agent's log names the cause)"
-            }
+            DialFailure::ConnectFailed => "the agent could not open it (the agent's log names the cause)",
             DialFailure::Refused => "the agent refused the dial request (the agent's log names the cause)",
             DialFailure::Draining => DRAINING,
         }
