@@ -816,15 +816,25 @@ impl TunnelDialer {
             what: "dial request",
             reason: e.to_string(),
         })?;
-        let opened = tokio::time::timeout(
-            self.timeout,
-            handle.channel_open_forwarded_tcpip(OPEN_DIAL_CHANNEL, 0, json, 0),
-        )
-        .await
-        .map_err(|_| TunnelError::Timeout {
-            what: "dialing through the tunnel",
-            after: self.timeout,
-        })?;
+        let tunnel = handle.clone();
+        let mut open = Box::pin(async move {
+            tunnel
+                .channel_open_forwarded_tcpip(OPEN_DIAL_CHANNEL, 0, json, 0)
+                .await
+        });
+        let Ok(opened) = tokio::time::timeout(self.timeout, &mut open).await else {
+            // The agent may still confirm once its dial completes: close that channel then, so
+            // that neither end keeps a connection nobody reads.
+            tokio::spawn(async move {
+                if let Ok(channel) = open.await {
+                    let _ = channel.close().await;
+                }
+            });
+            return Err(TunnelError::Timeout {
+                what: "dialing through the tunnel",
+                after: self.timeout,
+            });
+        };
         match opened {
             Ok(channel) => Ok(TunnelStream {
                 inner: StreamInner::Channel {
