@@ -206,17 +206,33 @@ async fn decided_within<F>(
 ) where
     F: Fn(&Result<svc_core::auth::ResourceRoute, String>) -> bool,
 {
+    all_decided_within(&[decisions], cert, within, what, check).await;
+}
+
+/// Waits (at most `within`, one deadline for all) until `check` holds for every proxy's
+/// decision.
+async fn all_decided_within<F>(
+    proxies: &[&ProxyDecisions],
+    cert: &ssh_key::Certificate,
+    within: Duration,
+    what: &str,
+    check: F,
+) where
+    F: Fn(&Result<svc_core::auth::ResourceRoute, String>) -> bool,
+{
     let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let answer = decisions.authorize_node(cert, "node-1", "root").await;
-        if check(&answer) {
-            return;
+    for (i, decisions) in proxies.iter().enumerate() {
+        loop {
+            let answer = decisions.authorize_node(cert, "node-1", "root").await;
+            if check(&answer) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: not reflected in proxy {i}'s decision within {within:?}: {answer:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not reflected in the proxy's decision within {within:?}: {answer:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -261,7 +277,27 @@ async fn the_proxy_decides_from_its_watched_cache_and_keeps_deciding_while_the_a
     let decisions = ProxyDecisions::over_cache(&cache, &proxy_identity)
         .await
         .expect("decisions");
+    // A second proxy with a cache of its own: a change reaches every proxy's decisions.
+    let (second_identity, _) = host_caller(&auth.service, vec![SystemRole::Proxy], "proxy-2");
+    let second_link = Arc::new(FailoverClient::new(
+        vec![auth.addr.to_string()],
+        second_identity.clone(),
+        None,
+    ));
+    let second_cache = ProxyCache::spawn(second_link, stop.clone());
+    second_cache
+        .wait_synced(STEP)
+        .await
+        .expect("the second proxy's first snapshot");
+    let second = ProxyDecisions::over_cache(&second_cache, &second_identity)
+        .await
+        .expect("the second proxy's decisions");
+    let both: [&ProxyDecisions; 2] = [&decisions, &second];
     let cert = alice_cert(&auth.service, &proxy_caller).await;
+    assert!(
+        second.authorize_node(&cert, "node-1", "root").await.is_ok(),
+        "the second proxy grants alice too"
+    );
 
     // The same answers as the Auth Service's own.
     let local = decisions.authorize_node(&cert, "node-1", "root").await;
@@ -284,7 +320,7 @@ async fn the_proxy_decides_from_its_watched_cache_and_keeps_deciding_while_the_a
         )
         .await
         .expect("lock alice");
-    decided_within(&decisions, &cert, WITHIN, "the lock", |a| {
+    all_decided_within(&both, &cert, WITHIN, "the lock", |a| {
         a.as_ref()
             .is_err_and(|e| e.contains("locked") && e.contains("incident 7"))
     })
@@ -293,7 +329,7 @@ async fn the_proxy_decides_from_its_watched_cache_and_keeps_deciding_while_the_a
         .delete_resource(&admin, svc_core::resource::Kind::Lock, "user-alice")
         .await
         .expect("unlock");
-    decided_within(&decisions, &cert, WITHIN, "the unlock", Result::is_ok).await;
+    all_decided_within(&both, &cert, WITHIN, "the unlock", Result::is_ok).await;
 
     // A role change (the `access` role no longer grants any node) within a second, then back.
     let mut narrowed = svc_core::rbac::preset_access(Vec::<String>::new());
@@ -302,7 +338,7 @@ async fn the_proxy_decides_from_its_watched_cache_and_keeps_deciding_while_the_a
         .put_resources(&admin, vec![Resource::Role(narrowed)], true)
         .await
         .expect("narrow the access role");
-    decided_within(&decisions, &cert, WITHIN, "the role change", Result::is_err).await;
+    all_decided_within(&both, &cert, WITHIN, "the role change", Result::is_err).await;
     let remote = auth
         .service
         .authorize_node(&proxy_caller, &cert, "node-1", "root")
@@ -323,7 +359,7 @@ async fn the_proxy_decides_from_its_watched_cache_and_keeps_deciding_while_the_a
         )
         .await
         .expect("restore the access role");
-    decided_within(&decisions, &cert, WITHIN, "the role restored", Result::is_ok).await;
+    all_decided_within(&both, &cert, WITHIN, "the role restored", Result::is_ok).await;
 
     // The Auth Service goes away: the watch ends, the proxy keeps deciding from its copy.
     let mut status = cache.subscribe();

@@ -392,3 +392,77 @@ async fn a_silent_agent_is_marked_offline_but_its_live_sessions_continue() {
     agent.shutdown().await;
     proxy.shutdown().await;
 }
+
+/// A dial the proxy gave up on (the agent's target answered after the proxy's deadline) does
+/// not leave a connection behind: when the agent confirms the channel late, the proxy closes
+/// it, and the agent closes its side of the target connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dial_confirmed_after_the_proxys_deadline_is_closed_on_both_ends() {
+    use svc_net::tunnel::{DialRequest, TunnelAgent, TunnelError, dial_service_fn};
+    use tokio::io::AsyncReadExt;
+    init_tracing();
+    let cluster = Cluster::new();
+    let mut tunables = fast_tunables();
+    let deadline = Duration::from_secs(3);
+    tunables.handshake_timeout = deadline;
+    let proxy = start_proxy(
+        &cluster,
+        ProxyOpts {
+            tunables,
+            ..Default::default()
+        },
+    )
+    .await;
+    let node = cluster.host(&[SystemRole::Node], "node-slow");
+    // The agent's service answers twice the proxy's deadline late, and hands the test the far
+    // end of the stream it returns.
+    let (far_tx, mut far_rx) = tokio::sync::mpsc::unbounded_channel();
+    let service = dial_service_fn(move |_req: DialRequest| {
+        let far_tx = far_tx.clone();
+        async move {
+            tokio::time::sleep(deadline * 2).await;
+            let (near, far) = tokio::io::duplex(1024);
+            let _ = far_tx.send(far);
+            Ok(Box::new(near) as svc_net::io::BoxIo)
+        }
+    });
+    let agent = TunnelAgent::new(agent_config(&cluster, proxy.web, &node, "17.0.0"), service)
+        .unwrap()
+        .spawn();
+    let reg = proxy.tunnel.registry().clone();
+    reg.wait_for("node-slow", |a| a.is_some_and(|a| a.open_dial))
+        .within("node-slow registering with the dial in the open")
+        .await;
+
+    let req = DialRequest {
+        address: "slow:1".into(),
+        server_id: "node-slow".into(),
+        conn_type: svc_core::auth::ServedKind::App,
+        client_src_addr: "127.0.0.1:5000".into(),
+        client_dst_addr: "127.0.0.1:443".into(),
+        db_route: None,
+    };
+    let err = proxy
+        .tunnel
+        .dialer()
+        .dial(req)
+        .within("the dial's timeout")
+        .await
+        .expect_err("the proxy gives up before the agent answers");
+    assert!(matches!(err, TunnelError::Timeout { .. }), "{err}");
+
+    let mut far = far_rx
+        .recv()
+        .within("the agent's late dial completing")
+        .await
+        .expect("the service hands over the far end");
+    let mut buf = [0u8; 16];
+    let n = far
+        .read(&mut buf)
+        .within("the agent closing the late connection")
+        .await
+        .expect("reading the far end");
+    assert_eq!(n, 0, "the late connection ends without data");
+    agent.shutdown().await;
+    proxy.shutdown().await;
+}

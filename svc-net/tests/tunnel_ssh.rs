@@ -319,3 +319,104 @@ async fn a_session_waits_for_an_agent_that_attaches_a_moment_later() {
     agent.shutdown().await;
     proxy.shutdown().await;
 }
+
+/// A dial to `node` asking for a kind of resource the agent's SSH Service does not serve.
+fn app_dial(node: &str) -> svc_net::tunnel::DialRequest {
+    svc_net::tunnel::DialRequest {
+        address: "app:80".into(),
+        server_id: node.into(),
+        conn_type: svc_core::auth::ServedKind::App,
+        client_src_addr: "127.0.0.1:5000".into(),
+        client_dst_addr: "127.0.0.1:443".into(),
+        db_route: None,
+    }
+}
+
+/// The dial request in the channel-open message (one round trip) with a current agent, and the
+/// older way — request and answer on the opened channel — with an agent of the previous tunnel
+/// version, side by side on one proxy, on both tunnel paths: both serve sessions, both refusals
+/// reach the proxy as refusals naming the agent and the address.
+async fn old_and_new_agents(separate: bool) {
+    init_tracing();
+    let cluster = Cluster::new();
+    let proxy = start_proxy(
+        &cluster,
+        ProxyOpts {
+            separate,
+            ..Default::default()
+        },
+    )
+    .await;
+    let new = cluster.host(&[SystemRole::Node], "node-new");
+    let old = cluster.host(&[SystemRole::Node], "node-old");
+    let new_agent = start_agent(&cluster, proxy.web, &new);
+    let old_agent = start_agent_with(
+        agent_config(&cluster, proxy.web, &old, "17.0.0").with_open_dial(false),
+        &cluster,
+        &old,
+    );
+    let reg = proxy.tunnel.registry().clone();
+    for node in ["node-new", "node-old"] {
+        reg.wait_for(node, |a| a.is_some_and(|a| a.online))
+            .within("both agents online in the proxy's registry")
+            .await;
+    }
+    assert!(
+        reg.get("node-new").unwrap().open_dial,
+        "the current agent dials in the open"
+    );
+    assert!(
+        !reg.get("node-old").unwrap().open_dial,
+        "the previous version's agent does not"
+    );
+
+    for node in ["node-new", "node-old"] {
+        for round in 0..3 {
+            let out = ssh_exec(&proxy, &cluster, node, &format!("echo {node}-{round}")).await;
+            assert_eq!(out.stdout(), format!("{node}-{round}\n"), "through {node}");
+        }
+    }
+
+    let dialer = proxy.tunnel.dialer();
+    for (node, reason_part) in [
+        ("node-new", "the agent could not open it"),
+        ("node-old", "this agent serves SSH only"),
+    ] {
+        let host_id = reg.get(node).unwrap().host_id;
+        let err = dialer
+            .dial(app_dial(node))
+            .within("a refused dial's answer")
+            .await
+            .expect_err("the agent refuses an app dial");
+        match &err {
+            svc_net::tunnel::TunnelError::DialRefused {
+                server,
+                address,
+                reason,
+            } => {
+                assert_eq!(server, &host_id, "{err}");
+                assert_eq!(address, "app:80", "{err}");
+                assert!(reason.contains(reason_part), "{node}: {err}");
+            }
+            other => panic!("{node}: not a refusal: {other}"),
+        }
+        // The tunnel still serves after a refusal.
+        assert_eq!(
+            ssh_exec(&proxy, &cluster, node, "echo after").await.stdout(),
+            "after\n"
+        );
+    }
+    new_agent.shutdown().await;
+    old_agent.shutdown().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_of_the_previous_tunnel_version_still_serves_dials_with_tls_routing() {
+    old_and_new_agents(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_of_the_previous_tunnel_version_still_serves_dials_on_separate_ports() {
+    old_and_new_agents(true).await;
+}

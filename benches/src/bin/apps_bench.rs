@@ -8,9 +8,19 @@
 //! `tsh proxy` wire them. Targets alternate; each is measured `--reps` times; medians and the
 //! proxied/direct ratio are printed as a Markdown table.
 //!
-//! Run: `cargo run --release -p svc-benches --bin apps_bench -- [--secs 5] [--reps 3]`.
-//! Needs the Debian packages `postgresql` (server and pgbench), `nginx` and `wrk`; as root,
-//! PostgreSQL runs as the `postgres` user via `runuser`.
+//! The same clients also run through rathole 0.5 (plain TCP transport: its server and client
+//! forward the two targets' ports) in the same run, as a baseline for a reverse tunnel, and
+//! through a second `tsh proxy app` listener that makes a full TLS handshake to the proxy for
+//! every connection (TLS session resumption off, as local proxies did before), so the
+//! resumption's effect shows in the same run. One connection at a time (an HTTP request on a
+//! new connection) gives the user path's set-up latency, p50 and p99. The local proxies'
+//! TLS handshakes to the proxy (full and resumed) are counted and printed.
+//!
+//! Run: `cargo run --release -p svc-benches --bin apps_bench -- [--secs 5] [--reps 3]
+//! [--conns 300]`. Needs the Debian packages `postgresql` (server and pgbench), `nginx` and
+//! `wrk`, and rathole (`cargo install rathole`; the binary from `PATH`, `~/.cargo/bin` or the
+//! `SVC_BENCH_RATHOLE` environment variable); as root, PostgreSQL runs as the `postgres` user
+//! via `runuser`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,22 +30,28 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use svc_core::auth::ServedKind;
 use svc_core::config::{Config, DbProtocol};
-use svc_net::client::{LocalProxy, ResourceClient, bind_local};
+use svc_net::client::{LocalProxy, ResourceClient, TlsConfigs, bind_local};
 
 struct Args {
     secs: u64,
     reps: usize,
+    conns: usize,
 }
 
 fn args() -> Result<Args> {
-    let mut a = Args { secs: 5, reps: 3 };
+    let mut a = Args {
+        secs: 5,
+        reps: 3,
+        conns: 300,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--secs" => a.secs = value.parse()?,
             "--reps" => a.reps = value.parse()?,
-            other => bail!("unknown flag {other}; expected --secs, --reps"),
+            "--conns" => a.conns = value.parse()?,
+            other => bail!("unknown flag {other}; expected --secs, --reps, --conns"),
         }
     }
     Ok(a)
@@ -180,6 +196,95 @@ fn nginx(dir: &Path) -> Result<(Killed, u16)> {
     Ok((k, port))
 }
 
+/// The rathole binary: `SVC_BENCH_RATHOLE`, else `rathole` on `PATH` or in `~/.cargo/bin`.
+fn rathole_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("SVC_BENCH_RATHOLE") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        bail!("SVC_BENCH_RATHOLE={} is not a file", p.display());
+    }
+    let dirs = std::env::var_os("PATH").unwrap_or_default();
+    let home = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo/bin"));
+    std::env::split_paths(&dirs)
+        .chain(home)
+        .map(|d| d.join("rathole"))
+        .find(|p| p.is_file())
+        .context("rathole is not installed: `cargo install rathole` (without --locked), or set SVC_BENCH_RATHOLE to its path")
+}
+
+/// rathole's server and client (plain TCP transport) forwarding `targets` (name, port);
+/// returns the processes and, per target, the port rathole's server serves it on.
+fn rathole(dir: &Path, targets: &[(&str, u16)]) -> Result<(Vec<Killed>, Vec<u16>)> {
+    let bin = rathole_bin()?;
+    let control = free_port()?;
+    let mut server = format!("[server]\nbind_addr = \"127.0.0.1:{control}\"\n");
+    let mut client = format!("[client]\nremote_addr = \"127.0.0.1:{control}\"\n");
+    let mut ports = Vec::new();
+    for (name, target) in targets {
+        let port = free_port()?;
+        ports.push(port);
+        server.push_str(&format!(
+            "[server.services.{name}]\ntoken = \"bench\"\nbind_addr = \"127.0.0.1:{port}\"\n"
+        ));
+        client.push_str(&format!(
+            "[client.services.{name}]\ntoken = \"bench\"\nlocal_addr = \"127.0.0.1:{target}\"\n"
+        ));
+    }
+    let (server_conf, client_conf) = (dir.join("rathole-server.toml"), dir.join("rathole-client.toml"));
+    std::fs::write(&server_conf, server)?;
+    std::fs::write(&client_conf, client)?;
+    let spawn = |flag: &str, conf: &Path| -> Result<Killed> {
+        Ok(Killed(
+            Command::new(&bin)
+                .arg(flag)
+                .arg(conf)
+                .env("RUST_LOG", "error")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .with_context(|| format!("starting {}", bin.display()))?,
+        ))
+    };
+    let procs = vec![spawn("-s", &server_conf)?, spawn("-c", &client_conf)?];
+    for port in &ports {
+        wait_listening(*port)?;
+    }
+    Ok((procs, ports))
+}
+
+/// One HTTP request per new connection, one connection at a time, `n` times: each one's
+/// milliseconds (connect, request, whole answer read, close).
+fn one_at_a_time(port: u16, n: usize) -> Result<Vec<f64>> {
+    use std::io::Read;
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer)?;
+        if !answer.starts_with(b"HTTP/1.1 200") {
+            bail!(
+                "port {port} answered {:?}",
+                String::from_utf8_lossy(&answer[..answer.len().min(80)])
+            );
+        }
+        lat.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(lat)
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(((v.len() as f64 - 1.0) * p).round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
 /// pgbench transactions per second (`new_conn`: a new connection per transaction, `-C`).
 fn pgbench(script: &Path, conninfo: &str, secs: u64, new_conn: bool) -> Result<f64> {
     let mut cmd = Command::new(tool("pgbench", "postgresql")?);
@@ -232,8 +337,10 @@ fn main() -> Result<()> {
         ca_file.display()
     );
     let config = Config::from_yaml_str_with_hostname(&yaml, "bench")?;
-    let (db_port, web_port) = (free_port()?, free_port()?);
-    let running = rt.block_on(async {
+    let (db_port, web_port, cold_port) = (free_port()?, free_port()?, free_port()?);
+    let (_rathole, rathole_ports) = rathole(dir.path(), &[("pg", pg.port), ("web", app_port)])?;
+    let (rathole_db_port, rathole_web_port) = (rathole_ports[0], rathole_ports[1]);
+    let (running, warm, cold) = rt.block_on(async {
         let running = svc_net::Cluster::from_config(&config).start().await?;
         let admin = svc_net::auth::ClientIdentity::load(
             &running
@@ -260,10 +367,19 @@ fn main() -> Result<()> {
             insecure: true,
             extra_ca_pem: None,
             dialer: svc_net::dial::ProxyDialer::from_env()?,
+            tls_configs: Default::default(),
         };
-        for (kind, name, protocol, port) in [
-            (ServedKind::Db, "pg", Some(DbProtocol::Postgres), db_port),
-            (ServedKind::App, "web", None, web_port),
+        // The same local proxy for the app without TLS session resumption (a full handshake
+        // to the proxy per connection): the comparison for what resumption buys.
+        let cold = ResourceClient {
+            tls_configs: TlsConfigs::uncached(),
+            ..client.clone()
+        };
+        let (warm, cold_counts) = (client.tls_configs.clone(), cold.tls_configs.clone());
+        for (kind, name, protocol, port, client) in [
+            (ServedKind::Db, "pg", Some(DbProtocol::Postgres), db_port, &client),
+            (ServedKind::App, "web", None, web_port, &client),
+            (ServedKind::App, "web", None, cold_port, &cold),
         ] {
             let what = LocalProxy {
                 kind,
@@ -279,10 +395,11 @@ fn main() -> Result<()> {
                 }),
             );
         }
-        anyhow::Ok(running)
+        anyhow::Ok((running, warm, cold_counts))
     })?;
     wait_listening(db_port)?;
     wait_listening(web_port)?;
+    wait_listening(cold_port)?;
 
     let script = dir.path().join("select1.sql");
     std::fs::write(&script, "SELECT 1;\n")?;
@@ -291,58 +408,123 @@ fn main() -> Result<()> {
         pg.port
     );
     let proxied_db = format!("host=127.0.0.1 port={db_port} user=postgres dbname=postgres sslmode=disable");
+    let rathole_db =
+        format!("host=127.0.0.1 port={rathole_db_port} user=postgres dbname=postgres sslmode=require");
     // Warm-up: the first connection through the tunnel opens the agent's paths.
     pgbench(&script, &proxied_db, 1, false)?;
+    pgbench(&script, &rathole_db, 1, false)?;
     wrk(web_port, 1, 1, false)?;
+    wrk(cold_port, 1, 1, false)?;
+    wrk(rathole_web_port, 1, 1, false)?;
 
-    type Probe<'a> = Box<dyn Fn(bool) -> Result<f64> + 'a>;
-    let cases: Vec<(&str, &str, Probe<'_>)> = vec![
+    // Where a probe's clients connect: direct, through rathole, through svc's local proxy, and
+    // through the local proxy without TLS session resumption.
+    #[derive(Clone, Copy)]
+    enum Via {
+        Direct,
+        Rathole,
+        Svc,
+        SvcCold,
+    }
+    let db_for = |via: Via| match via {
+        Via::Direct => direct_db.clone(),
+        Via::Rathole => rathole_db.clone(),
+        Via::Svc | Via::SvcCold => proxied_db.clone(),
+    };
+    let web_for = |via: Via| match via {
+        Via::Direct => app_port,
+        Via::Rathole => rathole_web_port,
+        Via::Svc => web_port,
+        Via::SvcCold => cold_port,
+    };
+    type Probe<'a> = Box<dyn Fn(Via) -> Result<f64> + 'a>;
+    // (name, unit, probe, whether the no-resumption listener applies).
+    let cases: Vec<(&str, &str, Probe<'_>, bool)> = vec![
         (
             "pgbench `SELECT 1`, 1 client, one connection",
             "tps",
-            Box::new(|proxied| {
-                pgbench(
-                    &script,
-                    if proxied { &proxied_db } else { &direct_db },
-                    a.secs,
-                    false,
-                )
-            }),
+            Box::new(|via| pgbench(&script, &db_for(via), a.secs, false)),
+            false,
         ),
         (
             "pgbench `SELECT 1`, 1 client, new connection per transaction (-C)",
             "tps",
-            Box::new(|proxied| {
-                pgbench(
-                    &script,
-                    if proxied { &proxied_db } else { &direct_db },
-                    a.secs,
-                    true,
-                )
-            }),
+            Box::new(|via| pgbench(&script, &db_for(via), a.secs, true)),
+            false,
         ),
         (
             "wrk to nginx, 10 keep-alive connections",
             "req/s",
-            Box::new(|proxied| wrk(if proxied { web_port } else { app_port }, a.secs, 10, false)),
+            Box::new(|via| wrk(web_for(via), a.secs, 10, false)),
+            false,
         ),
         (
             "wrk to nginx, new connection per request",
             "req/s",
-            Box::new(|proxied| wrk(if proxied { web_port } else { app_port }, a.secs, 10, true)),
+            Box::new(|via| wrk(web_for(via), a.secs, 10, true)),
+            true,
         ),
     ];
-    println!("| path | direct | through svc | svc / direct |");
-    println!("|---|---|---|---|");
-    for (name, unit, probe) in &cases {
-        let (mut direct, mut proxied) = (Vec::new(), Vec::new());
+    let (warm_full, warm_resumed) = (warm.full_handshakes(), warm.resumed_handshakes());
+    println!(
+        "| path | direct | rathole (plain) | through svc | svc / direct | svc / rathole | svc without TLS resumption |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (name, unit, probe, cold_too) in &cases {
+        let (mut direct, mut rat, mut svc, mut cold) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..a.reps {
-            direct.push(probe(false)?);
-            proxied.push(probe(true)?);
+            direct.push(probe(Via::Direct)?);
+            rat.push(probe(Via::Rathole)?);
+            svc.push(probe(Via::Svc)?);
+            if *cold_too {
+                cold.push(probe(Via::SvcCold)?);
+            }
         }
-        let (d, p) = (median(direct), median(proxied));
-        println!("| {name} | {d:.0} {unit} | {p:.0} {unit} | {:.2} |", p / d);
+        let (d, r, p) = (median(direct), median(rat), median(svc));
+        let c = if cold.is_empty() {
+            "–".to_owned()
+        } else {
+            format!("{:.0} {unit}", median(cold))
+        };
+        println!(
+            "| {name} | {d:.0} {unit} | {r:.0} {unit} | {p:.0} {unit} | {:.2} | {:.2} | {c} |",
+            p / d,
+            p / r
+        );
     }
+    // One connection at a time: the set-up latency a user sees, in alternating rounds.
+    let rounds = a.reps.max(1);
+    let mut lat: Vec<Vec<f64>> = vec![Vec::new(); 4];
+    let vias = [Via::Direct, Via::Rathole, Via::Svc, Via::SvcCold];
+    for round in 0..rounds {
+        let n = a.conns / rounds + usize::from(round < a.conns % rounds);
+        for (via, l) in vias.iter().zip(lat.iter_mut()) {
+            l.extend(one_at_a_time(web_for(*via), n)?);
+        }
+    }
+    println!();
+    println!(
+        "HTTP request on a new connection, one at a time ({} connections per path): p50 / p99 ms",
+        a.conns
+    );
+    println!();
+    println!("| direct | rathole (plain) | through svc | svc without TLS resumption |");
+    println!("|---|---|---|---|");
+    let cells: Vec<String> = lat
+        .iter_mut()
+        .map(|l| format!("{:.3} / {:.3}", pct(l, 0.5), pct(l, 0.99)))
+        .collect();
+    println!("| {} |", cells.join(" | "));
+    println!();
+    println!(
+        "TLS handshakes to the proxy: with resumption {} full, {} resumed (the measured part: {} full, {} resumed); without resumption {} full, {} resumed",
+        warm.full_handshakes(),
+        warm.resumed_handshakes(),
+        warm.full_handshakes() - warm_full,
+        warm.resumed_handshakes() - warm_resumed,
+        cold.full_handshakes(),
+        cold.resumed_handshakes()
+    );
     rt.block_on(running.shutdown());
     Ok(())
 }

@@ -2,7 +2,9 @@
 //! port and the TLS-routed single port) against direct loopback TCP and against an OpenSSH
 //! reverse tunnel (`ssh -R`, `-c aes128-gcm@openssh.com`, to a local `sshd`), all in the same
 //! run; then connection set-up through an established tunnel (connections/s, p50/p99) against
-//! the same two baselines, one connection at a time and `--concurrency` at a time.
+//! the same two baselines, one connection at a time and `--concurrency` at a time, with the
+//! dial request in the channel-open message (one round trip) and, for comparison, an agent of
+//! the previous tunnel version on the 3024 proxy (request and answer on the opened channel).
 //! Alternating repetitions, medians, ratios.
 //!
 //! ```text
@@ -227,11 +229,24 @@ async fn start_proxy(
 }
 
 fn start_agent(c: &Cluster, web: SocketAddr, name: &str, tunables: Tunables) -> anyhow::Result<RunningAgent> {
+    start_agent_with(c, web, name, tunables, true)
+}
+
+/// `open_dial` off: the agent behaves as one of the previous tunnel version (the dial request
+/// and its answer on the opened channel, two round trips).
+fn start_agent_with(
+    c: &Cluster,
+    web: SocketAddr,
+    name: &str,
+    tunables: Tunables,
+    open_dial: bool,
+) -> anyhow::Result<RunningAgent> {
     let (id, k, cert) = host(c, SystemRole::App, name)?;
     let dialer = ProxyDialer::builder(ProxyEnv::default()).build()?;
     let config = AgentConfig::new(Addr::from(web), id, k, cert, c.verifier.clone(), dialer)
         .with_version("17.0.0".parse()?)
-        .with_tunables(tunables);
+        .with_tunables(tunables)
+        .with_open_dial(open_dial);
     // The agent's resource dialer: plain TCP to the requested address.
     let service = dial_service_fn(|req: DialRequest| async move {
         let s = TcpStream::connect(&req.address).await?;
@@ -440,6 +455,9 @@ async fn main() -> anyhow::Result<()> {
     t_sep.registry().wait_for("agent-3024", |a| a.is_some()).await;
     t_tls.registry().wait_for("agent-tls", |a| a.is_some()).await;
     t_def.registry().wait_for("agent-def", |a| a.is_some()).await;
+    // The previous dial path (request and answer on the opened channel), on the 3024 proxy.
+    let a_old = start_agent_with(&c, p_sep.addrs().web, "agent-old", Tunables::default(), false)?;
+    t_sep.registry().wait_for("agent-old", |a| a.is_some()).await;
     let d_def = t_def.dialer();
     let (d_sep, d_tls): (TunnelDialer, TunnelDialer) = (t_sep.dialer(), t_tls.dialer());
     let (_ossh, fwd) = openssh_reverse(dir.path(), sink).await?;
@@ -496,6 +514,10 @@ async fn main() -> anyhow::Result<()> {
             "svc tunnel (TLS port)",
             Path::Tunnel(d_tls.clone(), "agent-tls", sink),
         ),
+        (
+            "svc 3024, old dial",
+            Path::Tunnel(d_sep.clone(), "agent-old", sink),
+        ),
         ("svc, alternative", Path::Tunnel(d_def.clone(), "agent-def", sink)),
         // Last: the ratios are against it.
         ("OpenSSH -R", Path::Tcp(fwd_addr)),
@@ -533,6 +555,7 @@ async fn main() -> anyhow::Result<()> {
             );
         }
     }
+    a_old.shutdown().await;
     a_def.shutdown().await;
     p_def.shutdown().await;
     a_sep.shutdown().await;

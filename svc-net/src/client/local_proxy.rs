@@ -18,6 +18,7 @@ pub fn resource_client(profile: &Profile) -> Result<ResourceClient, Error> {
         insecure: profile.insecure && profile.ca_pem.is_none(),
         extra_ca_pem: profile.ca_pem.as_ref().map(|p| p.as_bytes().to_vec()),
         dialer: crate::dial::ProxyDialer::from_env()?,
+        tls_configs: Default::default(),
     })
 }
 

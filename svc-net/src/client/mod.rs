@@ -50,7 +50,9 @@ pub use profile::{
     KNOWN_HOSTS_FILE, OPENSSH_CERT_FILE, OPENSSH_KEY_FILE, PROFILE_FILE, Pinged, Profile, SVC_HOME_ENV,
     SignIn, SignedIn, home, known_hosts, ping, profile_path, sign_in, write_private,
 };
-pub use resource::{ConnectError, LocalProxy, LocalProxyError, ResourceClient, alpn_for, bind_local};
+pub use resource::{
+    ConnectError, LocalProxy, LocalProxyError, ResourceClient, TlsConfigs, alpn_for, bind_local,
+};
 
 /// Why a client-side operation failed. Messages name the file, address, host or login involved;
 /// the cause, when there is one, is the error's [`source`](std::error::Error::source).

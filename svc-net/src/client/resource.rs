@@ -60,6 +60,75 @@ pub struct ResourceClient {
     pub extra_ca_pem: Option<Vec<u8>>,
     /// How the proxy is reached (direct or HTTP CONNECT).
     pub dialer: ProxyDialer,
+    /// The TLS configurations built so far, one per ALPN name, shared by clones: every
+    /// connection of a local proxy uses the same one, and so the same session cache, so a new
+    /// client connection resumes the TLS session instead of a full handshake.
+    pub tls_configs: TlsConfigs,
+}
+
+/// The client TLS configurations of a [`ResourceClient`] by ALPN name (see
+/// [`ResourceClient::tls_configs`]); empty by default, filled as connections are made. Also
+/// counts the handshakes made with them, full and resumed.
+#[derive(Clone, Default)]
+pub struct TlsConfigs(Arc<TlsConfigsInner>);
+
+#[derive(Default)]
+struct TlsConfigsInner {
+    configs: std::sync::Mutex<std::collections::HashMap<String, Arc<rustls::ClientConfig>>>,
+    full: std::sync::atomic::AtomicU64,
+    resumed: std::sync::atomic::AtomicU64,
+    /// Build a configuration for every connection (no session to resume).
+    uncached: bool,
+}
+
+impl TlsConfigs {
+    /// Configurations built afresh for every connection, so every handshake is a full one (how
+    /// local proxies connected before sessions were resumed): for measurements.
+    pub fn uncached() -> Self {
+        Self(Arc::new(TlsConfigsInner {
+            uncached: true,
+            ..Default::default()
+        }))
+    }
+
+    /// How many TLS handshakes to the proxy were full ones (certificates exchanged and
+    /// verified).
+    pub fn full_handshakes(&self) -> u64 {
+        self.0.full.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many TLS handshakes to the proxy resumed an earlier session.
+    pub fn resumed_handshakes(&self) -> u64 {
+        self.0.resumed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<rustls::ClientConfig>>> {
+        self.0
+            .configs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn count(&self, kind: Option<rustls::HandshakeKind>) {
+        let counter = match kind {
+            Some(rustls::HandshakeKind::Resumed) => &self.0.resumed,
+            _ => &self.0.full,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl std::fmt::Debug for TlsConfigs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let alpns: Vec<String> = self.lock().keys().cloned().collect();
+        f.debug_struct("TlsConfigs")
+            .field("alpns", &alpns)
+            .field("full_handshakes", &self.full_handshakes())
+            .field("resumed_handshakes", &self.resumed_handshakes())
+            .finish()
+    }
 }
 
 /// The ALPN name for a resource kind (and database protocol).
@@ -74,7 +143,23 @@ pub fn alpn_for(kind: ServedKind, protocol: Option<DbProtocol>) -> &'static str 
 }
 
 impl ResourceClient {
+    /// The configuration for ALPN `protocol`: built once, then shared (with its session cache).
     fn tls(&self, protocol: &str) -> Result<Arc<rustls::ClientConfig>, ConnectError> {
+        if self.tls_configs.0.uncached {
+            return self.build_tls(protocol);
+        }
+        let cached = self.tls_configs.lock().get(protocol).cloned();
+        if let Some(config) = cached {
+            return Ok(config);
+        }
+        let config = self.build_tls(protocol)?;
+        self.tls_configs
+            .lock()
+            .insert(protocol.to_owned(), config.clone());
+        Ok(config)
+    }
+
+    fn build_tls(&self, protocol: &str) -> Result<Arc<rustls::ClientConfig>, ConnectError> {
         let id = |e: String| ConnectError::Identity(e);
         let (chain, key) = self.identity.tls_parts().map_err(|e| id(e.to_string()))?;
         let builder = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
@@ -145,6 +230,7 @@ impl ResourceClient {
         let mut tls = crate::conn_upgrade::connect_tls(dial, config, &outer, sni, &addr)
             .await
             .map_err(|e| proxy_err(e.to_string()))?;
+        self.tls_configs.count(tls.get_ref().1.handshake_kind());
         let mut line = serde_json::to_vec(req).map_err(|e| proxy_err(e.to_string()))?;
         line.push(b'\n');
         tls.write_all(&line).await.map_err(|e| proxy_err(e.to_string()))?;

@@ -220,6 +220,11 @@ impl ServerIdentity {
 
     /// Like [`server_config`](Self::server_config), but requiring a client certificate that
     /// `clients` accepts (the cluster's user CA for resource access).
+    ///
+    /// Sessions resume from stateless tickets (keys rotating every six hours): a local proxy
+    /// (`tsh proxy app|db`) that opens a connection per client connection pays the full
+    /// handshake once. A resumed session presents the certificate chain of its first handshake,
+    /// which the proxy verifies again (expiry included) as for any connection.
     pub fn server_config_with_client_auth(
         &self,
         alpn: &[&str],
@@ -230,6 +235,7 @@ impl ServerIdentity {
             .with_client_cert_verifier(clients)
             .with_single_cert(self.chain.clone(), self.key.clone_key())?;
         config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+        config.ticketer = rustls::crypto::ring::Ticketer::new()?;
         Ok(Arc::new(config))
     }
 }
@@ -330,6 +336,98 @@ mod tests {
             ServerIdentity::load(&source, &[]).unwrap();
             assert_eq!(fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
         }
+    }
+
+    /// A client that keeps its configuration (and so its session cache) resumes its session on
+    /// the next connection to a resource-access configuration, and the proxy still sees the
+    /// client's certificate chain of the first handshake, which it verifies for every
+    /// connection.
+    #[tokio::test]
+    async fn client_auth_sessions_resume_and_keep_the_client_chain() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let source = TlsSource::Generated {
+            data_dir: dir.path().to_owned(),
+        };
+        let server = ServerIdentity::load(&source, &[]).unwrap();
+        // The user CA and a user certificate.
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let user_key = KeyPair::generate().unwrap();
+        let user = CertificateParams::new(vec!["alice".to_owned()])
+            .unwrap()
+            .signed_by(&user_key, &ca)
+            .unwrap();
+        let mut clients = rustls::RootCertStore::empty();
+        clients.add(ca.der().clone()).unwrap();
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(clients), provider())
+                .build()
+                .unwrap();
+        let server_config = server
+            .server_config_with_client_auth(&["svc-test"], verifier)
+            .unwrap();
+        let proxy_ca = fs::read(dir.path().join(CA_FILE)).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(&proxy_ca) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let key = rustls::pki_types::PrivateKeyDer::try_from(user_key.serialize_der()).unwrap();
+        let mut client_config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(vec![user.der().clone()], key)
+            .unwrap();
+        client_config.alpn_protocols = vec![b"svc-test".to_vec()];
+        let client_config = Arc::new(client_config);
+        let acceptor = tokio_rustls::TlsAcceptor::from(server_config);
+        let connector = tokio_rustls::TlsConnector::from(client_config);
+
+        let mut kinds = Vec::new();
+        for _ in 0..3 {
+            let (c, s) = tokio::io::duplex(64 * 1024);
+            let accept = acceptor.clone();
+            let served = tokio::spawn(async move {
+                let mut tls = accept.accept(s).await.unwrap();
+                let chain: Vec<Vec<u8>> = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|c| c.to_vec())
+                    .collect();
+                tls.write_all(b"x").await.unwrap();
+                tls.shutdown().await.unwrap();
+                chain
+            });
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let mut tls = connector.connect(name, c).await.unwrap();
+            // Reading to the end also takes in the session tickets.
+            let mut got = Vec::new();
+            tls.read_to_end(&mut got).await.unwrap();
+            assert_eq!(got, b"x");
+            kinds.push(tls.get_ref().1.handshake_kind());
+            let chain = tokio::time::timeout(std::time::Duration::from_secs(30), served)
+                .await
+                .expect("the server side finished within 30 s")
+                .unwrap();
+            assert_eq!(
+                chain,
+                vec![user.der().to_vec()],
+                "the client's chain, resumed or not"
+            );
+        }
+        assert_eq!(
+            kinds,
+            vec![
+                Some(rustls::HandshakeKind::Full),
+                Some(rustls::HandshakeKind::Resumed),
+                Some(rustls::HandshakeKind::Resumed)
+            ]
+        );
     }
 
     #[test]

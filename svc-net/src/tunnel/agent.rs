@@ -37,9 +37,9 @@ use tower::{BoxError, ServiceExt, util::BoxCloneSyncService};
 
 use super::backoff::{duplicate_redial, quick_redial};
 use super::{
-    Backoff, DIAL_OK, DISCOVERY_CHANNEL, DRAINING, DialRequest, Discovery, HEARTBEAT_CHANNEL,
-    MAX_DIAL_REQUEST, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST,
-    read_line,
+    Backoff, CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK, DISCOVERY_CHANNEL, DRAINING, DialFailure,
+    DialRequest, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST, OPEN_DIAL_CHANNEL, RECONNECT_REQUEST,
+    TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST, read_line,
 };
 use crate::{dial::ProxyDialer, io::BoxIo, route::alpn};
 
@@ -76,6 +76,10 @@ pub struct AgentConfig {
     pub tunables: Tunables,
     /// The reconnect schedule.
     pub backoff: Backoff,
+    /// Serve dials carried in the channel-open message and say so to the proxy's capabilities
+    /// query (on by default). Off, the agent answers as agents that predate it did (no
+    /// capabilities, dial requests on the opened channel only): for tests of mixed versions.
+    pub open_dial: bool,
 }
 
 impl AgentConfig {
@@ -101,7 +105,15 @@ impl AgentConfig {
             dialer,
             tunables: Tunables::default(),
             backoff: Backoff::default(),
+            open_dial: true,
         }
+    }
+
+    /// Whether to serve dials carried in the channel-open message (see
+    /// [`AgentConfig::open_dial`]).
+    pub fn with_open_dial(mut self, on: bool) -> Self {
+        self.open_dial = on;
+        self
     }
 
     /// Reports `version` instead of the binary's.
@@ -963,6 +975,16 @@ impl russh::client::Handler for AgentHandler {
                     let _ = channel.close().await;
                 });
             }
+            CAPABILITIES_REQUEST if self.shared.config.open_dial => {
+                reply.accept().await;
+                tokio::spawn(async move {
+                    let _ = channel
+                        .data_bytes(Bytes::from_static(CAP_OPEN_DIAL.as_bytes()))
+                        .await;
+                    let _ = channel.eof().await;
+                    let _ = channel.close().await;
+                });
+            }
             RECONNECT_REQUEST => {
                 reply.accept().await;
                 tracing::info!("the proxy asked the agent to reconnect");
@@ -984,11 +1006,43 @@ impl russh::client::Handler for AgentHandler {
         channel: Channel<Msg>,
         connected_address: &str,
         _connected_port: u32,
-        _originator_address: &str,
+        originator_address: &str,
         _originator_port: u32,
         reply: ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
+        if connected_address == OPEN_DIAL_CHANNEL && self.shared.config.open_dial {
+            // The request is in the open message: dial the target first (on a task of its
+            // own: this handler runs on the tunnel's session loop), then confirm or refuse.
+            let req = DialRequest::decode(originator_address);
+            let draining = self.conn.draining.load(Ordering::SeqCst);
+            let service = self.shared.service.clone();
+            let conn = self.conn.clone();
+            conn.active.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                match dial_target(req.map_err(|e| e.to_string()), service, draining).await {
+                    Ok(mut io) => {
+                        reply.accept().await;
+                        let mut stream = channel.into_stream();
+                        let _ =
+                            copy_bidirectional_with_sizes(&mut stream, &mut io, 64 * 1024, 64 * 1024).await;
+                    }
+                    Err((failure, text)) => {
+                        tracing::info!(error = %text, "refusing a dial request");
+                        reply
+                            .reject(russh::ChannelOpenFailure::Other {
+                                code: failure.code(),
+                                reason: text,
+                            })
+                            .await;
+                    }
+                }
+                if conn.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    conn.idle.notify_waiters();
+                }
+            });
+            return Ok(());
+        }
         if connected_address != TRANSPORT_CHANNEL {
             reply
                 .reject(russh::ChannelOpenFailure::AdministrativelyProhibited)
@@ -1042,17 +1096,9 @@ where
         Ok(None) => return,
         Err(e) => Err(format!("reading the dial request: {e}")),
     };
-    let outcome = match req {
-        Err(e) => Err(e),
-        Ok(_) if draining => Err(DRAINING.to_owned()),
-        Ok(req) => {
-            let address = req.address.clone();
-            match service.oneshot(req).await {
-                Ok(io) => Ok(io),
-                Err(e) => Err(format!("dialing {address}: {e}")),
-            }
-        }
-    };
+    let outcome = dial_target(req, service, draining)
+        .await
+        .map_err(|(_, text)| text);
     match outcome {
         Ok(mut io) => {
             if stream.write_all(format!("{DIAL_OK}\n").as_bytes()).await.is_err() {
@@ -1065,6 +1111,26 @@ where
             let line = format!("{}\n", text.replace('\n', " "));
             let _ = stream.write_all(line.as_bytes()).await;
             let _ = stream.shutdown().await;
+        }
+    }
+}
+
+/// Asks the service for the stream a decoded dial request names; on failure, what kind and the
+/// text to answer with.
+async fn dial_target(
+    req: Result<DialRequest, String>,
+    service: DialService,
+    draining: bool,
+) -> Result<BoxIo, (DialFailure, String)> {
+    match req {
+        Err(e) => Err((DialFailure::Refused, e)),
+        Ok(_) if draining => Err((DialFailure::Draining, DRAINING.to_owned())),
+        Ok(req) => {
+            let address = req.address.clone();
+            service
+                .oneshot(req)
+                .await
+                .map_err(|e| (DialFailure::ConnectFailed, format!("dialing {address}: {e}")))
         }
     }
 }

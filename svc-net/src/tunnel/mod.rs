@@ -26,7 +26,14 @@
 //! | version query | proxy → agent | `forwarded-streamlocal@openssh.com` from [`VERSION_REQUEST`]: the agent writes its version and closes |
 //! | reconnect request | proxy → agent | `forwarded-streamlocal@openssh.com` from [`RECONNECT_REQUEST`]: the agent drains and dials again |
 //! | any other request | proxy → agent | refused (the "answered false" of a global request) |
-//! | dial | proxy → agent | `forwarded-tcpip` from [`TRANSPORT_CHANNEL`]: one JSON [`DialRequest`] line, then the agent answers one line — `ok` or the failure text — and, on `ok`, the channel carries the connection's bytes |
+//! | capabilities | proxy → agent | `forwarded-streamlocal@openssh.com` from [`CAPABILITIES_REQUEST`]: the agent writes the words of what it supports ([`CAP_OPEN_DIAL`]) and closes; agents that predate it refuse the channel (no capabilities) |
+//! | dial, in the open | proxy → agent, agents with [`CAP_OPEN_DIAL`] | `forwarded-tcpip` from [`OPEN_DIAL_CHANNEL`], the originator address being the JSON [`DialRequest`]: the agent dials the target first, then confirms the channel (which carries the connection's bytes at once) or answers an open failure ([`DialFailure`]'s code, the reason text as description) |
+//! | dial, on the channel | proxy → agent, older agents | `forwarded-tcpip` from [`TRANSPORT_CHANNEL`]: one JSON [`DialRequest`] line, then the agent answers one line — `ok` or the failure text — and, on `ok`, the channel carries the connection's bytes |
+//!
+//! A dial in the open costs one round trip on the tunnel (open → confirmation) instead of two
+//! (open → confirmation, request → answer), and the agent dials its target while the proxy
+//! waits for the confirmation. The proxy queries the capabilities once per tunnel, right after
+//! the version, and dials an agent that does not name [`CAP_OPEN_DIAL`] the older way.
 //!
 //! An agent whose version is incompatible with the cluster's is disconnected with a message
 //! saying why (`SSH_MSG_DISCONNECT` description); the agent logs it.
@@ -79,6 +86,13 @@ pub const VERSION_REQUEST: &str = "version@svc.dev";
 pub const RECONNECT_REQUEST: &str = "reconnect@svc.dev";
 /// The transport channel's connected address (proxy → agent).
 pub const TRANSPORT_CHANNEL: &str = "transport@svc.dev";
+/// The connected address of a transport channel whose open message carries the dial request
+/// (proxy → agent, agents with [`CAP_OPEN_DIAL`]).
+pub const OPEN_DIAL_CHANNEL: &str = "dial@svc.dev";
+/// The capabilities query (proxy → agent).
+pub const CAPABILITIES_REQUEST: &str = "capabilities@svc.dev";
+/// The capability of serving dials carried in the channel-open message ([`OPEN_DIAL_CHANNEL`]).
+pub const CAP_OPEN_DIAL: &str = "open-dial";
 /// What a draining agent answers to new work.
 pub(crate) const DRAINING: &str = "agent connection is draining";
 /// The agent's answer to a dial request that succeeded.
@@ -134,6 +148,49 @@ impl DialRequest {
             return Err(DialRequestError::TooLong(line.len()));
         }
         serde_json::from_str(line).map_err(|e| DialRequestError::Malformed(e.to_string()))
+    }
+}
+
+/// Why an agent refused a dial carried in the channel-open message: the open failure's reason
+/// code (the description carries the agent's text, which the agent also logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DialFailure {
+    /// The agent's service could not reach the target (`SSH_OPEN_CONNECT_FAILED`).
+    ConnectFailed,
+    /// The request was malformed or refused (`SSH_OPEN_ADMINISTRATIVELY_PROHIBITED`).
+    Refused,
+    /// The agent's connection is draining (`SSH_OPEN_RESOURCE_SHORTAGE`).
+    Draining,
+}
+
+impl DialFailure {
+    /// The SSH open failure reason code.
+    pub fn code(self) -> u32 {
+        match self {
+            DialFailure::Refused => 1,
+            DialFailure::ConnectFailed => 2,
+            DialFailure::Draining => 4,
+        }
+    }
+
+    /// The failure an open failure's reason code names.
+    pub fn from_code(code: u32) -> Self {
+        match code {
+            2 => DialFailure::ConnectFailed,
+            4 => DialFailure::Draining,
+            _ => DialFailure::Refused,
+        }
+    }
+
+    /// What the proxy reports for it. The agent's own text travels as the open failure's
+    /// description, which the SSH library on the proxy does not hand on; the agent logs it.
+    pub fn text(self) -> &'static str {
+        match self {
+            DialFailure::ConnectFailed => "the agent could not open it (the agent's log names the cause)",
+            DialFailure::Refused => "the agent refused the dial request (the agent's log names the cause)",
+            DialFailure::Draining => DRAINING,
+        }
     }
 }
 

@@ -34,6 +34,9 @@ pub struct AgentInfo {
     pub online: bool,
     /// Client connections the tunnel carries now.
     pub live_sessions: usize,
+    /// Whether the agent serves dials carried in the channel-open message (one round trip per
+    /// new connection); agents that predate it are dialed the older way.
+    pub open_dial: bool,
 }
 
 /// State shared by a tunnel's SSH handler (heartbeats), the dialer (live sessions) and the
@@ -42,6 +45,8 @@ pub struct AgentInfo {
 pub(crate) struct ConnState {
     pub(crate) last_heartbeat: Mutex<Instant>,
     pub(crate) live: AtomicUsize,
+    /// The agent named [`super::CAP_OPEN_DIAL`] among its capabilities.
+    pub(crate) open_dial: std::sync::atomic::AtomicBool,
 }
 
 impl ConnState {
@@ -49,6 +54,7 @@ impl ConnState {
         Arc::new(Self {
             last_heartbeat: Mutex::new(Instant::now()),
             live: AtomicUsize::new(0),
+            open_dial: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

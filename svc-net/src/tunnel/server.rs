@@ -31,9 +31,9 @@ use tokio_util::sync::CancellationToken;
 use tower::{BoxError, Service};
 
 use super::{
-    DIAL_OK, DISCOVERY_CHANNEL, DialRequest, DirectDialer, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST,
-    PeerDialer, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, TunnelStrategy, VERSION_REQUEST,
-    agent_proxies, read_line,
+    CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK, DISCOVERY_CHANNEL, DialFailure, DialRequest, DirectDialer,
+    Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST, OPEN_DIAL_CHANNEL, PeerDialer, RECONNECT_REQUEST,
+    TRANSPORT_CHANNEL, Tunables, TunnelError, TunnelStrategy, VERSION_REQUEST, agent_proxies, read_line,
     registry::{AgentInfo, AgentRegistry, ConnState, LiveGuard},
 };
 use crate::io::{BoxIo, ConnFuture, ConnService, Connection, Io, conn_service};
@@ -339,9 +339,11 @@ impl TunnelServer {
 
         // Query the version right after authentication; refuse incompatible agents with a
         // message the agent logs.
-        let version = match tokio::time::timeout(after, query_version(&handle)).await {
-            Ok(Ok(v)) => v,
-            Ok(Err(e)) => {
+        // The capabilities in the same round trip: agents that predate the query refuse it.
+        let queries = async { tokio::join!(query_version(&handle), query_capabilities(&handle)) };
+        let (version, capabilities) = match tokio::time::timeout(after, queries).await {
+            Ok((Ok(v), caps)) => (v, caps),
+            Ok((Err(e), _)) => {
                 let _ = handle
                     .disconnect(
                         russh::Disconnect::ByApplication,
@@ -367,7 +369,12 @@ impl TunnelServer {
             return Ok(());
         }
 
+        let open_dial = capabilities.iter().any(|c| c == CAP_OPEN_DIAL);
+        state
+            .open_dial
+            .store(open_dial, std::sync::atomic::Ordering::SeqCst);
         let info = AgentInfo {
+            open_dial,
             host_id: host.host_id.clone(),
             node_name: host.node_name.clone(),
             version,
@@ -445,6 +452,26 @@ async fn query_version(handle: &russh::server::Handle) -> Result<Version, Tunnel
             what: "agent version",
             reason: e.to_string(),
         })
+}
+
+/// The agent's capabilities (words); none from agents that refuse the query (those that
+/// predate it) or answer it badly.
+async fn query_capabilities(handle: &russh::server::Handle) -> Vec<String> {
+    let Ok(channel) = handle
+        .channel_open_forwarded_streamlocal(CAPABILITIES_REQUEST)
+        .await
+    else {
+        return Vec::new();
+    };
+    let mut stream = channel.into_stream();
+    let mut buf = Vec::new();
+    if (&mut stream).take(1024).read_to_end(&mut buf).await.is_err() {
+        return Vec::new();
+    }
+    String::from_utf8_lossy(&buf)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Marks silent agents offline and closes their idle tunnels, until the server is dropped.
@@ -715,7 +742,11 @@ impl TunnelDialer {
             .registry
             .pick(&host_id)
             .ok_or_else(|| TunnelError::NoAgent(host_id.clone()))?;
+        let open_dial = state.open_dial.load(std::sync::atomic::Ordering::SeqCst);
         let guard = LiveGuard::new(state);
+        if open_dial {
+            return self.dial_in_open(&handle, req, host_id, guard).await;
+        }
         let (src_host, src_port) = split_host_port(&req.client_src_addr);
         let open = async {
             let channel = handle
@@ -768,6 +799,59 @@ impl TunnelDialer {
                 _live: guard,
             },
         })
+    }
+}
+
+impl TunnelDialer {
+    /// Dials with the request in the channel-open message: the agent's confirmation is the
+    /// success, its open failure the refusal (one round trip on the tunnel).
+    async fn dial_in_open(
+        &self,
+        handle: &russh::server::Handle,
+        req: DialRequest,
+        host_id: String,
+        guard: LiveGuard,
+    ) -> Result<TunnelStream, TunnelError> {
+        let json = serde_json::to_string(&req).map_err(|e| TunnelError::Malformed {
+            what: "dial request",
+            reason: e.to_string(),
+        })?;
+        let tunnel = handle.clone();
+        let mut open = Box::pin(async move {
+            tunnel
+                .channel_open_forwarded_tcpip(OPEN_DIAL_CHANNEL, 0, json, 0)
+                .await
+        });
+        let Ok(opened) = tokio::time::timeout(self.timeout, &mut open).await else {
+            // The agent may still confirm once its dial completes: close that channel then, so
+            // that neither end keeps a connection nobody reads.
+            tokio::spawn(async move {
+                if let Ok(channel) = open.await {
+                    let _ = channel.close().await;
+                }
+            });
+            return Err(TunnelError::Timeout {
+                what: "dialing through the tunnel",
+                after: self.timeout,
+            });
+        };
+        match opened {
+            Ok(channel) => Ok(TunnelStream {
+                inner: StreamInner::Channel {
+                    stream: Box::new(channel.into_stream()),
+                    _live: guard,
+                },
+            }),
+            Err(russh::Error::ChannelOpenFailure(reason)) => Err(TunnelError::DialRefused {
+                server: host_id,
+                address: req.address,
+                reason: DialFailure::from_code(reason.code()).text().to_owned(),
+            }),
+            Err(e) => Err(TunnelError::Closed {
+                server: host_id,
+                reason: e.to_string(),
+            }),
+        }
     }
 }
 
