@@ -31,6 +31,7 @@ use crate::proxy::cache::{ProxyCache, ProxyDecisions, RouteResolver};
 use crate::proxy::kube::KubeProxy;
 use crate::proxy::resources::{ALPNS, ResourceProxy, ResourceProxyConfig};
 use crate::proxy::ssh::{ProxySsh, ProxySshConfig};
+use crate::proxy::web::session::WebSessions;
 use crate::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
 use crate::route::alpn;
 use crate::ssh::Tunables;
@@ -182,6 +183,15 @@ impl ProxyServer {
         let caller = auth.service.authenticate(&identity.tls_parts()?.0).await?;
         // Decided in the process with the Auth Service's own rules: no round trip.
         let decisions = ProxyDecisions::in_process(auth.service.clone(), caller);
+        let link = Arc::new(FailoverClient::with_client(client, identity.auth_addr.clone()));
+        // Web sessions sign in like `/webapi/login` and act as the user at this Auth Service.
+        let sessions = WebSessions::new(
+            link.clone(),
+            vec![identity.auth_addr.clone()],
+            decisions.clone(),
+            None,
+        );
+        let builder = install_web(builder, &sessions);
         let allow_loopback = auth.service.direct_dial_policy().allow_loopback;
         // The in-process Auth Service issues this identity at every start: nothing to renew.
         let (builder, tunnel, _keys) = install_ssh(builder, &identity, decisions, allow_loopback)?;
@@ -189,7 +199,6 @@ impl ProxyServer {
             .bind()
             .await
             .map_err(|e| NodeError::setup("the proxy's listeners", e))?;
-        let link = Arc::new(FailoverClient::with_client(client, identity.auth_addr.clone()));
         let running = crate::proxy::registry::register(running, link, tunnel, &identity, &self.node_name);
         // Agents may never announce the proxy's own listeners for it to dial.
         let addrs = running.addrs();
@@ -248,6 +257,15 @@ impl ProxyServer {
             );
         }
         let builder = install_version_server(builder)?;
+        // Web sessions sign in through whichever Auth Service answers and act as the user
+        // there; deletions and locks are seen in the watched cache.
+        let sessions = WebSessions::new(
+            link.clone(),
+            join.auth_servers.clone(),
+            decisions.clone(),
+            Some(SIGN_IN_DEADLINE),
+        );
+        let builder = install_web(builder, &sessions);
         let (builder, tunnel, keys) = install_ssh(builder, &identity, decisions, join.allow_loopback)?;
         let running = match builder.bind().await {
             Ok(r) => r,
@@ -403,6 +421,12 @@ async fn renew(
             }
         }
     }
+}
+
+/// Mounts the Web UI's API: the web sessions ([`crate::proxy::web::session`]).
+fn install_web(builder: ProxyBuilder, sessions: &WebSessions) -> ProxyBuilder {
+    use crate::proxy::web::session::SESSIONS_PATH;
+    builder.web_mount(SESSIONS_PATH, sessions.service())
 }
 
 /// Mounts the version server; `forward_url` upstreams are fetched through the
