@@ -7,11 +7,15 @@
 //! (`session`, `api`, `terminal`) — and JSON errors `{"error":{"message":…}}`
 //! for everything else.
 
+#[cfg(feature = "node")]
+pub mod api;
 #[cfg(feature = "login")]
 pub mod login;
 pub mod ping;
 #[cfg(feature = "node")]
 pub mod session;
+#[cfg(feature = "node")]
+pub mod terminal;
 pub mod upgrade;
 pub mod version;
 
