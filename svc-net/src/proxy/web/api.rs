@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use svc_core::Version;
 use svc_core::auth::{InventoryRow, ServedKind};
 use svc_core::identity::SystemRole;
-use svc_core::resource::{ClusterMaintenanceConfig, Kind, Resource};
+use svc_core::resource::{CLUSTER_MAINTENANCE_CONFIG_NAME, ClusterMaintenanceConfig, Kind, Resource};
 
 use super::session::{WebError, WebSessions, WebUser, json, rfc3339};
 use super::version::VersionResolver;
@@ -389,7 +389,9 @@ async fn inventory(
 async fn maintenance(user: &WebUser) -> Result<Response<ResponseBody>, WebError> {
     let found = user
         .with_auth(|mut c| async move {
-            match c.get_resources(Kind::ClusterMaintenanceConfig, None, false).await {
+            // The singleton by name: the `read` verb (listing the kind would need `list`).
+            let name = Some(CLUSTER_MAINTENANCE_CONFIG_NAME);
+            match c.get_resources(Kind::ClusterMaintenanceConfig, name, false).await {
                 Ok(list) => Ok(list.into_iter().next()),
                 Err(e) if e.is_not_found() => Ok(None),
                 Err(e) => Err(e),
