@@ -60,9 +60,32 @@ impl Resp {
     }
 }
 
+/// Whose web port a request goes to: an all-in-one cluster's, or a proxy's address.
+trait WebPort {
+    fn web(&self) -> &str;
+}
+
+impl WebPort for Cluster {
+    fn web(&self) -> &str {
+        &self.web_addr
+    }
+}
+
+impl WebPort for str {
+    fn web(&self) -> &str {
+        self
+    }
+}
+
 /// `curl` over HTTP/1.1 to the proxy's web port (its certificate is self-signed).
-fn http(cluster: &Cluster, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Resp {
-    let url = format!("https://{}{path}", cluster.web_addr);
+fn http(
+    cluster: &(impl WebPort + ?Sized),
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Resp {
+    let url = format!("https://{}{path}", cluster.web());
     let mut cmd = Command::new(svc_testkit::require("curl", "curl"));
     cmd.args(["-sS", "-k", "--http1.1", "-i", "-X", method]);
     for (k, v) in headers {
@@ -105,12 +128,12 @@ struct Web {
     set_cookie: String,
 }
 
-fn sign_in(cluster: &Cluster, user: &str, pass: &str) -> Resp {
+fn sign_in(cluster: &(impl WebPort + ?Sized), user: &str, pass: &str) -> Resp {
     let body = serde_json::json!({ "user": user, "pass": pass }).to_string();
     http(cluster, "POST", "/webapi/sessions/web", &[], Some(&body))
 }
 
-fn web_login(cluster: &Cluster, user: &str) -> Web {
+fn web_login(cluster: &(impl WebPort + ?Sized), user: &str) -> Web {
     let r = sign_in(cluster, user, PASSWORD);
     assert_eq!(r.status, 200, "sign-in of {user}: {}", r.body);
     let set_cookie = r.header("set-cookie").expect("Set-Cookie").to_owned();
@@ -130,11 +153,11 @@ fn web_login(cluster: &Cluster, user: &str) -> Web {
 }
 
 impl Web {
-    fn get(&self, cluster: &Cluster, path: &str) -> Resp {
+    fn get(&self, cluster: &(impl WebPort + ?Sized), path: &str) -> Resp {
         http(cluster, "GET", path, &[("Cookie", &self.cookie)], None)
     }
 
-    fn send(&self, cluster: &Cluster, method: &str, path: &str, body: Option<&str>) -> Resp {
+    fn send(&self, cluster: &(impl WebPort + ?Sized), method: &str, path: &str, body: Option<&str>) -> Resp {
         http(
             cluster,
             method,
@@ -464,40 +487,7 @@ fn web_apis_answer_as_the_user_and_the_terminal_runs_a_shell() {
     let web = cluster.web_addr.clone();
     let origin = format!("https://{web}");
     let query = format!("/webapi/terminal?node={node}&login=root&cols=100&rows=30");
-    let (output, last) = rt.block_on(async {
-        let mut ws = ws_connect(&web, &query, &eddie.cookie, &origin)
-            .await
-            .unwrap_or_else(|e| panic!("terminal WebSocket: {e}"));
-        ws.send(Message::text(r#"{"type":"resize","cols":120,"rows":40}"#))
-            .await
-            .expect("resize");
-        ws.send(Message::binary(
-            b"echo web-term-$((6*7)) \xc3\xa9t\xc3\xa9; exit\n".to_vec(),
-        ))
-        .await
-        .expect("input");
-        let mut output = Vec::new();
-        let last = tokio::time::timeout(wait::STEP, async {
-            while let Some(frame) = ws.next().await {
-                match frame {
-                    Ok(Message::Binary(b)) => output.extend_from_slice(&b),
-                    Ok(Message::Text(t)) => return Some(t.to_string()),
-                    Ok(_) => {}
-                    Err(e) => panic!("terminal frame: {e}"),
-                }
-            }
-            None
-        })
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "the terminal did not end within {:?}; output so far: {}",
-                wait::STEP,
-                String::from_utf8_lossy(&output)
-            )
-        });
-        (String::from_utf8_lossy(&output).into_owned(), last)
-    });
+    let (output, last) = rt.block_on(echo_in_terminal(&web, &query, &eddie.cookie));
     assert!(output.contains("web-term-42 été"), "terminal output: {output}");
     let last: serde_json::Value =
         serde_json::from_str(&last.expect("a closing text frame")).expect("closing frame JSON");
@@ -527,6 +517,44 @@ fn web_apis_answer_as_the_user_and_the_terminal_runs_a_shell() {
     assert_eq!(nora_term["type"], "error", "{nora_term}");
     let denied = http(&cluster, "GET", &query, &[("Cookie", &eddie.cookie)], None);
     assert_eq!(denied.status, 403, "no Origin: {}", denied.body);
+}
+
+/// Runs `echo` (with UTF-8) and `exit` in a web terminal at `query`: the terminal's output and
+/// the closing text frame.
+async fn echo_in_terminal(web: &str, query: &str, cookie: &str) -> (String, Option<String>) {
+    let origin = format!("https://{web}");
+    let mut ws = ws_connect(web, query, cookie, &origin)
+        .await
+        .unwrap_or_else(|e| panic!("terminal WebSocket: {e}"));
+    ws.send(Message::text(r#"{"type":"resize","cols":120,"rows":40}"#))
+        .await
+        .expect("resize");
+    ws.send(Message::binary(
+        b"echo web-term-$((6*7)) \xc3\xa9t\xc3\xa9; exit\n".to_vec(),
+    ))
+    .await
+    .expect("input");
+    let mut output = Vec::new();
+    let last = tokio::time::timeout(wait::STEP, async {
+        while let Some(frame) = ws.next().await {
+            match frame {
+                Ok(Message::Binary(b)) => output.extend_from_slice(&b),
+                Ok(Message::Text(t)) => return Some(t.to_string()),
+                Ok(_) => {}
+                Err(e) => panic!("terminal frame: {e}"),
+            }
+        }
+        None
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the terminal did not end within {:?}; output so far: {}",
+            wait::STEP,
+            String::from_utf8_lossy(&output)
+        )
+    });
+    (String::from_utf8_lossy(&output).into_owned(), last)
 }
 
 /// A WebSocket to the proxy's web port (TLS, certificate not checked: a test cluster) with the
@@ -567,4 +595,209 @@ async fn ws_connect(
             other => other.to_string(),
         })?;
     Ok(ws)
+}
+
+/// One `svc start --insecure` process of the proxy-apart shape; killed on drop.
+struct Svc {
+    child: Option<std::process::Child>,
+    stderr: std::path::PathBuf,
+    lines: Vec<(String, String)>,
+}
+
+impl Svc {
+    /// Starts `svc start --insecure --config CONFIG` and reads its banner up to `svc: ready`.
+    fn start(config: &std::path::Path, stderr: std::path::PathBuf) -> Svc {
+        let err = std::fs::File::create(&stderr).expect("stderr file");
+        let mut child = Command::new(common::SVC)
+            .args(["start", "--insecure", "--config"])
+            .arg(config)
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .expect("spawn svc");
+        let mut lines = Vec::new();
+        let banner = wait::first_line(child.stdout.take().expect("stdout"), wait::STEP, move |line| {
+            if let Some((k, v)) = line.trim().split_once(": ") {
+                lines.push((k.to_owned(), v.to_owned()));
+            }
+            (line.trim() == "svc: ready").then(|| lines.clone())
+        });
+        match banner {
+            Ok(lines) => Svc {
+                child: Some(child),
+                stderr,
+                lines,
+            },
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "svc did not start ({e}):\n{}",
+                    std::fs::read_to_string(&stderr).unwrap_or_default()
+                );
+            }
+        }
+    }
+
+    fn line(&self, key: &str) -> String {
+        self.lines
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no `{key}:` line in the banner: {:?}", self.lines))
+    }
+}
+
+impl Drop for Svc {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- {} ---\n{}",
+                self.stderr.display(),
+                std::fs::read_to_string(&self.stderr).unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// A free loopback address.
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").to_string()
+}
+
+#[test]
+fn a_proxy_apart_serves_web_sessions_resources_the_terminal_and_ends_locked_sessions() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let home = dir.join("home");
+    let auth_data = dir.join("auth-data");
+    let data = auth_data.to_string_lossy().into_owned();
+    let tctl = |args: &[&str], stdin: Option<&str>| {
+        let mut all = vec!["--data-dir", data.as_str()];
+        all.extend_from_slice(args);
+        common::run_client(common::TCTL, &home, &all, stdin).ok()
+    };
+    let token = |kind: &str| -> (String, String) {
+        let out = tctl(
+            &["tokens", "add", &format!("--type={kind}"), "--format", "json"],
+            None,
+        );
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("token json");
+        (
+            v["token"].as_str().expect("token").to_owned(),
+            v["ca_pin"].as_str().expect("ca_pin").to_owned(),
+        )
+    };
+
+    // The Auth Service alone, then the Proxy Service alone (joined with a proxy token), then an
+    // SSH agent tunnelled through that proxy.
+    let auth_yaml = dir.join("auth.yaml");
+    std::fs::write(
+        &auth_yaml,
+        format!(
+            "version: v1\nsvc:\n  data_dir: {}\nauth_service:\n  listen_addr: {}\n  cluster_name: apart.test\nproxy_service:\n  enabled: false\nssh_service:\n  enabled: false\n",
+            auth_data.display(),
+            free_addr()
+        ),
+    )
+    .expect("auth.yaml");
+    let auth = Svc::start(&auth_yaml, dir.join("auth.stderr"));
+    let auth_addr = auth.line("auth");
+    let (proxy_token, pin) = token("proxy");
+    let proxy_yaml = dir.join("proxy.yaml");
+    std::fs::write(
+        &proxy_yaml,
+        format!(
+            "version: v1\nsvc:\n  nodename: proxy-1\n  data_dir: {}\n  auth_server: {auth_addr}\n  auth_token: {proxy_token}\n  ca_pin: {pin}\nauth_service:\n  enabled: false\nproxy_service:\n  enabled: true\n  web_listen_addr: 127.0.0.1:0\nssh_service:\n  enabled: false\n",
+            dir.join("proxy-data").display()
+        ),
+    )
+    .expect("proxy.yaml");
+    let proxy = Svc::start(&proxy_yaml, dir.join("proxy.stderr"));
+    let web = proxy.line("web").trim_start_matches("https://").to_owned();
+    let (node_token, _) = token("node");
+    let agent_yaml = dir.join("agent.yaml");
+    std::fs::write(
+        &agent_yaml,
+        format!(
+            "version: v1\nsvc:\n  nodename: node-apart\n  data_dir: {}\n  proxy_server: {web}\n  auth_token: {node_token}\n  ca_pin: {pin}\nauth_service:\n  enabled: false\nproxy_service:\n  enabled: false\nssh_service:\n  enabled: true\n",
+            dir.join("agent-data").display()
+        ),
+    )
+    .expect("agent.yaml");
+    let mut agent_cmd = Command::new(common::SVC);
+    agent_cmd
+        .args(["start", "--insecure", "--config"])
+        .arg(&agent_yaml);
+    let _agent = common::agent::Agent::start(agent_cmd, dir.join("agent.stderr"));
+    for user in ["alice", "bob"] {
+        tctl(
+            &[
+                "users",
+                "add",
+                user,
+                "--roles=access",
+                "--logins=root",
+                "--password-stdin",
+            ],
+            Some(PASSWORD),
+        );
+    }
+
+    // Sign in at the proxy apart; the node appears in alice's resources once announced.
+    let alice = web_login(web.as_str(), "alice");
+    assert_eq!(alice.answer["user"], "alice");
+    let wrong = sign_in(web.as_str(), "alice", "not-the-password");
+    assert_eq!(wrong.status, 401, "{}", wrong.body);
+    wait::wait_until(wait::STEP, "node-apart in alice's web resources", || {
+        let r = alice.get(web.as_str(), "/webapi/resources?kind=node");
+        assert_eq!(r.status, 200, "{}", r.body);
+        let found = r.body.contains("\"node-apart\"");
+        if !found {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        found
+    });
+    let doc = alice.get(web.as_str(), "/webapi/maintenance");
+    assert_eq!(
+        doc.status / 100,
+        4,
+        "access may not read the window: {}",
+        doc.body
+    );
+
+    // The terminal through the tunnel.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let query = "/webapi/terminal?node=node-apart&login=root";
+    let (output, last) = rt.block_on(echo_in_terminal(&web, query, &alice.cookie));
+    assert!(output.contains("web-term-42 été"), "terminal output: {output}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&last.expect("a closing text frame")).expect("JSON"),
+        serde_json::json!({ "type": "exit", "code": 0 })
+    );
+
+    // `tctl lock` reaches the proxy's watched cache: bob's session ends on a later request.
+    let bob = web_login(web.as_str(), "bob");
+    assert_eq!(bob.get(web.as_str(), "/webapi/sessions/web").status, 200);
+    tctl(&["lock", "--user=bob", "--message=apart incident"], None);
+    let mut last = String::new();
+    wait::wait_until(wait::STEP, "bob's web session ended by the lock", || {
+        let r = bob.get(web.as_str(), "/webapi/sessions/web");
+        last = r.body.clone();
+        let ended = r.status == 401;
+        if !ended {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        ended
+    });
+    assert!(last.contains("apart incident"), "{last}");
+    // alice's session is untouched.
+    assert_eq!(alice.get(web.as_str(), "/webapi/sessions/web").status, 200);
 }
