@@ -495,13 +495,15 @@ fn web_apis_answer_as_the_user_and_the_terminal_runs_a_shell() {
 
     // A foreign Origin is refused before any upgrade; nora cannot reach the node either.
     let foreign = rt.block_on(ws_connect(&web, &query, &eddie.cookie, "https://evil.example"));
-    let err = foreign.err().expect("a foreign Origin was accepted");
+    let Err(err) = foreign else {
+        panic!("a foreign Origin was accepted");
+    };
     assert!(err.contains("403"), "{err}");
     let nora_term = rt.block_on(async {
         let mut ws = ws_connect(&web, &query, &nora.cookie, &origin)
             .await
             .expect("nora's WebSocket");
-        let text = tokio::time::timeout(wait::STEP, async {
+        tokio::time::timeout(wait::STEP, async {
             while let Some(Ok(frame)) = ws.next().await {
                 if let Message::Text(t) = frame {
                     return t.to_string();
@@ -510,8 +512,7 @@ fn web_apis_answer_as_the_user_and_the_terminal_runs_a_shell() {
             String::new()
         })
         .await
-        .expect("an answer for nora within the deadline");
-        text
+        .expect("an answer for nora within the deadline")
     });
     let nora_term: serde_json::Value = serde_json::from_str(&nora_term).expect("JSON frame");
     assert_eq!(nora_term["type"], "error", "{nora_term}");

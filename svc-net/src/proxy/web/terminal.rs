@@ -79,21 +79,6 @@ impl TerminalService {
         }))
     }
 
-    /// Whether `origin` is this proxy's own: `https://` and the host the request was sent to,
-    /// or one of the public hosts.
-    fn origin_allowed(&self, origin: Option<&str>, host: &str) -> bool {
-        let Some(origin) = origin.and_then(|o| o.strip_prefix("https://")) else {
-            return false;
-        };
-        let origin = origin.trim_end_matches('/').to_ascii_lowercase();
-        let host = host.to_ascii_lowercase();
-        (!host.is_empty() && origin == host)
-            || self
-                .public_hosts
-                .iter()
-                .any(|h| h.eq_ignore_ascii_case(&origin) || origin == format!("{h}:443"))
-    }
-
     async fn handle(&self, mut req: Request<Body>) -> Result<Response<ResponseBody>, WebError> {
         if req.uri().path() != TERMINAL_PATH {
             return Err(WebError::NotFound(format!("not found: {}", req.uri().path())));
@@ -102,7 +87,7 @@ impl TerminalService {
             return Err(WebError::BadRequest(format!("use GET on {TERMINAL_PATH}")));
         }
         let origin = req.headers().get(header::ORIGIN).and_then(|o| o.to_str().ok());
-        if !self.origin_allowed(origin, &host_of(&req)) {
+        if !origin_allowed(origin, &host_of(&req), &self.public_hosts) {
             return Err(WebError::Forbidden(format!(
                 "the WebSocket's Origin ({}) is not this proxy's: refused",
                 origin.unwrap_or("none")
@@ -184,6 +169,21 @@ impl TerminalService {
         );
         Ok(resp)
     }
+}
+
+/// Whether `origin` is this proxy's own: `https://` and the host the request was sent to
+/// (`host`), or one of `public_hosts` (`host[:port]`; port 443 may be implied).
+fn origin_allowed(origin: Option<&str>, host: &str, public_hosts: &[String]) -> bool {
+    let Some(origin) = origin.and_then(|o| o.strip_prefix("https://")) else {
+        return false;
+    };
+    let origin = origin.trim_end_matches('/').to_ascii_lowercase();
+    let host = host.to_ascii_lowercase();
+    (!host.is_empty() && origin == host)
+        || public_hosts.iter().any(|h| {
+            let h = h.to_ascii_lowercase();
+            origin == h || format!("{origin}:443") == h || origin == format!("{h}:443")
+        })
 }
 
 fn has_token(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
@@ -349,6 +349,38 @@ async fn terminal(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_proxys_own_origin_is_allowed() {
+        let public = ["proxy.example.com:443".to_owned()];
+        assert!(origin_allowed(
+            Some("https://127.0.0.1:3080"),
+            "127.0.0.1:3080",
+            &[]
+        ));
+        assert!(origin_allowed(
+            Some("https://Proxy.Example.com"),
+            "10.0.0.1:3080",
+            &public
+        ));
+        assert!(!origin_allowed(
+            Some("https://evil.example"),
+            "127.0.0.1:3080",
+            &public
+        ));
+        assert!(!origin_allowed(
+            Some("http://127.0.0.1:3080"),
+            "127.0.0.1:3080",
+            &[]
+        ));
+        assert!(!origin_allowed(None, "127.0.0.1:3080", &[]));
+        assert!(!origin_allowed(Some("https://"), "", &[]));
+        assert!(!origin_allowed(
+            Some("https://127.0.0.1:3080.evil.example"),
+            "127.0.0.1:3080",
+            &[]
+        ));
+    }
 
     #[test]
     fn control_frames_parse() {
