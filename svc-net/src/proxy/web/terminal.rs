@@ -2,9 +2,11 @@
 //!
 //! Data flow: the browser (cookie-authenticated, its `Origin` this proxy's own — the CSRF
 //! defence for WebSockets, which browsers open cross-site with cookies) → this handler answers
-//! `101` and takes the upgraded connection → it opens an SSH session exactly as `tsh ssh` does
-//! ([`crate::client::ssh::open_session`]): to this proxy's own SSH entry with the **user's**
-//! certificate, the proxy's node RBAC, then the node's own checks through the tunnel → a PTY of
+//! `101` and takes the upgraded connection → it opens an SSH session the way `tsh ssh` does:
+//! to this proxy's own SSH entry with the **user's** certificate (the proxy checked by its host
+//! certificate), the `proxy:<node>` subsystem (the proxy's node RBAC and locks, the dial through
+//! the tunnel), then SSH to the node over that channel (the node's host certificate must name
+//! it; the node checks the user again) → a PTY of
 //! `cols`×`rows` and a shell → binary frames carry terminal bytes both ways untouched (UTF-8
 //! included), a text frame `{"type":"resize","cols":N,"rows":N}` becomes an SSH window change;
 //! the server ends with `{"type":"exit","code":N}` or `{"type":"error","message":"…"}` and a
@@ -18,9 +20,10 @@ use futures_util::{SinkExt, StreamExt};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use hyper_util::rt::TokioIo;
 use russh::ChannelMsg;
+use russh::keys::PublicKeyOrCertificate;
 use serde_json::json;
 use svc_core::Addr;
-use svc_core::proxy_env::ProxyEnv;
+use svc_core::identity::{SystemRole, Verifier};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -29,13 +32,16 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, frame::coding::
 use super::api::{host_of, parse_query};
 use super::session::{WebError, WebSessions, WebUser};
 use super::{Body, ResponseBody, UpgradedTask, WebService, full, web_service};
-use crate::client::ssh::{Target, open_session};
-use crate::client::{ProxyEndpoint, SshIdentity};
+use crate::ssh::client_config;
+use crate::tunnel::Tunables;
 
 /// The terminal's path.
 pub const TERMINAL_PATH: &str = "/webapi/terminal";
 /// How often an open terminal checks that its web session still lives.
 pub const SESSION_CHECK: Duration = Duration::from_secs(5);
+/// How long reaching the node (the proxy's SSH entry, the subsystem, the node's handshake and
+/// authentication) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest terminal size accepted (either dimension).
 const MAX_DIMENSION: u32 = 1000;
 
@@ -267,34 +273,14 @@ async fn terminal(
     sessions: &WebSessions,
     cookie: &HeaderMap,
 ) -> Result<u32, String> {
-    let identity = &user.identity;
-    let verifier = Arc::new(identity.verifier().map_err(|e| e.to_string())?);
-    let dialer = crate::dial::ProxyDialer::builder(ProxyEnv::default())
-        .build()
-        .map_err(|e| e.to_string())?;
-    // The proxy's own SSH entry on loopback: plain SSH, the proxy authenticated by its host
-    // certificate against the cluster's host CA (as `tsh ssh --insecure` does).
-    let endpoint = ProxyEndpoint {
-        addr: spec.ssh_addr,
-        tls: false,
-        verifier: verifier.clone(),
-        extra_ca_pem: None,
-        dialer,
-        timeout: Duration::from_secs(30),
-    };
-    let ssh_identity = SshIdentity {
-        key: Arc::new(identity.ssh_private_key().map_err(|e| e.to_string())?),
-        cert: identity.ssh_certificate().map_err(|e| e.to_string())?,
-        login: spec.login.clone(),
-    };
-    let target = Target {
-        login: Some(spec.login.clone()),
-        host: spec.node.clone(),
-        port: 0,
-    };
-    let session = open_session(&endpoint, &ssh_identity, verifier, &target)
+    let (_proxy, session) = tokio::time::timeout(CONNECT_TIMEOUT, connect(user, &spec))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| {
+            format!(
+                "reaching node \"{}\" took longer than {CONNECT_TIMEOUT:?}",
+                spec.node
+            )
+        })??;
     tracing::info!(user = %user.username, node = %spec.node, login = %spec.login, "web terminal opened");
     let mut channel = session.channel_open_session().await.map_err(|e| e.to_string())?;
     channel
@@ -344,6 +330,129 @@ async fn terminal(
     }
     let _ = session.disconnect(russh::Disconnect::ByApplication, "", "").await;
     status.ok_or_else(|| format!("the session on {} ended without an exit status", spec.node))
+}
+
+/// Checks the server's SSH host certificate against the cluster's host CA: the proxy (role
+/// `proxy`) on the first hop, the node asked for (role `node`, naming it) on the second.
+/// Keeps the refusal for the error message.
+struct HostCheck {
+    verifier: Arc<Verifier>,
+    node: Option<String>,
+    refused: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl russh::client::Handler for HostCheck {
+    type Error = russh::Error;
+
+    async fn check_server_key(&mut self, key: &PublicKeyOrCertificate) -> Result<bool, Self::Error> {
+        let PublicKeyOrCertificate::Certificate(cert) = key else {
+            return Ok(false);
+        };
+        let now = std::time::SystemTime::now();
+        let checked = match &self.node {
+            None => self
+                .verifier
+                .verify_host_ssh(cert, now, Some(SystemRole::Proxy))
+                .map(|_| ()),
+            Some(node) => self.verifier.verify_node_host_ssh(cert, now, node).map(|_| ()),
+        };
+        match checked {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                if let Ok(mut refused) = self.refused.lock() {
+                    *refused = Some(e.to_string());
+                }
+                Ok(false)
+            }
+        }
+    }
+}
+
+type Session = russh::client::Handle<HostCheck>;
+
+/// SSH as the user to the proxy's own entry, the `proxy:<node>` subsystem, then SSH to the
+/// node over it: both sessions (the first carries the second).
+async fn connect(user: &WebUser, spec: &Spec) -> Result<(Session, Session), String> {
+    let identity = &user.identity;
+    let verifier = Arc::new(identity.verifier().map_err(|e| e.to_string())?);
+    let key = Arc::new(identity.ssh_private_key().map_err(|e| e.to_string())?);
+    let cert = identity.ssh_certificate().map_err(|e| e.to_string())?;
+    let config = Arc::new(client_config(&Tunables::default()));
+    let target = spec.ssh_addr.to_string();
+    let tcp = tokio::net::TcpStream::connect(&target)
+        .await
+        .map_err(|e| format!("the proxy's SSH entry at {target}: {e}"))?;
+    let check = |node: Option<String>| HostCheck {
+        verifier: verifier.clone(),
+        node,
+        refused: Arc::default(),
+    };
+    let first = check(None);
+    let refused = first.refused.clone();
+    let mut proxy = russh::client::connect_stream(config.clone(), tcp, first)
+        .await
+        .map_err(|e| match refused.lock().ok().and_then(|mut r| r.take()) {
+            Some(why) => format!("the proxy's SSH host certificate was refused: {why}"),
+            None => format!("the proxy's SSH entry at {target}: {e}"),
+        })?;
+    let auth = proxy
+        .authenticate_openssh_cert(spec.login.clone(), key.clone(), cert.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    if !auth.success() {
+        return Err(format!("the proxy refused the certificate of {}", user.username));
+    }
+    let mut channel = proxy.channel_open_session().await.map_err(|e| e.to_string())?;
+    channel
+        .request_subsystem(true, format!("proxy:{}", spec.node))
+        .await
+        .map_err(|e| e.to_string())?;
+    // The answer to the subsystem request decides; the proxy's reason arrives on stderr.
+    let mut reason = String::new();
+    loop {
+        match channel.wait().await {
+            Some(ChannelMsg::Success) => break,
+            Some(ChannelMsg::Failure) | Some(ChannelMsg::Close) | None => {
+                while let Ok(Some(msg)) =
+                    tokio::time::timeout(Duration::from_millis(200), channel.wait()).await
+                {
+                    if let ChannelMsg::ExtendedData { data, .. } = msg {
+                        reason.push_str(&String::from_utf8_lossy(&data));
+                    }
+                }
+                let reason = reason.trim().trim_start_matches("svc: ");
+                return Err(if reason.is_empty() {
+                    format!("the proxy refused to reach node \"{}\"", spec.node)
+                } else {
+                    reason.to_owned()
+                });
+            }
+            Some(ChannelMsg::ExtendedData { data, .. }) => reason.push_str(&String::from_utf8_lossy(&data)),
+            Some(_) => {}
+        }
+    }
+    let second = check(Some(spec.node.clone()));
+    let refused = second.refused.clone();
+    let mut node = russh::client::connect_stream(config, channel.into_stream(), second)
+        .await
+        .map_err(|e| match refused.lock().ok().and_then(|mut r| r.take()) {
+            Some(why) => format!(
+                "node \"{}\" presented a refused host certificate: {why}",
+                spec.node
+            ),
+            None => format!("the SSH handshake with node \"{}\": {e}", spec.node),
+        })?;
+    let auth = node
+        .authenticate_openssh_cert(spec.login.clone(), key, cert)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !auth.success() {
+        return Err(format!(
+            "node \"{}\" refused {} as login \"{}\"",
+            spec.node, user.username, spec.login
+        ));
+    }
+    Ok((proxy, node))
 }
 
 #[cfg(test)]
