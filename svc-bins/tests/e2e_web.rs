@@ -518,6 +518,45 @@ fn web_apis_answer_as_the_user_and_the_terminal_runs_a_shell() {
     assert_eq!(nora_term["type"], "error", "{nora_term}");
     let denied = http(&cluster, "GET", &query, &[("Cookie", &eddie.cookie)], None);
     assert_eq!(denied.status, 403, "no Origin: {}", denied.body);
+
+    // Signing out ends an open terminal too (within the session check's period).
+    let short = web_login(&cluster, "eddie");
+    let ended = rt.block_on(async {
+        let mut ws = ws_connect(&web, &query, &short.cookie, &origin)
+            .await
+            .expect("eddie's second terminal");
+        ws.send(Message::binary(b"echo started-$((1+1)); sleep 600\n".to_vec()))
+            .await
+            .expect("input");
+        let mut seen = Vec::new();
+        tokio::time::timeout(wait::STEP, async {
+            while let Some(Ok(frame)) = ws.next().await {
+                match frame {
+                    Message::Binary(b) => {
+                        seen.extend_from_slice(&b);
+                        if String::from_utf8_lossy(&seen).contains("started-2") {
+                            let out = short.send(web.as_str(), "DELETE", "/webapi/sessions/web", None);
+                            assert_eq!(out.status, 200, "{}", out.body);
+                            seen.clear();
+                        }
+                    }
+                    Message::Text(t) => return t.to_string(),
+                    _ => {}
+                }
+            }
+            String::new()
+        })
+        .await
+        .expect("the terminal ends after the sign-out")
+    });
+    let ended: serde_json::Value = serde_json::from_str(&ended).expect("JSON frame");
+    assert_eq!(ended["type"], "error", "{ended}");
+    assert!(
+        ended["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("sign in again")),
+        "{ended}"
+    );
 }
 
 /// Runs `echo` (with UTF-8) and `exit` in a web terminal at `query`: the terminal's output and
