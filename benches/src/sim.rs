@@ -372,7 +372,17 @@ impl ProxyProcess {
     /// Starts `exe proxy …` for proxy `index` (its identity already written) on `web_port`
     /// (0: any) and waits for its `READY` line.
     pub fn start(exe: &Path, dir: &Path, index: usize, web_port: u16, mode: Mode) -> anyhow::Result<Self> {
-        let mut child = Command::new(exe)
+        // `SCALE_PROXY_WRAPPER=heaptrack` (any program that runs its arguments) profiles the
+        // proxy processes.
+        let mut command = match std::env::var_os("SCALE_PROXY_WRAPPER") {
+            Some(wrapper) => {
+                let mut c = Command::new(wrapper);
+                c.arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        let mut child = command
             .arg("proxy")
             .arg("--dir")
             .arg(dir)
@@ -384,7 +394,14 @@ impl ProxyProcess {
             .with_context(|| format!("starting {} proxy", exe.display()))?;
         let stdout = child.stdout.take().context("the proxy's stdout")?;
         let mut line = String::new();
-        StdBufReader::new(stdout).read_line(&mut line)?;
+        let mut out = StdBufReader::new(stdout);
+        // A wrapper may print lines of its own first.
+        for _ in 0..50 {
+            line.clear();
+            if out.read_line(&mut line)? == 0 || line.starts_with("READY") {
+                break;
+            }
+        }
         let mut fields = std::collections::HashMap::new();
         for kv in line.split_whitespace().skip(1) {
             if let Some((k, v)) = kv.split_once('=') {
@@ -481,78 +498,114 @@ pub async fn proxy_main(args: &[String]) -> anyhow::Result<()> {
     let port: u16 = get("--port")?.parse()?;
     let mode = Mode::parse(&get("--mode")?)?;
     raise_nofile(200_000)?;
-    let cluster = Cluster::load(&dir)?;
-    let pdir = dir.join(format!("proxy-{index}"));
-    let host_id = std::fs::read_to_string(pdir.join("host_id"))?;
-    let ssh_key = PrivateKey::from_openssh(std::fs::read_to_string(pdir.join("ssh_key"))?)?;
-    let ssh_cert = ssh_key::Certificate::from_openssh(std::fs::read_to_string(pdir.join("ssh_cert"))?.trim())?;
-    let tls = TlsSource::Files {
-        cert: pdir.join("cert.pem"),
-        key: pdir.join("key.pem"),
-    };
-    let identity = ServerIdentity::load(&tls, &[])?;
-    let version: svc_core::Version = "17.0.0".parse()?;
-    let tunnel = TunnelServer::new(
-        TunnelServerConfig::new(version.clone(), ssh_key, ssh_cert, cluster.verifier.clone())
-            .with_tls(identity.server_config(&[alpn::REVERSE_TUNNEL])?),
+    let proxy = SimProxy::start(&dir, index, port, mode).await?;
+    println!(
+        "READY id={} web={} peer={} control={}",
+        proxy.host_id, proxy.web_port, proxy.peer_addr, proxy.control
     );
-    tunnel.set_strategy(mode.strategy());
-    // The peering identity: the same X.509 host certificate (role proxy).
-    let key_pem = std::fs::read_to_string(pdir.join("key.pem"))?;
-    let key_der = rcgen::KeyPair::from_pem(&key_pem)?.serialize_der();
-    let cert_pem = std::fs::read(pdir.join("cert.pem"))?;
-    let chain = CertificateDer::pem_slice_iter(&cert_pem).collect::<Result<Vec<_>, _>>()?;
-    let peer_identity = PeerIdentity {
-        host_id: host_id.clone(),
-        verifier: cluster.verifier.clone(),
-        chain,
-        key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_der)),
-    };
-    let peers = PeerDialer::new(&peer_identity)?;
-    tunnel.set_peer_dialer(peers.clone());
-
-    let mut s = ProxySettings::default();
-    s.ping.cluster_name = CLUSTER.into();
-    s.ping.listener_mode = ListenerMode::Multiplex;
-    s.ping.web_listen_addr = Addr::parse(&format!("0.0.0.0:{port}"))?;
-    s.ping.tunnel_listen_addr = Addr::parse("127.0.0.1:0")?;
-    s.ping.ssh_listen_addr = Addr::parse("127.0.0.1:0")?;
-    s.tls = tls;
-    let running = ProxyBuilder::new(s)
-        .with_version(version)
-        .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
-        .bind()
-        .await?;
-    let web_port = running.addrs().web.port();
-
-    let peer_listener = TcpListener::bind("127.0.0.1:0").await?;
-    let peer_addr = peer_listener.local_addr()?;
-    let stop = tokio_util::sync::CancellationToken::new();
-    {
-        let (tunnel, stop) = (tunnel.clone(), stop.clone());
-        tokio::spawn(async move {
-            if let Err(e) = svc_net::tunnel::serve_peers(
-                peer_listener,
-                tunnel,
-                &peer_identity,
-                svc_net::listen::ListenOptions::default(),
-                stop,
-            )
-            .await
-            {
-                eprintln!("proxy {index}: the peering server stopped: {e}");
-            }
-        });
-    }
-    let control_listener = TcpListener::bind("127.0.0.1:0").await?;
-    let control_addr = control_listener.local_addr()?;
-    tokio::spawn(serve_control(control_listener, tunnel.clone()));
-    tokio::spawn(follow_roster(dir.clone(), host_id.clone(), tunnel.clone(), peers));
-    println!("READY id={host_id} web={web_port} peer={peer_addr} control={control_addr}");
     // Runs until killed.
     std::future::pending::<()>().await;
-    drop(running);
+    drop(proxy);
     Ok(())
+}
+
+/// A proxy of the simulated cluster, in this process: what [`proxy_main`] runs.
+pub struct SimProxy {
+    /// The proxy's listeners.
+    pub running: svc_net::proxy::RunningProxy,
+    /// Its tunnel server.
+    pub tunnel: TunnelServer,
+    /// Its host ID.
+    pub host_id: String,
+    /// The web port (on every loopback address).
+    pub web_port: u16,
+    /// The peering address.
+    pub peer_addr: SocketAddr,
+    /// The control address (`count`, `dial <host-id>`).
+    pub control: SocketAddr,
+}
+
+impl SimProxy {
+    /// Starts proxy `index` of the cluster stored in `dir` (its identity already written) on
+    /// `port` (0: any) of every address.
+    pub async fn start(dir: &Path, index: usize, port: u16, mode: Mode) -> anyhow::Result<Self> {
+        let cluster = Cluster::load(dir)?;
+        let pdir = dir.join(format!("proxy-{index}"));
+        let host_id = std::fs::read_to_string(pdir.join("host_id"))?;
+        let ssh_key = PrivateKey::from_openssh(std::fs::read_to_string(pdir.join("ssh_key"))?)?;
+        let ssh_cert =
+            ssh_key::Certificate::from_openssh(std::fs::read_to_string(pdir.join("ssh_cert"))?.trim())?;
+        let tls = TlsSource::Files {
+            cert: pdir.join("cert.pem"),
+            key: pdir.join("key.pem"),
+        };
+        let identity = ServerIdentity::load(&tls, &[])?;
+        let version: svc_core::Version = "17.0.0".parse()?;
+        let tunnel = TunnelServer::new(
+            TunnelServerConfig::new(version.clone(), ssh_key, ssh_cert, cluster.verifier.clone())
+                .with_tls(identity.server_config(&[alpn::REVERSE_TUNNEL])?),
+        );
+        tunnel.set_strategy(mode.strategy());
+        // The peering identity: the same X.509 host certificate (role proxy).
+        let key_pem = std::fs::read_to_string(pdir.join("key.pem"))?;
+        let key_der = rcgen::KeyPair::from_pem(&key_pem)?.serialize_der();
+        let cert_pem = std::fs::read(pdir.join("cert.pem"))?;
+        let chain = CertificateDer::pem_slice_iter(&cert_pem).collect::<Result<Vec<_>, _>>()?;
+        let peer_identity = PeerIdentity {
+            host_id: host_id.clone(),
+            verifier: cluster.verifier.clone(),
+            chain,
+            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_der)),
+        };
+        let peers = PeerDialer::new(&peer_identity)?;
+        tunnel.set_peer_dialer(peers.clone());
+
+        let mut s = ProxySettings::default();
+        s.ping.cluster_name = CLUSTER.into();
+        s.ping.listener_mode = ListenerMode::Multiplex;
+        s.ping.web_listen_addr = Addr::parse(&format!("0.0.0.0:{port}"))?;
+        s.ping.tunnel_listen_addr = Addr::parse("127.0.0.1:0")?;
+        s.ping.ssh_listen_addr = Addr::parse("127.0.0.1:0")?;
+        s.tls = tls;
+        let running = ProxyBuilder::new(s)
+            .with_version(version)
+            .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
+            .bind()
+            .await?;
+        let web_port = running.addrs().web.port();
+
+        let peer_listener = TcpListener::bind("127.0.0.1:0").await?;
+        let peer_addr = peer_listener.local_addr()?;
+        {
+            let tunnel = tunnel.clone();
+            tokio::spawn(async move {
+                let stop = tokio_util::sync::CancellationToken::new();
+                if let Err(e) = svc_net::tunnel::serve_peers(
+                    peer_listener,
+                    tunnel,
+                    &peer_identity,
+                    svc_net::listen::ListenOptions::default(),
+                    stop,
+                )
+                .await
+                {
+                    eprintln!("proxy {index}: the peering server stopped: {e}");
+                }
+            });
+        }
+        let control_listener = TcpListener::bind("127.0.0.1:0").await?;
+        let control = control_listener.local_addr()?;
+        tokio::spawn(serve_control(control_listener, tunnel.clone()));
+        tokio::spawn(follow_roster(dir.to_owned(), host_id.clone(), tunnel.clone(), peers));
+        Ok(Self {
+            running,
+            tunnel,
+            host_id,
+            web_port,
+            peer_addr,
+            control,
+        })
+    }
 }
 
 async fn serve_control(listener: TcpListener, tunnel: TunnelServer) {
@@ -638,5 +691,57 @@ async fn follow_roster(dir: PathBuf, me: String, tunnel: TunnelServer, peers: Pe
                 hold: None,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fifty_simulated_agents_register_and_answer_a_dial_through_the_proxy() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let cluster = Cluster::generate().expect("a host CA");
+        cluster.store(dir.path()).expect("the stored CA");
+        cluster
+            .write_proxy_identity(dir.path(), 0)
+            .expect("the proxy's identity");
+        let proxy = SimProxy::start(dir.path(), 0, 0, Mode::Mesh)
+            .await
+            .expect("the proxy starts");
+        let mut fleet = Simulator::default();
+        fleet
+            .grow_to(&cluster, &[proxy.web_port], 50, 1000)
+            .await
+            .expect("50 agents start");
+        let registered = async {
+            while proxy.tunnel.registry().list().len() < 50 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), registered)
+            .await
+            .expect("50 agents registered on the proxy within 60 s");
+        let ids: std::collections::BTreeSet<String> = proxy
+            .tunnel
+            .registry()
+            .list()
+            .into_iter()
+            .map(|a| a.host_id)
+            .collect();
+        assert_eq!(ids.len(), 50, "every agent has its own host identity");
+        for (host_id, _) in &fleet.agents {
+            let answer = tokio::time::timeout(Duration::from_secs(30), control(proxy.control, &format!("dial {host_id}")))
+                .await
+                .expect("the dial answers within 30 s")
+                .expect("the control port answers");
+            assert_eq!(answer, "ok!", "dialing {host_id} through the proxy");
+        }
+        assert_eq!(
+            control(proxy.control, "count").await.expect("count"),
+            "50"
+        );
+        fleet.shutdown().await;
+        proxy.running.shutdown().await;
     }
 }

@@ -123,6 +123,10 @@ async fn idle_and_storm(exe: &std::path::Path, dir: &std::path::Path, cluster: &
         sim::load()
     );
 
+    if arg("--storm", 1)? == 0 {
+        fleet.shutdown().await;
+        return Ok(());
+    }
     // The reconnect storm: kill the proxy, start it again on the same port and host ID.
     let port = proxy.web_port;
     println!("reconnect storm: the proxy is killed (SIGKILL) and restarted under {n} agents");
