@@ -198,8 +198,15 @@ fn answer_service() -> svc_net::tunnel::DialService {
 /// Starts one simulated agent whose configured proxy address is `proxy`.
 pub fn spawn_agent(cluster: &Cluster, proxy: Addr, id: AgentIdentity) -> anyhow::Result<RunningAgent> {
     let dialer = ProxyDialer::builder(ProxyEnv::default()).build()?;
-    let config = AgentConfig::new(proxy, id.host_id, id.key, id.cert, cluster.verifier.clone(), dialer)
-        .with_version("17.0.0".parse()?);
+    let config = AgentConfig::new(
+        proxy,
+        id.host_id,
+        id.key,
+        id.cert,
+        cluster.verifier.clone(),
+        dialer,
+    )
+    .with_version("17.0.0".parse()?);
     Ok(TunnelAgent::new(config, answer_service())?.spawn())
 }
 
@@ -230,8 +237,10 @@ impl Simulator {
     ) -> anyhow::Result<()> {
         let ports = ports.to_vec();
         anyhow::ensure!(!ports.is_empty(), "no proxy port to configure agents with");
-        self.grow_with(cluster, total, per_second, |i| agent_proxy_addr(i, ports[i % ports.len()]))
-            .await
+        self.grow_with(cluster, total, per_second, |i| {
+            agent_proxy_addr(i, ports[i % ports.len()])
+        })
+        .await
     }
 
     /// Starts agents until there are `total`, agent `i` configured with the proxy address
@@ -300,10 +309,14 @@ pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
 pub fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("malformed /proc/<pid>/stat")?;
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("malformed /proc/<pid>/stat")?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the ')'.
-    let ticks: u64 = f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?;
+    let ticks: u64 =
+        f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?;
     Ok(Duration::from_secs_f64(ticks as f64 / 100.0))
 }
 
@@ -386,7 +399,14 @@ impl ProxyProcess {
             .arg("proxy")
             .arg("--dir")
             .arg(dir)
-            .args(["--index", &index.to_string(), "--port", &web_port.to_string(), "--mode", &mode.arg()])
+            .args([
+                "--index",
+                &index.to_string(),
+                "--port",
+                &web_port.to_string(),
+                "--mode",
+                &mode.arg(),
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -414,7 +434,10 @@ impl ProxyProcess {
                 .cloned()
                 .with_context(|| format!("proxy {index} did not report {k}: {line:?}"))
         };
-        anyhow::ensure!(line.starts_with("READY"), "proxy {index} failed to start: {line:?}");
+        anyhow::ensure!(
+            line.starts_with("READY"),
+            "proxy {index} failed to start: {line:?}"
+        );
         Ok(Self {
             index,
             host_id: get("id")?,
@@ -446,7 +469,11 @@ impl ProxyProcess {
     pub async fn dial(&self, host_id: &str) -> anyhow::Result<Duration> {
         let started = tokio::time::Instant::now();
         let answer = control(self.control, &format!("dial {host_id}")).await?;
-        anyhow::ensure!(answer == "ok!", "dial {host_id} through proxy {}: {answer}", self.index);
+        anyhow::ensure!(
+            answer == "ok!",
+            "dial {host_id} through proxy {}: {answer}",
+            self.index
+        );
         Ok(started.elapsed())
     }
 }
@@ -491,7 +518,9 @@ pub async fn proxy_main(args: &[String]) -> anyhow::Result<()> {
             .iter()
             .position(|a| a == name)
             .with_context(|| format!("{name} is required"))?;
-        args.get(i + 1).cloned().with_context(|| format!("{name} needs a value"))
+        args.get(i + 1)
+            .cloned()
+            .with_context(|| format!("{name} needs a value"))
     };
     let dir = PathBuf::from(get("--dir")?);
     let index: usize = get("--index")?.parse()?;
@@ -596,7 +625,12 @@ impl SimProxy {
         let control_listener = TcpListener::bind("127.0.0.1:0").await?;
         let control = control_listener.local_addr()?;
         tokio::spawn(serve_control(control_listener, tunnel.clone()));
-        tokio::spawn(follow_roster(dir.to_owned(), host_id.clone(), tunnel.clone(), peers));
+        tokio::spawn(follow_roster(
+            dir.to_owned(),
+            host_id.clone(),
+            tunnel.clone(),
+            peers,
+        ));
         Ok(Self {
             running,
             tunnel,
@@ -731,16 +765,16 @@ mod tests {
             .collect();
         assert_eq!(ids.len(), 50, "every agent has its own host identity");
         for (host_id, _) in &fleet.agents {
-            let answer = tokio::time::timeout(Duration::from_secs(30), control(proxy.control, &format!("dial {host_id}")))
-                .await
-                .expect("the dial answers within 30 s")
-                .expect("the control port answers");
+            let answer = tokio::time::timeout(
+                Duration::from_secs(30),
+                control(proxy.control, &format!("dial {host_id}")),
+            )
+            .await
+            .expect("the dial answers within 30 s")
+            .expect("the control port answers");
             assert_eq!(answer, "ok!", "dialing {host_id} through the proxy");
         }
-        assert_eq!(
-            control(proxy.control, "count").await.expect("count"),
-            "50"
-        );
+        assert_eq!(control(proxy.control, "count").await.expect("count"), "50");
         fleet.shutdown().await;
         proxy.running.shutdown().await;
     }

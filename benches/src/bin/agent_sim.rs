@@ -42,7 +42,10 @@ fn main() -> anyhow::Result<()> {
         grow.await?;
         loop {
             let (up, tunnels) = fleet.connected();
-            println!("{up}/{agents} agents connected, {tunnels} tunnels (load {})", sim::load());
+            println!(
+                "{up}/{agents} agents connected, {tunnels} tunnels (load {})",
+                sim::load()
+            );
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(5)) => {}
                 _ = tokio::signal::ctrl_c() => break,

@@ -68,7 +68,11 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-async fn idle_and_storm(exe: &std::path::Path, dir: &std::path::Path, cluster: &Cluster) -> anyhow::Result<()> {
+async fn idle_and_storm(
+    exe: &std::path::Path,
+    dir: &std::path::Path,
+    cluster: &Cluster,
+) -> anyhow::Result<()> {
     let total = arg("--agents", 10_000)? as usize;
     let rate = arg("--rate", 250)? as u32;
     let idle_secs = arg("--idle-secs", 60)?;
@@ -87,7 +91,10 @@ async fn idle_and_storm(exe: &std::path::Path, dir: &std::path::Path, cluster: &
         sim::load()
     );
     let mut fleet = Simulator::default();
-    let mut steps: Vec<usize> = [1_000, 5_000, total].into_iter().filter(|&n| n <= total).collect();
+    let mut steps: Vec<usize> = [1_000, 5_000, total]
+        .into_iter()
+        .filter(|&n| n <= total)
+        .collect();
     steps.dedup();
     for step in steps {
         let started = Instant::now();
@@ -159,7 +166,11 @@ async fn idle_and_storm(exe: &std::path::Path, dir: &std::path::Path, cluster: &
         "  listening again after {:.2} s; {count}/{n} registered after {:.1} s{}; {} sampled dials through the proxy, {failed} failed, done at {:.1} s",
         listening.as_secs_f64(),
         back.as_secs_f64(),
-        if registered.is_err() { " (DEADLINE PASSED)" } else { "" },
+        if registered.is_err() {
+            " (DEADLINE PASSED)"
+        } else {
+            ""
+        },
         n.div_ceil(step),
         routable.as_secs_f64()
     );
@@ -201,13 +212,17 @@ async fn three_proxies(
         Mode::Mesh => 3 * n,
         Mode::Peering(k) => k * n,
     };
-    let took = wait_until(&format!("{want} tunnels ({mode:?})"), Duration::from_secs(600), || async {
-        let mut sum = 0;
-        for p in &proxies {
-            sum += p.count().await?;
-        }
-        Ok(sum == want && fleet.connected() == (n, want))
-    })
+    let took = wait_until(
+        &format!("{want} tunnels ({mode:?})"),
+        Duration::from_secs(600),
+        || async {
+            let mut sum = 0;
+            for p in &proxies {
+                sum += p.count().await?;
+            }
+            Ok(sum == want && fleet.connected() == (n, want))
+        },
+    )
     .await;
     // Let drained tunnels (an agent's first proxy that is not its chosen one) close.
     tokio::time::sleep(Duration::from_secs(5)).await;
