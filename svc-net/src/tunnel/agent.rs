@@ -758,7 +758,7 @@ async fn run_tunnel_on(
             // upgrade (`conn_upgrade`); directly, this is one TLS handshake as before.
             let buffered = || async {
                 dial().await.map(|tcp| {
-                    Box::new(tokio::io::BufReader::with_capacity(super::TLS_READ_BUFFER, tcp)) as BoxIo
+                    Box::new(super::readbuf::IdleReadBuffer::new(super::TLS_READ_BUFFER, tcp)) as BoxIo
                 })
             };
             let tls = crate::conn_upgrade::connect_tls(

@@ -42,6 +42,7 @@ mod agent;
 mod backoff;
 mod direct;
 pub mod peer;
+mod readbuf;
 mod registry;
 mod server;
 
@@ -100,7 +101,8 @@ pub(crate) const DIAL_OK: &str = "ok";
 /// Read buffer between the TCP stream and TLS on the single-port path. rustls reads at most
 /// 4 KiB per `read` call, so without it an SSH packet of 32 KiB costs about eight `recv`
 /// system calls; with it, one `recv` fills 64 KiB and rustls copies out of memory
-/// (docs/performance.md, "Reverse tunnel").
+/// (docs/performance.md, "Reverse tunnel"). The buffer exists only while bytes flow
+/// ([`readbuf::IdleReadBuffer`]): an idle tunnel holds none (docs/performance.md, "Scale").
 pub(crate) const TLS_READ_BUFFER: usize = 64 * 1024;
 /// Dial requests longer than this are refused (a JSON object of a few addresses).
 pub const MAX_DIAL_REQUEST: usize = 8 * 1024;

@@ -592,7 +592,7 @@ impl russh::server::Handler for TunnelHandler {
 }
 
 /// SSH inside TLS (ALPN `svc-reversetunnel`). Not [`TlsTerminate`](crate::tls::TlsTerminate):
-/// the TLS layer reads through a 64 KiB buffer ([`super::TLS_READ_BUFFER`]), which bulk
+/// the TLS layer reads through a 64 KiB buffer while bytes flow ([`super::TLS_READ_BUFFER`]), which bulk
 /// transfers through the tunnel need, and the handshake deadline is the tunnel's own.
 #[derive(Clone)]
 struct TlsService(TunnelServer);
@@ -616,7 +616,7 @@ impl Service<Connection> for TlsService {
                 return Ok(());
             };
             let after = server.inner.tunables.handshake_timeout;
-            let io = tokio::io::BufReader::with_capacity(super::TLS_READ_BUFFER, conn.io);
+            let io = super::readbuf::IdleReadBuffer::new(super::TLS_READ_BUFFER, conn.io);
             let tls =
                 match crate::tls::accept_before(&acceptor, io, tokio::time::Instant::now() + after).await {
                     Ok(tls) => tls,
