@@ -16,6 +16,7 @@ pub mod ping;
 pub mod session;
 #[cfg(feature = "node")]
 pub mod terminal;
+pub mod sso;
 pub mod upgrade;
 pub mod version;
 
