@@ -32,6 +32,7 @@ use crate::proxy::kube::KubeProxy;
 use crate::proxy::resources::{ALPNS, ResourceProxy, ResourceProxyConfig};
 use crate::proxy::ssh::{ProxySsh, ProxySshConfig};
 use crate::proxy::web::app_access::{self, AppAccess, AppAccessConfig};
+use crate::proxy::web::session::WebSessions;
 use crate::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
 use crate::route::alpn;
 use crate::ssh::Tunables;
@@ -183,11 +184,25 @@ impl ProxyServer {
         let caller = auth.service.authenticate(&identity.tls_parts()?.0).await?;
         // Decided in the process with the Auth Service's own rules: no round trip.
         let decisions = ProxyDecisions::in_process(auth.service.clone(), caller);
+        let link = Arc::new(FailoverClient::with_client(client, identity.auth_addr.clone()));
+        // Web sessions sign in like `/webapi/login` and act as the user at this Auth Service.
+        let sessions = WebSessions::new(
+            link.clone(),
+            vec![identity.auth_addr.clone()],
+            decisions.clone(),
+            None,
+        );
+        let builder = install_web(builder, &sessions);
         let allow_loopback = auth.service.direct_dial_policy().allow_loopback;
         // The in-process Auth Service issues this identity at every start: nothing to renew.
-        let link = Arc::new(FailoverClient::with_client(client, identity.auth_addr.clone()));
-        let (builder, tunnel, _keys, apps) =
-            install_ssh(builder, &identity, decisions, allow_loopback, link.clone())?;
+        let (builder, tunnel, _keys, apps) = install_ssh(
+            builder,
+            &identity,
+            decisions,
+            allow_loopback,
+            link.clone(),
+            &sessions,
+        )?;
         let running = builder
             .bind()
             .await
@@ -251,8 +266,23 @@ impl ProxyServer {
             );
         }
         let builder = install_version_server(builder)?;
-        let (builder, tunnel, keys, apps) =
-            install_ssh(builder, &identity, decisions, join.allow_loopback, link.clone())?;
+        // Web sessions sign in through whichever Auth Service answers and act as the user
+        // there; deletions and locks are seen in the watched cache.
+        let sessions = WebSessions::new(
+            link.clone(),
+            join.auth_servers.clone(),
+            decisions.clone(),
+            Some(SIGN_IN_DEADLINE),
+        );
+        let builder = install_web(builder, &sessions);
+        let (builder, tunnel, keys, apps) = install_ssh(
+            builder,
+            &identity,
+            decisions,
+            join.allow_loopback,
+            link.clone(),
+            &sessions,
+        )?;
         let running = match builder.bind().await {
             Ok(r) => r,
             Err(e) => {
@@ -410,6 +440,12 @@ async fn renew(
     }
 }
 
+/// Mounts the Web UI's API: the web sessions ([`crate::proxy::web::session`]).
+fn install_web(builder: ProxyBuilder, sessions: &WebSessions) -> ProxyBuilder {
+    use crate::proxy::web::session::SESSIONS_PATH;
+    builder.web_mount(SESSIONS_PATH, sessions.service())
+}
+
 /// Mounts the version server; `forward_url` upstreams are fetched through the
 /// environment-aware dialer (HTTPS_PROXY / NO_PROXY).
 fn install_version_server(builder: ProxyBuilder) -> Result<ProxyBuilder, NodeError> {
@@ -435,6 +471,7 @@ fn install_ssh(
     decisions: Arc<ProxyDecisions>,
     allow_loopback: bool,
     link: Arc<FailoverClient>,
+    sessions: &WebSessions,
 ) -> Result<(ProxyBuilder, TunnelServer, HostKeys, AppAccess), NodeError> {
     let direct: Arc<dyn DirectLookup> = decisions.clone();
     let settings = builder.settings();
@@ -497,6 +534,10 @@ fn install_ssh(
     let builder = builder
         .app_hosts(&public_host, apps.app_service())
         .web_mount(app_access::JWKS_PATH, apps.jwks_service())
+        .web_mount(
+            app_access::SESSIONS_PATH,
+            apps.sessions_service(app_access::signed_in_with(sessions.clone())),
+        )
         .tunnel(tunnel.plain_service())
         .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
         .ssh(ssh.plain_service())

@@ -61,6 +61,53 @@ pub type SignedIn = Arc<
     dyn Fn(http::HeaderMap) -> BoxFuture<'static, Result<AppSessionUser, (StatusCode, String)>> + Send + Sync,
 >;
 
+/// [`SignedIn`] over the proxy's web sessions: the request's `svc_session` cookie and CSRF
+/// token ([`WebSessions::authenticate`](super::session::WebSessions::authenticate)); the app
+/// session lives while that web session does (logout, lock, deletion or expiry end it).
+#[cfg(feature = "node")]
+pub fn signed_in_with(sessions: super::session::WebSessions) -> SignedIn {
+    use super::session::{COOKIE_NAME, WebError};
+    Arc::new(move |headers: http::HeaderMap| {
+        let sessions = sessions.clone();
+        Box::pin(async move {
+            let user = sessions
+                .authenticate(&headers, true)
+                .await
+                .map_err(|e: WebError| (e.status(), e.to_string()))?;
+            let chain = user.identity.tls_parts().map_err(|e| {
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("the web session's certificate: {e}"),
+                )
+            })?;
+            let cert_der = chain.0.first().map(|c| c.to_vec()).ok_or_else(|| {
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the web session holds no certificate".to_owned(),
+                )
+            })?;
+            // Only the web session's cookie is kept, to ask whether it is still live.
+            let mut only_cookie = http::HeaderMap::new();
+            if let Some(id) = super::session::cookie(&headers, COOKIE_NAME)
+                && let Ok(v) = HeaderValue::from_str(&format!("{COOKIE_NAME}={id}"))
+            {
+                only_cookie.insert(header::COOKIE, v);
+            }
+            let only_cookie = Arc::new(only_cookie);
+            let live: Liveness = Arc::new(move || {
+                let (sessions, headers) = (sessions.clone(), only_cookie.clone());
+                Box::pin(async move { sessions.authenticate(&headers, false).await.is_ok() })
+            });
+            Ok(AppSessionUser {
+                username: user.username.clone(),
+                cert_der,
+                expires: user.expires,
+                live,
+            })
+        })
+    })
+}
+
 /// The signed-in user an app session is for.
 #[derive(Clone)]
 pub struct AppSessionUser {

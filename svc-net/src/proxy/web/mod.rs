@@ -3,7 +3,8 @@
 //! Sits behind the router's `http/1.1` and `h2` routes (or directly behind the web listener):
 //! [`WebHandler`] terminates TLS (advertising `http/1.1` before `h2`), then serves [`WebApi`]:
 //! services mounted under path prefixes — the ping ([`ping::PingService`]), sign-in
-//! ([`login`]), the version server ([`version`]) — and JSON errors `{"error":{"message":…}}`
+//! ([`login`]), the version server ([`version`]), the Web UI's sessions and APIs
+//! (`session`, `api`, `terminal`) — and JSON errors `{"error":{"message":…}}`
 //! for everything else.
 
 #[cfg(feature = "services")]
@@ -11,6 +12,8 @@ pub mod app_access;
 #[cfg(feature = "login")]
 pub mod login;
 pub mod ping;
+#[cfg(feature = "node")]
+pub mod session;
 pub mod upgrade;
 pub mod version;
 
