@@ -263,22 +263,34 @@ fn browser_app_access_with_a_signed_identity_header_and_refusals() {
     let (_other, other_port) = echo_headers_app();
     let (_secret, secret_port) = echo_headers_app();
     let port = free_port();
-    let config = format!(
-        "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\n\
-proxy_service:\n  web_listen_addr: 127.0.0.1:{port}\n  public_addr: {PUBLIC_HOST}:{port}\n\
-app_service:\n  enabled: true\n  apps:\n\
-  - name: echo\n    uri: http://127.0.0.1:{echo_port}\n    labels: {{env: dev}}\n\
-  - name: other\n    uri: http://127.0.0.1:{other_port}\n    labels: {{env: dev}}\n\
-  - name: secret\n    uri: http://127.0.0.1:{secret_port}\n    labels: {{env: prod}}\n"
-    );
-    // The public name does not resolve: the local agent tunnels to the loopback address.
-    let tunnel = format!("127.0.0.1:{port}");
-    let cluster = Cluster::start_with_env(
-        tempfile::tempdir().unwrap(),
-        "info",
-        &config,
-        &[("SVC_TUNNEL_PUBLIC_ADDR", tunnel.as_str())],
-    );
+    let config = [
+        "auth_service:".to_owned(),
+        "  listen_addr: 127.0.0.1:0".to_owned(),
+        "  cluster_name: e2e.test".to_owned(),
+        // Separate ports: the local agent tunnels to the bound tunnel listener, not to the
+        // public name, which does not resolve on this machine.
+        "  proxy_listener_mode: separate".to_owned(),
+        "proxy_service:".to_owned(),
+        format!("  web_listen_addr: 127.0.0.1:{port}"),
+        format!("  public_addr: {PUBLIC_HOST}:{port}"),
+        "  listen_addr: 127.0.0.1:0".to_owned(),
+        "  tunnel_listen_addr: 127.0.0.1:0".to_owned(),
+        "app_service:".to_owned(),
+        "  enabled: true".to_owned(),
+        "  apps:".to_owned(),
+        "  - name: echo".to_owned(),
+        format!("    uri: http://127.0.0.1:{echo_port}"),
+        "    labels: {env: dev}".to_owned(),
+        "  - name: other".to_owned(),
+        format!("    uri: http://127.0.0.1:{other_port}"),
+        "    labels: {env: dev}".to_owned(),
+        "  - name: secret".to_owned(),
+        format!("    uri: http://127.0.0.1:{secret_port}"),
+        "    labels: {env: prod}".to_owned(),
+        String::new(),
+    ]
+    .join("\n");
+    let cluster = Cluster::start_with(tempfile::tempdir().unwrap(), "info", &config);
     let role =
         "kind: role\nversion: v7\nmetadata:\n  name: dev-apps\nspec:\n  allow:\n    app_labels: {env: dev}\n";
     cluster.tctl_admin(&["create", "-f", "-"], Some(role)).ok();
