@@ -624,8 +624,9 @@ impl AuthService {
     /// A JWT for web app `app`, for the user holding `user_cert`, signed with the cluster's JWT
     /// key: claims `sub`/`username` and `roles` from the certificate, `iss` the cluster, `aud`
     /// the app's URI, valid for [`APP_JWT_TTL`] and never past the certificate. Only a proxy
-    /// may ask (it presents the user's certificate); the user's roles must allow the app (the
-    /// inner `Err` says why not), and a locked or deleted user is refused.
+    /// may ask (it presents the user's certificate), or the Auth Service's own admin identity;
+    /// the user's roles must allow the app (the inner `Err` says why not), and a locked or
+    /// deleted user is refused.
     pub async fn sign_app_jwt(
         &self,
         caller: &Caller,
