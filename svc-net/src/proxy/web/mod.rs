@@ -7,6 +7,8 @@
 //! (`session`, `api`, `terminal`) — and JSON errors `{"error":{"message":…}}`
 //! for everything else.
 
+#[cfg(feature = "node")]
+pub mod api;
 #[cfg(feature = "services")]
 pub mod app_access;
 #[cfg(feature = "login")]
@@ -14,6 +16,8 @@ pub mod login;
 pub mod ping;
 #[cfg(feature = "node")]
 pub mod session;
+#[cfg(feature = "node")]
+pub mod terminal;
 pub mod upgrade;
 pub mod version;
 

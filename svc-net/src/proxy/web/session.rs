@@ -420,6 +420,12 @@ impl WebSessions {
                 if link.identity().is_some() && FailoverClient::is_transport_failure(&e) {
                     link.reset().await;
                 }
+                // The Auth Service refuses a locked-out sign-in as "permission denied"; to the
+                // browser it is the lockout (429), whatever the password.
+                let message = e.to_string();
+                if e.code() == Some(tonic::Code::PermissionDenied) && message.contains(" is locked after ") {
+                    return Err(WebError::TooManyRequests(message));
+                }
                 return Err(WebError::from_auth(e));
             }
         };
