@@ -1807,3 +1807,96 @@ async fn database_certificates_carry_the_route_the_roles_allow_and_mint_no_other
         .unwrap_err();
     assert!(matches!(other_kind, RouteError::CertScope(_)), "{other_kind}");
 }
+
+#[tokio::test]
+async fn app_jwts_are_signed_for_proxies_only_with_the_certificates_identity() {
+    let f = fixture().await;
+    let admin = admin(&f.auth);
+    let prod_only = "kind: role\nversion: v7\nmetadata:\n  name: prod-apps\nspec:\n  allow:\n    app_labels:\n      env: prod\n";
+    f.auth
+        .put_resources(&admin, parse_resources(prod_only).unwrap(), false)
+        .await
+        .unwrap();
+    f.auth
+        .create_user(
+            &admin,
+            User::new("bob", ["prod-apps"]),
+            &Secret::new("correct horse".into()),
+        )
+        .await
+        .unwrap();
+    let agent = host_with(&f.auth, vec![SystemRole::App]);
+    let mut shop = ServedResource::new(ServedKind::App, "shop");
+    shop.labels.insert("env".into(), "prod".into());
+    shop.target = "http://127.0.0.1:8080".into();
+    let mut grafana = ServedResource::new(ServedKind::App, "grafana");
+    grafana.labels.insert("env".into(), "dev".into());
+    f.auth
+        .heartbeat(
+            &agent,
+            Heartbeat {
+                hostname: "agent-1".into(),
+                resources: vec![shop, grafana],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let bob = user_cert(&f, "bob", "correct horse").await;
+    let chain = std::slice::from_ref(&bob);
+
+    let (jwt, expires) = f
+        .auth
+        .sign_app_jwt(&proxy(&f.auth), chain, "shop")
+        .await
+        .unwrap()
+        .unwrap();
+    let now = f.auth.clock.now();
+    assert_eq!(expires, now + APP_JWT_TTL);
+    let claims = f.auth.jwks().verify(&jwt, now).unwrap();
+    assert_eq!(
+        (
+            claims.sub.as_str(),
+            claims.username.as_str(),
+            claims.roles.clone()
+        ),
+        ("bob", "bob", vec!["prod-apps".to_owned()])
+    );
+    assert_eq!(
+        (claims.iss.as_str(), claims.aud.as_str()),
+        ("example.com", "http://127.0.0.1:8080")
+    );
+    assert_eq!(claims.exp, claims.iat + APP_JWT_TTL.as_secs());
+    // The key is the cluster's: a restart on the same backend signs with the same one.
+    let again = AuthService::open(f.auth.backend.clone(), "example.com", f.clock.clone())
+        .await
+        .unwrap();
+    assert_eq!(again.jwks(), f.auth.jwks());
+
+    // Labels the roles do not allow: refused, naming the app.
+    let denied = f
+        .auth
+        .sign_app_jwt(&proxy(&f.auth), chain, "grafana")
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(denied.to_string().contains("grafana"), "{denied}");
+    // Only a proxy (or the Auth Service's own admin identity) may ask: not an agent, not the
+    // user.
+    for caller in [agent, login(&f, "bob", "correct horse").await.unwrap()] {
+        assert!(f.auth.sign_app_jwt(&caller, chain, "shop").await.is_err());
+    }
+    // A locked user gets no JWT.
+    let lock = "kind: lock\nversion: v2\nmetadata:\n  name: bob-lock\nspec:\n  target:\n    user: bob\n";
+    f.auth
+        .put_resources(&admin, parse_resources(lock).unwrap(), false)
+        .await
+        .unwrap();
+    assert!(
+        !matches!(
+            f.auth.sign_app_jwt(&proxy(&f.auth), chain, "shop").await,
+            Ok(Ok(_))
+        ),
+        "a locked user got an app JWT"
+    );
+}
