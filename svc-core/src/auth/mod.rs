@@ -29,6 +29,7 @@ pub mod limit;
 mod password;
 mod proxies;
 mod rules;
+pub mod saml;
 mod served;
 mod store;
 
