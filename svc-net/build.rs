@@ -4,11 +4,13 @@
 /// Messages that carry a password, a join token or a private key: their `Debug` is written by
 /// hand (in `src/auth/mod.rs`) so the secret never reaches a log.
 #[cfg(feature = "auth")]
-const SECRET_MESSAGES: [&str; 4] = [
+const SECRET_MESSAGES: [&str; 6] = [
     "svc.auth.v1.JoinRequest",
     "svc.auth.v1.LoginRequest",
     "svc.auth.v1.CreateUserRequest",
     "svc.auth.v1.CreateTokenResponse",
+    "svc.auth.v1.SsoBeginRequest",
+    "svc.auth.v1.SsoCallbackRequest",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

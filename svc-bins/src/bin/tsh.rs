@@ -26,7 +26,46 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             insecure,
             cacert,
             ttl,
+            auth,
+            browser,
+            sso_timeout,
         } => {
+            if let Some(connector) = auth.filter(|a| a != "local") {
+                let proxy = svc_core::Addr::parse_with_default_port(&proxy, 3080)
+                    .with_context(|| format!("--proxy {proxy}"))?;
+                let ca_pem = cacert
+                    .map(|f| std::fs::read(&f).with_context(|| format!("reading --cacert {}", f.display())))
+                    .transpose()?;
+                let request = SignIn {
+                    proxy,
+                    user: String::new(),
+                    insecure,
+                    ca_pem,
+                    ttl,
+                };
+                let rt = rt()?;
+                let pinged = rt.block_on(client::ping(&request))?;
+                if let Some(warning) = &pinged.version_warning {
+                    eprintln!("warning: {warning}");
+                }
+                let login = client::SsoLogin {
+                    connector,
+                    ttl,
+                    timeout: sso_timeout,
+                };
+                let signed_in = rt.block_on(client::sign_in_sso(request, &pinged, &login, |url| {
+                    eprintln!("To sign in, open this URL in a browser:\n\n  {url}\n");
+                    if browser {
+                        svc_bins::tsh::open_browser(url);
+                    }
+                }))?;
+                if let Some(e) = signed_in.known_nodes_error {
+                    let e = anyhow::Error::from(e);
+                    eprintln!("warning: listing nodes for known_hosts failed ({e:#}); run tsh ls to retry");
+                }
+                signed_in.profile.save().context("saving the profile")?;
+                return print_status(&signed_in.profile, Format::Text);
+            }
             let user = match user.or_else(|| std::env::var("USER").ok()) {
                 Some(u) if !u.is_empty() => u,
                 _ => anyhow::bail!("no user name: pass --user"),

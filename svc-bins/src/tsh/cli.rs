@@ -48,6 +48,17 @@ pub enum Command {
         /// Requested session length (at most 12h).
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Option<Duration>,
+        /// Sign in through this single sign-on connector (an `oidc`, `github` or `saml`
+        /// resource's name) instead of a password: tsh prints the identity provider's URL to
+        /// open in a browser; `local` is the password sign-in.
+        #[arg(long = "auth")]
+        auth: Option<String>,
+        /// With --auth: also open the URL in the desktop's browser (xdg-open or open).
+        #[arg(long)]
+        browser: bool,
+        /// With --auth: how long to wait for the browser to come back.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "3m")]
+        sso_timeout: Duration,
     },
     /// Show the signed-in session.
     Status {

@@ -12,6 +12,26 @@ use svc_net::client::{DbConfig, Profile};
 
 pub use cli::Format;
 
+/// Opens `url` in the desktop's browser (`open` on macOS, `xdg-open` elsewhere); a failure is
+/// only reported: the URL is printed anyway.
+pub fn open_browser(url: &str) {
+    let opener = if cfg!(target_os = "macos") {
+        "open"
+    } else {
+        "xdg-open"
+    };
+    match std::process::Command::new(opener)
+        .arg(url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(_) => {}
+        Err(e) => eprintln!("warning: cannot start {opener} ({e}); open the URL by hand"),
+    }
+}
+
 /// The password for `user`: prompted on the terminal, or one line of standard input when it is
 /// not a terminal.
 pub fn read_password(user: &str) -> anyhow::Result<Secret> {

@@ -31,6 +31,7 @@ mod proxies;
 mod rules;
 pub mod saml;
 mod served;
+pub mod sso;
 mod store;
 
 use std::net::IpAddr;
@@ -116,6 +117,10 @@ pub enum AuthError {
         /// Who is limited, and until when.
         refusal: Refusal,
     },
+    /// A single sign-on was refused (unknown state, the provider's answer failed a check, no
+    /// role mapped); nothing was issued. The text says which check and never carries a secret.
+    #[error("single sign-on refused: {0}")]
+    SsoRefused(String),
     /// The Auth Service has too much work queued (password checks); try again later.
     #[error("the Auth Service is busy: {0}")]
     Busy(String),

@@ -25,6 +25,7 @@ mod proxies;
 mod resources;
 mod route;
 mod server;
+mod sso;
 mod tls;
 mod watch;
 
@@ -75,6 +76,29 @@ pub mod proto {
             f.debug_struct("CreateTokenResponse")
                 .field("token", &"***")
                 .field("expires_unix", &self.expires_unix)
+                .finish()
+        }
+    }
+
+    impl fmt::Debug for SsoBeginRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            // The loopback URL carries the key the result is sealed with.
+            f.debug_struct("SsoBeginRequest")
+                .field("kind", &self.kind)
+                .field("connector", &self.connector)
+                .field("client_redirect_url", &"***")
+                .field("ttl_seconds", &self.ttl_seconds)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl fmt::Debug for SsoCallbackRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            // The query carries the authorization code.
+            f.debug_struct("SsoCallbackRequest")
+                .field("kind", &self.kind)
+                .field("query", &"***")
+                .field("form", &"***")
                 .finish()
         }
     }

@@ -148,6 +148,7 @@ pub async fn serve_with_idle(
     }
     let config = super::tls::server_config(auth.verifier(), chain, key)?;
     let grpc = AuthServer::new(AuthGrpc {
+        sso: Arc::new(super::sso::SsoEngine::new(auth.clone())),
         auth,
         shutdown: shutdown.clone(),
     });
@@ -187,6 +188,8 @@ pub async fn serve_with_idle(
 #[derive(Clone, Debug)]
 pub struct AuthGrpc {
     auth: Arc<AuthService>,
+    /// Single sign-on through the connectors.
+    sso: Arc<super::sso::SsoEngine>,
     /// Ends open `Watch` streams when the server stops.
     shutdown: CancellationToken,
 }
@@ -195,6 +198,7 @@ impl AuthGrpc {
     /// Wraps the domain service.
     pub fn new(auth: Arc<AuthService>) -> Self {
         Self {
+            sso: Arc::new(super::sso::SsoEngine::new(auth.clone())),
             auth,
             shutdown: CancellationToken::new(),
         }
@@ -252,6 +256,7 @@ fn status(e: AuthError) -> Status {
         | AuthError::Limited { .. }
         | AuthError::NodeNameTaken { .. }
         | AuthError::NameRefused { .. }
+        | AuthError::SsoRefused(_)
         | AuthError::Revoked(_) => Status::permission_denied(msg),
         AuthError::Busy(_) => Status::resource_exhausted(msg),
         _ => {
@@ -301,6 +306,16 @@ fn certs_to_proto(certs: IssuedCerts, cluster: &str) -> Result<proto::Certs, Sta
 fn ssh_key(line: &str) -> Result<ssh_key::PublicKey, Status> {
     ssh_key::PublicKey::from_openssh(line)
         .map_err(|e| Status::invalid_argument(format!("ssh_public_key: {e}")))
+}
+
+/// `oidc`, `github` or `saml`.
+fn sso_kind(name: &str) -> Result<Kind, Status> {
+    match name.parse::<Kind>() {
+        Ok(k @ (Kind::Oidc | Kind::Github | Kind::Saml)) => Ok(k),
+        _ => Err(Status::invalid_argument(format!(
+            "\"{name}\" is not a sign-in connector kind (oidc, github or saml)"
+        ))),
+    }
 }
 
 fn kind(name: &str) -> Result<Kind, Status> {
@@ -592,6 +607,70 @@ impl proto::auth_server::Auth for AuthGrpc {
                 Err(status(e))
             }
         }
+    }
+
+    async fn sso_begin(
+        &self,
+        req: Request<proto::SsoBeginRequest>,
+    ) -> Result<Response<proto::SsoBeginResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let begin = super::sso::Begin {
+            kind: sso_kind(&r.kind)?,
+            connector: r.connector,
+            client_redirect_url: Secret::new(r.client_redirect_url),
+            tls_public_key: r.tls_public_key,
+            ssh_public_key: r.ssh_public_key,
+            ttl_seconds: r.ttl_seconds,
+        };
+        let redirect_url = self.sso.begin(&caller, begin).await.map_err(status)?;
+        Ok(Response::new(proto::SsoBeginResponse { redirect_url }))
+    }
+
+    async fn sso_callback(
+        &self,
+        req: Request<proto::SsoCallbackRequest>,
+    ) -> Result<Response<proto::SsoCallbackResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let kind = sso_kind(&r.kind)?;
+        let finished = match self.sso.callback(&caller, kind, &r.query, &r.form).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::info!(kind = %kind, error = %e, "auth: single sign-on callback refused");
+                return Err(status(e));
+            }
+        };
+        let (certs, error) = match finished.outcome {
+            Ok(certs) => (Some(certs_to_proto(certs, self.auth.cluster())?), String::new()),
+            Err(why) => (None, why),
+        };
+        Ok(Response::new(proto::SsoCallbackResponse {
+            client_redirect_url: finished.client_redirect_url.expose().clone(),
+            certs,
+            error,
+        }))
+    }
+
+    async fn list_auth_connectors(
+        &self,
+        req: Request<proto::Empty>,
+    ) -> Result<Response<proto::AuthConnectorList>, Status> {
+        // Any cluster member or user: the list is what the unauthenticated ping shows.
+        let _caller = self.caller(&req).await?;
+        let connectors = self
+            .auth
+            .sso_connectors()
+            .await
+            .map_err(status)?
+            .into_iter()
+            .map(|c| proto::AuthConnector {
+                kind: c.kind.as_str().to_owned(),
+                name: c.name,
+                display: c.display,
+            })
+            .collect();
+        Ok(Response::new(proto::AuthConnectorList { connectors }))
     }
 
     async fn resolve_resource(

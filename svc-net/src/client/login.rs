@@ -132,7 +132,7 @@ pub async fn ping_via_proxy(
 
 /// One HTTPS request to the proxy's web API, through svc's [`HttpClient`]; the body of a 2xx
 /// answer, else the JSON error's message as [`LoginError::Refused`].
-async fn proxy_request(
+pub(super) async fn proxy_request(
     proxy: &str,
     insecure: bool,
     extra_ca_pem: Option<&[u8]>,

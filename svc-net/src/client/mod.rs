@@ -36,6 +36,7 @@ mod login;
 mod profile;
 mod resource;
 pub mod ssh;
+mod sso;
 
 use std::path::PathBuf;
 
@@ -48,9 +49,10 @@ pub use login::{LoginError, login_via_proxy, login_via_proxy_with, ping_via_prox
 pub use profile::tctl_identity;
 pub use profile::{
     KNOWN_HOSTS_FILE, OPENSSH_CERT_FILE, OPENSSH_KEY_FILE, PROFILE_FILE, Pinged, Profile, SVC_HOME_ENV,
-    SignIn, SignedIn, home, known_hosts, ping, profile_path, sign_in, write_private,
+    SignIn, SignedIn, home, known_hosts, ping, profile_path, sign_in, sign_in_sso, write_private,
 };
 pub use resource::{ConnectError, LocalProxy, LocalProxyError, ResourceClient, alpn_for, bind_local};
+pub use sso::{SsoLogin, login_via_sso};
 
 /// Why a client-side operation failed. Messages name the file, address, host or login involved;
 /// the cause, when there is one, is the error's [`source`](std::error::Error::source).

@@ -347,7 +347,6 @@ pub async fn sign_in(request: SignIn, pinged: &Pinged, password: &Secret) -> Res
     let proxy = request.proxy.to_string();
     let ca = request.ca_pem.as_deref();
     let dialer = ProxyDialer::from_env()?;
-    let ping = &pinged.ping;
     let identity = super::login::login_via_proxy_with(
         &proxy,
         request.insecure,
@@ -358,6 +357,39 @@ pub async fn sign_in(request: SignIn, pinged: &Pinged, password: &Secret) -> Res
         request.ttl,
     )
     .await?;
+    finish_sign_in(request, pinged, identity).await
+}
+
+/// Signs in through the single sign-on connector `login.connector` (see
+/// [`login_via_sso`](super::login_via_sso); `show_url` gets the provider's URL for the user),
+/// then as [`sign_in`].
+pub async fn sign_in_sso(
+    request: SignIn,
+    pinged: &Pinged,
+    login: &super::SsoLogin,
+    show_url: impl FnOnce(&str),
+) -> Result<SignedIn, Error> {
+    let proxy = request.proxy.to_string();
+    let dialer = ProxyDialer::from_env()?;
+    let identity = super::sso::login_via_sso(
+        &proxy,
+        request.insecure,
+        request.ca_pem.as_deref(),
+        Some(&dialer),
+        login,
+        show_url,
+    )
+    .await?;
+    finish_sign_in(request, pinged, identity).await
+}
+
+async fn finish_sign_in(
+    request: SignIn,
+    pinged: &Pinged,
+    identity: ClientIdentity,
+) -> Result<SignedIn, Error> {
+    let proxy = request.proxy.to_string();
+    let ping = &pinged.ping;
     let tls_routing = ping["proxy"]["tls_routing_enabled"].as_bool().unwrap_or(true);
     let ssh_proxy_addr = (!tls_routing)
         .then(|| ping["proxy"]["ssh"]["ssh_public_addr"].as_str())

@@ -141,6 +141,7 @@ pub struct ProxyBuilder {
     version: Version,
     routes: RouterBuilder,
     web_mounts: Vec<(String, WebService)>,
+    ping_connectors: Option<Arc<web::sso::ConnectorCache>>,
     ssh: Option<ConnService>,
     tunnel: Option<ConnService>,
     postgres: Option<ConnService>,
@@ -158,6 +159,7 @@ impl ProxyBuilder {
             version: svc_core::version::current().clone(),
             routes: RouterBuilder::default(),
             web_mounts: Vec::new(),
+            ping_connectors: None,
             ssh: None,
             tunnel: None,
             postgres: None,
@@ -226,6 +228,13 @@ impl ProxyBuilder {
             Fetcher::direct(tls),
         );
         Ok(self.version_server(VersionHandler::new(resolver)))
+    }
+
+    /// Makes the ping's `auth` section name the cluster's sign-in connectors (asked of the Auth
+    /// Service through `cache`) and serves `/webapi/ping/<connector>`.
+    pub fn ping_connectors(mut self, cache: Arc<web::sso::ConnectorCache>) -> Self {
+        self.ping_connectors = Some(cache);
+        self
     }
 
     /// Serves every path starting with `prefix` with `svc` on the web API.
@@ -324,7 +333,11 @@ impl ProxyBuilder {
             }
         }
 
-        let ping = web::web_service(web::ping::PingService::new(&settings.ping, &self.version));
+        let static_ping = web::ping::PingService::new(&settings.ping, &self.version);
+        let ping = match self.ping_connectors.clone() {
+            Some(cache) => web::sso::ping_with_connectors(static_ping, cache),
+            None => web::web_service(static_ping),
+        };
         // Upgraded connections (`/webapi/connectionupgrade`, for clients behind load balancers
         // that terminate TLS) go to the router, which holds the web API as a route: the cell is
         // filled once the router is built.

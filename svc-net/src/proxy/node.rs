@@ -171,10 +171,15 @@ impl ProxyServer {
         // (ALPN `svc-auth@<cluster>`); otherwise at its public (or local) address.
         let routed = self.settings.ping.listener_mode.tls_routing();
         let public_auth = (!routed).then(|| auth.public_addr());
+        let link = Arc::new(FailoverClient::with_client(
+            client.clone(),
+            identity.auth_addr.clone(),
+        ));
         let mut builder = ProxyBuilder::new(self.settings).web_mount(
             crate::proxy::web::login::LOGIN_PATH,
-            crate::proxy::web::login::login_service(client.clone(), public_auth),
+            crate::proxy::web::login::login_service(client.clone(), public_auth.clone()),
         );
+        builder = mount_sso(builder, &link, public_auth);
         if routed {
             builder = builder.route_prefix(alpn::AUTH_PREFIX, crate::auth::auth_route(auth.dialable_addr()));
         }
@@ -189,7 +194,6 @@ impl ProxyServer {
             .bind()
             .await
             .map_err(|e| NodeError::setup("the proxy's listeners", e))?;
-        let link = Arc::new(FailoverClient::with_client(client, identity.auth_addr.clone()));
         let running = crate::proxy::registry::register(running, link, tunnel, &identity, &self.node_name);
         // Agents may never announce the proxy's own listeners for it to dial.
         let addrs = running.addrs();
@@ -197,6 +201,24 @@ impl ProxyServer {
             .add_service_addrs(std::iter::once(addrs.web).chain(addrs.others.iter().map(|(_, a)| *a)));
         Ok(running)
     }
+}
+
+/// Single sign-on on the web API (console, callbacks) and the connectors in the ping.
+fn mount_sso(
+    mut builder: ProxyBuilder,
+    link: &Arc<FailoverClient>,
+    public_auth: Option<String>,
+) -> ProxyBuilder {
+    use crate::proxy::web::sso;
+    // A callback calls the provider several times (discovery, code, keys, userinfo).
+    let service = sso::sso_service(link.clone(), public_auth, std::time::Duration::from_secs(40));
+    for prefix in sso::sso_mount_prefixes() {
+        builder = builder.web_mount(&prefix, service.clone());
+    }
+    builder.ping_connectors(Arc::new(sso::ConnectorCache::new(
+        link.clone(),
+        std::time::Duration::from_secs(2),
+    )))
 }
 
 impl ProxyServer {
@@ -239,8 +261,13 @@ impl ProxyServer {
         let public_auth = (!routed).then(|| join.auth_servers[0].clone());
         let mut builder = ProxyBuilder::new(settings).web_mount(
             crate::proxy::web::login::LOGIN_PATH,
-            crate::proxy::web::login::login_service_with(link.clone(), public_auth, Some(SIGN_IN_DEADLINE)),
+            crate::proxy::web::login::login_service_with(
+                link.clone(),
+                public_auth.clone(),
+                Some(SIGN_IN_DEADLINE),
+            ),
         );
+        builder = mount_sso(builder, &link, public_auth);
         if routed {
             builder = builder.route_prefix(
                 alpn::AUTH_PREFIX,

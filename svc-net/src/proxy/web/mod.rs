@@ -9,6 +9,7 @@
 #[cfg(feature = "login")]
 pub mod login;
 pub mod ping;
+pub mod sso;
 pub mod upgrade;
 pub mod version;
 
