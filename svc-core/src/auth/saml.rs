@@ -476,18 +476,28 @@ impl ServiceProvider {
     }
 
     /// A new `AuthnRequest` (HTTP-Redirect binding: deflate, base64, in the SSO URL's query)
-    /// asking for a persistent `NameID` and an answer by HTTP-POST to the ACS URL.
+    /// asking for a persistent `NameID` and an answer by HTTP-POST to the ACS URL, with a fresh
+    /// random ID.
     pub fn authn_request(&self, relay_state: &str) -> Result<AuthnRequest, SamlError> {
+        // samael's own ID has 32 random bits; an ID that must not be guessed gets 122.
+        self.authn_request_with_id(relay_state, &format!("_{}", uuid::Uuid::new_v4().simple()))
+    }
+
+    /// [`Self::authn_request`] with the caller's ID (an `xs:ID`: it must start with a letter or
+    /// `_`), for a caller that derives it from what it already stores about the sign-in.
+    pub fn authn_request_with_id(&self, relay_state: &str, id: &str) -> Result<AuthnRequest, SamlError> {
         let bad = |reason: String| SamlError::Request {
             connector: self.connector.clone(),
             reason,
         };
+        if !id.starts_with(|c: char| c == '_' || c.is_ascii_alphabetic()) {
+            return Err(bad(format!("the request ID {id:?} is not an xs:ID")));
+        }
         let mut request = self
             .sp
             .make_authentication_request(&self.idp.sso_url)
             .map_err(|e| bad(e.to_string()))?;
-        // samael's own ID has 32 random bits; an ID that must not be guessed gets 122.
-        request.id = format!("_{}", uuid::Uuid::new_v4().simple());
+        request.id = id.to_string();
         if let Some(issuer) = &mut request.issuer {
             issuer.value = Some(self.entity_id.clone());
         }

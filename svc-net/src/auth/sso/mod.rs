@@ -1,5 +1,5 @@
 //! Single sign-on inside the Auth Service: the flow, generic over the connector kind, and the
-//! provider-specific checks ([`oidc`], [`github`]).
+//! provider-specific checks ([`oidc`], [`github`], [`saml`]).
 //!
 //! [`SsoEngine::begin`] creates the sign-in request (random state, nonce, PKCE verifier, the
 //! user's public keys and loopback URL, stored for ten minutes) and returns the provider's URL.
@@ -13,6 +13,7 @@
 mod github;
 mod jws;
 mod oidc;
+mod saml;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -75,6 +76,8 @@ pub(crate) struct SsoEngine {
     auth: Arc<AuthService>,
     http: Option<HttpClient<ProxyDialer>>,
     keys: tokio::sync::Mutex<HashMap<String, CachedKeys>>,
+    /// SAML assertion IDs already used, until they expire.
+    saml_replay: saml::ReplayCache,
 }
 
 impl std::fmt::Debug for SsoEngine {
@@ -143,6 +146,7 @@ impl SsoEngine {
             auth,
             http,
             keys: tokio::sync::Mutex::new(HashMap::new()),
+            saml_replay: saml::ReplayCache::new(),
         }
     }
 
@@ -172,6 +176,7 @@ impl SsoEngine {
         let url = match &connector {
             Resource::Oidc(c) => oidc::auth_url(self, &c.spec, &req).await,
             Resource::Github(c) => Ok(github::auth_url(&c.spec, &req)),
+            Resource::Saml(c) => saml::auth_url(self, c, &req).await,
             _ => Err(Refused(format!(
                 "sign-in through {} connectors is not available in this version",
                 b.kind
@@ -191,10 +196,16 @@ impl SsoEngine {
         caller: &Caller,
         kind: Kind,
         query: &str,
-        _form: &[u8],
+        form: &[u8],
     ) -> Result<Finished, AuthError> {
-        let params: HashMap<String, String> = form_urlencoded::parse(query.as_bytes()).into_owned().collect();
-        let state = params.get("state").map(String::as_str).unwrap_or_default();
+        let mut params: HashMap<String, String> =
+            form_urlencoded::parse(query.as_bytes()).into_owned().collect();
+        // SAML's HTTP-POST binding: SAMLResponse and RelayState (the state) in the form.
+        if kind == Kind::Saml {
+            params.extend(form_urlencoded::parse(form).into_owned());
+        }
+        let state_param = if kind == Kind::Saml { "RelayState" } else { "state" };
+        let state = params.get(state_param).map(String::as_str).unwrap_or_default();
         let req = self.auth.take_sso_request(caller, state).await?;
         let via = format!("{}/{}", req.kind, req.connector);
         let outcome = match self.finish(caller, kind, &req, &params).await {
@@ -235,6 +246,16 @@ impl SsoEngine {
             .sso_connector(caller, kind, &req.connector)
             .await
             .map_err(|e| e.to_string())?;
+        if let Resource::Saml(c) = &connector {
+            let who = saml::finish(self, c, req, params)
+                .await
+                .map_err(|Refused(why)| format!("{via}: {why}"))?;
+            return self
+                .auth
+                .issue_sso_certs(caller, req, &who)
+                .await
+                .map_err(|e| e.to_string());
+        }
         let code = params.get("code").map(String::as_str).unwrap_or_default();
         if code.is_empty() {
             return Err("the callback carries no authorization code".into());
