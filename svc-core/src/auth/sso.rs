@@ -98,7 +98,8 @@ pub fn oidc_roles(spec: &OidcSpec, claims: &serde_json::Value) -> Vec<String> {
     for m in &spec.claims_to_roles {
         let matches = |v: &serde_json::Value| match v {
             serde_json::Value::String(s) => *s == m.value,
-            serde_json::Value::Bool(_) | serde_json::Value::Number(_) => v.to_string() == m.value,
+            serde_json::Value::Bool(b) => m.value.parse::<bool>() == Ok(*b),
+            serde_json::Value::Number(n) => m.value.parse::<serde_json::Number>().ok().as_ref() == Some(n),
             _ => false,
         };
         let hit = match claims.get(&m.name) {

@@ -331,27 +331,6 @@ impl ConnectorCache {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sealed_result_replaces_the_key() {
-        let key = "0f".repeat(32);
-        let url = format!("http://127.0.0.1:4000/callback?{SSO_SECRET_KEY_PARAM}={key}");
-        let location = back_to_client(&url, &SsoResult::Error("no role".into())).unwrap();
-        assert!(
-            location.starts_with("http://127.0.0.1:4000/callback?response="),
-            "{location}"
-        );
-        assert!(!location.contains(&key));
-        let sealed = location.split_once("response=").unwrap().1;
-        let plain = svc_core::webapi::open(&key, sealed).unwrap();
-        assert!(String::from_utf8(plain).unwrap().contains("no role"));
-        assert!(back_to_client("http://127.0.0.1:4000/", &SsoResult::Error("x".into())).is_err());
-    }
-}
-
 /// `/webapi/ping` with the connectors in its `auth` section (`auth.<kind>` for the first
 /// connector of each kind, every one in `auth.connectors`), and `/webapi/ping/<connector>`: the
 /// ping as a client signing in through that connector sees it (`auth.type` its kind; `local`
@@ -426,4 +405,54 @@ fn dynamic_ping(
             .into(),
     );
     serde_json::to_vec(&ping).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_result_replaces_the_key() {
+        let key = "0f".repeat(32);
+        let url = format!("http://127.0.0.1:4000/callback?{SSO_SECRET_KEY_PARAM}={key}");
+        let location = back_to_client(&url, &SsoResult::Error("no role".into())).unwrap();
+        assert!(
+            location.starts_with("http://127.0.0.1:4000/callback?response="),
+            "{location}"
+        );
+        assert!(!location.contains(&key));
+        let sealed = location.split_once("response=").unwrap().1;
+        let plain = svc_core::webapi::open(&key, sealed).unwrap();
+        assert!(String::from_utf8(plain).unwrap().contains("no role"));
+        assert!(back_to_client("http://127.0.0.1:4000/", &SsoResult::Error("x".into())).is_err());
+    }
+
+    #[test]
+    fn ping_names_the_connectors() {
+        let body =
+            br#"{"auth":{"type":"local","second_factor":"off","local":{"name":""}},"cluster_name":"c"}"#;
+        let c = |kind: &str, name: &str| proto::AuthConnector {
+            kind: kind.into(),
+            name: name.into(),
+            display: name.to_uppercase(),
+        };
+        let all = [c("github", "gh"), c("oidc", "corp"), c("oidc", "other")];
+        let v: serde_json::Value = serde_json::from_slice(&dynamic_ping(body, &all, None).unwrap()).unwrap();
+        assert_eq!(v["auth"]["type"], "local");
+        assert_eq!(v["auth"]["oidc"]["name"], "corp");
+        assert_eq!(v["auth"]["github"]["display"], "GH");
+        assert_eq!(v["auth"]["connectors"].as_array().unwrap().len(), 3);
+        let v: serde_json::Value =
+            serde_json::from_slice(&dynamic_ping(body, &all, Some("other")).unwrap()).unwrap();
+        assert_eq!(v["auth"]["type"], "oidc");
+        assert_eq!(v["auth"]["oidc"]["name"], "other");
+        let v: serde_json::Value =
+            serde_json::from_slice(&dynamic_ping(body, &all, Some("local")).unwrap()).unwrap();
+        assert_eq!(v["auth"]["type"], "local");
+        assert!(
+            dynamic_ping(body, &all, Some("nope"))
+                .unwrap_err()
+                .contains("no sign-in connector named")
+        );
+    }
 }
