@@ -29,7 +29,7 @@
 //! The attributes of the signed assertion then decide the roles through the connector's
 //! `attributes_to_roles` ([`roles_for`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -768,22 +768,26 @@ impl ServiceProvider {
 }
 
 /// The roles `attributes_to_roles` grants to a user with `attributes` (each mapping whose
-/// attribute has the mapping's value), sorted and without duplicates. Empty: no role — the
-/// sign-in must be refused.
+/// attribute has the mapping's value), in mapping order without duplicates. Empty: no role —
+/// the sign-in must be refused.
 pub fn roles_for(
     mappings: &[AttributeRolesMapping],
     attributes: &BTreeMap<String, Vec<String>>,
 ) -> Vec<String> {
-    let mut roles = BTreeSet::new();
+    let mut roles: Vec<String> = Vec::new();
     for m in mappings {
         if attributes
             .get(&m.name)
             .is_some_and(|values| values.contains(&m.value))
         {
-            roles.extend(m.roles.iter().cloned());
+            for role in &m.roles {
+                if !roles.contains(role) {
+                    roles.push(role.clone());
+                }
+            }
         }
     }
-    roles.into_iter().collect()
+    roles
 }
 
 /// What the `Signature` elements of a document say, read without trusting them.
