@@ -173,6 +173,8 @@ impl SsoEngine {
             ttl_seconds: b.ttl_seconds,
             client_redirect_url: b.client_redirect_url,
         };
+        // One arm per kind: the provider's URL for this request (its `state` travels as OAuth's
+        // `state` or SAML's `RelayState`; the nonce can serve as SAML's request ID).
         let url = match &connector {
             Resource::Oidc(c) => oidc::auth_url(self, &c.spec, &req).await,
             Resource::Github(c) => Ok(github::auth_url(&c.spec, &req)),
@@ -198,14 +200,15 @@ impl SsoEngine {
         query: &str,
         form: &[u8],
     ) -> Result<Finished, AuthError> {
-        let mut params: HashMap<String, String> =
-            form_urlencoded::parse(query.as_bytes()).into_owned().collect();
-        // SAML's HTTP-POST binding: SAMLResponse and RelayState (the state) in the form.
-        if kind == Kind::Saml {
-            params.extend(form_urlencoded::parse(form).into_owned());
-        }
-        let state_param = if kind == Kind::Saml { "RelayState" } else { "state" };
-        let state = params.get(state_param).map(String::as_str).unwrap_or_default();
+        // OAuth answers in the query (`state`, `code`); SAML's POST binding in the form body
+        // (`RelayState`, `SAMLResponse`). Query parameters win over form fields of the same name.
+        let mut params: HashMap<String, String> = form_urlencoded::parse(form).into_owned().collect();
+        params.extend(form_urlencoded::parse(query.as_bytes()).into_owned());
+        let state = params
+            .get("state")
+            .or_else(|| params.get("RelayState"))
+            .map(String::as_str)
+            .unwrap_or_default();
         let req = self.auth.take_sso_request(caller, state).await?;
         let via = format!("{}/{}", req.kind, req.connector);
         let outcome = match self.finish(caller, kind, &req, &params).await {
@@ -246,23 +249,24 @@ impl SsoEngine {
             .sso_connector(caller, kind, &req.connector)
             .await
             .map_err(|e| e.to_string())?;
-        if let Resource::Saml(c) = &connector {
-            let who = saml::finish(self, c, req, params)
-                .await
-                .map_err(|Refused(why)| format!("{via}: {why}"))?;
-            return self
-                .auth
-                .issue_sso_certs(caller, req, &who)
-                .await
-                .map_err(|e| e.to_string());
-        }
-        let code = params.get("code").map(String::as_str).unwrap_or_default();
-        if code.is_empty() {
-            return Err("the callback carries no authorization code".into());
-        }
+        let code = || {
+            params
+                .get("code")
+                .map(String::as_str)
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| Refused("the callback carries no authorization code".into()))
+        };
+        // One arm per kind: check the provider's answer and map it to a user and roles.
         let who: Result<SsoIdentity, Refused> = match &connector {
-            Resource::Oidc(c) => oidc::finish(self, &c.spec, req, code).await,
-            Resource::Github(c) => github::finish(self, &c.spec, code).await,
+            Resource::Oidc(c) => match code() {
+                Ok(code) => oidc::finish(self, &c.spec, req, code).await,
+                Err(e) => Err(e),
+            },
+            Resource::Github(c) => match code() {
+                Ok(code) => github::finish(self, &c.spec, code).await,
+                Err(e) => Err(e),
+            },
+            Resource::Saml(c) => saml::finish(self, c, req, params).await,
             _ => Err(Refused(format!(
                 "sign-in through {kind} connectors is not available in this version"
             ))),

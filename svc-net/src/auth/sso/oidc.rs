@@ -292,8 +292,8 @@ mod tests {
     #[test]
     fn pkce_matches_rfc7636_example() {
         assert_eq!(
-            pkce_challenge("dBjftJeZ4CVP-mB92K-uhvbkV8IF4G4dIDPYLUhrlZyEtbwB4kwlYI"),
-            "E9Melhoa2OwvFrEMTJguCHaoeK1t8URLbvBNlQbXQtQ"
+            pkce_challenge("dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"),
+            "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
         );
     }
 }
