@@ -646,3 +646,248 @@ spec:
         "svc's log carries the client secret"
     );
 }
+
+/// Runs the pysaml2 identity provider (`svc-core/tests/support/saml_idp.py`) for one step.
+fn saml_idp(args: &[&str], input: &serde_json::Value) -> serde_json::Value {
+    use std::io::Write;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../svc-core/tests/support/saml_idp.py");
+    let mut child = Command::new(python())
+        .arg(script)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting saml_idp.py");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.to_string().as_bytes())
+        .expect("writing to saml_idp.py");
+    let out = child.wait_with_output().expect("saml_idp.py");
+    assert!(
+        out.status.success(),
+        "saml_idp.py {args:?} failed (pysaml2 from .ci/python-requirements.d/saml.txt, xmlsec1): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("saml_idp.py answers JSON")
+}
+
+/// One SAML sign-in: tsh prints the IdP URL with the AuthnRequest, the IdP answers (`extra`:
+/// its options, `tamper`: applied to the Response XML), the browser posts it to the proxy's ACS
+/// and follows the redirect back to tsh. tsh's outcome and the last page.
+fn saml_login(
+    cluster: &Cluster,
+    browser: &mut Browser,
+    home: &Path,
+    idp: &serde_json::Value,
+    sp_metadata: &str,
+    extra: serde_json::Value,
+    tamper: &dyn Fn(&str) -> String,
+) -> (bool, String, Page) {
+    use base64::Engine as _;
+    let mut tsh = TshLogin::start(cluster, home, "corp");
+    let url = tsh.url();
+    assert!(
+        url.starts_with("https://idp.example.test/sso"),
+        "tsh sends the browser to the IdP: {url}"
+    );
+    let query = url.split_once('?').expect("query").1;
+    let param = |name: &str| {
+        form_urlencoded::parse(query.as_bytes())
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_else(|| panic!("{name} in {url}"))
+    };
+    let mut input = serde_json::json!({
+        "idp": idp,
+        "sp_metadata": sp_metadata,
+        "saml_request": param("SAMLRequest"),
+        "user": "alice",
+        "attributes": { "groups": ["ops", "dev"] },
+    });
+    if let (Some(i), Some(e)) = (input.as_object_mut(), extra.as_object()) {
+        i.extend(e.clone());
+    }
+    let answer = saml_idp(&["respond"], &input);
+    let acs = answer["acs"].as_str().expect("acs").to_owned();
+    let engine = base64::engine::general_purpose::STANDARD;
+    let xml = String::from_utf8(
+        engine
+            .decode(answer["saml_response"].as_str().expect("saml_response"))
+            .expect("base64"),
+    )
+    .expect("utf-8");
+    let form = form_urlencoded::Serializer::new(String::new())
+        .append_pair("SAMLResponse", &engine.encode(tamper(&xml)))
+        .append_pair("RelayState", &param("RelayState"))
+        .finish();
+    let posted = browser.request(Method::POST, &acs, Some(form));
+    let last = match &posted.location {
+        Some(location) if location.starts_with("http://127.0.0.1") => {
+            browser.request(Method::GET, location, None)
+        }
+        _ => {
+            tsh.kill();
+            return (false, String::new(), posted);
+        }
+    };
+    let (ok, stderr) = tsh.finish();
+    (ok, stderr, last)
+}
+
+#[test]
+fn saml_sign_in_maps_attributes_and_takes_mapping_changes_at_the_next_sign_in() {
+    let cluster = Cluster::start("debug");
+    let dir = cluster.path().to_owned();
+    let keys = saml_idp(
+        &["keygen", dir.join("idp").to_str().expect("path")],
+        &serde_json::json!({}),
+    );
+    let idp = serde_json::json!({
+        "entity_id": "https://idp.example.test/metadata",
+        "sso_url": "https://idp.example.test/sso/redirect",
+        "key_file": keys["key_file"],
+        "cert_file": keys["cert_file"],
+    });
+    let metadata = saml_idp(&["metadata"], &serde_json::json!({ "idp": idp }));
+    let acs = format!("https://{}/v1/webapi/saml/acs/corp", cluster.web_addr);
+    let connector = serde_json::json!({
+        "kind": "saml",
+        "version": "v2",
+        "metadata": { "name": "corp" },
+        "spec": {
+            "acs": acs,
+            "display": "Corp SAML",
+            "entity_descriptor": metadata["xml"],
+            "attributes_to_roles": [
+                { "name": "groups", "value": "ops", "roles": ["editor"] },
+                { "name": "groups", "value": "dev", "roles": ["access"] },
+            ],
+        },
+    })
+    .to_string();
+    let sp_metadata = match svc_core::resource::parse_resource(&connector).expect("connector") {
+        svc_core::resource::Resource::Saml(c) => {
+            let idp = svc_core::auth::saml::IdpMetadata::from_connector(&c)
+                .expect("IdP metadata")
+                .expect("inline");
+            svc_core::auth::saml::ServiceProvider::new(&c, idp).metadata_xml()
+        }
+        other => panic!("not a saml connector: {:?}", other.kind()),
+    };
+    let role = cluster.write("maintenance-role.yaml", MAINTENANCE_ROLE);
+    cluster
+        .tctl_admin(&["create", role.to_str().expect("path")], None)
+        .ok();
+    let file = cluster.write("saml.yaml", &connector);
+    cluster
+        .tctl_admin(&["create", file.to_str().expect("path")], None)
+        .ok();
+    let mut browser = Browser::new();
+
+    // A response whose signed assertion was altered: refused, nothing issued.
+    let home_tampered = dir.join("home-tampered");
+    let (ok, stderr, last) = saml_login(
+        &cluster,
+        &mut browser,
+        &home_tampered,
+        &idp,
+        &sp_metadata,
+        serde_json::json!({}),
+        &|xml: &str| xml.replacen(">dev<", ">admins<", 1),
+    );
+    assert!(!ok, "signed in with a tampered assertion: {last:?}");
+    assert!(
+        stderr.contains("signature does not verify"),
+        "tsh: {stderr}\n{last:?}"
+    );
+    assert!(
+        status(&home_tampered).is_none(),
+        "a profile after a refused sign-in"
+    );
+
+    // §5.4 with SAML attributes: alice (groups ops, dev) gets the mapped roles.
+    let home = dir.join("home-alice");
+    let (ok, stderr, last) = saml_login(
+        &cluster,
+        &mut browser,
+        &home,
+        &idp,
+        &sp_metadata,
+        serde_json::json!({}),
+        &|x: &str| x.to_owned(),
+    );
+    assert!(ok, "tsh login --auth=corp (saml) failed: {stderr}\n{last:?}");
+    assert!(last.body.contains("Signed in as alice"), "{last:?}");
+    assert_eq!(
+        status(&home),
+        Some(("alice".to_owned(), vec!["editor".to_owned(), "access".to_owned()]))
+    );
+    let fetched = tctl_as(&home, &["get", "saml/corp", "--with-secrets"]).ok();
+    let edited = fetched
+        .stdout
+        .replacen("- editor", "- editor\n    - maintenance-admin", 1);
+    assert_ne!(
+        edited, fetched.stdout,
+        "attributes_to_roles edited: {}",
+        fetched.stdout
+    );
+    let edited = cluster.write("saml-edited.yaml", &edited);
+    tctl_as(&home, &["create", "-f", edited.to_str().expect("path")]).ok();
+    let window = cluster.write("maintenance.yaml", MAINTENANCE);
+    let window = window.to_str().expect("path");
+    tctl_as(&home, &["create", window]).refused(
+        "\"create\" on \"cluster_maintenance_config\"",
+        "maintenance window before signing in again",
+        &cluster,
+    );
+    let (ok, stderr, last) = saml_login(
+        &cluster,
+        &mut browser,
+        &home,
+        &idp,
+        &sp_metadata,
+        serde_json::json!({}),
+        &|x: &str| x.to_owned(),
+    );
+    assert!(ok, "second SAML sign-in failed: {stderr}\n{last:?}");
+    assert_eq!(
+        status(&home).map(|s| s.1),
+        Some(vec![
+            "editor".to_owned(),
+            "maintenance-admin".to_owned(),
+            "access".to_owned()
+        ])
+    );
+    let out = tctl_as(&home, &["create", window]).ok();
+    assert!(
+        out.stdout.contains("maintenance window has been updated"),
+        "{}",
+        out.stdout
+    );
+
+    // An expired assertion and a wrong audience: refused with the reason.
+    for (extra, reason) in [
+        (serde_json::json!({ "lifetime_minutes": -10 }), "expired at"),
+        (
+            serde_json::json!({ "audience": "https://other-sp.example.test" }),
+            "audience",
+        ),
+    ] {
+        let home_bad = dir.join("home-bad");
+        let (ok, stderr, last) = saml_login(
+            &cluster,
+            &mut browser,
+            &home_bad,
+            &idp,
+            &sp_metadata,
+            extra,
+            &|x: &str| x.to_owned(),
+        );
+        assert!(!ok, "signed in despite {reason}: {last:?}");
+        assert!(stderr.contains(reason), "tsh: {stderr}\n{last:?}");
+        assert!(status(&home_bad).is_none(), "a profile after a refused sign-in");
+    }
+}

@@ -30,6 +30,7 @@ pub mod limit;
 mod password;
 mod proxies;
 mod rules;
+pub mod saml;
 mod served;
 pub mod sso;
 mod store;

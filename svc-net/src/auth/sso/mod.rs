@@ -1,5 +1,5 @@
 //! Single sign-on inside the Auth Service: the flow, generic over the connector kind, and the
-//! provider-specific checks ([`oidc`], [`github`]).
+//! provider-specific checks ([`oidc`], [`github`], [`saml`]).
 //!
 //! [`SsoEngine::begin`] creates the sign-in request (random state, nonce, PKCE verifier, the
 //! user's public keys and loopback URL, stored for ten minutes) and returns the provider's URL.
@@ -13,6 +13,7 @@
 mod github;
 mod jws;
 mod oidc;
+mod saml;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -75,6 +76,8 @@ pub(crate) struct SsoEngine {
     auth: Arc<AuthService>,
     http: Option<HttpClient<ProxyDialer>>,
     keys: tokio::sync::Mutex<HashMap<String, CachedKeys>>,
+    /// SAML assertion IDs already used, until they expire.
+    saml_replay: saml::ReplayCache,
 }
 
 impl std::fmt::Debug for SsoEngine {
@@ -143,6 +146,7 @@ impl SsoEngine {
             auth,
             http,
             keys: tokio::sync::Mutex::new(HashMap::new()),
+            saml_replay: saml::ReplayCache::new(),
         }
     }
 
@@ -174,6 +178,7 @@ impl SsoEngine {
         let url = match &connector {
             Resource::Oidc(c) => oidc::auth_url(self, &c.spec, &req).await,
             Resource::Github(c) => Ok(github::auth_url(&c.spec, &req)),
+            Resource::Saml(c) => saml::auth_url(self, c, &req).await,
             _ => Err(Refused(format!(
                 "sign-in through {} connectors is not available in this version",
                 b.kind
@@ -261,6 +266,7 @@ impl SsoEngine {
                 Ok(code) => github::finish(self, &c.spec, code).await,
                 Err(e) => Err(e),
             },
+            Resource::Saml(c) => saml::finish(self, c, req, params).await,
             _ => Err(Refused(format!(
                 "sign-in through {kind} connectors is not available in this version"
             ))),

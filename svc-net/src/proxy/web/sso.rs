@@ -130,7 +130,7 @@ async fn handle(state: &State, req: Request<Body>) -> Response<ResponseBody> {
     if let Some(rest) = path.strip_prefix("/v1/webapi/")
         && let Some((kind, tail)) = rest.split_once('/')
         && SSO_KINDS.contains(&kind)
-        && matches!(tail, "callback" | "acs")
+        && (matches!(tail, "callback" | "acs") || (kind == "saml" && tail.starts_with("acs/")))
     {
         return callback(state, kind, req).await;
     }
