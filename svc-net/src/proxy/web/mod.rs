@@ -3,12 +3,14 @@
 //! Sits behind the router's `http/1.1` and `h2` routes (or directly behind the web listener):
 //! [`WebHandler`] terminates TLS (advertising `http/1.1` before `h2`), then serves [`WebApi`]:
 //! services mounted under path prefixes — the ping ([`ping::PingService`]), sign-in
-//! ([`login`]), the version server ([`version`]) — and JSON errors `{"error":{"message":…}}`
-//! for everything else.
+//! ([`login`]), the version server ([`version`]) — then the Web UI (`ui`, feature `web-ui`:
+//! `/` and `/web/…`), and JSON errors `{"error":{"message":…}}` for everything else.
 
 #[cfg(feature = "login")]
 pub mod login;
 pub mod ping;
+#[cfg(feature = "web-ui")]
+pub mod ui;
 pub mod upgrade;
 pub mod version;
 
@@ -183,6 +185,11 @@ impl WebApiService {
                 std::future::poll_fn(|cx| svc.poll_ready(cx)).await?;
                 svc.call(req).await
             }));
+        }
+        // The Web UI: after the mounted services, so no mount is shadowed by it.
+        #[cfg(feature = "web-ui")]
+        if let Some(resp) = ui::respond(&req) {
+            return WebFuture::Ready(ready(Ok(resp)));
         }
         let msg = format!("not found: {path}");
         WebFuture::Ready(ready(Ok(json_error(StatusCode::NOT_FOUND, &msg))))
