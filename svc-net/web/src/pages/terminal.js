@@ -66,6 +66,8 @@ export function terminalPage(main, { params, navigate }) {
   ws.addEventListener('open', () => {
     replace(status, notice('info', `Connected to ${node} as ${login}.`));
     screen.dataset.connected = 'true';
+    // The window may have been fitted again since the URL was built.
+    ws.send(JSON.stringify({ type: 'resize', cols: term.cols, rows: term.rows }));
     term.focus();
   });
   ws.addEventListener('message', (ev) => {
