@@ -136,7 +136,7 @@ pub async fn connect(profile: &Profile, target: &Target, login: &str) -> Result<
 /// Checks the node's host certificate against the cluster's host CA: role `node`, and it must
 /// name the host asked for ([`Verifier::verify_node_host_ssh`]). Keeps the refusal for the
 /// error message.
-struct NodeHandler {
+pub struct NodeHandler {
     verifier: Arc<Verifier>,
     host: String,
     refused: Arc<std::sync::Mutex<Option<String>>>,
@@ -456,7 +456,30 @@ async fn session(
     remote: RemoteTargets,
 ) -> Result<russh::client::Handle<NodeHandler>, Error> {
     let (endpoint, identity, verifier) = endpoint(profile, login)?;
-    let stream = connect_via_proxy(&endpoint, &identity, &target.host, target.port).await?;
+    session_via(&endpoint, &identity, verifier, target, remote).await
+}
+
+/// An authenticated SSH session to `target` as `identity.login` through the proxy at
+/// `endpoint`, checking the node's host certificate with `verifier`: what `tsh ssh` opens, for
+/// callers holding a user's identity without a profile (the proxy's web terminal).
+pub async fn open_session(
+    endpoint: &ProxyEndpoint,
+    identity: &SshIdentity,
+    verifier: Arc<Verifier>,
+    target: &Target,
+) -> Result<russh::client::Handle<NodeHandler>, Error> {
+    session_via(endpoint, identity, verifier, target, RemoteTargets::default()).await
+}
+
+async fn session_via(
+    endpoint: &ProxyEndpoint,
+    identity: &SshIdentity,
+    verifier: Arc<Verifier>,
+    target: &Target,
+    remote: RemoteTargets,
+) -> Result<russh::client::Handle<NodeHandler>, Error> {
+    let login = identity.login.as_str();
+    let stream = connect_via_proxy(endpoint, identity, &target.host, target.port).await?;
     let refused = Arc::new(std::sync::Mutex::new(None));
     let handler = NodeHandler {
         verifier,

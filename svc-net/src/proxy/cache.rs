@@ -370,6 +370,13 @@ impl ProxyDecisions {
         }
     }
 
+    /// Why the certificates of `username` no longer work, if they do not (the user was
+    /// deleted, or a live lock targets them), by this proxy's view of the cluster: what ends
+    /// a web session on its next request.
+    pub async fn user_revoked(&self, username: &str) -> Result<Option<String>, String> {
+        self.rules.user_revoked(username).await.map_err(|e| e.to_string())
+    }
+
     /// Where a connection to `kind`/`name` goes for the holder of `user_cert` (DER).
     pub async fn resolve_resource(&self, kind: ServedKind, name: &str, user_cert: &[u8]) -> Resolved {
         let chain = [CertificateDer::from(user_cert.to_vec())];

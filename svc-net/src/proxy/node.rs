@@ -31,6 +31,9 @@ use crate::proxy::cache::{ProxyCache, ProxyDecisions, RouteResolver};
 use crate::proxy::kube::KubeProxy;
 use crate::proxy::resources::{ALPNS, ResourceProxy, ResourceProxyConfig};
 use crate::proxy::ssh::{ProxySsh, ProxySshConfig};
+use crate::proxy::web::session::WebSessions;
+use crate::proxy::web::terminal::TerminalService;
+use crate::proxy::web::version::VersionResolver;
 use crate::proxy::{ProxyBuilder, ProxySettings, RunningProxy};
 use crate::route::alpn;
 use crate::ssh::Tunables;
@@ -178,10 +181,19 @@ impl ProxyServer {
         if routed {
             builder = builder.route_prefix(alpn::AUTH_PREFIX, crate::auth::auth_route(auth.dialable_addr()));
         }
-        let builder = install_version_server(builder)?;
+        let (builder, resolver) = install_version_server(builder)?;
         let caller = auth.service.authenticate(&identity.tls_parts()?.0).await?;
         // Decided in the process with the Auth Service's own rules: no round trip.
         let decisions = ProxyDecisions::in_process(auth.service.clone(), caller);
+        let link = Arc::new(FailoverClient::with_client(client, identity.auth_addr.clone()));
+        // Web sessions sign in like `/webapi/login` and act as the user at this Auth Service.
+        let sessions = WebSessions::new(
+            link.clone(),
+            vec![identity.auth_addr.clone()],
+            decisions.clone(),
+            None,
+        );
+        let (builder, terminal) = install_web(builder, &sessions, resolver);
         let allow_loopback = auth.service.direct_dial_policy().allow_loopback;
         // The in-process Auth Service issues this identity at every start: nothing to renew.
         let (builder, tunnel, _keys) = install_ssh(builder, &identity, decisions, allow_loopback)?;
@@ -189,7 +201,7 @@ impl ProxyServer {
             .bind()
             .await
             .map_err(|e| NodeError::setup("the proxy's listeners", e))?;
-        let link = Arc::new(FailoverClient::with_client(client, identity.auth_addr.clone()));
+        terminal.set_ssh_addr(own_ssh_addr(&running));
         let running = crate::proxy::registry::register(running, link, tunnel, &identity, &self.node_name);
         // Agents may never announce the proxy's own listeners for it to dial.
         let addrs = running.addrs();
@@ -247,7 +259,16 @@ impl ProxyServer {
                 crate::auth::auth_route_any(join.auth_servers.clone()),
             );
         }
-        let builder = install_version_server(builder)?;
+        let (builder, resolver) = install_version_server(builder)?;
+        // Web sessions sign in through whichever Auth Service answers and act as the user
+        // there; deletions and locks are seen in the watched cache.
+        let sessions = WebSessions::new(
+            link.clone(),
+            join.auth_servers.clone(),
+            decisions.clone(),
+            Some(SIGN_IN_DEADLINE),
+        );
+        let (builder, terminal) = install_web(builder, &sessions, resolver);
         let (builder, tunnel, keys) = install_ssh(builder, &identity, decisions, join.allow_loopback)?;
         let running = match builder.bind().await {
             Ok(r) => r,
@@ -256,6 +277,7 @@ impl ProxyServer {
                 return Err(NodeError::setup("the proxy's listeners", e));
             }
         };
+        terminal.set_ssh_addr(own_ssh_addr(&running));
         // Announced in the cluster's proxy registry (through whichever Auth Service answers),
         // so agents keep a tunnel to this proxy too.
         let mut running =
@@ -405,10 +427,59 @@ async fn renew(
     }
 }
 
+/// Mounts the Web UI's API: the web sessions ([`crate::proxy::web::session`]), the read and
+/// write APIs ([`crate::proxy::web::api`]; the channels from `resolver`) and the web terminal
+/// ([`crate::proxy::web::terminal`], whose SSH entry is set once the listeners are bound).
+fn install_web(
+    builder: ProxyBuilder,
+    sessions: &WebSessions,
+    resolver: VersionResolver,
+) -> (ProxyBuilder, TerminalService) {
+    use crate::proxy::web::{api, session::SESSIONS_PATH, terminal::TERMINAL_PATH};
+    let settings = builder.settings();
+    let channel_names = settings.channels.keys().cloned().collect();
+    let public_hosts = settings
+        .ping
+        .web_public_addr
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let apis = api::ApiService::new(sessions.clone(), Some(resolver), channel_names).service();
+    let terminal = TerminalService::new(sessions.clone(), public_hosts);
+    let builder = api::PATHS
+        .iter()
+        .fold(builder.web_mount(SESSIONS_PATH, sessions.service()), |b, path| {
+            b.web_mount(path, apis.clone())
+        })
+        .web_mount(TERMINAL_PATH, terminal.service());
+    (builder, terminal)
+}
+
+/// Where this proxy accepts plain SSH from clients, dialable from this host: the web port
+/// (multiplexed) with TLS routing, else the SSH port; an unspecified listen address is
+/// reached on loopback.
+fn own_ssh_addr(running: &RunningProxy) -> Addr {
+    let addrs = running.addrs();
+    let mut addr = if running.settings().ping.listener_mode.tls_routing() {
+        addrs.web
+    } else {
+        addrs.get("ssh_listen_addr").unwrap_or(addrs.web)
+    };
+    if addr.ip().is_unspecified() {
+        let loopback: std::net::IpAddr = if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        };
+        addr.set_ip(loopback);
+    }
+    Addr::from(addr)
+}
+
 /// Mounts the version server; `forward_url` upstreams are fetched through the
 /// environment-aware dialer (HTTPS_PROXY / NO_PROXY).
-fn install_version_server(builder: ProxyBuilder) -> Result<ProxyBuilder, NodeError> {
-    use crate::proxy::web::version::{Fetcher, VersionResolver, http::VersionHandler};
+fn install_version_server(builder: ProxyBuilder) -> Result<(ProxyBuilder, VersionResolver), NodeError> {
+    use crate::proxy::web::version::{Fetcher, http::VersionHandler};
     let dialer =
         crate::dial::ProxyDialer::from_env().map_err(|e| NodeError::setup("HTTPS_PROXY/NO_PROXY", e))?;
     let tls = crate::tls::client_config(None)?;
@@ -418,7 +489,10 @@ fn install_version_server(builder: ProxyBuilder) -> Result<ProxyBuilder, NodeErr
         builder.version().clone(),
         fetcher,
     );
-    Ok(builder.version_server(VersionHandler::new(resolver)))
+    Ok((
+        builder.version_server(VersionHandler::new(resolver.clone())),
+        resolver,
+    ))
 }
 
 /// Registers the reverse-tunnel server and the proxy's SSH entry, both presenting the proxy's

@@ -3,12 +3,19 @@
 //! Sits behind the router's `http/1.1` and `h2` routes (or directly behind the web listener):
 //! [`WebHandler`] terminates TLS (advertising `http/1.1` before `h2`), then serves [`WebApi`]:
 //! services mounted under path prefixes — the ping ([`ping::PingService`]), sign-in
-//! ([`login`]), the version server ([`version`]) — then the Web UI (`ui`, feature `web-ui`:
-//! `/` and `/web/…`), and JSON errors `{"error":{"message":…}}` for everything else.
+//! ([`login`]), the version server ([`version`]), the Web UI's sessions and APIs
+//! (`session`, `api`, `terminal`) — then the Web UI itself (`ui`, feature `web-ui`: `/` and
+//! `/web/…`), and JSON errors `{"error":{"message":…}}` for everything else.
 
+#[cfg(feature = "node")]
+pub mod api;
 #[cfg(feature = "login")]
 pub mod login;
 pub mod ping;
+#[cfg(feature = "node")]
+pub mod session;
+#[cfg(feature = "node")]
+pub mod terminal;
 #[cfg(feature = "web-ui")]
 pub mod ui;
 pub mod upgrade;

@@ -1,0 +1,632 @@
+//! Web sessions: `POST|GET|DELETE /webapi/sessions/web`, the `svc_session` cookie and CSRF.
+//!
+//! Data flow: the browser posts the user name and password → the proxy generates a key pair and
+//! signs the user in at the Auth Service exactly as `tsh login` does through `/webapi/login`
+//! (`Login` with the proxy's host identity: password check, lockout, the user's address for the
+//! per-address limit) → the user's certificates and private keys stay in this process, in the
+//! session; the browser receives an opaque session id (256 bits from the OS random number
+//! generator) in a `Secure; HttpOnly; SameSite=Strict` cookie and a CSRF token in the body.
+//!
+//! Every later request is checked by [`WebSessions::authenticate`]: the session must exist in
+//! this process (sessions live in memory only: a restarted proxy knows none), its certificate
+//! must not have expired, and the proxy's watched view of the cluster (the in-process Auth
+//! Service's backend, or the watched cache of a proxy apart) must not say the user was deleted
+//! or locked — checked on each request, so `tctl lock` and `tctl users rm` end open sessions.
+//! State-changing requests also carry `X-CSRF-Token`. Calls to the Auth Service on the user's
+//! behalf use the user's own certificate ([`WebUser::auth_client`]), so the Auth Service
+//! enforces the user's roles.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use base64::Engine;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use ring::rand::SecureRandom;
+use svc_core::Secret;
+
+use super::{Body, ResponseBody, WebService, full, json_error, web_service};
+use crate::auth::{AuthClient, ClientError, ClientIdentity, FailoverClient, KeyMaterial, proto};
+use crate::proxy::cache::ProxyDecisions;
+
+/// The path of the web session API.
+pub const SESSIONS_PATH: &str = "/webapi/sessions/web";
+/// The name of the session cookie.
+pub const COOKIE_NAME: &str = "svc_session";
+/// The header carrying the CSRF token on state-changing requests.
+pub const CSRF_HEADER: &str = "x-csrf-token";
+/// How many bytes of OS randomness a session id and a CSRF token hold (256 bits each).
+pub const TOKEN_BYTES: usize = 32;
+/// At most this many live sessions per proxy process; a sign-in beyond it is refused (503).
+pub const MAX_SESSIONS: usize = 10_000;
+/// Requests larger than this are refused (a sign-in body is well under 1 KiB).
+const MAX_BODY: usize = 16 * 1024;
+
+/// Why a web request was refused; [`into_response`](Self::into_response) makes it the JSON
+/// error with the matching status.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WebError {
+    /// No session, an unknown or ended one (401).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A state-changing request without the session's CSRF token (403).
+    #[error("missing or invalid CSRF token")]
+    Csrf,
+    /// The Auth Service (or the proxy's rules) refused; the message says why (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The request is malformed; the message names the field (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// The thing asked for does not exist (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The change conflicts with the current state (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// Too many failed sign-ins: the lockout (429).
+    #[error("{0}")]
+    TooManyRequests(String),
+    /// The Auth Service could not be reached or the proxy is at a limit (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The Auth Service failed the call (502).
+    #[error("{0}")]
+    Upstream(String),
+}
+
+impl WebError {
+    /// The HTTP status of this refusal.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            WebError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            WebError::Csrf | WebError::Forbidden(_) => StatusCode::FORBIDDEN,
+            WebError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            WebError::NotFound(_) => StatusCode::NOT_FOUND,
+            WebError::Conflict(_) => StatusCode::CONFLICT,
+            WebError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            WebError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            WebError::Upstream(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// The JSON error response `{"error":{"message":…}}`.
+    pub fn into_response(self) -> Response<ResponseBody> {
+        json_error(self.status(), &self.to_string())
+    }
+
+    /// An Auth Service answer as a web refusal: its message with the status its code means.
+    pub fn from_auth(e: ClientError) -> Self {
+        let message = e.to_string();
+        match e.code() {
+            Some(tonic::Code::Unauthenticated) => WebError::Unauthenticated(message),
+            Some(tonic::Code::PermissionDenied) => WebError::Forbidden(message),
+            Some(tonic::Code::InvalidArgument) => WebError::BadRequest(message),
+            Some(tonic::Code::NotFound) => WebError::NotFound(message),
+            Some(tonic::Code::AlreadyExists) | Some(tonic::Code::FailedPrecondition) => {
+                WebError::Conflict(message)
+            }
+            Some(tonic::Code::ResourceExhausted) => WebError::TooManyRequests(message),
+            Some(tonic::Code::Unavailable) | None => {
+                WebError::Unavailable(format!("the Auth Service is unavailable: {message}"))
+            }
+            Some(_) => WebError::Upstream(message),
+        }
+    }
+}
+
+/// A signed-in web user, as [`WebSessions::authenticate`] found the session.
+#[derive(Clone)]
+pub struct WebUser {
+    /// The user name.
+    pub username: String,
+    /// The user's role names (from the certificate).
+    pub roles: Vec<String>,
+    /// When the session ends: the certificate's expiry.
+    pub expires: SystemTime,
+    /// The OS logins the certificate allows over SSH (placeholders starting with `-` removed).
+    pub logins: Vec<String>,
+    /// The user's client identity (certificates and private keys) for Auth calls and SSH.
+    pub identity: Arc<ClientIdentity>,
+    /// Where the Auth Service is reached with [`identity`](Self::identity).
+    auth_addrs: Arc<[String]>,
+    /// The session's connected Auth client, shared by its requests.
+    client: Arc<tokio::sync::Mutex<Option<AuthClient>>>,
+}
+
+impl std::fmt::Debug for WebUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The identity holds private keys: never printed.
+        f.debug_struct("WebUser")
+            .field("username", &self.username)
+            .field("roles", &self.roles)
+            .field("expires", &self.expires)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebUser {
+    /// An Auth API client presenting the user's own certificate (connected once per session,
+    /// then shared): the Auth Service decides every call by the user's roles.
+    pub async fn auth_client(&self) -> Result<AuthClient, WebError> {
+        let mut slot = self.client.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let (client, _) = AuthClient::connect_any(&self.auth_addrs, &self.identity, None)
+            .await
+            .map_err(WebError::from_auth)?;
+        Ok(slot.insert(client).clone())
+    }
+
+    /// Forgets the session's Auth connection after a transport failure: the next call
+    /// connects again.
+    pub async fn reset_auth_client(&self) {
+        *self.client.lock().await = None;
+    }
+
+    /// Runs `call` with the user's Auth client; a transport failure resets the connection
+    /// (the next call connects again) and is reported as 503.
+    pub async fn with_auth<T, F, Fut>(&self, call: F) -> Result<T, WebError>
+    where
+        F: FnOnce(AuthClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        let client = self.auth_client().await?;
+        match call(client).await {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                if FailoverClient::is_transport_failure(&e) {
+                    self.reset_auth_client().await;
+                }
+                Err(WebError::from_auth(e))
+            }
+        }
+    }
+}
+
+/// One live session.
+struct Session {
+    user: WebUser,
+    csrf: String,
+}
+
+/// The web sessions of this proxy process (shared: clones see the same sessions).
+#[derive(Clone)]
+pub struct WebSessions {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Signs users in (the proxy's host identity).
+    link: Arc<FailoverClient>,
+    /// Where a user's own Auth client connects.
+    auth_addrs: Arc<[String]>,
+    /// The proxy's watched view: whether a user was deleted or locked.
+    decisions: Arc<ProxyDecisions>,
+    /// How long a sign-in may wait for the Auth Service.
+    deadline: Option<Duration>,
+    /// Sessions by the SHA-256 of their id (the lookup never compares the secret itself).
+    sessions: Mutex<HashMap<[u8; 32], Session>>,
+    rng: ring::rand::SystemRandom,
+}
+
+impl std::fmt::Debug for WebSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebSessions")
+            .field("auth_addrs", &self.inner.auth_addrs)
+            .field("sessions", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The body of `POST /webapi/sessions/web`.
+#[derive(serde::Deserialize)]
+struct SignInBody {
+    user: String,
+    pass: Secret,
+}
+
+/// The answer of `POST` and `GET /webapi/sessions/web`.
+#[derive(serde::Serialize)]
+struct SessionAnswer<'a> {
+    user: &'a str,
+    roles: &'a [String],
+    expires: String,
+    csrf_token: &'a str,
+}
+
+/// `t` in RFC 3339 (UTC).
+pub fn rfc3339(t: SystemTime) -> String {
+    time::OffsetDateTime::from(t)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn session_key(id: &str) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, id.as_bytes());
+    let mut key = [0u8; 32];
+    key.copy_from_slice(digest.as_ref());
+    key
+}
+
+/// Equal in time independent of where they differ.
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The value of cookie `name` among the request's `Cookie` headers.
+pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.trim())
+}
+
+impl WebSessions {
+    /// Sessions signing users in through `link` (the proxy's host identity), giving each user
+    /// an Auth client to `auth_addrs`, and ending them by `decisions`' view of users and locks.
+    /// With a `deadline`, a sign-in the Auth Service does not answer in time fails with 503.
+    pub fn new(
+        link: Arc<FailoverClient>,
+        auth_addrs: Vec<String>,
+        decisions: Arc<ProxyDecisions>,
+        deadline: Option<Duration>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                link,
+                auth_addrs: auth_addrs.into(),
+                decisions,
+                deadline,
+                sessions: Mutex::new(HashMap::new()),
+                rng: ring::rand::SystemRandom::new(),
+            }),
+        }
+    }
+
+    /// How many sessions are live.
+    pub fn len(&self) -> usize {
+        self.sessions().len()
+    }
+
+    /// Whether no session is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Session>> {
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A fresh random token: [`TOKEN_BYTES`] from the OS, URL-safe base64.
+    fn token(&self) -> Result<String, WebError> {
+        let mut bytes = [0u8; TOKEN_BYTES];
+        self.inner
+            .rng
+            .fill(&mut bytes)
+            .map_err(|_| WebError::Unavailable("the OS random number generator failed".into()))?;
+        Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+    }
+
+    /// The signed-in user of the request's `svc_session` cookie, if the session is live: known
+    /// to this process, not expired, its user neither deleted nor locked (ended otherwise), and
+    /// with `require_csrf`, the request's `X-CSRF-Token` is the session's.
+    pub async fn authenticate(&self, headers: &HeaderMap, require_csrf: bool) -> Result<WebUser, WebError> {
+        self.session(headers, require_csrf).await.map(|(user, _)| user)
+    }
+
+    async fn session(&self, headers: &HeaderMap, require_csrf: bool) -> Result<(WebUser, String), WebError> {
+        let id = cookie(headers, COOKIE_NAME).ok_or_else(|| {
+            WebError::Unauthenticated(format!(
+                "not signed in: no {COOKIE_NAME} cookie (sign in with POST {SESSIONS_PATH})"
+            ))
+        })?;
+        let key = session_key(id);
+        let (user, csrf) = {
+            let sessions = self.sessions();
+            let s = sessions.get(&key).ok_or_else(|| {
+                WebError::Unauthenticated("the web session has ended or is unknown: sign in again".into())
+            })?;
+            (s.user.clone(), s.csrf.clone())
+        };
+        if SystemTime::now() >= user.expires {
+            self.sessions().remove(&key);
+            return Err(WebError::Unauthenticated(format!(
+                "the web session of {} expired at {}: sign in again",
+                user.username,
+                rfc3339(user.expires)
+            )));
+        }
+        match self.inner.decisions.user_revoked(&user.username).await {
+            Ok(None) => {}
+            Ok(Some(reason)) => {
+                self.sessions().remove(&key);
+                tracing::info!(user = %user.username, %reason, "web session ended");
+                return Err(WebError::Unauthenticated(format!(
+                    "the web session has ended: {reason}"
+                )));
+            }
+            Err(e) => {
+                return Err(WebError::Unavailable(format!(
+                    "checking the session of {} against the cluster's users and locks: {e}",
+                    user.username
+                )));
+            }
+        }
+        if require_csrf {
+            let given = headers
+                .get(CSRF_HEADER)
+                .map(HeaderValue::as_bytes)
+                .unwrap_or_default();
+            if !ct_eq(given, csrf.as_bytes()) {
+                return Err(WebError::Csrf);
+            }
+        }
+        Ok((user, csrf))
+    }
+
+    /// Signs `user` in at the Auth Service (as `tsh login` does) and starts a session: its id
+    /// and the user.
+    async fn sign_in(
+        &self,
+        user: String,
+        pass: Secret,
+        client_addr: String,
+    ) -> Result<(String, Session), WebError> {
+        let keys = KeyMaterial::generate()
+            .map_err(|e| WebError::Unavailable(format!("generating the session's keys: {e}")))?;
+        let ssh_public_key = keys
+            .ssh_public_key_line()
+            .map_err(|e| WebError::Unavailable(format!("encoding the session's SSH key: {e}")))?;
+        let request = proto::LoginRequest {
+            username: user.clone(),
+            password: pass.into_inner(),
+            tls_public_key: keys.tls_public_key(),
+            ssh_public_key,
+            ttl_seconds: 0,
+            client_addr,
+        };
+        let link = &self.inner.link;
+        let call = async {
+            let mut auth = link.client().await?;
+            auth.raw().login(request).await.map_err(ClientError::from)
+        };
+        let answer = match self.inner.deadline {
+            Some(d) => match tokio::time::timeout(d, call).await {
+                Ok(r) => r,
+                Err(_) => {
+                    link.reset().await;
+                    return Err(WebError::Unavailable(format!(
+                        "sign-in needs the Auth Service ({}), which did not answer within {d:?}",
+                        link.addrs().join(", ")
+                    )));
+                }
+            },
+            None => call.await,
+        };
+        let certs = match answer {
+            Ok(c) => c.into_inner(),
+            Err(e) => {
+                if link.identity().is_some() && FailoverClient::is_transport_failure(&e) {
+                    link.reset().await;
+                }
+                return Err(WebError::from_auth(e));
+            }
+        };
+        let mut identity = keys
+            .into_identity_from_proto(certs)
+            .map_err(|e| WebError::Upstream(format!("the Auth Service's certificates for {user}: {e}")))?;
+        identity.auth_addr = self.inner.auth_addrs.first().cloned().unwrap_or_default();
+        let verified = identity
+            .verifier()
+            .and_then(|v| Ok((v, identity.tls_parts()?.0)))
+            .map_err(|e| e.to_string())
+            .and_then(|(v, chain)| {
+                v.verify_user_x509(&chain, SystemTime::now())
+                    .map_err(|e| e.to_string())
+            })
+            .map_err(|e| WebError::Upstream(format!("the Auth Service's certificate for {user}: {e}")))?;
+        let id = self.token()?;
+        let csrf = self.token()?;
+        let session = Session {
+            user: WebUser {
+                username: verified.username,
+                roles: verified.roles,
+                expires: verified.validity.not_after,
+                logins: verified
+                    .logins
+                    .into_iter()
+                    .filter(|l| !l.starts_with('-'))
+                    .collect(),
+                identity: Arc::new(identity),
+                auth_addrs: self.inner.auth_addrs.clone(),
+                client: Arc::default(),
+            },
+            csrf,
+        };
+        Ok((id, session))
+    }
+
+    /// Keeps `session` under `id`, dropping expired sessions first; refused at [`MAX_SESSIONS`].
+    fn insert(&self, id: &str, session: Session) -> Result<(), WebError> {
+        let mut sessions = self.sessions();
+        let now = SystemTime::now();
+        sessions.retain(|_, s| s.user.expires > now);
+        if sessions.len() >= MAX_SESSIONS {
+            return Err(WebError::Unavailable(format!(
+                "this proxy holds {MAX_SESSIONS} web sessions already: try again later"
+            )));
+        }
+        sessions.insert(session_key(id), session);
+        Ok(())
+    }
+
+    /// Ends the session of the request's cookie, if any; whether there was one.
+    fn end(&self, headers: &HeaderMap) -> bool {
+        cookie(headers, COOKIE_NAME)
+            .map(|id| self.sessions().remove(&session_key(id)).is_some())
+            .unwrap_or(false)
+    }
+
+    /// The `/webapi/sessions/web` handler.
+    pub fn service(&self) -> WebService {
+        let this = self.clone();
+        web_service(tower::service_fn(move |req: Request<Body>| {
+            let this = this.clone();
+            async move {
+                Ok::<_, std::convert::Infallible>(match this.handle(req).await {
+                    Ok(r) => r,
+                    Err(e) => e.into_response(),
+                })
+            }
+        }))
+    }
+
+    async fn handle(&self, req: Request<Body>) -> Result<Response<ResponseBody>, WebError> {
+        if req.uri().path() != SESSIONS_PATH {
+            return Err(WebError::NotFound(format!("not found: {}", req.uri().path())));
+        }
+        match *req.method() {
+            Method::POST => {
+                // The user's address, for the Auth Service's per-address limit on failed sign-ins.
+                let client_addr = req
+                    .extensions()
+                    .get::<super::ClientAddr>()
+                    .map(|c| c.0.ip().to_canonical().to_string())
+                    .unwrap_or_default();
+                let bytes = Limited::new(req.into_body(), MAX_BODY)
+                    .collect()
+                    .await
+                    .map_err(|e| WebError::BadRequest(format!("reading the request body: {e}")))?
+                    .to_bytes();
+                // serde_json's errors name a position, never the content: the password stays out.
+                let body: SignInBody = serde_json::from_slice(&bytes)
+                    .map_err(|e| WebError::BadRequest(format!("expected {{\"user\":…,\"pass\":…}}: {e}")))?;
+                if body.user.is_empty() {
+                    return Err(WebError::BadRequest("user: expected a user name".into()));
+                }
+                let (id, session) = self.sign_in(body.user, body.pass, client_addr).await?;
+                let max_age = session
+                    .user
+                    .expires
+                    .duration_since(SystemTime::now())
+                    .unwrap_or_default()
+                    .as_secs();
+                let mut resp = answer(&session.user, &session.csrf);
+                let cookie = format!(
+                    "{COOKIE_NAME}={id}; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age={max_age}"
+                );
+                tracing::info!(user = %session.user.username, expires = %rfc3339(session.user.expires), "web session started");
+                self.insert(&id, session)?;
+                resp.headers_mut().insert(
+                    header::SET_COOKIE,
+                    HeaderValue::from_str(&cookie)
+                        .map_err(|e| WebError::Upstream(format!("the session cookie: {e}")))?,
+                );
+                Ok(resp)
+            }
+            Method::GET => {
+                let (user, csrf) = self.session(req.headers(), false).await?;
+                Ok(answer(&user, &csrf))
+            }
+            Method::DELETE => {
+                // Signing out changes state: the CSRF token is required like everywhere else.
+                let (user, _) = self.session(req.headers(), true).await?;
+                self.end(req.headers());
+                tracing::info!(user = %user.username, "web session ended by logout");
+                let mut resp = json(&serde_json::json!({ "message": "signed out" }));
+                resp.headers_mut().insert(
+                    header::SET_COOKIE,
+                    HeaderValue::from_static(
+                        "svc_session=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0",
+                    ),
+                );
+                Ok(resp)
+            }
+            _ => Err(WebError::BadRequest(format!(
+                "use POST, GET or DELETE on {SESSIONS_PATH}"
+            ))),
+        }
+    }
+}
+
+fn answer(user: &WebUser, csrf: &str) -> Response<ResponseBody> {
+    json(&SessionAnswer {
+        user: &user.username,
+        roles: &user.roles,
+        expires: rfc3339(user.expires),
+        csrf_token: csrf,
+    })
+}
+
+/// A 200 JSON response of `value`.
+pub fn json<T: serde::Serialize>(value: &T) -> Response<ResponseBody> {
+    match serde_json::to_vec(value) {
+        Ok(body) => {
+            let mut resp = Response::new(full(body));
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            resp.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            resp
+        }
+        Err(e) => json_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("encoding the answer: {e}"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookie_is_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; svc_session=abc ; b=2"),
+        );
+        assert_eq!(cookie(&h, COOKIE_NAME), Some("abc"));
+        assert_eq!(cookie(&h, "svc"), None);
+        let mut h = HeaderMap::new();
+        h.append(header::COOKIE, HeaderValue::from_static("x=1"));
+        h.append(header::COOKIE, HeaderValue::from_static("svc_session=z"));
+        assert_eq!(cookie(&h, COOKIE_NAME), Some("z"));
+    }
+
+    #[test]
+    fn constant_time_compare() {
+        assert!(ct_eq(b"abc", b"abc"));
+        assert!(!ct_eq(b"abc", b"abd"));
+        assert!(!ct_eq(b"abc", b"ab"));
+        assert!(!ct_eq(b"", b"a"));
+    }
+
+    #[test]
+    fn web_errors_map_to_statuses() {
+        let forbidden = WebError::from_auth(ClientError::Status {
+            code: tonic::Code::PermissionDenied,
+            message: "access denied".into(),
+        });
+        assert_eq!(forbidden.status(), StatusCode::FORBIDDEN);
+        assert_eq!(WebError::Csrf.status(), StatusCode::FORBIDDEN);
+        assert_eq!(WebError::Csrf.to_string(), "missing or invalid CSRF token");
+        let locked = WebError::from_auth(ClientError::Status {
+            code: tonic::Code::ResourceExhausted,
+            message: "locked out".into(),
+        });
+        assert_eq!(locked.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+}
