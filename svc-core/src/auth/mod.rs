@@ -12,6 +12,7 @@
 //! | key | value |
 //! |---|---|
 //! | `/authorities/<host\|user>/<cluster>` | the CAs ([`CertAuthority::save`]) |
+//! | `/authorities/jwt/<cluster>` | the JWT signing key of web apps ([`JwtKey::save`](crate::identity::jwt::JwtKey::save)) |
 //! | `/resources/<kind>/<name>` | a resource as JSON (roles, users, connectors, tokens, …) |
 //! | `/passwords/<user>` | the user's argon2 PHC hash string |
 //! | `/inventory/<host id>` | the last heartbeat of an agent (JSON), expiring after [`HEARTBEAT_TTL`] |
@@ -64,6 +65,8 @@ pub(crate) const NO_LOGIN_PRINCIPAL: &str = "-svc-no-login";
 pub(crate) const CA_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// How long host certificates issued at join are valid.
 pub const HOST_CERT_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The longest an app JWT ([`AuthService::sign_app_jwt`]) is valid.
+pub const APP_JWT_TTL: Duration = Duration::from_secs(10 * 60);
 /// The default (and longest) lifetime of user certificates: short-lived by design.
 pub const USER_CERT_TTL: Duration = Duration::from_secs(12 * 3600);
 /// The default lifetime of a join token.
@@ -384,6 +387,7 @@ pub struct AuthService {
     clock: Arc<dyn Clock>,
     host_ca: CertAuthority,
     user_ca: CertAuthority,
+    jwt: crate::identity::jwt::JwtKey,
     verifier: Verifier,
     version: Version,
     limiter: Arc<LoginLimiter>,
@@ -490,6 +494,7 @@ impl AuthService {
     ) -> Result<Self, AuthError> {
         let host_ca = load_or_create_ca(backend.as_ref(), IdentityKind::Host, cluster, clock.now()).await?;
         let user_ca = load_or_create_ca(backend.as_ref(), IdentityKind::User, cluster, clock.now()).await?;
+        let jwt = load_or_create_jwt_key(backend.as_ref(), cluster).await?;
         let verifier = Verifier::new(cluster, [host_ca.trusted(), user_ca.trusted()])?;
         let auth = Self {
             limiter: Arc::new(LoginLimiter::new(LoginLimits::default(), clock.clone())),
@@ -499,6 +504,7 @@ impl AuthService {
             clock,
             host_ca,
             user_ca,
+            jwt,
             verifier,
             version: crate::version::current().clone(),
             names: HostNamePolicy::default(),
@@ -608,6 +614,52 @@ impl AuthService {
     /// The host CA's pin.
     pub fn ca_pin(&self) -> String {
         self.host_ca.ca_pin()
+    }
+
+    /// The public keys of the cluster's JWT key, as served at `/.well-known/jwks.json`.
+    pub fn jwks(&self) -> crate::identity::jwt::Jwks {
+        self.jwt.jwks()
+    }
+
+    /// A JWT for web app `app`, for the user holding `user_cert`, signed with the cluster's JWT
+    /// key: claims `sub`/`username` and `roles` from the certificate, `iss` the cluster, `aud`
+    /// the app's URI, valid for [`APP_JWT_TTL`] and never past the certificate. Only a proxy
+    /// may ask (it presents the user's certificate); the user's roles must allow the app (the
+    /// inner `Err` says why not), and a locked or deleted user is refused.
+    pub async fn sign_app_jwt(
+        &self,
+        caller: &Caller,
+        user_cert: &[CertificateDer<'_>],
+        app: &str,
+    ) -> Result<Result<(String, SystemTime), RouteError>, AuthError> {
+        if !caller.is_host_with(SystemRole::Proxy) {
+            return Err(AccessDenied {
+                verb: Verb::Create,
+                resource: "app_jwt".into(),
+            }
+            .into());
+        }
+        let route = match self
+            .rules
+            .resolve_resource(caller, Some(user_cert), ServedKind::App, app)
+            .await?
+        {
+            Ok(route) => route,
+            Err(e) => return Ok(Err(e)),
+        };
+        let now = self.now();
+        let user = self.verifier.verify_user_x509(user_cert, now)?;
+        let left = user
+            .validity
+            .not_after
+            .duration_since(now)
+            .unwrap_or(Duration::ZERO);
+        let ttl = APP_JWT_TTL.min(left);
+        let claims = self
+            .jwt
+            .claims(&user.username, &user.roles, &route.resource.target, now, ttl);
+        let jwt = self.jwt.sign(&claims)?;
+        Ok(Ok((jwt, now + ttl)))
     }
 
     /// The public halves of both CAs.
@@ -1329,6 +1381,25 @@ fn check_password_strength(password: &Secret) -> Result<(), AuthError> {
         ));
     }
     Ok(())
+}
+
+async fn load_or_create_jwt_key(
+    backend: &dyn Backend,
+    cluster: &str,
+) -> Result<crate::identity::jwt::JwtKey, AuthError> {
+    use crate::identity::jwt::JwtKey;
+    if let Some(key) = JwtKey::load(backend, cluster).await? {
+        return Ok(key);
+    }
+    let key = JwtKey::generate(cluster)?;
+    match key.save(backend).await {
+        Ok(_) => Ok(key),
+        // Another Auth Service on the same backend won the race: use its key.
+        Err(IdentityError::Backend(BackendError::AlreadyExists { .. })) => JwtKey::load(backend, cluster)
+            .await?
+            .ok_or_else(|| AuthError::NotFound("JWT key".into())),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn load_or_create_ca(

@@ -37,6 +37,7 @@
 
 mod ca;
 mod claims;
+pub mod jwt;
 mod ssh;
 mod verify;
 mod x509;

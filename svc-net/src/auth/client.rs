@@ -317,6 +317,37 @@ impl AuthClient {
         Ok(self.inner.status(proto::Empty {}).await?.into_inner())
     }
 
+    /// A JWT for web app `app` for the user holding `user_cert` (DER), signed by the cluster's
+    /// JWT key, with its expiry; or the Auth Service's denial (proxies only).
+    pub async fn sign_app_jwt(
+        &mut self,
+        user_cert: &[u8],
+        app: &str,
+    ) -> Result<Result<(String, std::time::SystemTime), String>, ClientError> {
+        let r = self
+            .inner
+            .sign_app_jwt(proto::SignAppJwtRequest {
+                user_cert: user_cert.to_vec(),
+                app: app.to_owned(),
+            })
+            .await?
+            .into_inner();
+        if r.jwt.is_empty() {
+            if r.denied.is_empty() {
+                return Err(ClientError::Invalid("neither a JWT nor a denial".into()));
+            }
+            return Ok(Err(r.denied));
+        }
+        let expires = std::time::UNIX_EPOCH + std::time::Duration::from_secs(r.expires_unix);
+        Ok(Ok((r.jwt, expires)))
+    }
+
+    /// The cluster's JWT public keys (JSON Web Key Set).
+    pub async fn jwks(&mut self) -> Result<svc_core::identity::jwt::Jwks, ClientError> {
+        let r = self.inner.get_jwks(proto::Empty {}).await?.into_inner();
+        serde_json::from_str(&r.jwks_json).map_err(|e| ClientError::Invalid(format!("jwks_json: {e}")))
+    }
+
     /// Reports this agent (identified by its host certificate) to the inventory.
     pub async fn heartbeat(&mut self, beat: &Heartbeat) -> Result<(), ClientError> {
         self.inner

@@ -682,4 +682,38 @@ impl proto::auth_server::Auth for AuthGrpc {
             super::proxies::list(&self.auth, &caller, status).await?,
         ))
     }
+
+    async fn sign_app_jwt(
+        &self,
+        req: Request<proto::SignAppJwtRequest>,
+    ) -> Result<Response<proto::SignAppJwtResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let chain = [rustls::pki_types::CertificateDer::from(r.user_cert)];
+        let answer = match self
+            .auth
+            .sign_app_jwt(&caller, &chain, &r.app)
+            .await
+            .map_err(status)?
+        {
+            Ok((jwt, expires)) => proto::SignAppJwtResponse {
+                jwt,
+                expires_unix: u64::try_from(unix_secs(expires)).unwrap_or(0),
+                denied: String::new(),
+            },
+            Err(e) => proto::SignAppJwtResponse {
+                jwt: String::new(),
+                expires_unix: 0,
+                denied: e.to_string(),
+            },
+        };
+        Ok(Response::new(answer))
+    }
+
+    async fn get_jwks(&self, req: Request<proto::Empty>) -> Result<Response<proto::JwksResponse>, Status> {
+        self.caller(&req).await?;
+        let jwks_json =
+            serde_json::to_string(&self.auth.jwks()).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(proto::JwksResponse { jwks_json }))
+    }
 }

@@ -102,7 +102,7 @@ impl ProxySettings {
     /// Host names and addresses the generated certificate must name (an embedder loading the
     /// same [`ServerIdentity`] before [`ProxyBuilder::bind`] passes these).
     pub fn certificate_names(&self) -> Vec<String> {
-        [
+        let mut names: Vec<String> = [
             &self.ping.web_public_addr,
             &self.ping.ssh_public_addr,
             &self.ping.tunnel_public_addr,
@@ -112,7 +112,30 @@ impl ProxySettings {
         .flatten()
         .chain([&self.ping.web_listen_addr])
         .map(Addr::host_str)
-        .collect()
+        .collect();
+        // Browser apps live at `<app>.<public host>`: the wildcard covers them.
+        if let Some(public) = &self.ping.web_public_addr
+            && public.host_str().parse::<std::net::IpAddr>().is_err()
+            && !public.host_str().starts_with('[')
+        {
+            names.push(format!("*.{}", public.host_str()));
+        }
+        names
+    }
+
+    /// The host browser apps live under (`<app>.<this>`): the web public address's host, else
+    /// the web listen address's (`localhost` when that is unspecified).
+    pub fn app_public_host(&self) -> String {
+        let host = self
+            .ping
+            .web_public_addr
+            .as_ref()
+            .unwrap_or(&self.ping.web_listen_addr)
+            .host_str();
+        match host.as_str() {
+            "0.0.0.0" | "[::]" | "::" => "localhost".to_owned(),
+            _ => host.to_ascii_lowercase(),
+        }
     }
 }
 
@@ -141,6 +164,7 @@ pub struct ProxyBuilder {
     version: Version,
     routes: RouterBuilder,
     web_mounts: Vec<(String, WebService)>,
+    app_hosts: Option<(String, WebService)>,
     ssh: Option<ConnService>,
     tunnel: Option<ConnService>,
     postgres: Option<ConnService>,
@@ -158,6 +182,7 @@ impl ProxyBuilder {
             version: svc_core::version::current().clone(),
             routes: RouterBuilder::default(),
             web_mounts: Vec::new(),
+            app_hosts: None,
             ssh: None,
             tunnel: None,
             postgres: None,
@@ -231,6 +256,13 @@ impl ProxyBuilder {
     /// Serves every path starting with `prefix` with `svc` on the web API.
     pub fn web_mount(mut self, prefix: &str, svc: WebService) -> Self {
         self.web_mounts.push((prefix.to_owned(), svc));
+        self
+    }
+
+    /// Serves every web request whose host is `<label>.<public_host>` with `svc` (browser app
+    /// access), whatever its path.
+    pub fn app_hosts(mut self, public_host: &str, svc: WebService) -> Self {
+        self.app_hosts = Some((public_host.to_owned(), svc));
         self
     }
 
@@ -347,6 +379,9 @@ impl ProxyBuilder {
             .mount(web::ping::FIND_PATH, ping);
         for (prefix, svc) in self.web_mounts {
             api = api.mount(prefix, svc);
+        }
+        if let Some((public_host, svc)) = self.app_hosts {
+            api = api.app_hosts(public_host, svc);
         }
         let web_handler = conn_service(WebHandler::with_idle_timeout(
             api,

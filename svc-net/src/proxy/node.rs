@@ -31,6 +31,7 @@ use crate::proxy::cache::{ProxyCache, ProxyDecisions, RouteResolver};
 use crate::proxy::kube::KubeProxy;
 use crate::proxy::resources::{ALPNS, ResourceProxy, ResourceProxyConfig};
 use crate::proxy::ssh::{ProxySsh, ProxySshConfig};
+use crate::proxy::web::app_access::{self, AppAccess, AppAccessConfig};
 use crate::proxy::web::session::WebSessions;
 use crate::proxy::web::terminal::TerminalService;
 use crate::proxy::web::version::VersionResolver;
@@ -196,12 +197,20 @@ impl ProxyServer {
         let (builder, terminal) = install_web(builder, &sessions, resolver);
         let allow_loopback = auth.service.direct_dial_policy().allow_loopback;
         // The in-process Auth Service issues this identity at every start: nothing to renew.
-        let (builder, tunnel, _keys) = install_ssh(builder, &identity, decisions, allow_loopback)?;
+        let (builder, tunnel, _keys, apps) = install_ssh(
+            builder,
+            &identity,
+            decisions,
+            allow_loopback,
+            link.clone(),
+            &sessions,
+        )?;
         let running = builder
             .bind()
             .await
             .map_err(|e| NodeError::setup("the proxy's listeners", e))?;
         terminal.set_ssh_addr(own_ssh_addr(&running));
+        set_app_port(&apps, &running);
         let running = crate::proxy::registry::register(running, link, tunnel, &identity, &self.node_name);
         // Agents may never announce the proxy's own listeners for it to dial.
         let addrs = running.addrs();
@@ -269,7 +278,14 @@ impl ProxyServer {
             Some(SIGN_IN_DEADLINE),
         );
         let (builder, terminal) = install_web(builder, &sessions, resolver);
-        let (builder, tunnel, keys) = install_ssh(builder, &identity, decisions, join.allow_loopback)?;
+        let (builder, tunnel, keys, apps) = install_ssh(
+            builder,
+            &identity,
+            decisions,
+            join.allow_loopback,
+            link.clone(),
+            &sessions,
+        )?;
         let running = match builder.bind().await {
             Ok(r) => r,
             Err(e) => {
@@ -278,6 +294,7 @@ impl ProxyServer {
             }
         };
         terminal.set_ssh_addr(own_ssh_addr(&running));
+        set_app_port(&apps, &running);
         // Announced in the cluster's proxy registry (through whichever Auth Service answers),
         // so agents keep a tunnel to this proxy too.
         let mut running =
@@ -503,7 +520,9 @@ fn install_ssh(
     identity: &ClientIdentity,
     decisions: Arc<ProxyDecisions>,
     allow_loopback: bool,
-) -> Result<(ProxyBuilder, TunnelServer, HostKeys), NodeError> {
+    link: Arc<FailoverClient>,
+    sessions: &WebSessions,
+) -> Result<(ProxyBuilder, TunnelServer, HostKeys, AppAccess), NodeError> {
     let direct: Arc<dyn DirectLookup> = decisions.clone();
     let settings = builder.settings();
     let tls = ServerIdentity::load(&settings.tls, &settings.certificate_names())?;
@@ -541,8 +560,34 @@ fn install_ssh(
         .with_tls(tls.server_config(&[alpn::PROXY_SSH])?)
         .with_tunables(Tunables::default().with_keep_alive_config(interval, count, true)),
     );
-    let builder = install_resource_routes(builder, identity, RouteResolver::Local(decisions), dialer)?;
+    let builder = install_resource_routes(
+        builder,
+        identity,
+        RouteResolver::Local(decisions.clone()),
+        dialer.clone(),
+    )?;
+    // Browser app access: `<app>.<public host>` on the web port, and the JWT keys.
+    let public_host = builder.settings().app_public_host();
+    let public_port = builder
+        .settings()
+        .ping
+        .web_public_addr
+        .as_ref()
+        .map_or(0, |a| a.port());
+    let apps = AppAccess::new(AppAccessConfig::new(
+        public_host.clone(),
+        public_port,
+        link,
+        RouteResolver::Local(decisions),
+        dialer,
+    ));
     let builder = builder
+        .app_hosts(&public_host, apps.app_service())
+        .web_mount(app_access::JWKS_PATH, apps.jwks_service())
+        .web_mount(
+            app_access::SESSIONS_PATH,
+            apps.sessions_service(app_access::signed_in_with(sessions.clone())),
+        )
         .tunnel(tunnel.plain_service())
         .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
         .ssh(ssh.plain_service())
@@ -552,7 +597,14 @@ fn install_ssh(
         ssh,
         direct,
     };
-    Ok((builder, tunnel, keys))
+    Ok((builder, tunnel, keys, apps))
+}
+
+/// The web port browsers reach apps on: the public address's, else the bound one.
+fn set_app_port(apps: &AppAccess, running: &RunningProxy) {
+    if running.settings().ping.web_public_addr.is_none() {
+        apps.set_public_port(running.addrs().web.port());
+    }
 }
 
 /// Where the proxy presents its host certificates, so renewed ones take effect without a

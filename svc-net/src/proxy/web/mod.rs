@@ -9,6 +9,8 @@
 
 #[cfg(feature = "node")]
 pub mod api;
+#[cfg(feature = "services")]
+pub mod app_access;
 #[cfg(feature = "login")]
 pub mod login;
 pub mod ping;
@@ -76,10 +78,36 @@ pub(crate) fn json_error(status: StatusCode, message: &str) -> Response<Response
     resp
 }
 
+pub(crate) fn request_host_header<B>(req: &Request<B>) -> Option<String> {
+    req.headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()))
+}
+
+/// The request's host name (HTTP/2 `:authority` or HTTP/1.1 `Host`), port removed, lowercase.
+pub(crate) fn request_host<B>(req: &Request<B>) -> Option<String> {
+    let host = request_host_header(req)?;
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if !name.ends_with(']') && port.chars().all(|c| c.is_ascii_digit()) => name,
+        _ => host.as_str(),
+    };
+    Some(name.trim_end_matches('.').to_ascii_lowercase())
+}
+
+/// The app named by `host` under `public_host`: one DNS label before `.<public_host>`.
+pub(crate) fn app_of_host(host: &str, public_host: &str) -> Option<String> {
+    let host = host.to_ascii_lowercase();
+    let label = host.strip_suffix(public_host)?.strip_suffix('.')?;
+    (!label.is_empty() && !label.contains('.')).then(|| label.to_owned())
+}
+
 /// The routes of the web API.
 #[derive(Clone, Default)]
 pub struct WebApi {
     mounts: Vec<(String, WebService)>,
+    app_hosts: Option<(String, WebService)>,
 }
 
 impl WebApi {
@@ -91,6 +119,14 @@ impl WebApi {
     /// Serves every path starting with `prefix` with `svc` (checked in mounting order).
     pub fn mount(mut self, prefix: impl Into<String>, svc: WebService) -> Self {
         self.mounts.push((prefix.into(), svc));
+        self
+    }
+
+    /// Serves every request whose host is `<label>.<public_host>` (one DNS label, port
+    /// ignored) with `svc`, whatever the path: browser app access
+    /// ([`app_access`](crate::proxy::web)). Other hosts go to the mounted paths.
+    pub fn app_hosts(mut self, public_host: impl Into<String>, svc: WebService) -> Self {
+        self.app_hosts = Some((public_host.into().to_ascii_lowercase(), svc));
         self
     }
 }
@@ -181,6 +217,15 @@ impl WebApiService {
             req.extensions_mut().insert(slot.clone());
         }
         let api = &self.api;
+        if let Some((public_host, svc)) = &api.app_hosts
+            && request_host(&req).is_some_and(|h| app_of_host(&h, public_host).is_some())
+        {
+            let mut svc = svc.clone();
+            return WebFuture::Mounted(Box::pin(async move {
+                std::future::poll_fn(|cx| svc.poll_ready(cx)).await?;
+                svc.call(req).await
+            }));
+        }
         let path = req.uri().path();
         if let Some((_, svc)) = api
             .mounts
