@@ -22,6 +22,9 @@ use common::resources::{PASSWORD, Proc, free_port, require};
 use common::{Cluster, SVC};
 use svc_testkit::wait::OutputWithin;
 
+/// The proxy's public host name; apps are its subdomains.
+const PUBLIC_HOST: &str = "localhost";
+
 /// The app that echoes its request's headers (`tests/apps/echo_headers.py`): its port.
 fn echo_headers_app() -> (Proc, u16) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/apps/echo_headers.py");
@@ -62,18 +65,26 @@ fn the_web_ui_in_chromium() {
     let chromium = require("chromium", "chromium");
     let web = web_dir();
     let (_app, app_port) = echo_headers_app();
-    // Apps are served on subdomains of the proxy's public address: a name under `localhost`
-    // (the browser maps `*.localhost` to 127.0.0.1), on a port chosen up front.
+    // Apps are served on subdomains of the proxy's public address (`echo.localhost`, which the
+    // browser resolves to 127.0.0.1), on a port chosen up front; the agents tunnel to the
+    // loopback address.
     let web_port = free_port();
     let services = format!(
         "  nodename: web-local\n\
          auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\n\
-         proxy_service:\n  web_listen_addr: 127.0.0.1:{web_port}\n  public_addr: localhost:{web_port}\n\
+         proxy_service:\n  web_listen_addr: 127.0.0.1:{web_port}\n  public_addr: {PUBLIC_HOST}:{web_port}\n\
          app_service:\n  enabled: true\n  apps:\n  - name: echo\n    uri: http://127.0.0.1:{app_port}\n"
     );
-    let cluster = Cluster::start_with(tempfile::tempdir().expect("tempdir"), "info", &services);
+    let tunnel = format!("127.0.0.1:{web_port}");
+    let cluster = Cluster::start_with_env(
+        tempfile::tempdir().expect("tempdir"),
+        "info",
+        &services,
+        &[("SVC_TUNNEL_PUBLIC_ADDR", tunnel.as_str())],
+    );
 
-    // The window everyone sees, a reader and an editor of it (both with login root on nodes).
+    // The window everyone sees, a reader and an editor of it (both with login root on nodes and
+    // the inventory's `list`, as `tctl inventory ls` needs).
     let maintenance = cluster.write(
         "maintenance.yaml",
         "kind: cluster_maintenance_config\nversion: v1\nmetadata:\n  name: cluster-maintenance-config\nspec:\n  agent_upgrades:\n    utc_start_hour: 4\n    weekdays: [Mon, Tue, Wed, Thu, Fri, Sat, Sun]\n",
@@ -88,7 +99,7 @@ fn the_web_ui_in_chromium() {
         let file = cluster.write(
             &format!("{role}.yaml"),
             &format!(
-                "kind: role\nversion: v7\nmetadata:\n  name: {role}\nspec:\n  allow:\n    rules:\n    - resources: [cluster_maintenance_config]\n      verbs: {verbs}\n"
+                "kind: role\nversion: v7\nmetadata:\n  name: {role}\nspec:\n  allow:\n    rules:\n    - resources: [cluster_maintenance_config]\n      verbs: {verbs}\n    - resources: [inventory]\n      verbs: [list]\n"
             ),
         );
         cluster
@@ -129,7 +140,8 @@ fn the_web_ui_in_chromium() {
     let mut command = Command::new(SVC);
     command
         .args(["start", "--insecure", "--config"])
-        .arg(&agent_config);
+        .arg(&agent_config)
+        .env("SVC_TUNNEL_PUBLIC_ADDR", &tunnel);
     let agent = Agent::start(command, cluster.path().join("agent.stderr"));
     let host_uuid = agent.host_id.split('.').next().unwrap_or_default().to_owned();
 
@@ -149,6 +161,7 @@ fn the_web_ui_in_chromium() {
         .env("SVC_AGENT_HOST_ID", &host_uuid)
         .env("SVC_LOGIN", "root")
         .env("SVC_APP", "echo")
+        .env("SVC_PUBLIC_HOST", PUBLIC_HOST)
         .env("SVC_CHROMIUM", &chromium)
         .output_within(Duration::from_secs(600), "the browser scenario")
         .expect("run node");

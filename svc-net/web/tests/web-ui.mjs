@@ -9,6 +9,7 @@
 //   SVC_AGENT           the joined agent's node name; SVC_AGENT_HOST_ID its host ID (UUID)
 //   SVC_LOGIN           the login the users have on nodes
 //   SVC_APP             an HTTP app that echoes the request's headers in its page
+//   SVC_PUBLIC_HOST     the proxy's public host: apps are its subdomains, resolved to 127.0.0.1
 //   SVC_CHROMIUM        the browser (default /usr/bin/chromium)
 // Prints one line per step; exits 1 naming the failed step, with the page's console errors.
 import fs from 'node:fs';
@@ -37,6 +38,7 @@ const AGENT = env('SVC_AGENT');
 const AGENT_HOST_ID = env('SVC_AGENT_HOST_ID');
 const LOGIN = env('SVC_LOGIN');
 const APP = env('SVC_APP');
+const PUBLIC_HOST = env('SVC_PUBLIC_HOST');
 const CHROMIUM = env('SVC_CHROMIUM', '/usr/bin/chromium');
 // Every wait has a deadline (a loaded 2-core CI machine running a debug build).
 const TIMEOUT = 30_000;
@@ -84,7 +86,11 @@ function watch(page) {
   page.on('pageerror', (err) => consoleErrors.push(`${page.url()}: uncaught: ${err.message}`));
 }
 
+// The page the scenario is on, for a screenshot when a step fails.
+let current = null;
+
 async function shot(page, name) {
+  current = page;
   const file = path.join(ARTEFACTS, `${name}.png`);
   await page.screenshot({ path: file, fullPage: true });
   console.log(`screenshot: ${file}`);
@@ -119,9 +125,13 @@ function statusWithCookie(route, cookie) {
 
 async function main() {
   const userData = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-web-ui-chromium-'));
-  const browser = await chromium.launch({
+  // A fresh profile every run (Playwright passes it to Chromium as --user-data-dir).
+  const context = await chromium.launchPersistentContext(userData, {
     executablePath: CHROMIUM,
     timeout: TIMEOUT,
+    // The proxy's certificate is the cluster's own (not in the browser's store).
+    ignoreHTTPSErrors: true,
+    viewport: { width: 1280, height: 800 },
     args: [
       '--headless',
       '--no-sandbox',
@@ -131,17 +141,16 @@ async function main() {
       '--disable-background-networking',
       '--disable-component-update',
       '--disable-sync',
-      `--user-data-dir=${userData}`,
-      // Apps live on subdomains of the proxy's public host (`<app>.localhost`).
-      '--host-resolver-rules=MAP *.localhost 127.0.0.1',
+      // Apps live on subdomains of the proxy's public host, which only this browser resolves.
+      `--host-resolver-rules=MAP ${PUBLIC_HOST} 127.0.0.1, MAP *.${PUBLIC_HOST} 127.0.0.1`,
     ],
   });
   try {
-    // The proxy's certificate is the cluster's own (not in the browser's store).
-    const context = await browser.newContext({ ignoreHTTPSErrors: true, viewport: { width: 1280, height: 800 } });
     context.setDefaultTimeout(TIMEOUT);
     context.on('page', watch);
-    const page = await context.newPage();
+    for (const p of context.pages()) watch(p);
+    const page = context.pages()[0] ?? (await context.newPage());
+    current = page;
 
     say('the root redirects to /web/ with the security headers');
     const resp = await page.goto(`${BASE}/`, { timeout: TIMEOUT });
@@ -155,14 +164,16 @@ async function main() {
     await page.waitForURL(`${BASE}/web/login`);
     await shot(page, '01-sign-in');
 
-    say('keyboard: the first Tab reaches the skip link, and focus is visible');
-    await page.keyboard.press('Tab');
+    say('keyboard: the sign-in page focuses the user name; Shift+Tab reaches the skip link, focus visible');
+    await page.waitForFunction(() => document.activeElement?.id === 'login-user');
+    await page.keyboard.press('Shift+Tab');
     const focused = await page.evaluate(() => ({
       text: document.activeElement?.textContent,
       outline: getComputedStyle(document.activeElement).outlineStyle,
     }));
-    check(focused.text === 'Skip to content', `first focus: ${focused.text}`);
+    check(focused.text === 'Skip to content', `focus after Shift+Tab: ${focused.text}`);
     check(focused.outline !== 'none', `focus outline: ${focused.outline}`);
+    await page.keyboard.press('Tab');
 
     say('a wrong password is refused with the server\'s reason');
     await page.getByLabel('User name').fill(VIEWER);
@@ -197,10 +208,10 @@ async function main() {
     console.log(`inventory row: ${JSON.stringify(cells)}`);
     check(cells[0].includes(AGENT_HOST_ID), `host ID cell ${cells[0]}`);
     check(cells[1] === AGENT, `hostname cell ${cells[1]}`);
-    check(/\d+\.\d+\.\d+/.test(cells[3]), `version cell ${cells[3]}`);
+    check(/v?\d+\.\d+\.\d+/.test(cells[3]), `version cell ${cells[3]}`);
     check(/^(unit|kube|none)/.test(cells[4]), `upgrader cell ${cells[4]}`);
     const summary = await page.locator('#inventory-results .summary').innerText();
-    check(/Cluster version \d+\.\d+\.\d+/.test(summary), `summary: ${summary}`);
+    check(/Cluster version v?\d+\.\d+\.\d+/.test(summary), `summary: ${summary}`);
     await shot(page, '03-inventory');
     say('inventory: filters as tctl inventory ls');
     await page.getByLabel('Exact version').fill('0.0.1');
@@ -323,13 +334,19 @@ async function main() {
     console.log(`expected API refusals seen by the browser: ${expectedApiErrors.join(', ')}`);
     check(consoleErrors.length === 0, `console errors:\n${consoleErrors.join('\n')}`);
     console.log('web UI scenario: ok');
+  } catch (err) {
+    if (current) {
+      await current.screenshot({ path: path.join(ARTEFACTS, 'failure.png'), fullPage: true }).catch(() => {});
+      console.error(`page at the failure (${current.url()}): ${path.join(ARTEFACTS, 'failure.png')}`);
+    }
+    throw err;
   } finally {
-    await browser.close();
+    await context.close();
     fs.rmSync(userData, { recursive: true, force: true });
   }
 }
 
-main().catch((err) => {
+main().catch(async (err) => {
   console.error(`FAILED at step "${step}": ${err.stack || err}`);
   if (consoleErrors.length) console.error(`console errors:\n${consoleErrors.join('\n')}`);
   process.exit(1);
