@@ -93,8 +93,8 @@ fn the_web_ui_in_chromium() {
         .tctl_admin(&["create", &maintenance.to_string_lossy()], None)
         .ok();
     for (role, verbs) in [
-        ("maintenance-reader", "[read]"),
-        ("maintenance-editor", "[read, create, update]"),
+        ("maintenance-reader", "[list, read]"),
+        ("maintenance-editor", "[list, read, create, update]"),
     ] {
         let file = cluster.write(
             &format!("{role}.yaml"),

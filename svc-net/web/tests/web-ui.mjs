@@ -327,7 +327,14 @@ async function main() {
     await appPage.getByText('svc-jwt-assertion', { exact: false }).first().waitFor();
     const appText = await appPage.locator('body').innerText();
     console.log(`app page: ${appPage.url()}`);
-    console.log(`app says: ${appText.replace(/\s+/g, ' ').slice(0, 400)}`);
+    console.log(`app says: ${appText.replace(/\s+/g, ' ')}`);
+    // The app answers with the headers it received: the signed identity names the user.
+    const received = JSON.parse(appText);
+    const jwt = received.find(([name]) => name.toLowerCase() === 'svc-jwt-assertion')?.[1];
+    check(jwt, 'the app received svc-jwt-assertion');
+    const claims = JSON.parse(Buffer.from(jwt.split('.')[1], 'base64url').toString());
+    console.log(`app identity claims: ${JSON.stringify(claims)}`);
+    check(claims.username === EDITOR || claims.sub === EDITOR, `the JWT names ${EDITOR}`);
     await shot(appPage, '12-app');
 
     say('no console errors');
