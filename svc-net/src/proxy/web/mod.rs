@@ -4,8 +4,8 @@
 //! [`WebHandler`] terminates TLS (advertising `http/1.1` before `h2`), then serves [`WebApi`]:
 //! services mounted under path prefixes — the ping ([`ping::PingService`]), sign-in
 //! ([`login`]), the version server ([`version`]), the Web UI's sessions and APIs
-//! (`session`, `api`, `terminal`) — and JSON errors `{"error":{"message":…}}`
-//! for everything else.
+//! (`session`, `api`, `terminal`) — then the Web UI itself (`ui`, feature `web-ui`: `/` and
+//! `/web/…`), and JSON errors `{"error":{"message":…}}` for everything else.
 
 #[cfg(feature = "node")]
 pub mod api;
@@ -19,6 +19,8 @@ pub mod session;
 #[cfg(feature = "node")]
 pub mod terminal;
 pub mod sso;
+#[cfg(feature = "web-ui")]
+pub mod ui;
 pub mod upgrade;
 pub mod version;
 
@@ -236,6 +238,11 @@ impl WebApiService {
                 std::future::poll_fn(|cx| svc.poll_ready(cx)).await?;
                 svc.call(req).await
             }));
+        }
+        // The Web UI: after the mounted services, so no mount is shadowed by it.
+        #[cfg(feature = "web-ui")]
+        if let Some(resp) = ui::respond(&req) {
+            return WebFuture::Ready(ready(Ok(resp)));
         }
         let msg = format!("not found: {path}");
         WebFuture::Ready(ready(Ok(json_error(StatusCode::NOT_FOUND, &msg))))
