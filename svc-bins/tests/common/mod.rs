@@ -155,6 +155,16 @@ impl Cluster {
 
     /// Starts `svc` with `services` (the svc.yaml sections after `svc:`) on the data in `tmp`.
     pub fn start_with(tmp: tempfile::TempDir, severity: &str, services: &str) -> Cluster {
+        Self::start_with_env(tmp, severity, services, &[])
+    }
+
+    /// [`start_with`](Self::start_with), with `env` set for the `svc` process.
+    pub fn start_with_env(
+        tmp: tempfile::TempDir,
+        severity: &str,
+        services: &str,
+        env: &[(&str, &str)],
+    ) -> Cluster {
         let dir = tmp.path().to_owned();
         let data_dir = dir.join("data");
         let home = dir.join("home");
@@ -174,6 +184,7 @@ impl Cluster {
             .args(["start", "--config"])
             .arg(&config)
             .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
