@@ -16,9 +16,9 @@ pub mod login;
 pub mod ping;
 #[cfg(feature = "node")]
 pub mod session;
+pub mod sso;
 #[cfg(feature = "node")]
 pub mod terminal;
-pub mod sso;
 #[cfg(feature = "web-ui")]
 pub mod ui;
 pub mod upgrade;
