@@ -26,6 +26,13 @@ pub const FAILOVER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Whether `e` says the address could not be reached (so the next address is worth trying),
 /// rather than an answer from an Auth Service (a refusal is the same at every address).
+/// The HTTP/2 connection under a call ended (a GOAWAY from an Auth Service shutting down, a
+/// reset): tonic reports it as `Internal` with an `h2 protocol error` message, not as a
+/// refusal the Auth Service made.
+fn is_connection_lost(e: &ClientError) -> bool {
+    matches!(e, ClientError::Status { code: tonic::Code::Internal, message } if message.starts_with("h2 protocol error"))
+}
+
 fn is_unreachable(e: &ClientError) -> bool {
     matches!(e, ClientError::Connect { .. } | ClientError::Unreachable { .. })
         || e.code() == Some(tonic::Code::Unavailable)
@@ -612,7 +619,7 @@ impl FailoverClient {
 
     /// Whether `e` is a transport failure after which [`reset`](Self::reset) is due.
     pub fn is_transport_failure(e: &ClientError) -> bool {
-        is_unreachable(e) || e.code() == Some(tonic::Code::Unknown)
+        is_unreachable(e) || e.code() == Some(tonic::Code::Unknown) || is_connection_lost(e)
     }
 }
 
@@ -706,4 +713,28 @@ pub async fn join_via(
     }
     identity.auth_addr = addr.to_owned();
     Ok(identity)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_connection_is_a_transport_failure_and_a_refusal_is_not() {
+        let lost = ClientError::Status {
+            code: tonic::Code::Internal,
+            message: "h2 protocol error: http2 error".into(),
+        };
+        assert!(FailoverClient::is_transport_failure(&lost));
+        let refused = ClientError::Status {
+            code: tonic::Code::Internal,
+            message: "the backend failed".into(),
+        };
+        assert!(!FailoverClient::is_transport_failure(&refused));
+        let denied = ClientError::Status {
+            code: tonic::Code::PermissionDenied,
+            message: "access denied".into(),
+        };
+        assert!(!FailoverClient::is_transport_failure(&denied));
+    }
 }
