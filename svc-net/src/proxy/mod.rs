@@ -164,6 +164,7 @@ pub struct ProxyBuilder {
     version: Version,
     routes: RouterBuilder,
     web_mounts: Vec<(String, WebService)>,
+    #[cfg(feature = "login")]
     ping_connectors: Option<Arc<web::sso::ConnectorCache>>,
     app_hosts: Option<(String, WebService)>,
     ssh: Option<ConnService>,
@@ -183,6 +184,7 @@ impl ProxyBuilder {
             version: svc_core::version::current().clone(),
             routes: RouterBuilder::default(),
             web_mounts: Vec::new(),
+            #[cfg(feature = "login")]
             ping_connectors: None,
             app_hosts: None,
             ssh: None,
@@ -257,6 +259,7 @@ impl ProxyBuilder {
 
     /// Makes the ping's `auth` section name the cluster's sign-in connectors (asked of the Auth
     /// Service through `cache`) and serves `/webapi/ping/<connector>`.
+    #[cfg(feature = "login")]
     pub fn ping_connectors(mut self, cache: Arc<web::sso::ConnectorCache>) -> Self {
         self.ping_connectors = Some(cache);
         self
@@ -366,10 +369,13 @@ impl ProxyBuilder {
         }
 
         let static_ping = web::ping::PingService::new(&settings.ping, &self.version);
+        #[cfg(feature = "login")]
         let ping = match self.ping_connectors.clone() {
             Some(cache) => web::sso::ping_with_connectors(static_ping, cache),
             None => web::web_service(static_ping),
         };
+        #[cfg(not(feature = "login"))]
+        let ping = web::web_service(static_ping);
         // Upgraded connections (`/webapi/connectionupgrade`, for clients behind load balancers
         // that terminate TLS) go to the router, which holds the web API as a route: the cell is
         // filled once the router is built.

@@ -16,6 +16,7 @@ pub mod login;
 pub mod ping;
 #[cfg(feature = "node")]
 pub mod session;
+#[cfg(feature = "login")]
 pub mod sso;
 #[cfg(feature = "node")]
 pub mod terminal;
