@@ -89,10 +89,18 @@ async fn two_auth_services_on_one_etcd_share_one_set_of_cas() -> Result<()> {
             b.ca_pin()
         );
         ensure!(a.trusted() == b.trusted(), "the same trusted CAs on both");
+        ensure!(a.jwks() == b.jwks(), "one JWT signing key for web apps on both");
         let stored = a_backend.range(&KeyRange::prefix("/authorities/")).await?;
+        // Keys only in the message: the values hold the CAs' private keys.
+        let names: Vec<String> = stored.iter().map(|i| i.key.to_string()).collect();
         ensure!(
-            stored.len() == 2,
-            "exactly one host CA and one user CA stored: {stored:?}"
+            names
+                == [
+                    format!("/authorities/host/{CLUSTER}"),
+                    format!("/authorities/jwt/{CLUSTER}"),
+                    format!("/authorities/user/{CLUSTER}"),
+                ],
+            "exactly one host CA, one JWT key and one user CA stored: {names:?}"
         );
 
         // A host certificate issued by A is verified by B.

@@ -2,13 +2,13 @@
 //! flight, the mapping of an identity provider's answer to roles, and the certificates.
 //!
 //! Data flow: `tsh login --auth=<connector>` → the proxy → the Auth API, which creates an
-//! [`SsoRequest`] ([`AuthService::create_sso_request`]: stored under its random `state` for
+//! [`SsoRequest`] ([`AuthService::create_sso_request`](super::AuthService::create_sso_request): stored under its random `state` for
 //! [`SSO_REQUEST_TTL`], with the nonce, the PKCE verifier, the user's public keys and the
 //! loopback address `tsh` listens on) → the identity provider → the proxy's callback → the Auth
-//! API takes the request back exactly once ([`AuthService::take_sso_request`]), checks the
+//! API takes the request back exactly once ([`AuthService::take_sso_request`](super::AuthService::take_sso_request)), checks the
 //! provider's answer (kind-specific, outside this crate for OIDC and GitHub), maps it to roles
 //! ([`oidc_roles`], [`github_roles`]) and issues certificates for the stored keys
-//! ([`AuthService::issue_sso_certs`]). A user mapped to no role gets nothing.
+//! ([`AuthService::issue_sso_certs`](super::AuthService::issue_sso_certs)). A user mapped to no role gets nothing.
 
 use std::time::Duration;
 
