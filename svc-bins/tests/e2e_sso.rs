@@ -575,6 +575,68 @@ fn oidc_sign_in_maps_claims_and_takes_mapping_changes_at_the_next_sign_in() {
         .ok();
     assert!(!users.stdout.contains("bob@example.com"), "{}", users.stdout);
     assert!(users.stdout.contains("alice@example.com"), "{}", users.stdout);
+    // The same refusal in the browser when bob signs in on the Web UI.
+    browser.cookies.clear();
+    let pages = browser.browse(
+        &format!(
+            "https://{}/webapi/sso/web/begin?kind=oidc&connector_id=corp",
+            cluster.web_addr
+        ),
+        "bob",
+        "bob-pass",
+        &|u: &str| u.to_owned(),
+    );
+    let last = pages.last().expect("a page");
+    assert_eq!(last.status, 403, "{last:?}");
+    assert!(last.body.contains("is mapped to no role"), "{last:?}");
+
+    // The Web UI's sign-in: /webapi/sso/web/begin sends the browser to the provider; back at
+    // the proxy, the certificates become a web session and the browser goes to the Web UI.
+    let web = format!("https://{}", cluster.web_addr);
+    let begin = format!("{web}/webapi/sso/web/begin?kind=oidc&connector_id=corp");
+    browser.cookies.clear();
+    let pages = browser.browse(&begin, "alice", "alice-pass", &|u: &str| u.to_owned());
+    let back = pages
+        .iter()
+        .find(|p| p.url.contains("/webapi/sso/web/return"))
+        .unwrap_or_else(|| panic!("the browser never came back to the proxy: {pages:#?}"));
+    assert_eq!(back.status, 302, "{back:?}");
+    assert_eq!(back.location.as_deref(), Some("/web/"), "{back:?}");
+    assert!(
+        !back.url.contains("secret_key"),
+        "the sealing key travelled through the browser: {}",
+        back.url
+    );
+    assert!(
+        browser.cookies.iter().any(|c| c.starts_with("svc_session=")),
+        "no web session cookie: {:?}",
+        browser.cookies
+    );
+    let me = browser.request(Method::GET, &format!("{web}/webapi/sessions/web"), None);
+    assert_eq!(me.status, 200, "{me:?}");
+    let me: serde_json::Value = serde_json::from_str(&me.body).expect("session json");
+    assert_eq!(me["user"], "alice@example.com", "{me}");
+    assert!(
+        me["roles"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r == "maintenance-admin")),
+        "the web session's roles come from the current mapping: {me}"
+    );
+    // Login CSRF: a sign-in finished in a browser that did not start it makes no session.
+    browser.cookies.clear();
+    let started = browser.request(Method::GET, &begin, None);
+    assert_eq!(started.status, 302, "{started:?}");
+    browser.cookies.retain(|c| !c.starts_with("svc_sso_web="));
+    let provider = started.location.clone().expect("the provider's URL");
+    let pages = browser.browse(&provider, "alice", "alice-pass", &|u: &str| u.to_owned());
+    let last = pages.last().expect("a page");
+    assert_eq!(last.status, 403, "{last:?}");
+    assert!(last.body.contains("not started in this browser"), "{last:?}");
+    assert!(
+        !browser.cookies.iter().any(|c| c.starts_with("svc_session=")),
+        "a session from a sign-in this browser did not start: {:?}",
+        browser.cookies
+    );
 
     // Nothing secret in svc's log.
     let log = cluster.stderr();

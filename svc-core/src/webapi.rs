@@ -103,6 +103,11 @@ pub enum SsoResult {
 pub const SSO_SECRET_KEY_PARAM: &str = "secret_key";
 /// The query parameter carrying the sealed result.
 pub const SSO_RESPONSE_PARAM: &str = "response";
+/// Where the proxy starts a single sign-on for the Web UI (`?kind=<kind>&connector_id=<name>`).
+pub const SSO_WEB_BEGIN_PATH: &str = "/webapi/sso/web/begin";
+/// Where a Web UI single sign-on comes back to the proxy that started it: the path-only
+/// `redirect_url` (`?id=…&secret_key=…`) the Auth Service accepts besides `tsh`'s loopback URL.
+pub const SSO_WEB_RETURN_PATH: &str = "/webapi/sso/web/return";
 
 /// Why [`seal`] or [`open`] failed.
 #[derive(Debug, thiserror::Error)]

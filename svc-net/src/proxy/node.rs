@@ -481,7 +481,11 @@ fn install_web(
     sessions: &WebSessions,
     resolver: VersionResolver,
 ) -> (ProxyBuilder, TerminalService) {
-    use crate::proxy::web::{api, session::SESSIONS_PATH, terminal::TERMINAL_PATH};
+    use crate::proxy::web::{
+        api,
+        session::{SESSIONS_PATH, SSO_WEB_PREFIX},
+        terminal::TERMINAL_PATH,
+    };
     let settings = builder.settings();
     let channel_names = settings.channels.keys().cloned().collect();
     let public_hosts = settings
@@ -494,9 +498,12 @@ fn install_web(
     let terminal = TerminalService::new(sessions.clone(), public_hosts);
     let builder = api::PATHS
         .iter()
-        .fold(builder.web_mount(SESSIONS_PATH, sessions.service()), |b, path| {
-            b.web_mount(path, apis.clone())
-        })
+        .fold(
+            builder
+                .web_mount(SESSIONS_PATH, sessions.service())
+                .web_mount(SSO_WEB_PREFIX, sessions.service()),
+            |b, path| b.web_mount(path, apis.clone()),
+        )
         .web_mount(TERMINAL_PATH, terminal.service());
     (builder, terminal)
 }

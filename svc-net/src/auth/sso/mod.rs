@@ -96,9 +96,19 @@ fn random_token() -> Result<String, AuthError> {
 
 /// Checks that `url` is where `tsh` listens: `http://` on a loopback address with a port, with a
 /// 64-hex-digit sealing key. Anything else could send the result elsewhere.
+///
+/// The one other form is the Web UI's: the path [`svc_core::webapi::SSO_WEB_RETURN_PATH`] alone
+/// (no scheme, no host), so the browser comes back to the proxy that handled the provider's
+/// redirect, which turns the result into a web session; it cannot point anywhere else.
 pub(crate) fn check_loopback_url(url: &str) -> Result<(), AuthError> {
     let bad = |why: &str| AuthError::Invalid(format!("redirect_url: {why}"));
     let uri: http::Uri = url.parse().map_err(|_| bad("not a URL"))?;
+    if uri.scheme().is_none()
+        && uri.authority().is_none()
+        && uri.path() == svc_core::webapi::SSO_WEB_RETURN_PATH
+    {
+        return check_secret_key(&uri);
+    }
     if uri.scheme_str() != Some("http") {
         return Err(bad("expected an http:// loopback URL (tsh's callback listener)"));
     }
@@ -112,6 +122,12 @@ pub(crate) fn check_loopback_url(url: &str) -> Result<(), AuthError> {
     if !loopback || uri.port_u16().is_none() {
         return Err(bad("expected a loopback address with a port"));
     }
+    check_secret_key(&uri)
+}
+
+/// The URL carries a sealing key of 64 hex digits.
+fn check_secret_key(uri: &http::Uri) -> Result<(), AuthError> {
+    let bad = |why: &str| AuthError::Invalid(format!("redirect_url: {why}"));
     let key = form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes())
         .find(|(k, _)| k == SSO_SECRET_KEY_PARAM)
         .map(|(_, v)| v.into_owned())
@@ -354,11 +370,19 @@ mod tests {
         );
         assert!(super::check_loopback_url(&format!("http://[::1]:4000/callback?secret_key={key}")).is_ok());
         assert!(super::check_loopback_url(&format!("http://localhost:4000/?secret_key={key}")).is_ok());
+        assert!(
+            super::check_loopback_url(&format!("/webapi/sso/web/return?id=abc&secret_key={key}")).is_ok()
+        );
         for bad in [
             format!("https://127.0.0.1:4000/?secret_key={key}"),
             format!("http://evil.example:4000/?secret_key={key}"),
             format!("http://127.0.0.1/?secret_key={key}"),
             "http://127.0.0.1:4000/?secret_key=abc".to_owned(),
+            // The Web UI's form is the proxy's own return path, nothing else.
+            format!("//evil.example/webapi/sso/web/return?id=x&secret_key={key}"),
+            format!("/webapi/sso/web/return/../../x?secret_key={key}"),
+            format!("/elsewhere?secret_key={key}"),
+            "/webapi/sso/web/return?id=x".to_owned(),
         ] {
             assert!(super::check_loopback_url(&bad).is_err(), "{bad}");
         }

@@ -25,6 +25,9 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header
 use http_body_util::{BodyExt, Limited};
 use ring::rand::SecureRandom;
 use svc_core::Secret;
+use svc_core::webapi::{
+    SSO_RESPONSE_PARAM, SSO_SECRET_KEY_PARAM, SSO_WEB_BEGIN_PATH, SSO_WEB_RETURN_PATH, SsoResult,
+};
 
 use super::{Body, ResponseBody, WebService, full, json_error, web_service};
 use crate::auth::{AuthClient, ClientError, ClientIdentity, FailoverClient, KeyMaterial, proto};
@@ -40,6 +43,16 @@ pub const CSRF_HEADER: &str = "x-csrf-token";
 pub const TOKEN_BYTES: usize = 32;
 /// At most this many live sessions per proxy process; a sign-in beyond it is refused (503).
 pub const MAX_SESSIONS: usize = 10_000;
+/// The cookie binding a single sign-on to the browser that started it.
+pub const SSO_BINDING_COOKIE: &str = "svc_sso_web";
+/// How long a browser has to finish a single sign-on at its provider.
+pub const SSO_WEB_TTL: Duration = Duration::from_secs(600);
+/// At most this many unfinished single sign-ons per proxy process.
+pub const MAX_PENDING_SSO: usize = 1_000;
+/// Where the browser goes once signed in.
+const WEB_UI_HOME: &str = "/web/";
+/// The paths under which [`WebSessions::service`] also serves the Web UI's single sign-on.
+pub const SSO_WEB_PREFIX: &str = "/webapi/sso/web/";
 /// Requests larger than this are refused (a sign-in body is well under 1 KiB).
 const MAX_BODY: usize = 16 * 1024;
 
@@ -210,7 +223,17 @@ struct Inner {
     deadline: Option<Duration>,
     /// Sessions by the SHA-256 of their id (the lookup never compares the secret itself).
     sessions: Mutex<HashMap<[u8; 32], Session>>,
+    /// Single sign-ons the Web UI started here, by the SHA-256 of their id.
+    pending_sso: Mutex<HashMap<[u8; 32], PendingSso>>,
     rng: ring::rand::SystemRandom,
+}
+
+/// A single sign-on started by [`WebSessions`] for a browser: the keys the certificates will
+/// be issued for and the key the result comes back sealed with. Both stay in this process.
+struct PendingSso {
+    keys: KeyMaterial,
+    secret_key: Secret,
+    started: std::time::Instant,
 }
 
 impl std::fmt::Debug for WebSessions {
@@ -286,6 +309,7 @@ impl WebSessions {
                 decisions,
                 deadline,
                 sessions: Mutex::new(HashMap::new()),
+                pending_sso: Mutex::new(HashMap::new()),
                 rng: ring::rand::SystemRandom::new(),
             }),
         }
@@ -429,6 +453,13 @@ impl WebSessions {
                 return Err(WebError::from_auth(e));
             }
         };
+        self.start_session(keys, certs)
+    }
+
+    /// A session for the certificates the Auth Service issued for `keys` (checked against the
+    /// cluster's CAs before anything is kept): its id and the session.
+    fn start_session(&self, keys: KeyMaterial, certs: proto::Certs) -> Result<(String, Session), WebError> {
+        let user = certs.name.clone();
         let mut identity = keys
             .into_identity_from_proto(certs)
             .map_err(|e| WebError::Upstream(format!("the Auth Service's certificates for {user}: {e}")))?;
@@ -499,6 +530,18 @@ impl WebSessions {
     }
 
     async fn handle(&self, req: Request<Body>) -> Result<Response<ResponseBody>, WebError> {
+        match (req.method(), req.uri().path()) {
+            (&Method::GET, SSO_WEB_BEGIN_PATH) => {
+                return self.sso_begin(req.uri().query().unwrap_or_default()).await;
+            }
+            (&Method::GET, SSO_WEB_RETURN_PATH) => {
+                return self.sso_return(req.uri().query().unwrap_or_default(), req.headers());
+            }
+            (_, SSO_WEB_BEGIN_PATH | SSO_WEB_RETURN_PATH) => {
+                return Err(WebError::BadRequest(format!("use GET on {}", req.uri().path())));
+            }
+            _ => {}
+        }
         if req.uri().path() != SESSIONS_PATH {
             return Err(WebError::NotFound(format!("not found: {}", req.uri().path())));
         }
@@ -564,6 +607,199 @@ impl WebSessions {
             ))),
         }
     }
+}
+
+impl WebSessions {
+    /// `GET /webapi/sso/web/begin?kind=…&connector_id=…`: starts a single sign-on for this
+    /// browser. The proxy makes the session's keys, asks the Auth Service for the provider's URL
+    /// with [`SSO_WEB_RETURN_PATH`] as the way back, binds the sign-in to this browser with a
+    /// short-lived cookie (so nobody can sign a victim's browser into their own account) and
+    /// sends the browser to the provider.
+    async fn sso_begin(&self, query: &str) -> Result<Response<ResponseBody>, WebError> {
+        let mut kind = String::new();
+        let mut connector = String::new();
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            match &*k {
+                "kind" => kind = v.into_owned(),
+                "connector_id" => connector = v.into_owned(),
+                _ => {}
+            }
+        }
+        if !super::sso::SSO_KINDS.contains(&kind.as_str()) {
+            return Err(WebError::BadRequest(format!(
+                "kind: expected one of {}, got {kind:?}",
+                super::sso::SSO_KINDS.join(", ")
+            )));
+        }
+        if connector.is_empty() {
+            return Err(WebError::BadRequest(
+                "connector_id: expected a connector name".into(),
+            ));
+        }
+        let keys = KeyMaterial::generate()
+            .map_err(|e| WebError::Unavailable(format!("generating the session's keys: {e}")))?;
+        let ssh_public_key = keys
+            .ssh_public_key_line()
+            .map_err(|e| WebError::Unavailable(format!("encoding the session's SSH key: {e}")))?;
+        let id = self.token()?;
+        let mut secret = [0u8; 32];
+        self.inner
+            .rng
+            .fill(&mut secret)
+            .map_err(|_| WebError::Unavailable("the OS random number generator failed".into()))?;
+        let secret_key: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        let back = format!("{SSO_WEB_RETURN_PATH}?id={id}&{SSO_SECRET_KEY_PARAM}={secret_key}");
+        let request = proto::SsoBeginRequest {
+            kind,
+            connector: connector.clone(),
+            client_redirect_url: back,
+            tls_public_key: keys.tls_public_key(),
+            ssh_public_key,
+            ttl_seconds: 0,
+        };
+        let link = &self.inner.link;
+        let call = async {
+            let mut auth = link.client().await?;
+            auth.raw().sso_begin(request).await.map_err(ClientError::from)
+        };
+        let answer = match self.inner.deadline {
+            Some(d) => tokio::time::timeout(d, call).await.map_err(|_| {
+                WebError::Unavailable(format!(
+                    "sign-in needs the Auth Service ({}), which did not answer within {d:?}",
+                    link.addrs().join(", ")
+                ))
+            })?,
+            None => call.await,
+        };
+        let provider = match answer {
+            Ok(a) => a.into_inner().redirect_url,
+            Err(e) => {
+                if link.identity().is_some() && FailoverClient::is_transport_failure(&e) {
+                    link.reset().await;
+                }
+                return Err(WebError::from_auth(e));
+            }
+        };
+        {
+            let mut pending = self.pending();
+            pending.retain(|_, p| p.started.elapsed() < SSO_WEB_TTL);
+            if pending.len() >= MAX_PENDING_SSO {
+                return Err(WebError::Unavailable(format!(
+                    "this proxy holds {MAX_PENDING_SSO} unfinished sign-ins already: try again later"
+                )));
+            }
+            pending.insert(
+                session_key(&id),
+                PendingSso {
+                    keys,
+                    secret_key: Secret::new(secret_key),
+                    started: std::time::Instant::now(),
+                },
+            );
+        }
+        tracing::info!(%connector, "web single sign-on started");
+        let mut resp = redirect(&provider)?;
+        let binding = format!(
+            "{SSO_BINDING_COOKIE}={id}; Path={SSO_WEB_RETURN_PATH}; Secure; HttpOnly; SameSite=Lax; Max-Age={}",
+            SSO_WEB_TTL.as_secs()
+        );
+        resp.headers_mut().append(
+            header::SET_COOKIE,
+            HeaderValue::from_str(&binding)
+                .map_err(|e| WebError::Upstream(format!("the sign-in cookie: {e}")))?,
+        );
+        Ok(resp)
+    }
+
+    /// `GET /webapi/sso/web/return?id=…&response=…`: the browser back from the provider (through
+    /// the callback, which sealed the Auth Service's answer). The sign-in must have been started
+    /// here, by this browser (its binding cookie), within [`SSO_WEB_TTL`]; then the certificates
+    /// become a web session and the browser goes to the Web UI.
+    fn sso_return(&self, query: &str, headers: &HeaderMap) -> Result<Response<ResponseBody>, WebError> {
+        let mut id = String::new();
+        let mut sealed = String::new();
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            match &*k {
+                "id" => id = v.into_owned(),
+                SSO_RESPONSE_PARAM => sealed = v.into_owned(),
+                _ => {}
+            }
+        }
+        let bound = cookie(headers, SSO_BINDING_COOKIE).unwrap_or_default();
+        if id.is_empty() || !ct_eq(bound.as_bytes(), id.as_bytes()) {
+            return Err(WebError::Forbidden(
+                "this sign-in was not started in this browser: start it again from the sign-in page".into(),
+            ));
+        }
+        let pending = self
+            .pending()
+            .remove(&session_key(&id))
+            .filter(|p| p.started.elapsed() < SSO_WEB_TTL)
+            .ok_or_else(|| {
+                WebError::Unauthenticated("the sign-in is unknown or took too long: start it again".into())
+            })?;
+        let plain = svc_core::webapi::open(pending.secret_key.expose(), &sealed)
+            .map_err(|e| WebError::BadRequest(format!("{SSO_RESPONSE_PARAM}: {e}")))?;
+        let result: SsoResult = serde_json::from_slice(&plain)
+            .map_err(|e| WebError::Upstream(format!("the sign-in's result: {e}")))?;
+        let answer = match result {
+            SsoResult::Ok(a) => a,
+            SsoResult::Error(why) => return Err(WebError::Forbidden(format!("sign-in refused: {why}"))),
+        };
+        let certs = proto::Certs {
+            name: answer.name,
+            tls_cert_pem: answer.tls_cert_pem,
+            ssh_cert: answer.ssh_cert,
+            tls_ca_pems: answer.tls_ca_pems,
+            ssh_ca_keys: answer.ssh_ca_keys,
+            cluster_name: answer.cluster_name,
+            not_after_unix: answer.not_after_unix,
+        };
+        let (session_id, session) = self.start_session(pending.keys, certs)?;
+        let max_age = session
+            .user
+            .expires
+            .duration_since(SystemTime::now())
+            .unwrap_or_default()
+            .as_secs();
+        tracing::info!(user = %session.user.username, roles = %session.user.roles.join(","), expires = %rfc3339(session.user.expires), "web session started by single sign-on");
+        self.insert(&session_id, session)?;
+        let mut resp = redirect(WEB_UI_HOME)?;
+        for c in [
+            format!(
+                "{COOKIE_NAME}={session_id}; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age={max_age}"
+            ),
+            format!(
+                "{SSO_BINDING_COOKIE}=; Path={SSO_WEB_RETURN_PATH}; Secure; HttpOnly; SameSite=Lax; Max-Age=0"
+            ),
+        ] {
+            resp.headers_mut().append(
+                header::SET_COOKIE,
+                HeaderValue::from_str(&c)
+                    .map_err(|e| WebError::Upstream(format!("the session cookie: {e}")))?,
+            );
+        }
+        Ok(resp)
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], PendingSso>> {
+        self.inner
+            .pending_sso
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A `302 Found` to `location`.
+fn redirect(location: &str) -> Result<Response<ResponseBody>, WebError> {
+    let mut resp = Response::new(full(Vec::new()));
+    *resp.status_mut() = StatusCode::FOUND;
+    resp.headers_mut().insert(
+        header::LOCATION,
+        HeaderValue::from_str(location)
+            .map_err(|e| WebError::Upstream(format!("the redirect address: {e}")))?,
+    );
+    Ok(resp)
 }
 
 fn answer(user: &WebUser, csrf: &str) -> Response<ResponseBody> {

@@ -1,5 +1,30 @@
-import { signIn } from '../api.js';
+import { request, signIn } from '../api.js';
 import { h, notice, replace } from '../dom.js';
+
+/**
+ * The cluster's single sign-on connectors as the ping lists them (`auth.connectors`): a link
+ * per connector to the proxy's `/webapi/sso/web/begin`, which sends the browser to the
+ * provider and comes back signed in. Nothing when the cluster has none.
+ */
+async function ssoLinks(slot) {
+  let ping;
+  try {
+    ping = await request('GET', '/webapi/ping');
+  } catch {
+    return;
+  }
+  const connectors = (ping && ping.auth && Array.isArray(ping.auth.connectors) && ping.auth.connectors) || [];
+  if (connectors.length === 0) return;
+  const links = connectors.map((c) => {
+    const query = new URLSearchParams({ kind: c.kind, connector_id: c.name });
+    return h(
+      'li',
+      {},
+      h('a', { class: 'button sso', href: `/webapi/sso/web/begin?${query}` }, `Sign in with ${c.display || c.name}`),
+    );
+  });
+  replace(slot, h('p', {}, 'Or sign in through your identity provider:'), h('ul', { class: 'sso-list' }, links));
+}
 
 /** The sign-in page: user name and password (the Auth Service's lockout applies). */
 export function loginPage(main, { onSignedIn, message }) {
@@ -14,6 +39,7 @@ export function loginPage(main, { onSignedIn, message }) {
     required: true,
   });
   const submit = h('button', { type: 'submit' }, 'Sign in');
+  const sso = h('div', { class: 'sso-slot' });
   const form = h(
     'form',
     {
@@ -42,7 +68,9 @@ export function loginPage(main, { onSignedIn, message }) {
     h('label', { for: 'login-pass' }, 'Password'),
     pass,
     submit,
+    sso,
   );
   replace(main, form);
+  ssoLinks(sso);
   user.focus();
 }
