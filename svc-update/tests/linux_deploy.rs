@@ -177,7 +177,7 @@ fn timer_fires_every_thirty_minutes() -> Result<()> {
 #[test]
 fn shell_scripts_pass_shellcheck() -> Result<()> {
     require("shellcheck", "shellcheck")?;
-    for script in ["install.sh", "packaging/build-packages.sh"] {
+    for script in ["install.sh", "packaging/build-packages.sh", "run-local.sh"] {
         let out = run(Command::new("shellcheck").arg(deploy(script)))?;
         ensure!(
             out.status.success(),
