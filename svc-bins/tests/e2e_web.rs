@@ -708,8 +708,7 @@ impl Drop for Svc {
 
 /// A free loopback address.
 fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").to_string()
+    format!("127.0.0.1:{}", svc_testkit::free_port("127.0.0.1"))
 }
 
 #[test]

@@ -8,7 +8,6 @@
 //! be refused by OpenSSH itself.
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -81,8 +80,8 @@ fn start_sshd(dir: &Path, host_ca: &CertAuthority, user_ca: &CertAuthority) -> R
         user_ca.trusted().ssh_authorized_key()? + "\n",
     )?;
 
-    // A port the kernel just handed out on loopback; sshd binds it right after.
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    // A free loopback port below the ephemeral range; sshd binds it right after.
+    let port = svc_testkit::free_port("127.0.0.1");
     let config = format!(
         "Port {port}\nListenAddress 127.0.0.1\nHostKey {dir}/host_key\n\
          HostCertificate {dir}/host_key-cert.pub\nTrustedUserCAKeys {dir}/user_ca.pub\n\

@@ -56,12 +56,46 @@ pub fn require(binary: &str, package: &str) -> PathBuf {
     );
 }
 
-/// A free TCP port on `ip` (bound and released: the tool that is given it binds it next).
+/// A free TCP port on `ip` (probed and released: the tool that is given it binds it next).
+///
+/// The port is chosen at random *below* the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`): a port the kernel handed out for `bind(0)` is in that range,
+/// and any process's next outgoing connection may take it as its source port in the moment
+/// between this probe and the tool's own bind (seen as `AddrInUse` in CI). Ports below the range
+/// are only ever taken by an explicit bind.
 pub fn free_port(ip: &str) -> u16 {
-    TcpListener::bind((ip, 0))
-        .and_then(|l| l.local_addr())
-        .unwrap_or_else(|e| panic!("finding a free port on {ip}: {e}"))
-        .port()
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    const FLOOR: u16 = 15_000;
+    let ceiling = ephemeral_range_start();
+    if ceiling <= FLOOR + 1_000 {
+        // A machine whose ephemeral range starts low: the kernel's choice is all there is.
+        return TcpListener::bind((ip, 0))
+            .and_then(|l| l.local_addr())
+            .unwrap_or_else(|e| panic!("finding a free port on {ip}: {e}"))
+            .port();
+    }
+    let span = u64::from(ceiling - FLOOR);
+    let state = std::collections::hash_map::RandomState::new();
+    for _ in 0..1_000 {
+        let mut hasher = state.build_hasher();
+        hasher.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+        hasher.write_u32(std::process::id());
+        let port = FLOOR + u16::try_from(hasher.finish() % span).unwrap_or(0);
+        if TcpListener::bind((ip, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on {ip} between {FLOOR} and {ceiling} after 1,000 tries")
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default, 32768, when unreadable).
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// A new, empty directory under the system's temporary directory, named after `what`, this
@@ -86,6 +120,7 @@ mod tests {
     fn free_ports_can_be_bound() {
         let port = free_port("127.0.0.1");
         assert_ne!(port, 0);
+        assert!(port < ephemeral_range_start(), "{port} is in the ephemeral range");
         TcpListener::bind(("127.0.0.1", port)).expect("the free port binds");
     }
 

@@ -4,7 +4,6 @@
 
 #![allow(dead_code)] // Each test file uses part of it.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -44,8 +43,7 @@ pub(crate) struct EtcdCluster {
 }
 
 fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("binding a free loopback port")?;
-    Ok(listener.local_addr()?.port())
+    Ok(svc_testkit::free_port("127.0.0.1"))
 }
 
 impl Member {

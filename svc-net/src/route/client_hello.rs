@@ -245,7 +245,13 @@ fn server_name(data: &[u8]) -> Result<Option<String>, HelloError> {
                 .ok()
                 .filter(|s| s.is_ascii())
                 .ok_or(HelloError::Malformed("server name is not ASCII"))?;
-            found = Some(text.trim_end_matches('.').to_ascii_lowercase());
+            // A fully qualified name's trailing dot is not part of the name; a name that is
+            // only dots is no name at all.
+            let text = text.trim_end_matches('.');
+            if text.is_empty() {
+                return Err(HelloError::Malformed("empty server name"));
+            }
+            found = Some(text.to_ascii_lowercase());
         }
     }
     Ok(found)
@@ -342,6 +348,19 @@ mod tests {
         };
         assert_eq!(h.server_name.as_deref(), Some("proxy.example.com"));
         assert_eq!(h.alpn, vec![b"svc-reversetunnel".to_vec(), b"h2".to_vec()]);
+    }
+
+    /// Found by the `client_hello` fuzz target: "." trimmed of its trailing dot was accepted
+    /// as an empty name, which no route can match and no certificate names.
+    #[test]
+    fn a_name_of_only_dots_is_no_name() {
+        for name in ["", ".", "..."] {
+            assert_eq!(
+                parse(&hello_bytes(Some(name), &[])),
+                Err(HelloError::Malformed("empty server name")),
+                "{name:?}"
+            );
+        }
     }
 
     #[test]
