@@ -193,11 +193,16 @@ fn psql_curl_and_desktop_tcp_through_local_proxies_with_rbac_by_labels() {
     std::fs::write(site.join("hello.txt"), "hello from the app\n").unwrap();
     let (_http, http_port) = http_server(&site);
     let (_echo, echo_port) = echo_server();
+    // A desktop host nobody listens on: the agent's reason for refusing the dial reaches tsh.
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
 
     let services = format!(
         "app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1:{http_port}\n    labels: {{env: dev}}\n\
 db_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres\n    uri: 127.0.0.1:{}\n    labels: {{env: dev}}\n    tls:\n      ca_cert_file: {}\n      server_name: localhost\n\
-windows_desktop_service:\n  enabled: true\n  hosts:\n  - name: win\n    addr: 127.0.0.1:{echo_port}\n    labels: {{env: dev}}\n",
+windows_desktop_service:\n  enabled: true\n  hosts:\n  - name: win\n    addr: 127.0.0.1:{echo_port}\n    labels: {{env: dev}}\n  - name: gone\n    addr: 127.0.0.1:{closed_port}\n    labels: {{env: dev}}\n",
         pg.port,
         ca_file.display()
     );
@@ -310,6 +315,21 @@ windows_desktop_service:\n  enabled: true\n  hosts:\n  - name: win\n    addr: 12
     let (_x, x_port, x_err) = alice.proxy("app", "nope").expect("tsh proxy app starts");
     let _ = curl(x_port);
     wait_for(&x_err, "app \"nope\" not found");
+
+    // A desktop whose host refuses connections: tsh names the agent's reason — the refused
+    // connection and the address — not just that the agent could not open it.
+    let (_gone, gone_port, gone_err) = alice.proxy("desktop", "gone").expect("tsh proxy desktop starts");
+    let mut s = TcpStream::connect(("127.0.0.1", gone_port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = s.write_all(b"x");
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "a refused desktop carried bytes: {rest:?}");
+    drop(s);
+    wait_for(
+        &gone_err,
+        &format!("connecting to windows_desktop \"gone\" at 127.0.0.1:{closed_port}: Connection refused"),
+    );
 }
 
 #[test]

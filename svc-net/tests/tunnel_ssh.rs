@@ -332,10 +332,45 @@ fn app_dial(node: &str) -> svc_net::tunnel::DialRequest {
     }
 }
 
+/// An agent whose dial service connects to the requested address over TCP, as the App and
+/// Database Services do.
+fn start_tcp_agent(
+    cluster: &Cluster,
+    proxy_web: std::net::SocketAddr,
+    creds: &HostCreds,
+) -> svc_net::tunnel::RunningAgent {
+    let service = svc_net::tunnel::dial_service_fn(|req: svc_net::tunnel::DialRequest| async move {
+        let tcp = tokio::net::TcpStream::connect(&req.address).await?;
+        Ok(Box::new(tcp) as svc_net::io::BoxIo)
+    });
+    svc_net::tunnel::TunnelAgent::new(agent_config(cluster, proxy_web, creds, "17.0.0"), service)
+        .unwrap()
+        .spawn()
+}
+
+/// An agent whose dial service refuses every dial with a reason full of terminal escapes, line
+/// ends and a bidirectional override, far longer than the proxy reports.
+fn start_rude_agent(
+    cluster: &Cluster,
+    proxy_web: std::net::SocketAddr,
+    creds: &HostCreds,
+) -> svc_net::tunnel::RunningAgent {
+    let service = svc_net::tunnel::dial_service_fn(|_req: svc_net::tunnel::DialRequest| async move {
+        let reason = format!("\x1b]0;owned\x07\x1b[2Jforged\nline\u{202E}{}", "z".repeat(5000));
+        Err::<svc_net::io::BoxIo, tower::BoxError>(reason.into())
+    });
+    svc_net::tunnel::TunnelAgent::new(agent_config(cluster, proxy_web, creds, "17.0.0"), service)
+        .unwrap()
+        .spawn()
+}
+
 /// The dial request in the channel-open message (one round trip) with a current agent, and the
 /// older way — request and answer on the opened channel — with an agent of the previous tunnel
 /// version, side by side on one proxy, on both tunnel paths: both serve sessions, both refusals
-/// reach the proxy as refusals naming the agent and the address.
+/// reach the proxy as refusals naming the agent, the address and the agent's reason (an agent
+/// that predates the dial status names only a category). A dial to a port nobody listens on
+/// names the refused connection and the target; a reason with control characters or longer
+/// than the bound arrives escaped and cut.
 async fn old_and_new_agents(separate: bool) {
     init_tracing();
     let cluster = Cluster::new();
@@ -355,8 +390,18 @@ async fn old_and_new_agents(separate: bool) {
         &cluster,
         &old,
     );
+    let mid = cluster.host(&[SystemRole::Node], "node-mid");
+    let mid_agent = start_agent_with(
+        agent_config(&cluster, proxy.web, &mid, "17.0.0").with_dial_status(false),
+        &cluster,
+        &mid,
+    );
+    let tcp = cluster.host(&[SystemRole::Node], "node-tcp");
+    let tcp_agent = start_tcp_agent(&cluster, proxy.web, &tcp);
+    let rude = cluster.host(&[SystemRole::Node], "node-rude");
+    let rude_agent = start_rude_agent(&cluster, proxy.web, &rude);
     let reg = proxy.tunnel.registry().clone();
-    for node in ["node-new", "node-old"] {
+    for node in ["node-new", "node-old", "node-mid", "node-tcp", "node-rude"] {
         reg.wait_for(node, |a| a.is_some_and(|a| a.online))
             .within("both agents online in the proxy's registry")
             .await;
@@ -379,8 +424,9 @@ async fn old_and_new_agents(separate: bool) {
 
     let dialer = proxy.tunnel.dialer();
     for (node, reason_part) in [
-        ("node-new", "the agent could not open it"),
+        ("node-new", "this agent serves SSH only"),
         ("node-old", "this agent serves SSH only"),
+        ("node-mid", "the agent could not open it"),
     ] {
         let host_id = reg.get(node).unwrap().host_id;
         let err = dialer
@@ -406,8 +452,55 @@ async fn old_and_new_agents(separate: bool) {
             "after\n"
         );
     }
+
+    // A target nobody listens on: the agent's reason names the refusal and the target.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let mut req = app_dial("node-tcp");
+    req.address = target.clone();
+    let err = dialer
+        .dial(req)
+        .within("a dial to a closed port")
+        .await
+        .expect_err("nobody listens on the target");
+    let text = err.to_string();
+    assert!(
+        matches!(&err, svc_net::tunnel::TunnelError::DialRefused { .. }),
+        "not a refusal: {text}"
+    );
+    assert!(text.to_lowercase().contains("connection refused"), "{text}");
+    assert!(text.contains(&format!("dialing {target}")), "{text}");
+
+    // An agent's reason is escaped and cut before anyone shows it.
+    let err = dialer
+        .dial(app_dial("node-rude"))
+        .within("a rude agent's refusal")
+        .await
+        .expect_err("the agent refuses every dial");
+    match &err {
+        svc_net::tunnel::TunnelError::DialRefused { reason, .. } => {
+            assert!(
+                reason.len() <= svc_net::tunnel::MAX_DIAL_REASON,
+                "{} bytes",
+                reason.len()
+            );
+            assert!(reason.ends_with("..."), "{reason}");
+            assert!(!reason.chars().any(char::is_control), "{reason:?}");
+            assert!(!reason.contains('\u{202E}'), "{reason:?}");
+            assert!(
+                reason.contains("\\u{1b}]0;owned\\u{7}\\u{1b}[2Jforged\\u{a}line\\u{202e}zzz"),
+                "{reason}"
+            );
+        }
+        other => panic!("not a refusal: {other}"),
+    }
+
     new_agent.shutdown().await;
     old_agent.shutdown().await;
+    mid_agent.shutdown().await;
+    tcp_agent.shutdown().await;
+    rude_agent.shutdown().await;
     proxy.shutdown().await;
 }
 

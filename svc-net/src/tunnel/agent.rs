@@ -37,9 +37,10 @@ use tower::{BoxError, ServiceExt, util::BoxCloneSyncService};
 
 use super::backoff::{duplicate_redial, quick_redial};
 use super::{
-    Backoff, CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK, DISCOVERY_CHANNEL, DRAINING, DialFailure,
-    DialRequest, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST, OPEN_DIAL_CHANNEL, RECONNECT_REQUEST,
-    TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST, read_line,
+    Backoff, CAP_DIAL_STATUS, CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK, DISCOVERY_CHANNEL, DRAINING,
+    DialFailure, DialRequest, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST, OPEN_DIAL_CHANNEL,
+    OPEN_DIAL_STATUS_CHANNEL, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST,
+    dial_status_line, read_line, sanitize_dial_reason,
 };
 use crate::{dial::ProxyDialer, io::BoxIo, route::alpn};
 
@@ -80,6 +81,11 @@ pub struct AgentConfig {
     /// query (on by default). Off, the agent answers as agents that predate it did (no
     /// capabilities, dial requests on the opened channel only): for tests of mixed versions.
     pub open_dial: bool,
+    /// With [`AgentConfig::open_dial`]: also serve dials whose refusal carries the agent's
+    /// reason to the proxy (a status line behind the confirmation) and say so to the
+    /// capabilities query (on by default). Off, the agent answers as agents that predate it did
+    /// (an open failure, whose text the proxy does not see): for tests of mixed versions.
+    pub dial_status: bool,
 }
 
 impl AgentConfig {
@@ -106,6 +112,7 @@ impl AgentConfig {
             tunables: Tunables::default(),
             backoff: Backoff::default(),
             open_dial: true,
+            dial_status: true,
         }
     }
 
@@ -113,6 +120,13 @@ impl AgentConfig {
     /// [`AgentConfig::open_dial`]).
     pub fn with_open_dial(mut self, on: bool) -> Self {
         self.open_dial = on;
+        self
+    }
+
+    /// Whether refusals of dials in the open carry the agent's reason (see
+    /// [`AgentConfig::dial_status`]).
+    pub fn with_dial_status(mut self, on: bool) -> Self {
+        self.dial_status = on;
         self
     }
 
@@ -977,10 +991,13 @@ impl russh::client::Handler for AgentHandler {
             }
             CAPABILITIES_REQUEST if self.shared.config.open_dial => {
                 reply.accept().await;
+                let words = if self.shared.config.dial_status {
+                    format!("{CAP_OPEN_DIAL} {CAP_DIAL_STATUS}")
+                } else {
+                    CAP_OPEN_DIAL.to_owned()
+                };
                 tokio::spawn(async move {
-                    let _ = channel
-                        .data_bytes(Bytes::from_static(CAP_OPEN_DIAL.as_bytes()))
-                        .await;
+                    let _ = channel.data_bytes(Bytes::from(words)).await;
                     let _ = channel.eof().await;
                     let _ = channel.close().await;
                 });
@@ -1011,6 +1028,42 @@ impl russh::client::Handler for AgentHandler {
         reply: ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
+        let config = &self.shared.config;
+        if connected_address == OPEN_DIAL_STATUS_CHANNEL && config.open_dial && config.dial_status {
+            // As below, but the channel is confirmed either way and its first line says how
+            // the dial went: a refusal's reason reaches the proxy, which an open failure's
+            // description does not.
+            let req = DialRequest::decode(originator_address);
+            let draining = self.conn.draining.load(Ordering::SeqCst);
+            let service = self.shared.service.clone();
+            let conn = self.conn.clone();
+            conn.active.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let outcome = dial_target(req.map_err(|e| e.to_string()), service, draining).await;
+                reply.accept().await;
+                match outcome {
+                    Ok(mut io) => {
+                        let status = Bytes::from(dial_status_line(Ok(())));
+                        if channel.data_bytes(status).await.is_ok() {
+                            let mut stream = channel.into_stream();
+                            let _ = copy_bidirectional_with_sizes(&mut stream, &mut io, 64 * 1024, 64 * 1024)
+                                .await;
+                        }
+                    }
+                    Err((failure, text)) => {
+                        tracing::info!(error = %text, "refusing a dial request");
+                        let status = Bytes::from(dial_status_line(Err((failure, &text))));
+                        let _ = channel.data_bytes(status).await;
+                        let _ = channel.eof().await;
+                        let _ = channel.close().await;
+                    }
+                }
+                if conn.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    conn.idle.notify_waiters();
+                }
+            });
+            return Ok(());
+        }
         if connected_address == OPEN_DIAL_CHANNEL && self.shared.config.open_dial {
             // The request is in the open message: dial the target first (on a task of its
             // own: this handler runs on the tunnel's session loop), then confirm or refuse.
@@ -1108,7 +1161,7 @@ where
         }
         Err(text) => {
             tracing::info!(error = %text, "refusing a dial request");
-            let line = format!("{}\n", text.replace('\n', " "));
+            let line = format!("{}\n", sanitize_dial_reason(&text));
             let _ = stream.write_all(line.as_bytes()).await;
             let _ = stream.shutdown().await;
         }

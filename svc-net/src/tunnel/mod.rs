@@ -28,12 +28,22 @@
 //! | any other request | proxy → agent | refused (the "answered false" of a global request) |
 //! | capabilities | proxy → agent | `forwarded-streamlocal@openssh.com` from [`CAPABILITIES_REQUEST`]: the agent writes the words of what it supports ([`CAP_OPEN_DIAL`]) and closes; agents that predate it refuse the channel (no capabilities) |
 //! | dial, in the open | proxy → agent, agents with [`CAP_OPEN_DIAL`] | `forwarded-tcpip` from [`OPEN_DIAL_CHANNEL`], the originator address being the JSON [`DialRequest`]: the agent dials the target first, then confirms the channel (which carries the connection's bytes at once) or answers an open failure ([`DialFailure`]'s code, the reason text as description) |
+//! | dial, in the open, with a status | proxy → agent, agents with [`CAP_DIAL_STATUS`] | `forwarded-tcpip` from [`OPEN_DIAL_STATUS_CHANNEL`], the originator address being the JSON [`DialRequest`]: the agent dials the target first, then confirms the channel and writes one status line right behind the confirmation — `ok` (then the connection's bytes) or `error <code> <reason>` ([`DialFailure`]'s code, the agent's reason) and closes |
 //! | dial, on the channel | proxy → agent, older agents | `forwarded-tcpip` from [`TRANSPORT_CHANNEL`]: one JSON [`DialRequest`] line, then the agent answers one line — `ok` or the failure text — and, on `ok`, the channel carries the connection's bytes |
 //!
 //! A dial in the open costs one round trip on the tunnel (open → confirmation) instead of two
 //! (open → confirmation, request → answer), and the agent dials its target while the proxy
 //! waits for the confirmation. The proxy queries the capabilities once per tunnel, right after
 //! the version, and dials an agent that does not name [`CAP_OPEN_DIAL`] the older way.
+//!
+//! The SSH library drops an open failure's description on the receiving side (only the reason
+//! code reaches the proxy), so an agent refusing a dial in the open could name only a category
+//! of failure. Agents that name [`CAP_DIAL_STATUS`] are dialed on [`OPEN_DIAL_STATUS_CHANNEL`]
+//! instead: the status line travels in the same flight as the confirmation (no extra round
+//! trip), and a refusal carries the agent's reason — why the target could not be reached — to
+//! the user. The proxy treats that reason as untrusted text: control and invisible formatting
+//! characters are escaped and it is cut to [`MAX_DIAL_REASON`] bytes
+//! ([`sanitize_dial_reason`]).
 //!
 //! An agent whose version is incompatible with the cluster's is disconnected with a message
 //! saying why (`SSH_MSG_DISCONNECT` description); the agent logs it.
@@ -94,6 +104,17 @@ pub const OPEN_DIAL_CHANNEL: &str = "dial@svc.dev";
 pub const CAPABILITIES_REQUEST: &str = "capabilities@svc.dev";
 /// The capability of serving dials carried in the channel-open message ([`OPEN_DIAL_CHANNEL`]).
 pub const CAP_OPEN_DIAL: &str = "open-dial";
+/// The connected address of a transport channel whose open message carries the dial request
+/// and whose first line is the agent's status (proxy → agent, agents with [`CAP_DIAL_STATUS`]).
+pub const OPEN_DIAL_STATUS_CHANNEL: &str = "dial-status@svc.dev";
+/// The capability of serving dials on [`OPEN_DIAL_STATUS_CHANNEL`]: a refusal's reason reaches
+/// the proxy.
+pub const CAP_DIAL_STATUS: &str = "dial-status";
+/// The longest refusal reason the proxy reports from an agent, in bytes (after escaping).
+pub const MAX_DIAL_REASON: usize = 512;
+/// The longest status line the proxy reads from an agent: `error`, a code and an escaped
+/// reason of [`MAX_DIAL_REASON`] bytes fit with room to spare.
+const MAX_DIAL_STATUS_LINE: usize = 2 * MAX_DIAL_REASON;
 /// What a draining agent answers to new work.
 pub(crate) const DRAINING: &str = "agent connection is draining";
 /// The agent's answer to a dial request that succeeded.
@@ -185,8 +206,9 @@ impl DialFailure {
         }
     }
 
-    /// What the proxy reports for it. The agent's own text travels as the open failure's
-    /// description, which the SSH library on the proxy does not hand on; the agent logs it.
+    /// What the proxy reports for it when the agent's own text is not at hand: an agent
+    /// without [`CAP_DIAL_STATUS`] sends it as the open failure's description, which the SSH
+    /// library on the proxy does not hand on; the agent logs it.
     pub fn text(self) -> &'static str {
         match self {
             DialFailure::ConnectFailed => "the agent could not open it (the agent's log names the cause)",
@@ -194,6 +216,73 @@ impl DialFailure {
             DialFailure::Draining => DRAINING,
         }
     }
+}
+
+/// Makes an agent's refusal reason fit to show a user: control characters (line ends,
+/// terminal escapes) and invisible formatting characters (bidirectional overrides, zero-width
+/// characters) are escaped as `\u{..}`, and the text is cut on a character boundary so that
+/// it holds at most [`MAX_DIAL_REASON`] bytes, a cut one ending in `...`.
+pub fn sanitize_dial_reason(text: &str) -> String {
+    const CUT: &str = "...";
+    let mut out = String::with_capacity(text.len().min(MAX_DIAL_REASON));
+    for c in text.chars() {
+        let invisible = matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}');
+        let piece = if c.is_control() || invisible {
+            c.escape_unicode().to_string()
+        } else {
+            c.to_string()
+        };
+        if out.len() + piece.len() > MAX_DIAL_REASON {
+            while out.len() + CUT.len() > MAX_DIAL_REASON {
+                out.pop();
+            }
+            out.push_str(CUT);
+            return out;
+        }
+        out.push_str(&piece);
+    }
+    out
+}
+
+/// The status line an agent with [`CAP_DIAL_STATUS`] writes behind its confirmation.
+pub(crate) fn dial_status_line(outcome: Result<(), (DialFailure, &str)>) -> String {
+    match outcome {
+        Ok(()) => format!("{DIAL_OK}\n"),
+        Err((failure, reason)) => format!("error {} {}\n", failure.code(), sanitize_dial_reason(reason)),
+    }
+}
+
+/// Reads the status line an agent with [`CAP_DIAL_STATUS`] writes behind its confirmation:
+/// `Ok` for `ok` (the stream then carries the connection), the failure and its reason
+/// (sanitised) for `error <code> <reason>`, an I/O error for anything else.
+pub(crate) async fn read_dial_status<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+) -> std::io::Result<Result<(), (DialFailure, String)>> {
+    let Some(line) = read_line(r, MAX_DIAL_STATUS_LINE).await? else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the agent closed the channel before its dial status",
+        ));
+    };
+    if line == DIAL_OK {
+        return Ok(Ok(()));
+    }
+    let malformed = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("malformed dial status {:?}", sanitize_dial_reason(&line)),
+        )
+    };
+    let rest = line.strip_prefix("error ").ok_or_else(malformed)?;
+    let (code, reason) = rest.split_once(' ').unwrap_or((rest, ""));
+    let code: u32 = code.parse().map_err(|_| malformed())?;
+    let failure = DialFailure::from_code(code);
+    let reason = if reason.trim().is_empty() {
+        failure.text().to_owned()
+    } else {
+        sanitize_dial_reason(reason)
+    };
+    Ok(Err((failure, reason)))
 }
 
 /// Why a dial request line was refused.
@@ -376,6 +465,74 @@ pub(crate) async fn read_line<R: tokio::io::AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dial_reason_is_escaped_and_cut() {
+        assert_eq!(
+            sanitize_dial_reason("dialing 127.0.0.1:1: Connection refused (os error 111)"),
+            "dialing 127.0.0.1:1: Connection refused (os error 111)"
+        );
+        assert_eq!(
+            sanitize_dial_reason("a\nb\x1b[31mred\u{202E}\u{7f}é"),
+            "a\\u{a}b\\u{1b}[31mred\\u{202e}\\u{7f}é"
+        );
+        let long = sanitize_dial_reason(&"é".repeat(1000));
+        assert!(long.len() <= MAX_DIAL_REASON, "{}", long.len());
+        assert!(long.ends_with("..."), "{long}");
+        let escapes = sanitize_dial_reason(&"\x07".repeat(1000));
+        assert!(
+            escapes.len() <= MAX_DIAL_REASON && escapes.ends_with("..."),
+            "{escapes}"
+        );
+        assert_eq!(
+            sanitize_dial_reason(&escapes),
+            escapes,
+            "sanitising twice changes nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn dial_status_lines_round_trip() {
+        let mut ok = format!("{}rest", dial_status_line(Ok(()))).into_bytes();
+        let mut r = &ok[..];
+        assert_eq!(read_dial_status(&mut r).await.unwrap(), Ok(()));
+        assert_eq!(r, b"rest", "nothing after the status line is consumed");
+        ok.clear();
+
+        let line = dial_status_line(Err((DialFailure::ConnectFailed, "dialing x:1: refused\r\n")));
+        let got = read_dial_status(&mut line.as_bytes()).await.unwrap();
+        assert_eq!(
+            got,
+            Err((
+                DialFailure::ConnectFailed,
+                "dialing x:1: refused\\u{d}\\u{a}".to_owned()
+            ))
+        );
+
+        // An agent that skips sanitising is escaped and cut by the reader.
+        let raw = format!("error 1 {}\x1b\n", "x".repeat(900));
+        let (failure, reason) = read_dial_status(&mut raw.as_bytes()).await.unwrap().unwrap_err();
+        assert_eq!(failure, DialFailure::Refused);
+        assert!(
+            reason.len() <= MAX_DIAL_REASON && reason.ends_with("..."),
+            "{reason}"
+        );
+        assert!(!reason.contains('\x1b'), "{reason}");
+
+        // An empty reason falls back to the category; garbage and a missing line are errors.
+        let (_, reason) = read_dial_status(&mut &b"error 4\n"[..])
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(reason, DRAINING);
+        assert!(read_dial_status(&mut &b"hello\n"[..]).await.is_err());
+        assert!(read_dial_status(&mut &b""[..]).await.is_err());
+        let huge = format!("error 2 {}\n", "y".repeat(4 * MAX_DIAL_REASON));
+        assert!(
+            read_dial_status(&mut huge.as_bytes()).await.is_err(),
+            "an over-long line is refused"
+        );
+    }
 
     #[test]
     fn dial_request_json_matches_the_reference() {

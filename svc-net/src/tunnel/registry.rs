@@ -47,6 +47,8 @@ pub(crate) struct ConnState {
     pub(crate) live: AtomicUsize,
     /// The agent named [`super::CAP_OPEN_DIAL`] among its capabilities.
     pub(crate) open_dial: std::sync::atomic::AtomicBool,
+    /// The agent named [`super::CAP_DIAL_STATUS`] too: its refusals carry its reason.
+    pub(crate) dial_status: std::sync::atomic::AtomicBool,
 }
 
 impl ConnState {
@@ -55,6 +57,7 @@ impl ConnState {
             last_heartbeat: Mutex::new(Instant::now()),
             live: AtomicUsize::new(0),
             open_dial: std::sync::atomic::AtomicBool::new(false),
+            dial_status: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

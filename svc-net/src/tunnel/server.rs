@@ -31,10 +31,12 @@ use tokio_util::sync::CancellationToken;
 use tower::{BoxError, Service};
 
 use super::{
-    CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK, DISCOVERY_CHANNEL, DialFailure, DialRequest, DirectDialer,
-    Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST, OPEN_DIAL_CHANNEL, PeerDialer, RECONNECT_REQUEST,
-    TRANSPORT_CHANNEL, Tunables, TunnelError, TunnelStrategy, VERSION_REQUEST, agent_proxies, read_line,
+    CAP_DIAL_STATUS, CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK, DISCOVERY_CHANNEL, DialFailure,
+    DialRequest, DirectDialer, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST, OPEN_DIAL_CHANNEL,
+    OPEN_DIAL_STATUS_CHANNEL, PeerDialer, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError,
+    TunnelStrategy, VERSION_REQUEST, agent_proxies, read_dial_status, read_line,
     registry::{AgentInfo, AgentRegistry, ConnState, LiveGuard},
+    sanitize_dial_reason,
 };
 use crate::io::{BoxIo, ConnFuture, ConnService, Connection, Io, conn_service};
 
@@ -373,6 +375,10 @@ impl TunnelServer {
         state
             .open_dial
             .store(open_dial, std::sync::atomic::Ordering::SeqCst);
+        let dial_status = open_dial && capabilities.iter().any(|c| c == CAP_DIAL_STATUS);
+        state
+            .dial_status
+            .store(dial_status, std::sync::atomic::Ordering::SeqCst);
         let info = AgentInfo {
             open_dial,
             host_id: host.host_id.clone(),
@@ -743,9 +749,10 @@ impl TunnelDialer {
             .pick(&host_id)
             .ok_or_else(|| TunnelError::NoAgent(host_id.clone()))?;
         let open_dial = state.open_dial.load(std::sync::atomic::Ordering::SeqCst);
+        let dial_status = state.dial_status.load(std::sync::atomic::Ordering::SeqCst);
         let guard = LiveGuard::new(state);
         if open_dial {
-            return self.dial_in_open(&handle, req, host_id, guard).await;
+            return self.dial_in_open(&handle, req, host_id, guard, dial_status).await;
         }
         let (src_host, src_port) = split_host_port(&req.client_src_addr);
         let open = async {
@@ -783,7 +790,7 @@ impl TunnelDialer {
                 Err(TunnelError::DialRefused {
                     server: host_id.clone(),
                     address: req.address.clone(),
-                    reason: answer,
+                    reason: sanitize_dial_reason(&answer),
                 })
             }
         };
@@ -803,26 +810,32 @@ impl TunnelDialer {
 }
 
 impl TunnelDialer {
-    /// Dials with the request in the channel-open message: the agent's confirmation is the
-    /// success, its open failure the refusal (one round trip on the tunnel).
+    /// Dials with the request in the channel-open message (one round trip on the tunnel): the
+    /// agent's confirmation is the success and its open failure the refusal — or, with
+    /// `dial_status` (the agent named [`CAP_DIAL_STATUS`]), the status line right behind the
+    /// confirmation says which, a refusal with the agent's reason.
     async fn dial_in_open(
         &self,
         handle: &russh::server::Handle,
         req: DialRequest,
         host_id: String,
         guard: LiveGuard,
+        dial_status: bool,
     ) -> Result<TunnelStream, TunnelError> {
         let json = serde_json::to_string(&req).map_err(|e| TunnelError::Malformed {
             what: "dial request",
             reason: e.to_string(),
         })?;
         let tunnel = handle.clone();
-        let mut open = Box::pin(async move {
-            tunnel
-                .channel_open_forwarded_tcpip(OPEN_DIAL_CHANNEL, 0, json, 0)
-                .await
-        });
-        let Ok(opened) = tokio::time::timeout(self.timeout, &mut open).await else {
+        let address = if dial_status {
+            OPEN_DIAL_STATUS_CHANNEL
+        } else {
+            OPEN_DIAL_CHANNEL
+        };
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut open =
+            Box::pin(async move { tunnel.channel_open_forwarded_tcpip(address, 0, json, 0).await });
+        let Ok(opened) = tokio::time::timeout_at(deadline, &mut open).await else {
             // The agent may still confirm once its dial completes: close that channel then, so
             // that neither end keeps a connection nobody reads.
             tokio::spawn(async move {
@@ -836,6 +849,33 @@ impl TunnelDialer {
             });
         };
         match opened {
+            Ok(channel) if dial_status => {
+                // Dropping the stream (on a refusal or past the deadline) closes the channel.
+                let mut stream = channel.into_stream();
+                let status = tokio::time::timeout_at(deadline, read_dial_status(&mut stream))
+                    .await
+                    .map_err(|_| TunnelError::Timeout {
+                        what: "reading the agent's dial status",
+                        after: self.timeout,
+                    })?
+                    .map_err(|source| TunnelError::Io {
+                        what: "reading the agent's dial status",
+                        source,
+                    })?;
+                match status {
+                    Ok(()) => Ok(TunnelStream {
+                        inner: StreamInner::Channel {
+                            stream: Box::new(stream),
+                            _live: guard,
+                        },
+                    }),
+                    Err((_, reason)) => Err(TunnelError::DialRefused {
+                        server: host_id,
+                        address: req.address,
+                        reason,
+                    }),
+                }
+            }
             Ok(channel) => Ok(TunnelStream {
                 inner: StreamInner::Channel {
                     stream: Box::new(channel.into_stream()),
