@@ -194,10 +194,7 @@ fn psql_curl_and_desktop_tcp_through_local_proxies_with_rbac_by_labels() {
     let (_http, http_port) = http_server(&site);
     let (_echo, echo_port) = echo_server();
     // A desktop host nobody listens on: the agent's reason for refusing the dial reaches tsh.
-    let closed_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let closed_port = svc_testkit::free_port("127.0.0.1");
 
     let services = format!(
         "app_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1:{http_port}\n    labels: {{env: dev}}\n\

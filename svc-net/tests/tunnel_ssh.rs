@@ -454,9 +454,7 @@ async fn old_and_new_agents(separate: bool) {
     }
 
     // A target nobody listens on: the agent's reason names the refusal and the target.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let target = closed.local_addr().unwrap().to_string();
-    drop(closed);
+    let target = format!("127.0.0.1:{}", svc_testkit::free_port("127.0.0.1"));
     let mut req = app_dial("node-tcp");
     req.address = target.clone();
     let err = dialer
