@@ -29,6 +29,7 @@ use svc_core::webapi::{
     SSO_RESPONSE_PARAM, SSO_SECRET_KEY_PARAM, SSO_WEB_BEGIN_PATH, SSO_WEB_RETURN_PATH, SsoResult,
 };
 
+use super::login::{SignInCallError, call_auth};
 use super::{Body, ResponseBody, WebService, full, json_error, web_service};
 use crate::auth::{AuthClient, ClientError, ClientIdentity, FailoverClient, KeyMaterial, proto};
 use crate::proxy::cache::ProxyDecisions;
@@ -420,40 +421,35 @@ impl WebSessions {
             ttl_seconds: 0,
             client_addr,
         };
-        let link = &self.inner.link;
-        let call = async {
-            let mut auth = link.client().await?;
-            auth.raw().login(request).await.map_err(ClientError::from)
-        };
-        let answer = match self.inner.deadline {
-            Some(d) => match tokio::time::timeout(d, call).await {
-                Ok(r) => r,
-                Err(_) => {
-                    link.reset().await;
-                    return Err(WebError::Unavailable(format!(
-                        "sign-in needs the Auth Service ({}), which did not answer within {d:?}",
-                        link.addrs().join(", ")
-                    )));
-                }
-            },
-            None => call.await,
-        };
-        let certs = match answer {
-            Ok(c) => c.into_inner(),
-            Err(e) => {
-                if link.identity().is_some() && FailoverClient::is_transport_failure(&e) {
-                    link.reset().await;
-                }
+        let certs = self
+            .call_auth(|mut auth| async move { auth.raw().login(request).await.map_err(ClientError::from) })
+            .await
+            .map_err(|e| match e {
                 // The Auth Service refuses a locked-out sign-in as "permission denied"; to the
                 // browser it is the lockout (429), whatever the password.
-                let message = e.to_string();
-                if e.code() == Some(tonic::Code::PermissionDenied) && message.contains(" is locked after ") {
-                    return Err(WebError::TooManyRequests(message));
+                WebError::Forbidden(message) if message.contains(" is locked after ") => {
+                    WebError::TooManyRequests(message)
                 }
-                return Err(WebError::from_auth(e));
-            }
-        };
+                e => e,
+            })?
+            .into_inner();
         self.start_session(keys, certs)
+    }
+
+    /// Calls the Auth Service with the proxy's own identity under the sign-in deadline
+    /// ([`call_auth`]: the link is reset after a missed deadline or a transport failure); its
+    /// refusal as a web error.
+    async fn call_auth<T, F, Fut>(&self, call: F) -> Result<T, WebError>
+    where
+        F: FnOnce(AuthClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        call_auth(&self.inner.link, self.inner.deadline, call)
+            .await
+            .map_err(|e| match e {
+                e @ SignInCallError::Deadline { .. } => WebError::Unavailable(e.to_string()),
+                SignInCallError::Auth(e) => WebError::from_auth(e),
+            })
     }
 
     /// A session for the certificates the Auth Service issued for `keys` (checked against the
@@ -657,29 +653,13 @@ impl WebSessions {
             ssh_public_key,
             ttl_seconds: 0,
         };
-        let link = &self.inner.link;
-        let call = async {
-            let mut auth = link.client().await?;
-            auth.raw().sso_begin(request).await.map_err(ClientError::from)
-        };
-        let answer = match self.inner.deadline {
-            Some(d) => tokio::time::timeout(d, call).await.map_err(|_| {
-                WebError::Unavailable(format!(
-                    "sign-in needs the Auth Service ({}), which did not answer within {d:?}",
-                    link.addrs().join(", ")
-                ))
-            })?,
-            None => call.await,
-        };
-        let provider = match answer {
-            Ok(a) => a.into_inner().redirect_url,
-            Err(e) => {
-                if link.identity().is_some() && FailoverClient::is_transport_failure(&e) {
-                    link.reset().await;
-                }
-                return Err(WebError::from_auth(e));
-            }
-        };
+        let provider = self
+            .call_auth(
+                |mut auth| async move { auth.raw().sso_begin(request).await.map_err(ClientError::from) },
+            )
+            .await?
+            .into_inner()
+            .redirect_url;
         {
             let mut pending = self.pending();
             pending.retain(|_, p| p.started.elapsed() < SSO_WEB_TTL);
