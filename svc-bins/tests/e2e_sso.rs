@@ -960,15 +960,18 @@ fn saml_sign_in_maps_attributes_and_takes_mapping_changes_at_the_next_sign_in() 
 
     // §5.4 with SAML attributes: alice (groups ops, dev) gets the mapped roles.
     let home = dir.join("home-alice");
-    let (ok, stderr, last) = saml_login(
-        &cluster,
-        &mut browser,
-        &home,
-        &idp,
-        &sp_metadata,
-        serde_json::json!({}),
-        &|x: &str| x.to_owned(),
-    );
+    let alice_signs_in = |browser: &mut Browser| {
+        saml_login(
+            &cluster,
+            browser,
+            &home,
+            &idp,
+            &sp_metadata,
+            serde_json::json!({}),
+            &|x: &str| x.to_owned(),
+        )
+    };
+    let (ok, stderr, last) = alice_signs_in(&mut browser);
     assert!(ok, "tsh login --auth=corp (saml) failed: {stderr}\n{last:?}");
     assert!(last.body.contains("Signed in as alice"), "{last:?}");
     assert_eq!(
@@ -976,15 +979,7 @@ fn saml_sign_in_maps_attributes_and_takes_mapping_changes_at_the_next_sign_in() 
         Some(("alice".to_owned(), vec!["editor".to_owned(), "access".to_owned()]))
     );
     mapping_change_takes_effect_at_the_next_sign_in(&cluster, &home, "saml/corp", &mut || {
-        let (ok, stderr, last) = saml_login(
-            &cluster,
-            &mut browser,
-            &home,
-            &idp,
-            &sp_metadata,
-            serde_json::json!({}),
-            &|x: &str| x.to_owned(),
-        );
+        let (ok, stderr, last) = alice_signs_in(&mut browser);
         assert!(ok, "second SAML sign-in failed: {stderr}\n{last:?}");
     });
 

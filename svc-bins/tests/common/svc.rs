@@ -96,9 +96,14 @@ impl Drop for Svc {
 /// A join token of `kind` (`proxy`, `node`, …) and the CA pin, made with `tctl` on the Auth
 /// Service's data directory `auth_data`.
 pub fn token(auth_data: &Path, home: &Path, kind: &str) -> (String, String) {
+    token_with(super::TCTL, auth_data, home, kind)
+}
+
+/// Like [`token`], with the `tctl` binary at `tctl`.
+pub fn token_with(tctl: &str, auth_data: &Path, home: &Path, kind: &str) -> (String, String) {
     let data = auth_data.to_string_lossy().into_owned();
     let out = run_client(
-        super::TCTL,
+        tctl,
         home,
         &[
             "--data-dir",
