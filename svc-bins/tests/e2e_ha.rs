@@ -257,27 +257,7 @@ fn loopback(port: u16) -> SocketAddr {
 
 /// A join token of `kind` and the CA pin, from the first Auth Service's host.
 fn token(auth_data: &Path, home: &Path, kind: &str) -> (String, String) {
-    let data = auth_data.to_string_lossy().into_owned();
-    let out = run(
-        &bin("tctl"),
-        home,
-        &[
-            "--data-dir",
-            &data,
-            "tokens",
-            "add",
-            &format!("--type={kind}"),
-            "--format",
-            "json",
-        ],
-        None,
-    )
-    .ok();
-    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("token json");
-    (
-        v["token"].as_str().expect("token").to_owned(),
-        v["ca_pin"].as_str().expect("ca_pin").to_owned(),
-    )
+    common::svc::token_with(&bin("tctl"), auth_data, home, kind)
 }
 
 /// The host ID a proxy saved with its identity.

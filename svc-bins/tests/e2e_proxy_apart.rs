@@ -14,119 +14,16 @@ mod netns;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use common::agent::Agent;
+use common::svc::{Svc, token};
 use common::{Run, SVC, TCTL, TSH, wait};
 
 const PASSWORD: &str = "correct-horse-battery";
 
-/// One `svc start` process; killed on drop.
-struct Svc {
-    child: Option<Child>,
-    stderr: PathBuf,
-    lines: Vec<(String, String)>,
-}
-
-impl Svc {
-    /// Starts `svc start --config CONFIG` and reads its banner up to `svc: ready`.
-    fn start(config: &Path, stderr: PathBuf) -> Svc {
-        Self::start_with_env(config, stderr, &[])
-    }
-
-    /// Like [`start`](Self::start), with `env` set for the process.
-    fn start_with_env(config: &Path, stderr: PathBuf, env: &[(&str, &str)]) -> Svc {
-        let err = std::fs::File::create(&stderr).expect("stderr file");
-        let mut child = Command::new(SVC)
-            .args(["start", "--insecure", "--config"])
-            .arg(config)
-            .envs(env.iter().copied())
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(err)
-            .spawn()
-            .expect("spawn svc");
-        let mut lines = Vec::new();
-        let banner = wait::first_line(child.stdout.take().expect("stdout"), wait::STEP, move |line| {
-            if let Some((k, v)) = line.trim().split_once(": ") {
-                lines.push((k.to_owned(), v.to_owned()));
-            }
-            (line.trim() == "svc: ready").then(|| lines.clone())
-        });
-        match banner {
-            Ok(lines) => Svc {
-                child: Some(child),
-                stderr,
-                lines,
-            },
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "svc did not start ({e}):\n{}",
-                    std::fs::read_to_string(&stderr).unwrap_or_default()
-                );
-            }
-        }
-    }
-
-    fn line(&self, key: &str) -> String {
-        self.lines
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_else(|| panic!("no `{key}:` line in the banner: {:?}", self.lines))
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().expect("kill -9 svc");
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Svc {
-    fn drop(&mut self) {
-        self.kill9();
-        if std::thread::panicking() {
-            eprintln!("--- {} ---\n{}", self.stderr.display(), self.log());
-        }
-    }
-}
-
 fn run(bin: &str, home: &Path, args: &[&str], stdin: Option<&str>) -> Run {
     common::run_client(bin, home, args, stdin)
-}
-
-/// A join token of `kind` and the CA pin, from the Auth host.
-fn token(auth_data: &Path, home: &Path, kind: &str) -> (String, String) {
-    let data = auth_data.to_string_lossy().into_owned();
-    let out = run(
-        TCTL,
-        home,
-        &[
-            "--data-dir",
-            &data,
-            "tokens",
-            "add",
-            &format!("--type={kind}"),
-            "--format",
-            "json",
-        ],
-        None,
-    )
-    .ok();
-    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("token json");
-    (
-        v["token"].as_str().expect("token").to_owned(),
-        v["ca_pin"].as_str().expect("ca_pin").to_owned(),
-    )
 }
 
 fn dead_addr() -> String {

@@ -3,9 +3,10 @@
 //! OAuth and teams API; the test plays the browser (follows redirects, submits the provider's
 //! login form). Covers the §5.4 procedure (a mapping edited with `tctl get … --with-secrets` and
 //! `tctl create -f` takes effect at the next sign-in), refusals that issue nothing (a bad state,
-//! an ID token signed by an unpublished key, a user mapped to no role), the provider rotating
-//! its keys, GitHub's `teams_to_roles`, and the client secrets staying out of `tctl get` and the
-//! logs.
+//! an ID token signed by an unpublished key, a user mapped to no role, a SAML assertion
+//! replayed through the Web UI's return path), the provider rotating its keys, GitHub's
+//! `teams_to_roles`, the per-address cap on the Web UI's unfinished sign-ins, and the client
+//! secrets staying out of `tctl get` and the logs.
 
 mod common;
 
@@ -340,6 +341,56 @@ fn tctl_as(home: &Path, args: &[&str]) -> Run {
     run_client(TCTL, home, args, None)
 }
 
+/// The §5.4 procedure for the user signed in at `home` (roles `editor` and `access` from the
+/// connector `resource`, e.g. `oidc/corp`): the connector read with `tctl get … --with-secrets`,
+/// `maintenance-admin` added to the mapping that gives `editor`, written back with
+/// `tctl create -f`; creating a maintenance window is refused until `sign_in_again` (a new
+/// sign-in through the connector, asserted to succeed) and accepted after it, the user's roles
+/// then those of the edited mapping.
+fn mapping_change_takes_effect_at_the_next_sign_in(
+    cluster: &Cluster,
+    home: &Path,
+    resource: &str,
+    sign_in_again: &mut dyn FnMut(),
+) {
+    let fetched = tctl_as(home, &["get", resource, "--with-secrets"]).ok();
+    let edited = fetched
+        .stdout
+        .replacen("- editor", "- editor\n    - maintenance-admin", 1);
+    assert_ne!(
+        edited, fetched.stdout,
+        "{resource}'s mapping edited: {}",
+        fetched.stdout
+    );
+    let kind = resource.split('/').next().unwrap_or(resource);
+    let edited = cluster.write(&format!("{kind}-edited.yaml"), &edited);
+    tctl_as(home, &["create", "-f", edited.to_str().expect("path")]).ok();
+
+    // Before signing in again: refused.
+    let window = cluster.write("maintenance.yaml", MAINTENANCE);
+    let window = window.to_str().expect("path");
+    tctl_as(home, &["create", window]).refused(
+        "\"create\" on \"cluster_maintenance_config\"",
+        "maintenance window before signing in again",
+        cluster,
+    );
+    sign_in_again();
+    assert_eq!(
+        status(home).map(|s| s.1),
+        Some(vec![
+            "editor".to_owned(),
+            "maintenance-admin".to_owned(),
+            "access".to_owned()
+        ])
+    );
+    let out = tctl_as(home, &["create", window]).ok();
+    assert!(
+        out.stdout.contains("maintenance window has been updated"),
+        "{}",
+        out.stdout
+    );
+}
+
 /// Signs in through `connector` as `user` and returns what the browser saw last (tsh's loopback
 /// page) with tsh's outcome.
 fn sso_login(
@@ -491,52 +542,20 @@ fn oidc_sign_in_maps_claims_and_takes_mapping_changes_at_the_next_sign_in() {
     );
     let fetched = tctl_as(&home, &["get", "oidc/corp", "--with-secrets"]).ok();
     assert!(fetched.stdout.contains(OIDC_SECRET), "{}", fetched.stdout);
-    let edited = fetched
-        .stdout
-        .replacen("- editor", "- editor\n    - maintenance-admin", 1);
-    assert_ne!(
-        edited, fetched.stdout,
-        "claims_to_roles edited: {}",
-        fetched.stdout
-    );
-    let edited = cluster.write("oidc-edited.yaml", &edited);
-    tctl_as(&home, &["create", "-f", edited.to_str().expect("path")]).ok();
-
-    // Before signing in again: refused.
-    let window = cluster.write("maintenance.yaml", MAINTENANCE);
-    let window = window.to_str().expect("path");
-    let denied = tctl_as(&home, &["create", window]);
-    denied.refused(
-        "\"create\" on \"cluster_maintenance_config\"",
-        "maintenance window before signing in again",
-        &cluster,
-    );
-    // The provider rotates its signing key meanwhile: the new kid is fetched.
-    let rotate = browser.request(
-        Method::POST,
-        &format!("{}/control/rotate", op.url()),
-        Some(String::new()),
-    );
-    assert_eq!(rotate.status, 200, "{rotate:?}");
-    let (pages, ok, stderr) = sso_login(&cluster, &mut browser, &home, "corp", "alice", "alice-pass");
-    assert!(
-        ok,
-        "sign-in after the provider's key rotation failed: {stderr}\npages: {pages:#?}"
-    );
-    assert_eq!(
-        status(&home).map(|s| s.1),
-        Some(vec![
-            "editor".to_owned(),
-            "maintenance-admin".to_owned(),
-            "access".to_owned()
-        ])
-    );
-    let out = tctl_as(&home, &["create", window]).ok();
-    assert!(
-        out.stdout.contains("maintenance window has been updated"),
-        "{}",
-        out.stdout
-    );
+    mapping_change_takes_effect_at_the_next_sign_in(&cluster, &home, "oidc/corp", &mut || {
+        // The provider rotates its signing key meanwhile: the new kid is fetched.
+        let rotate = browser.request(
+            Method::POST,
+            &format!("{}/control/rotate", op.url()),
+            Some(String::new()),
+        );
+        assert_eq!(rotate.status, 200, "{rotate:?}");
+        let (pages, ok, stderr) = sso_login(&cluster, &mut browser, &home, "corp", "alice", "alice-pass");
+        assert!(
+            ok,
+            "sign-in after the provider's key rotation failed: {stderr}\npages: {pages:#?}"
+        );
+    });
 
     // An ID token signed by a key the provider does not publish: refused, nothing issued.
     let home_rogue = dir.join("home-rogue");
@@ -707,6 +726,45 @@ spec:
         !cluster.stderr().contains(GITHUB_SECRET),
         "svc's log carries the client secret"
     );
+
+    // One client's unfinished Web UI sign-ins are capped per address: the 21st from 127.0.0.1
+    // is refused with 429 and says why; a client at another address is not kept waiting.
+    let begin = format!(
+        "https://{}/webapi/sso/web/begin?kind=github&connector_id=gh",
+        cluster.web_addr
+    );
+    for i in 0..20 {
+        let started = browser.request(Method::GET, &begin, None);
+        assert_eq!(started.status, 302, "sign-in {i}: {started:?}");
+    }
+    let refused = browser.request(Method::GET, &begin, None);
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert!(
+        refused
+            .body
+            .contains("address 127.0.0.1 has 20 unfinished single sign-ons already"),
+        "{refused:?}"
+    );
+    let other = Command::new(svc_testkit::require("curl", "curl"))
+        .args([
+            "-k",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "60",
+        ])
+        .args(["--interface", "127.0.0.2", &begin])
+        .output()
+        .expect("curl");
+    assert_eq!(
+        String::from_utf8_lossy(&other.stdout),
+        "302",
+        "a sign-in from 127.0.0.2: {}",
+        String::from_utf8_lossy(&other.stderr)
+    );
 }
 
 /// Runs the pysaml2 identity provider (`svc-core/tests/support/saml_idp.py`) for one step.
@@ -736,25 +794,17 @@ fn saml_idp(args: &[&str], input: &serde_json::Value) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("saml_idp.py answers JSON")
 }
 
-/// One SAML sign-in: tsh prints the IdP URL with the AuthnRequest, the IdP answers (`extra`:
-/// its options, `tamper`: applied to the Response XML), the browser posts it to the proxy's ACS
-/// and follows the redirect back to tsh. tsh's outcome and the last page.
-fn saml_login(
-    cluster: &Cluster,
-    browser: &mut Browser,
-    home: &Path,
+/// The IdP's answer to the sign-in request in `url` (its `SAMLRequest` and `RelayState`) for
+/// alice (`extra`: the IdP's options, `tamper`: applied to the Response XML): the ACS URL to
+/// post to, and the form the browser posts there.
+fn saml_idp_form(
     idp: &serde_json::Value,
     sp_metadata: &str,
+    url: &str,
     extra: serde_json::Value,
     tamper: &dyn Fn(&str) -> String,
-) -> (bool, String, Page) {
+) -> (String, String) {
     use base64::Engine as _;
-    let mut tsh = TshLogin::start(cluster, home, "corp");
-    let url = tsh.url();
-    assert!(
-        url.starts_with("https://idp.example.test/sso"),
-        "tsh sends the browser to the IdP: {url}"
-    );
     let query = url.split_once('?').expect("query").1;
     let param = |name: &str| {
         form_urlencoded::parse(query.as_bytes())
@@ -785,6 +835,28 @@ fn saml_login(
         .append_pair("SAMLResponse", &engine.encode(tamper(&xml)))
         .append_pair("RelayState", &param("RelayState"))
         .finish();
+    (acs, form)
+}
+
+/// One SAML sign-in: tsh prints the IdP URL with the AuthnRequest, the IdP answers (`extra`:
+/// its options, `tamper`: applied to the Response XML), the browser posts it to the proxy's ACS
+/// and follows the redirect back to tsh. tsh's outcome and the last page.
+fn saml_login(
+    cluster: &Cluster,
+    browser: &mut Browser,
+    home: &Path,
+    idp: &serde_json::Value,
+    sp_metadata: &str,
+    extra: serde_json::Value,
+    tamper: &dyn Fn(&str) -> String,
+) -> (bool, String, Page) {
+    let mut tsh = TshLogin::start(cluster, home, "corp");
+    let url = tsh.url();
+    assert!(
+        url.starts_with("https://idp.example.test/sso"),
+        "tsh sends the browser to the IdP: {url}"
+    );
+    let (acs, form) = saml_idp_form(idp, sp_metadata, &url, extra, tamper);
     let posted = browser.request(Method::POST, &acs, Some(form));
     let last = match &posted.location {
         Some(location) if location.starts_with("http://127.0.0.1") => {
@@ -797,6 +869,22 @@ fn saml_login(
     };
     let (ok, stderr) = tsh.finish();
     (ok, stderr, last)
+}
+
+/// The proxy's answer to `posted` (the ACS's answer to a form) as the browser ends up seeing
+/// it: a redirect to the proxy's web return path is followed once.
+fn web_return(browser: &mut Browser, web: &str, posted: Page) -> Page {
+    match posted.location.as_deref() {
+        Some(l) if l.contains("/webapi/sso/web/return") => {
+            let url = if l.starts_with('/') {
+                format!("{web}{l}")
+            } else {
+                l.to_owned()
+            };
+            browser.request(Method::GET, &url, None)
+        }
+        _ => posted,
+    }
 }
 
 #[test]
@@ -872,63 +960,28 @@ fn saml_sign_in_maps_attributes_and_takes_mapping_changes_at_the_next_sign_in() 
 
     // §5.4 with SAML attributes: alice (groups ops, dev) gets the mapped roles.
     let home = dir.join("home-alice");
-    let (ok, stderr, last) = saml_login(
-        &cluster,
-        &mut browser,
-        &home,
-        &idp,
-        &sp_metadata,
-        serde_json::json!({}),
-        &|x: &str| x.to_owned(),
-    );
+    let alice_signs_in = |browser: &mut Browser| {
+        saml_login(
+            &cluster,
+            browser,
+            &home,
+            &idp,
+            &sp_metadata,
+            serde_json::json!({}),
+            &|x: &str| x.to_owned(),
+        )
+    };
+    let (ok, stderr, last) = alice_signs_in(&mut browser);
     assert!(ok, "tsh login --auth=corp (saml) failed: {stderr}\n{last:?}");
     assert!(last.body.contains("Signed in as alice"), "{last:?}");
     assert_eq!(
         status(&home),
         Some(("alice".to_owned(), vec!["editor".to_owned(), "access".to_owned()]))
     );
-    let fetched = tctl_as(&home, &["get", "saml/corp", "--with-secrets"]).ok();
-    let edited = fetched
-        .stdout
-        .replacen("- editor", "- editor\n    - maintenance-admin", 1);
-    assert_ne!(
-        edited, fetched.stdout,
-        "attributes_to_roles edited: {}",
-        fetched.stdout
-    );
-    let edited = cluster.write("saml-edited.yaml", &edited);
-    tctl_as(&home, &["create", "-f", edited.to_str().expect("path")]).ok();
-    let window = cluster.write("maintenance.yaml", MAINTENANCE);
-    let window = window.to_str().expect("path");
-    tctl_as(&home, &["create", window]).refused(
-        "\"create\" on \"cluster_maintenance_config\"",
-        "maintenance window before signing in again",
-        &cluster,
-    );
-    let (ok, stderr, last) = saml_login(
-        &cluster,
-        &mut browser,
-        &home,
-        &idp,
-        &sp_metadata,
-        serde_json::json!({}),
-        &|x: &str| x.to_owned(),
-    );
-    assert!(ok, "second SAML sign-in failed: {stderr}\n{last:?}");
-    assert_eq!(
-        status(&home).map(|s| s.1),
-        Some(vec![
-            "editor".to_owned(),
-            "maintenance-admin".to_owned(),
-            "access".to_owned()
-        ])
-    );
-    let out = tctl_as(&home, &["create", window]).ok();
-    assert!(
-        out.stdout.contains("maintenance window has been updated"),
-        "{}",
-        out.stdout
-    );
+    mapping_change_takes_effect_at_the_next_sign_in(&cluster, &home, "saml/corp", &mut || {
+        let (ok, stderr, last) = alice_signs_in(&mut browser);
+        assert!(ok, "second SAML sign-in failed: {stderr}\n{last:?}");
+    });
 
     // An expired assertion and a wrong audience: refused with the reason.
     for (extra, reason) in [
@@ -952,4 +1005,92 @@ fn saml_sign_in_maps_attributes_and_takes_mapping_changes_at_the_next_sign_in() 
         assert!(stderr.contains(reason), "tsh: {stderr}\n{last:?}");
         assert!(status(&home_bad).is_none(), "a profile after a refused sign-in");
     }
+
+    // The Web UI's SAML sign-in through the proxy's web return path, then the same assertion
+    // replayed: posted again as it was, and under a sign-in the attacker started itself. Each
+    // replay is refused and makes no web session.
+    let web = format!("https://{}", cluster.web_addr);
+    let begin = format!("{web}/webapi/sso/web/begin?kind=saml&connector_id=corp");
+    browser.cookies.clear();
+    let started = browser.request(Method::GET, &begin, None);
+    assert_eq!(started.status, 302, "{started:?}");
+    let provider = started.location.clone().expect("the IdP's URL");
+    let (acs, form) = saml_idp_form(
+        &idp,
+        &sp_metadata,
+        &provider,
+        serde_json::json!({}),
+        &|x: &str| x.to_owned(),
+    );
+    let posted = browser.request(Method::POST, &acs, Some(form.clone()));
+    let back = web_return(&mut browser, &web, posted);
+    assert_eq!(back.status, 302, "{back:?}");
+    assert_eq!(back.location.as_deref(), Some("/web/"), "{back:?}");
+    let me = browser.request(Method::GET, &format!("{web}/webapi/sessions/web"), None);
+    assert_eq!(me.status, 200, "{me:?}");
+    assert!(me.body.contains("\"user\":\"alice\""), "{me:?}");
+    let sessions = |log: &str| log.matches("web session started by single sign-on").count();
+    let before = sessions(&cluster.stderr());
+    assert_eq!(before, 1, "one web session by single sign-on so far");
+
+    // The captured form posted again, by a browser with the victim's cookies and by one without.
+    for keep_cookies in [true, false] {
+        if !keep_cookies {
+            browser.cookies.clear();
+        }
+        browser.cookies.retain(|c| !c.starts_with("svc_session="));
+        let posted = browser.request(Method::POST, &acs, Some(form.clone()));
+        let last = web_return(&mut browser, &web, posted);
+        // Its sign-in was taken by the first post: the state is spent.
+        assert_eq!(
+            last.status, 403,
+            "the replayed assertion (cookies kept: {keep_cookies}): {last:?}"
+        );
+        assert!(
+            last.body.contains("state names no sign-in in progress"),
+            "{last:?}"
+        );
+        assert!(
+            !browser.cookies.iter().any(|c| c.starts_with("svc_session=")),
+            "a web session from a replayed assertion: {last:?}"
+        );
+    }
+    // The captured assertion under a sign-in the attacker started (its own binding cookie and
+    // RelayState): refused by the Auth Service, the refusal sealed back to the proxy's return
+    // path and shown there.
+    browser.cookies.clear();
+    let started = browser.request(Method::GET, &begin, None);
+    assert_eq!(started.status, 302, "{started:?}");
+    let provider = started.location.clone().expect("the IdP's URL");
+    let relay = form_urlencoded::parse(provider.split_once('?').expect("query").1.as_bytes())
+        .find(|(k, _)| k == "RelayState")
+        .map(|(_, v)| v.into_owned())
+        .expect("RelayState");
+    let captured = form_urlencoded::parse(form.as_bytes())
+        .find(|(k, _)| k == "SAMLResponse")
+        .map(|(_, v)| v.into_owned())
+        .expect("SAMLResponse");
+    let replayed = form_urlencoded::Serializer::new(String::new())
+        .append_pair("SAMLResponse", &captured)
+        .append_pair("RelayState", &relay)
+        .finish();
+    let posted = browser.request(Method::POST, &acs, Some(replayed));
+    let last = web_return(&mut browser, &web, posted);
+    // The assertion answers the victim's request, not this one.
+    assert_eq!(last.status, 403, "{last:?}");
+    assert!(
+        last.body.contains("sign-in refused")
+            && last.body.contains("InResponseTo")
+            && last.body.contains("does not answer the request"),
+        "{last:?}"
+    );
+    assert!(
+        !browser.cookies.iter().any(|c| c.starts_with("svc_session=")),
+        "a web session from a replayed assertion: {last:?}"
+    );
+    assert_eq!(
+        sessions(&cluster.stderr()),
+        before,
+        "a replayed assertion started a web session"
+    );
 }

@@ -22,6 +22,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
 
 use common::resources::PASSWORD;
+use common::svc::{Svc, token};
 use common::{Cluster, wait};
 
 /// Roles: `narrow` reaches only `env: dev` nodes (the local node has no such label) and reads
@@ -637,75 +638,6 @@ async fn ws_connect(
     Ok(ws)
 }
 
-/// One `svc start --insecure` process of the proxy-apart shape; killed on drop.
-struct Svc {
-    child: Option<std::process::Child>,
-    stderr: std::path::PathBuf,
-    lines: Vec<(String, String)>,
-}
-
-impl Svc {
-    /// Starts `svc start --insecure --config CONFIG` and reads its banner up to `svc: ready`.
-    fn start(config: &std::path::Path, stderr: std::path::PathBuf) -> Svc {
-        let err = std::fs::File::create(&stderr).expect("stderr file");
-        let mut child = Command::new(common::SVC)
-            .args(["start", "--insecure", "--config"])
-            .arg(config)
-            .env_remove("RUST_LOG")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(err)
-            .spawn()
-            .expect("spawn svc");
-        let mut lines = Vec::new();
-        let banner = wait::first_line(child.stdout.take().expect("stdout"), wait::STEP, move |line| {
-            if let Some((k, v)) = line.trim().split_once(": ") {
-                lines.push((k.to_owned(), v.to_owned()));
-            }
-            (line.trim() == "svc: ready").then(|| lines.clone())
-        });
-        match banner {
-            Ok(lines) => Svc {
-                child: Some(child),
-                stderr,
-                lines,
-            },
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "svc did not start ({e}):\n{}",
-                    std::fs::read_to_string(&stderr).unwrap_or_default()
-                );
-            }
-        }
-    }
-
-    fn line(&self, key: &str) -> String {
-        self.lines
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_else(|| panic!("no `{key}:` line in the banner: {:?}", self.lines))
-    }
-}
-
-impl Drop for Svc {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!(
-                "--- {} ---\n{}",
-                self.stderr.display(),
-                std::fs::read_to_string(&self.stderr).unwrap_or_default()
-            );
-        }
-    }
-}
-
 /// A free loopback address.
 fn free_addr() -> String {
     format!("127.0.0.1:{}", svc_testkit::free_port("127.0.0.1"))
@@ -723,17 +655,6 @@ fn a_proxy_apart_serves_web_sessions_resources_the_terminal_and_ends_locked_sess
         all.extend_from_slice(args);
         common::run_client(common::TCTL, &home, &all, stdin).ok()
     };
-    let token = |kind: &str| -> (String, String) {
-        let out = tctl(
-            &["tokens", "add", &format!("--type={kind}"), "--format", "json"],
-            None,
-        );
-        let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("token json");
-        (
-            v["token"].as_str().expect("token").to_owned(),
-            v["ca_pin"].as_str().expect("ca_pin").to_owned(),
-        )
-    };
 
     // The Auth Service alone, then the Proxy Service alone (joined with a proxy token), then an
     // SSH agent tunnelled through that proxy.
@@ -749,7 +670,7 @@ fn a_proxy_apart_serves_web_sessions_resources_the_terminal_and_ends_locked_sess
     .expect("auth.yaml");
     let auth = Svc::start(&auth_yaml, dir.join("auth.stderr"));
     let auth_addr = auth.line("auth");
-    let (proxy_token, pin) = token("proxy");
+    let (proxy_token, pin) = token(&auth_data, &home, "proxy");
     let proxy_yaml = dir.join("proxy.yaml");
     std::fs::write(
         &proxy_yaml,
@@ -761,7 +682,7 @@ fn a_proxy_apart_serves_web_sessions_resources_the_terminal_and_ends_locked_sess
     .expect("proxy.yaml");
     let proxy = Svc::start(&proxy_yaml, dir.join("proxy.stderr"));
     let web = proxy.line("web").trim_start_matches("https://").to_owned();
-    let (node_token, _) = token("node");
+    let (node_token, _) = token(&auth_data, &home, "node");
     let agent_yaml = dir.join("agent.yaml");
     std::fs::write(
         &agent_yaml,

@@ -9,7 +9,9 @@
 //! Inventory, is refused saving the window as the reader (the page shows the Auth Service's
 //! reason), runs `echo` in the web terminal and resizes it, signs out (the old cookie is refused),
 //! changes the window as the editor, and opens the app, which shows the identity header; `tctl`
-//! then shows the changed window. Screenshots of each page: `target/web-ui-artefacts/`.
+//! then shows the changed window. Last, `octocat` signs in with the sign-in page's "Sign in with
+//! GitHub" button through e2e_sso's GitHub stand-in. Screenshots of each page:
+//! `target/web-ui-artefacts/`.
 
 mod common;
 
@@ -38,6 +40,30 @@ fn echo_headers_app() -> (Proc, u16) {
     let proc = Proc(child);
     let port = common::wait::first_line(out, common::wait::STEP, |l| l.trim().parse::<u16>().ok())
         .unwrap_or_else(|e| panic!("{} printed no port: {e}", script.display()));
+    (proc, port)
+}
+
+/// The client secret of the GitHub stand-in's OAuth application.
+const GITHUB_SECRET: &str = "github-client-secret-Wb6tQ2";
+
+/// e2e_sso's stand-in for GitHub's OAuth and teams API (`tests/sso/github_standin.py`, Python's
+/// standard library only) on a free port, approving `octocat` (team `acme/sre`) and sending the
+/// browser to `callback`: the process and its port.
+fn github_standin(callback: &str) -> (Proc, u16) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sso/github_standin.py");
+    let port = free_port();
+    let mut child = Command::new(require("python3", "python3"))
+        .arg(&script)
+        .arg(port.to_string())
+        .args(["gh-client-id", GITHUB_SECRET, callback, "octocat", "acme", "sre"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the GitHub stand-in");
+    let out = child.stdout.take().expect("stdout");
+    let proc = Proc(child);
+    common::wait::first_line(out, common::wait::STEP, |l| l.starts_with("ready").then_some(()))
+        .unwrap_or_else(|e| panic!("{} did not start: {e}", script.display()));
     (proc, port)
 }
 
@@ -122,6 +148,20 @@ fn the_web_ui_in_chromium() {
             .ok();
     }
 
+    // A GitHub connector through the stand-in: octocat (team acme/sre) gets `access`; the
+    // sign-in page shows its button.
+    let callback = format!("https://127.0.0.1:{web_port}/v1/webapi/github/callback");
+    let (_github, github_port) = github_standin(&callback);
+    let connector = cluster.write(
+        "github.yaml",
+        &format!(
+            "kind: github\nversion: v3\nmetadata:\n  name: gh\nspec:\n  client_id: gh-client-id\n  client_secret: {GITHUB_SECRET}\n  redirect_url: {callback}\n  display: GitHub\n  endpoint_url: http://127.0.0.1:{github_port}\n  api_endpoint_url: http://127.0.0.1:{github_port}/api/v3\n  teams_to_roles:\n  - organization: acme\n    team: sre\n    roles: [access]\n"
+        ),
+    );
+    cluster
+        .tctl_admin(&["create", &connector.to_string_lossy()], None)
+        .ok();
+
     // An agent joined with a token, through the proxy's web port.
     let token = cluster
         .tctl_admin(&["tokens", "add", "--type=node", "--format", "json"], None)
@@ -163,6 +203,8 @@ fn the_web_ui_in_chromium() {
         .env("SVC_APP", "echo")
         .env("SVC_PUBLIC_HOST", PUBLIC_HOST)
         .env("SVC_CHROMIUM", &chromium)
+        .env("SVC_SSO_DISPLAY", "GitHub")
+        .env("SVC_SSO_USER", "octocat")
         .output_within(Duration::from_secs(600), "the browser scenario")
         .expect("run node");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -205,6 +247,8 @@ fn the_web_ui_in_chromium() {
         "09-inventory-narrow",
         "10-maintenance-saved",
         "12-app",
+        "13-sso-sign-in-page",
+        "14-sso-signed-in",
     ] {
         let shot = artefacts.join(format!("{page}.png"));
         assert!(shot.is_file(), "no screenshot {}", shot.display());

@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod resources;
+pub mod svc;
 
 /// Deadlines for everything these tests wait on (`svc_testkit::wait`), and how long one step
 /// may take here.

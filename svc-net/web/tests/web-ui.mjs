@@ -11,6 +11,8 @@
 //   SVC_APP             an HTTP app that echoes the request's headers in its page
 //   SVC_PUBLIC_HOST     the proxy's public host: apps are its subdomains, resolved to 127.0.0.1
 //   SVC_CHROMIUM        the browser (default /usr/bin/chromium)
+//   SVC_SSO_DISPLAY, SVC_SSO_USER   optional: a connector's display name, whose button on the
+//                       sign-in page signs the provider's user SVC_SSO_USER in without a prompt
 // Prints one line per step; exits 1 naming the failed step, with the page's console errors.
 import fs from 'node:fs';
 import os from 'node:os';
@@ -40,6 +42,8 @@ const LOGIN = env('SVC_LOGIN');
 const APP = env('SVC_APP');
 const PUBLIC_HOST = env('SVC_PUBLIC_HOST');
 const CHROMIUM = env('SVC_CHROMIUM', '/usr/bin/chromium');
+const SSO_DISPLAY = process.env.SVC_SSO_DISPLAY || '';
+const SSO_USER = SSO_DISPLAY ? env('SVC_SSO_USER') : '';
 // Every wait has a deadline (a loaded 2-core CI machine running a debug build).
 const TIMEOUT = 30_000;
 
@@ -336,6 +340,22 @@ async function main() {
     console.log(`app identity claims: ${JSON.stringify(claims)}`);
     check(claims.username === EDITOR || claims.sub === EDITOR, `the JWT names ${EDITOR}`);
     await shot(appPage, '12-app');
+
+    if (SSO_DISPLAY) {
+      say(`single sign-on: "Sign in with ${SSO_DISPLAY}" signs ${SSO_USER} in through the provider`);
+      await context.clearCookies();
+      await page.goto(`${BASE}/`, { timeout: TIMEOUT });
+      await page.waitForURL(`${BASE}/web/login`, { timeout: TIMEOUT });
+      const button = page.getByRole('link', { name: `Sign in with ${SSO_DISPLAY}` });
+      await button.waitFor();
+      await shot(page, '13-sso-sign-in-page');
+      await button.click();
+      // Back from the provider, the proxy sends the browser to /web/, which shows Resources.
+      await page.waitForURL((url) => url.href.startsWith(`${BASE}/web/`), { timeout: TIMEOUT });
+      await page.locator('#who').filter({ hasText: SSO_USER }).waitFor({ timeout: TIMEOUT });
+      await page.locator(`tr[data-name="${LOCAL_NODE}"]`).waitFor();
+      await shot(page, '14-sso-signed-in');
+    }
 
     say('no console errors');
     console.log(`expected API refusals seen by the browser: ${expectedApiErrors.join(', ')}`);

@@ -15,6 +15,64 @@ use http_body_util::{BodyExt, Limited};
 use super::{Body, ResponseBody, WebService, full, json_error, web_service};
 use crate::auth::{AuthClient, ClientError, FailoverClient, proto};
 
+/// Why a call the proxy made to the Auth Service for a sign-in ([`call_auth`]) failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SignInCallError {
+    /// The Auth Service did not answer within the sign-in deadline.
+    #[error("sign-in needs the Auth Service ({addrs}), which did not answer within {after:?}")]
+    Deadline {
+        /// The Auth Service addresses the link tries, comma-separated.
+        addrs: String,
+        /// The deadline that passed.
+        after: std::time::Duration,
+    },
+    /// The Auth Service refused, or the link failed (connecting or in transport).
+    #[error(transparent)]
+    Auth(ClientError),
+}
+
+/// Runs `call` with the proxy's own Auth client from `link`, under the sign-in `deadline` when
+/// there is one. A call the Auth Service does not answer in time, or one that fails in
+/// transport, resets the link, so the next sign-in connects again (to the next address that
+/// answers); the caller maps the error to its own answer.
+pub(crate) async fn call_auth<T, F, Fut>(
+    link: &FailoverClient,
+    deadline: Option<std::time::Duration>,
+    call: F,
+) -> Result<T, SignInCallError>
+where
+    F: FnOnce(AuthClient) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let run = async {
+        let client = link.client().await?;
+        call(client).await
+    };
+    let answer = match deadline {
+        Some(after) => match tokio::time::timeout(after, run).await {
+            Ok(r) => r,
+            Err(_) => {
+                link.reset().await;
+                return Err(SignInCallError::Deadline {
+                    addrs: link.addrs().join(", "),
+                    after,
+                });
+            }
+        },
+        None => run.await,
+    };
+    match answer {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            if FailoverClient::is_transport_failure(&e) {
+                // Without an identity of its own the link keeps its client: reset does nothing.
+                link.reset().await;
+            }
+            Err(SignInCallError::Auth(e))
+        }
+    }
+}
+
 pub use svc_core::webapi::{LOGIN_PATH, LoginAnswer, LoginBody};
 /// Requests larger than this are refused (a login body is well under 2 KiB).
 const MAX_BODY: usize = 64 * 1024;
@@ -94,28 +152,24 @@ async fn handle(
             ),
         )
     };
-    let call = async {
-        let mut auth = link.client().await?;
+    let answer = match call_auth(link, deadline, |mut auth| async move {
         auth.raw().login(request).await.map_err(ClientError::from)
-    };
-    let answer = match deadline {
-        Some(d) => match tokio::time::timeout(d, call).await {
-            Ok(r) => r,
-            Err(_) => {
-                link.reset().await;
-                return unavailable(format!("no answer within {d:?}"));
-            }
-        },
-        None => call.await,
-    };
-    let answer = match answer {
+    })
+    .await
+    {
         Ok(a) => Ok(a),
-        Err(e) if link.identity().is_some() && FailoverClient::is_transport_failure(&e) => {
-            link.reset().await;
+        Err(e @ SignInCallError::Deadline { .. }) => {
+            return json_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string());
+        }
+        Err(SignInCallError::Auth(e))
+            if link.identity().is_some() && FailoverClient::is_transport_failure(&e) =>
+        {
             return unavailable(e.to_string());
         }
-        Err(ClientError::Status { code, message }) => Err(tonic::Status::new(code, message)),
-        Err(e) => return unavailable(e.to_string()),
+        Err(SignInCallError::Auth(ClientError::Status { code, message })) => {
+            Err(tonic::Status::new(code, message))
+        }
+        Err(SignInCallError::Auth(e)) => return unavailable(e.to_string()),
     };
     match answer {
         Ok(certs) => {

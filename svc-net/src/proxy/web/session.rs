@@ -29,6 +29,7 @@ use svc_core::webapi::{
     SSO_RESPONSE_PARAM, SSO_SECRET_KEY_PARAM, SSO_WEB_BEGIN_PATH, SSO_WEB_RETURN_PATH, SsoResult,
 };
 
+use super::login::{SignInCallError, call_auth};
 use super::{Body, ResponseBody, WebService, full, json_error, web_service};
 use crate::auth::{AuthClient, ClientError, ClientIdentity, FailoverClient, KeyMaterial, proto};
 use crate::proxy::cache::ProxyDecisions;
@@ -49,6 +50,9 @@ pub const SSO_BINDING_COOKIE: &str = "svc_sso_web";
 pub const SSO_WEB_TTL: Duration = Duration::from_secs(600);
 /// At most this many unfinished single sign-ons per proxy process.
 pub const MAX_PENDING_SSO: usize = 1_000;
+/// At most this many unfinished single sign-ons per client address, so that one client cannot
+/// fill [`MAX_PENDING_SSO`] and make everyone else wait; one more is refused (429).
+pub const MAX_PENDING_SSO_PER_ADDR: usize = 20;
 /// Where the browser goes once signed in.
 const WEB_UI_HOME: &str = "/web/";
 /// The paths under which [`WebSessions::service`] also serves the Web UI's single sign-on.
@@ -231,6 +235,8 @@ struct Inner {
 /// A single sign-on started by [`WebSessions`] for a browser: the keys the certificates will
 /// be issued for and the key the result comes back sealed with. Both stay in this process.
 struct PendingSso {
+    /// The address of the client that started it (`None`: not known to the handler).
+    addr: Option<std::net::IpAddr>,
     keys: KeyMaterial,
     secret_key: Secret,
     started: std::time::Instant,
@@ -420,40 +426,35 @@ impl WebSessions {
             ttl_seconds: 0,
             client_addr,
         };
-        let link = &self.inner.link;
-        let call = async {
-            let mut auth = link.client().await?;
-            auth.raw().login(request).await.map_err(ClientError::from)
-        };
-        let answer = match self.inner.deadline {
-            Some(d) => match tokio::time::timeout(d, call).await {
-                Ok(r) => r,
-                Err(_) => {
-                    link.reset().await;
-                    return Err(WebError::Unavailable(format!(
-                        "sign-in needs the Auth Service ({}), which did not answer within {d:?}",
-                        link.addrs().join(", ")
-                    )));
-                }
-            },
-            None => call.await,
-        };
-        let certs = match answer {
-            Ok(c) => c.into_inner(),
-            Err(e) => {
-                if link.identity().is_some() && FailoverClient::is_transport_failure(&e) {
-                    link.reset().await;
-                }
+        let certs = self
+            .call_auth(|mut auth| async move { auth.raw().login(request).await.map_err(ClientError::from) })
+            .await
+            .map_err(|e| match e {
                 // The Auth Service refuses a locked-out sign-in as "permission denied"; to the
                 // browser it is the lockout (429), whatever the password.
-                let message = e.to_string();
-                if e.code() == Some(tonic::Code::PermissionDenied) && message.contains(" is locked after ") {
-                    return Err(WebError::TooManyRequests(message));
+                WebError::Forbidden(message) if message.contains(" is locked after ") => {
+                    WebError::TooManyRequests(message)
                 }
-                return Err(WebError::from_auth(e));
-            }
-        };
+                e => e,
+            })?
+            .into_inner();
         self.start_session(keys, certs)
+    }
+
+    /// Calls the Auth Service with the proxy's own identity under the sign-in deadline
+    /// ([`call_auth`]: the link is reset after a missed deadline or a transport failure); its
+    /// refusal as a web error.
+    async fn call_auth<T, F, Fut>(&self, call: F) -> Result<T, WebError>
+    where
+        F: FnOnce(AuthClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        call_auth(&self.inner.link, self.inner.deadline, call)
+            .await
+            .map_err(|e| match e {
+                e @ SignInCallError::Deadline { .. } => WebError::Unavailable(e.to_string()),
+                SignInCallError::Auth(e) => WebError::from_auth(e),
+            })
     }
 
     /// A session for the certificates the Auth Service issued for `keys` (checked against the
@@ -532,7 +533,11 @@ impl WebSessions {
     async fn handle(&self, req: Request<Body>) -> Result<Response<ResponseBody>, WebError> {
         match (req.method(), req.uri().path()) {
             (&Method::GET, SSO_WEB_BEGIN_PATH) => {
-                return self.sso_begin(req.uri().query().unwrap_or_default()).await;
+                let addr = req
+                    .extensions()
+                    .get::<super::ClientAddr>()
+                    .map(|c| c.0.ip().to_canonical());
+                return self.sso_begin(req.uri().query().unwrap_or_default(), addr).await;
             }
             (&Method::GET, SSO_WEB_RETURN_PATH) => {
                 return self.sso_return(req.uri().query().unwrap_or_default(), req.headers());
@@ -615,7 +620,11 @@ impl WebSessions {
     /// with [`SSO_WEB_RETURN_PATH`] as the way back, binds the sign-in to this browser with a
     /// short-lived cookie (so nobody can sign a victim's browser into their own account) and
     /// sends the browser to the provider.
-    async fn sso_begin(&self, query: &str) -> Result<Response<ResponseBody>, WebError> {
+    async fn sso_begin(
+        &self,
+        query: &str,
+        addr: Option<std::net::IpAddr>,
+    ) -> Result<Response<ResponseBody>, WebError> {
         let mut kind = String::new();
         let mut connector = String::new();
         for (k, v) in form_urlencoded::parse(query.as_bytes()) {
@@ -636,6 +645,8 @@ impl WebSessions {
                 "connector_id: expected a connector name".into(),
             ));
         }
+        // Refused before the Auth Service stores anything; checked again when it is kept.
+        room_for_sso(&mut self.pending(), addr)?;
         let keys = KeyMaterial::generate()
             .map_err(|e| WebError::Unavailable(format!("generating the session's keys: {e}")))?;
         let ssh_public_key = keys
@@ -657,40 +668,20 @@ impl WebSessions {
             ssh_public_key,
             ttl_seconds: 0,
         };
-        let link = &self.inner.link;
-        let call = async {
-            let mut auth = link.client().await?;
-            auth.raw().sso_begin(request).await.map_err(ClientError::from)
-        };
-        let answer = match self.inner.deadline {
-            Some(d) => tokio::time::timeout(d, call).await.map_err(|_| {
-                WebError::Unavailable(format!(
-                    "sign-in needs the Auth Service ({}), which did not answer within {d:?}",
-                    link.addrs().join(", ")
-                ))
-            })?,
-            None => call.await,
-        };
-        let provider = match answer {
-            Ok(a) => a.into_inner().redirect_url,
-            Err(e) => {
-                if link.identity().is_some() && FailoverClient::is_transport_failure(&e) {
-                    link.reset().await;
-                }
-                return Err(WebError::from_auth(e));
-            }
-        };
+        let provider = self
+            .call_auth(
+                |mut auth| async move { auth.raw().sso_begin(request).await.map_err(ClientError::from) },
+            )
+            .await?
+            .into_inner()
+            .redirect_url;
         {
             let mut pending = self.pending();
-            pending.retain(|_, p| p.started.elapsed() < SSO_WEB_TTL);
-            if pending.len() >= MAX_PENDING_SSO {
-                return Err(WebError::Unavailable(format!(
-                    "this proxy holds {MAX_PENDING_SSO} unfinished sign-ins already: try again later"
-                )));
-            }
+            room_for_sso(&mut pending, addr)?;
             pending.insert(
                 session_key(&id),
                 PendingSso {
+                    addr,
                     keys,
                     secret_key: Secret::new(secret_key),
                     started: std::time::Instant::now(),
@@ -790,6 +781,30 @@ impl WebSessions {
     }
 }
 
+/// Drops the expired sign-ins of `pending`, then whether one more started by `addr` fits:
+/// refused (429) when that address has [`MAX_PENDING_SSO_PER_ADDR`] unfinished already, and
+/// (503) when the proxy holds [`MAX_PENDING_SSO`].
+fn room_for_sso(
+    pending: &mut HashMap<[u8; 32], PendingSso>,
+    addr: Option<std::net::IpAddr>,
+) -> Result<(), WebError> {
+    pending.retain(|_, p| p.started.elapsed() < SSO_WEB_TTL);
+    if pending.values().filter(|p| p.addr == addr).count() >= MAX_PENDING_SSO_PER_ADDR {
+        let who = addr.map_or_else(|| "this client".to_owned(), |a| format!("address {a}"));
+        return Err(WebError::TooManyRequests(format!(
+            "{who} has {MAX_PENDING_SSO_PER_ADDR} unfinished single sign-ons already: finish one, \
+             or start again once they expire ({} minutes after they began)",
+            SSO_WEB_TTL.as_secs() / 60
+        )));
+    }
+    if pending.len() >= MAX_PENDING_SSO {
+        return Err(WebError::Unavailable(format!(
+            "this proxy holds {MAX_PENDING_SSO} unfinished sign-ins already: try again later"
+        )));
+    }
+    Ok(())
+}
+
 /// A `302 Found` to `location`.
 fn redirect(location: &str) -> Result<Response<ResponseBody>, WebError> {
     let mut resp = Response::new(full(Vec::new()));
@@ -854,6 +869,72 @@ mod tests {
         assert!(!ct_eq(b"abc", b"abd"));
         assert!(!ct_eq(b"abc", b"ab"));
         assert!(!ct_eq(b"", b"a"));
+    }
+
+    fn pending_from(addr: Option<std::net::IpAddr>, age: Duration) -> PendingSso {
+        PendingSso {
+            addr,
+            keys: KeyMaterial::generate().expect("generating a key pair"),
+            secret_key: Secret::new("00".into()),
+            started: std::time::Instant::now()
+                .checked_sub(age)
+                .expect("the monotonic clock reaches back that far"),
+        }
+    }
+
+    #[test]
+    fn unfinished_sign_ins_are_capped_per_client_address() {
+        let attacker: std::net::IpAddr = "192.0.2.7".parse().expect("an address");
+        let other: std::net::IpAddr = "198.51.100.9".parse().expect("an address");
+        let mut pending = HashMap::new();
+        for i in 0..MAX_PENDING_SSO_PER_ADDR {
+            room_for_sso(&mut pending, Some(attacker)).expect("below the per-address cap");
+            pending.insert(
+                session_key(&format!("a{i}")),
+                pending_from(Some(attacker), Duration::ZERO),
+            );
+        }
+        let refused = room_for_sso(&mut pending, Some(attacker)).expect_err("one more from the same address");
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            refused.to_string(),
+            "address 192.0.2.7 has 20 unfinished single sign-ons already: finish one, or start \
+             again once they expire (10 minutes after they began)"
+        );
+        // Another client is not kept waiting by the first one's sign-ins.
+        room_for_sso(&mut pending, Some(other)).expect("another address has room");
+        // Finishing one (the return removes it) makes room again for that address.
+        pending.remove(&session_key("a0"));
+        room_for_sso(&mut pending, Some(attacker)).expect("room after one finished");
+        // Expired sign-ins do not count: they are dropped first.
+        pending.insert(session_key("a0"), pending_from(Some(attacker), SSO_WEB_TTL));
+        room_for_sso(&mut pending, Some(attacker)).expect("the expired one was dropped");
+        assert_eq!(pending.len(), MAX_PENDING_SSO_PER_ADDR - 1);
+        // A client whose address the handler does not know counts as one client.
+        for i in 0..MAX_PENDING_SSO_PER_ADDR {
+            pending.insert(session_key(&format!("u{i}")), pending_from(None, Duration::ZERO));
+        }
+        let refused = room_for_sso(&mut pending, None).expect_err("the unknown-address bucket is full");
+        assert!(
+            refused.to_string().starts_with("this client has 20 unfinished"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn unfinished_sign_ins_are_capped_per_proxy() {
+        let mut pending = HashMap::new();
+        for i in 0..MAX_PENDING_SSO {
+            // 50 addresses, each below its own cap.
+            let addr = std::net::IpAddr::from([10, 0, 0, u8::try_from(i % 50).expect("below 50")]);
+            pending.insert(
+                session_key(&format!("p{i}")),
+                pending_from(Some(addr), Duration::ZERO),
+            );
+        }
+        let refused = room_for_sso(&mut pending, Some("203.0.113.1".parse().expect("an address")))
+            .expect_err("the proxy is full");
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]

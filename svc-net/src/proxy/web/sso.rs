@@ -19,6 +19,7 @@ use svc_core::webapi::{
     LoginAnswer, SSO_RESPONSE_PARAM, SSO_SECRET_KEY_PARAM, SsoConsoleAnswer, SsoConsoleBody, SsoResult, seal,
 };
 
+use super::login::{SignInCallError, call_auth};
 use super::{Body, ResponseBody, WebService, full, json_error, web_service};
 use crate::auth::{ClientError, FailoverClient, proto};
 
@@ -83,39 +84,26 @@ fn http_status(code: tonic::Code) -> StatusCode {
     }
 }
 
-/// One call to the Auth Service under the deadline: `Err((status, message))` to answer with.
+/// One call to the Auth Service under the deadline ([`call_auth`]): `Err((status, message))` to
+/// answer with.
 async fn call<T, F, Fut>(state: &State, f: F) -> Result<T, (StatusCode, String)>
 where
     F: FnOnce(crate::auth::AuthClient) -> Fut,
     Fut: std::future::Future<Output = Result<T, ClientError>>,
 {
-    let link = &state.link;
-    let unavailable = |why: String| {
-        (
+    match call_auth(&state.link, Some(state.deadline), f).await {
+        Ok(v) => Ok(v),
+        Err(e @ SignInCallError::Deadline { .. }) => Err((StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+        Err(SignInCallError::Auth(ClientError::Status { code, message })) => {
+            Err((http_status(code), message))
+        }
+        Err(SignInCallError::Auth(e)) => Err((
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "sign-in needs the Auth Service ({}), which is unavailable: {why}",
-                link.addrs().join(", ")
+                "sign-in needs the Auth Service ({}), which is unavailable: {e}",
+                state.link.addrs().join(", ")
             ),
-        )
-    };
-    let run = async {
-        let client = link.client().await?;
-        f(client).await
-    };
-    match tokio::time::timeout(state.deadline, run).await {
-        Err(_) => {
-            link.reset().await;
-            Err(unavailable(format!("no answer within {:?}", state.deadline)))
-        }
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(ClientError::Status { code, message })) => Err((http_status(code), message)),
-        Ok(Err(e)) => {
-            if FailoverClient::is_transport_failure(&e) {
-                link.reset().await;
-            }
-            Err(unavailable(e.to_string()))
-        }
+        )),
     }
 }
 
