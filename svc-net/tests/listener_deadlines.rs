@@ -413,7 +413,7 @@ async fn silent_peers_on_the_tunnel_port_do_not_keep_an_agent_out() -> Result<()
     assert_eq!(out.stdout(), "through\n");
 
     // Every silent peer was closed by the server: a place-holder at its SSH authentication
-    // deadline, a peer still waiting for a place at the handshake deadline.
+    // deadline, a peer that got no place at half the handshake deadline.
     let n = flood.len();
     let ends = tokio::time::timeout_at(flooded + HANDSHAKE + SLACK, futures_util::future::join_all(flood))
         .await
@@ -430,9 +430,9 @@ async fn silent_peers_on_the_tunnel_port_do_not_keep_an_agent_out() -> Result<()
             closed - (flooded + HANDSHAKE)
         );
     }
-    // Only peers that held a place were sent the SSH banner: with every place held for the
-    // whole authentication deadline, far fewer than the flood (each place turns over about
-    // HANDSHAKE / AUTH times before the waiting peers' deadline).
+    // Only peers that held a place were sent the SSH banner: every place is held for the
+    // whole authentication deadline and a peer waits for one half the handshake deadline at
+    // most, so each place serves a few peers of the flood, far fewer than the flood.
     assert!(
         served <= FLOOD / 4,
         "{served} of {FLOOD} silent tunnel peers were served a handshake with {PLACES} places: the handshakes are not bounded"

@@ -61,9 +61,10 @@ pub struct TunnelServerConfig {
     /// this bound the proxy closes it.
     pub drain_timeout: Duration,
     /// How many tunnels may be in their handshake at once (TLS, SSH, the certificate check
-    /// and the version query, until the tunnel is registered); the others wait for a place,
-    /// within the same deadline ([`Tunables::handshake_timeout`] from the moment the
-    /// connection reached the tunnel server), so a reconnect storm is served a bounded batch
+    /// and the version query, until the tunnel is registered); the others wait for a place
+    /// for up to half the handshake deadline ([`Tunables::handshake_timeout`], which runs from
+    /// the moment the connection reached the tunnel server and covers the wait), then are
+    /// closed and dial again after their backoff. So a reconnect storm is served a bounded batch
     /// at a time instead of every handshake at once, and a peer that never finishes holds a
     /// place for one deadline at most. Default [`default_max_handshakes`].
     pub max_handshakes: usize,
@@ -357,19 +358,22 @@ impl TunnelServer {
 
     /// A place among the handshakes under way, and the handshake's deadline
     /// ([`Tunables::handshake_timeout`] from now, the wait for the place included); `None`
-    /// (logged) when no place came free before the deadline.
+    /// (logged) when no place came free within half of it: a handshake that gets a place
+    /// always has at least half its deadline left to finish in, so a place is never spent on
+    /// a handshake that cannot finish (nor turned over in a rush of peers at their deadline).
     async fn handshake_slot(&self, peer: SocketAddr) -> Option<HandshakeSlot> {
         let after = self.inner.tunables.handshake_timeout;
-        let deadline = Instant::now() + after;
+        let arrived = Instant::now();
+        let deadline = arrived + after;
         let acquire = self.inner.handshakes.clone().acquire_owned();
-        match tokio::time::timeout_at(deadline, acquire).await {
+        match tokio::time::timeout_at(arrived + after / 2, acquire).await {
             Ok(Ok(permit)) => Some(HandshakeSlot {
                 _permit: permit,
                 deadline,
             }),
             Ok(Err(_closed)) => None,
             Err(_) => {
-                tracing::info!(%peer, waited = ?after, "agent tunnel closed: no place among the tunnel handshakes under way came free within the handshake deadline");
+                tracing::info!(%peer, waited = ?(after / 2), "agent tunnel closed: no place among the tunnel handshakes under way came free within half the handshake deadline");
                 None
             }
         }
