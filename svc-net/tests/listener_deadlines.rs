@@ -409,8 +409,6 @@ async fn silent_peers_on_the_tunnel_port_do_not_keep_an_agent_out() -> Result<()
     )
     .await
     .context("the agent did not register within 120 s of a flood of silent peers on the tunnel port")?;
-    let out = ssh_exec(&proxy, &cluster, "node-behind-the-flood", "echo through").await;
-    assert_eq!(out.stdout(), "through\n");
 
     // Every silent peer was closed by the server: a place-holder at its SSH authentication
     // deadline, a peer that got no place at half the handshake deadline.
