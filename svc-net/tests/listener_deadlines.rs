@@ -1,8 +1,10 @@
 //! Every listener holds against silent and slow peers: 1,000 silent TCP peers on the web port,
 //! 1,000 on the SSH port, 200 that send an SSH banner and stop in key exchange, and peers that finish TCP+TLS (ALPN `svc-proxy-ssh`) but never speak
 //! SSH are all closed by the server at their (shortened) deadline, while an honest SSH session
-//! through the proxy completes during the flood; and a listener's connection cap sheds the
-//! excess at once while an established session keeps working.
+//! through the proxy completes during the flood; a listener's connection cap sheds the
+//! excess at once while an established session keeps working; and silent peers on the tunnel
+//! port hold the tunnel server's few handshake places for one deadline at most, so an agent
+//! that dials in behind them still registers.
 #![allow(clippy::unwrap_used)]
 
 mod tunnel_support;
@@ -332,6 +334,108 @@ async fn an_idle_timeout_closes_a_silent_authenticated_session() -> Result<()> {
     // The agent's busy tunnel is untouched, and a new session works.
     let out = ssh_exec(&proxy, &cluster, "node-1", "echo fresh").await;
     assert_eq!(out.stdout(), "fresh\n");
+    proxy.shutdown().await;
+    Ok(())
+}
+
+/// Opens `n` TCP connections to `addr` that send nothing; each peer's task ends when the server
+/// closes it and tells whether the server had sent it anything (its SSH banner: the peer held
+/// one of the handshake places) and when it was closed.
+async fn silent_tunnel_peers(
+    addr: SocketAddr,
+    n: usize,
+) -> Result<Vec<tokio::task::JoinHandle<(bool, Instant)>>> {
+    let mut peers = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut tcp = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("silent tunnel peer {i} connecting to {addr}"))?;
+        peers.push(tokio::spawn(async move {
+            let mut buf = [0u8; 256];
+            let mut served = false;
+            loop {
+                match tcp.read(&mut buf).await {
+                    Ok(0) | Err(_) => return (served, Instant::now()),
+                    Ok(_) => served = true,
+                }
+            }
+        }));
+    }
+    Ok(peers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_peers_on_the_tunnel_port_do_not_keep_an_agent_out() -> Result<()> {
+    raise_fd_limit(4096)?;
+    init_tracing();
+    // Few places, so that the flood below is fifty times what the server takes at once; the
+    // handshake deadline covers the wait for a place too.
+    const PLACES: usize = 4;
+    const FLOOD: usize = 200;
+    const HANDSHAKE: Duration = Duration::from_secs(6);
+    let mut tunables = fast_tunables().with_auth_timeout(AUTH);
+    tunables.handshake_timeout = HANDSHAKE;
+    let cluster = Cluster::new();
+    let proxy = start_proxy(
+        &cluster,
+        ProxyOpts {
+            separate: true,
+            tunables,
+            max_handshakes: Some(PLACES),
+            listen: ListenOptions::default()
+                .with_peek_timeout(PEEK)
+                .with_drain_timeout(Duration::from_secs(2)),
+            ..Default::default()
+        },
+    )
+    .await;
+    let tunnel_addr = proxy.tunnel_addr.context("separate mode binds the tunnel port")?;
+
+    // The attack: connections that open TCP to the tunnel port and never send a byte.
+    let flood = silent_tunnel_peers(tunnel_addr, FLOOD).await?;
+    let flooded = Instant::now();
+
+    // A real agent dials in behind them (through the ping, which names the tunnel port): it
+    // waits its turn or is refused at the deadline and backs off, and gets a place once the
+    // silent peers are cut.
+    let node = cluster.host(&[SystemRole::Node], "node-behind-the-flood");
+    let _agent = start_agent(&cluster, proxy.web, &node);
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        proxy
+            .tunnel
+            .registry()
+            .wait_for("node-behind-the-flood", |a| a.is_some_and(|a| a.online)),
+    )
+    .await
+    .context("the agent did not register within 120 s of a flood of silent peers on the tunnel port")?;
+
+    // Every silent peer was closed by the server: a place-holder at its SSH authentication
+    // deadline, a peer that got no place at half the handshake deadline.
+    let n = flood.len();
+    let ends = tokio::time::timeout_at(flooded + HANDSHAKE + SLACK, futures_util::future::join_all(flood))
+        .await
+        .with_context(|| {
+            format!("not all {n} silent tunnel peers were closed by the handshake deadline + {SLACK:?}")
+        })?;
+    let mut served = 0;
+    for end in ends {
+        let (was_served, closed) = end?;
+        served += usize::from(was_served);
+        assert!(
+            closed <= flooded + HANDSHAKE + SLACK,
+            "a silent tunnel peer was closed {:?} after the handshake deadline",
+            closed - (flooded + HANDSHAKE)
+        );
+    }
+    // Only peers that held a place were sent the SSH banner: every place is held for the
+    // whole authentication deadline and a peer waits for one half the handshake deadline at
+    // most, so each place serves a few peers of the flood, far fewer than the flood.
+    assert!(
+        served <= FLOOD / 4,
+        "{served} of {FLOOD} silent tunnel peers were served a handshake with {PLACES} places: the handshakes are not bounded"
+    );
+    tracing::info!(served, "silent tunnel peers that held a handshake place");
     proxy.shutdown().await;
     Ok(())
 }

@@ -463,24 +463,66 @@ impl ProxyBuilder {
     }
 }
 
+/// The listen backlog of the proxy's listeners: room for the connections of a reconnect storm
+/// that arrive faster than the accept loop takes them (the kernel caps it at
+/// `net.core.somaxconn`, 4,096 by default). tokio's default (1,024) overflowed when 10,000 agents
+/// came back within a few seconds: the kernel dropped the excess handshakes and the agents
+/// waited out TCP's exponential retransmissions (1 s, 3 s, 7 s, 15 s) on top of their backoff.
+pub const LISTEN_BACKLOG: u32 = 65_535;
+
 async fn bind(field: &'static str, addr: &mut Addr) -> Result<TcpListener, ProxyError> {
     let err = |source| ProxyError::Bind {
         field,
         addr: addr.clone(),
         source,
     };
-    let listener = TcpListener::bind((
-        addr.host_str().trim_start_matches('[').trim_end_matches(']'),
-        addr.port(),
-    ))
-    .await
-    .map_err(err)?;
+    let host = addr
+        .host_str()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let mut last = None;
+    let mut bound = None;
+    for candidate in tokio::net::lookup_host((host.as_str(), addr.port()))
+        .await
+        .map_err(err)?
+    {
+        match listen_on(candidate) {
+            Ok(listener) => {
+                bound = Some(listener);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let listener = match (bound, last) {
+        (Some(listener), _) => listener,
+        (None, Some(e)) => return Err(err(e)),
+        (None, None) => {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::AddrNotAvailable,
+                "the host name resolved to no address",
+            )));
+        }
+    };
     if addr.port() == 0
         && let Ok(local) = listener.local_addr()
     {
         *addr = addr.with_port(local.port());
     }
     Ok(listener)
+}
+
+/// Binds `addr` and listens with [`LISTEN_BACKLOG`] (address reuse as `TcpListener::bind`).
+fn listen_on(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// The addresses a running proxy bound.

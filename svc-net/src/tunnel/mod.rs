@@ -74,7 +74,8 @@ pub use peer::{
 };
 pub use registry::{AgentInfo, AgentRegistry};
 pub use server::{
-    DEFAULT_ATTACH_WAIT, DEFAULT_TUNNEL_DRAIN, TunnelDialer, TunnelServer, TunnelServerConfig, TunnelStream,
+    DEFAULT_ATTACH_WAIT, DEFAULT_TUNNEL_DRAIN, HANDSHAKES_PER_CPU, TunnelDialer, TunnelServer,
+    TunnelServerConfig, TunnelStream, default_max_handshakes,
 };
 pub use svc_core::config::TunnelStrategy;
 

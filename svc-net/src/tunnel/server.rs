@@ -24,7 +24,8 @@ use svc_core::{
 };
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf},
-    sync::{oneshot, watch},
+    sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch},
+    time::Instant,
 };
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -61,10 +62,31 @@ pub struct TunnelServerConfig {
     /// to reconnect elsewhere at once and closes the tunnel when its sessions are done; past
     /// this bound the proxy closes it.
     pub drain_timeout: Duration,
+    /// How many tunnels may be in their handshake at once (TLS, SSH, the certificate check
+    /// and the version query, until the tunnel is registered); the others wait for a place
+    /// for up to half the handshake deadline ([`Tunables::handshake_timeout`], which runs from
+    /// the moment the connection reached the tunnel server and covers the wait), then are
+    /// closed and dial again after their backoff. So a reconnect storm is served a bounded batch
+    /// at a time instead of every handshake at once, and a peer that never finishes holds a
+    /// place for one deadline at most. Default [`default_max_handshakes`].
+    pub max_handshakes: usize,
 }
 
 /// The default of [`TunnelServerConfig::drain_timeout`].
 pub const DEFAULT_TUNNEL_DRAIN: Duration = Duration::from_secs(30);
+
+/// Concurrent tunnel handshakes per CPU by default ([`default_max_handshakes`]): a handshake
+/// is a few milliseconds of CPU spread over several network round trips, so a few dozen per
+/// CPU keep the CPUs busy while the round trips are under way.
+pub const HANDSHAKES_PER_CPU: usize = 32;
+
+/// The default of [`TunnelServerConfig::max_handshakes`]: [`HANDSHAKES_PER_CPU`] per CPU this
+/// process may run on.
+pub fn default_max_handshakes() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .saturating_mul(HANDSHAKES_PER_CPU)
+}
 
 impl TunnelServerConfig {
     /// A configuration with default tunables and no TLS.
@@ -82,7 +104,14 @@ impl TunnelServerConfig {
             tls: None,
             tunables: Tunables::default(),
             drain_timeout: DEFAULT_TUNNEL_DRAIN,
+            max_handshakes: default_max_handshakes(),
         }
+    }
+
+    /// Replaces [`TunnelServerConfig::max_handshakes`] (at least 1).
+    pub fn with_max_handshakes(mut self, max: usize) -> Self {
+        self.max_handshakes = max.max(1);
+        self
     }
 
     /// Replaces [`TunnelServerConfig::drain_timeout`].
@@ -112,6 +141,8 @@ struct Inner {
     tls: Option<TlsAcceptor>,
     tunables: Tunables,
     drain_timeout: Duration,
+    /// Places for tunnels in their handshake ([`TunnelServerConfig::max_handshakes`]).
+    handshakes: Arc<Semaphore>,
     registry: AgentRegistry,
     announce: watch::Sender<Announce>,
     peers: Arc<std::sync::RwLock<Option<PeerDialer>>>,
@@ -172,6 +203,7 @@ impl TunnelServer {
             tls: config.tls.map(TlsAcceptor::from),
             tunables: config.tunables,
             drain_timeout: config.drain_timeout,
+            handshakes: Arc::new(Semaphore::new(config.max_handshakes.max(1))),
             registry: AgentRegistry::default(),
             announce: watch::channel(Announce::default()).0,
             peers: Arc::default(),
@@ -284,7 +316,13 @@ impl TunnelServer {
             ConnFuture::new(async move {
                 conn.classified();
                 let peer = conn.peer_addr;
-                if let Err(e) = server.serve_stream(conn.io, peer, conn.shutdown.clone()).await {
+                let Some(slot) = server.handshake_slot(peer).await else {
+                    return Ok(());
+                };
+                if let Err(e) = server
+                    .serve_in_slot(conn.io, peer, conn.shutdown.clone(), slot)
+                    .await
+                {
                     tracing::info!(%peer, error = %e, "agent tunnel ended with an error");
                 }
                 Ok(())
@@ -301,11 +339,56 @@ impl TunnelServer {
     /// Serves one tunnel on an established byte stream until it closes, or until `shutdown`
     /// is cancelled: then the agent is told the proxy is going away and dials again (to this
     /// proxy once it is back, or to another).
+    ///
+    /// The handshake takes one of the server's places ([`TunnelServerConfig::max_handshakes`])
+    /// until the tunnel is registered; without one within the handshake deadline the stream
+    /// is closed.
     pub async fn serve_stream<S: Io>(
         &self,
         io: S,
         peer: SocketAddr,
         shutdown: CancellationToken,
+    ) -> Result<(), TunnelError> {
+        let Some(slot) = self.handshake_slot(peer).await else {
+            return Err(TunnelError::Timeout {
+                what: "waiting for a place among the tunnel handshakes under way",
+                after: self.inner.tunables.handshake_timeout,
+            });
+        };
+        self.serve_in_slot(io, peer, shutdown, slot).await
+    }
+
+    /// A place among the handshakes under way, and the handshake's deadline
+    /// ([`Tunables::handshake_timeout`] from now, the wait for the place included); `None`
+    /// (logged) when no place came free within half of it: a handshake that gets a place
+    /// always has at least half its deadline left to finish in, so a place is never spent on
+    /// a handshake that cannot finish (nor turned over in a rush of peers at their deadline).
+    async fn handshake_slot(&self, peer: SocketAddr) -> Option<HandshakeSlot> {
+        let after = self.inner.tunables.handshake_timeout;
+        let arrived = Instant::now();
+        let deadline = arrived + after;
+        let acquire = self.inner.handshakes.clone().acquire_owned();
+        match tokio::time::timeout_at(arrived + after / 2, acquire).await {
+            Ok(Ok(permit)) => Some(HandshakeSlot {
+                _permit: permit,
+                deadline,
+            }),
+            Ok(Err(_closed)) => None,
+            Err(_) => {
+                tracing::info!(%peer, waited = ?(after / 2), "agent tunnel closed: no place among the tunnel handshakes under way came free within half the handshake deadline");
+                None
+            }
+        }
+    }
+
+    /// [`TunnelServer::serve_stream`] once the handshake holds its place; the place is given
+    /// back when the tunnel is registered (or the handshake fails).
+    async fn serve_in_slot<S: Io>(
+        &self,
+        io: S,
+        peer: SocketAddr,
+        shutdown: CancellationToken,
+        slot: HandshakeSlot,
     ) -> Result<(), TunnelError> {
         let inner = &self.inner;
         let state = ConnState::new();
@@ -318,7 +401,11 @@ impl TunnelServer {
             agent_id: String::new(),
         };
         let after = inner.tunables.handshake_timeout;
-        let auth_after = inner.tunables.auth_timeout;
+        // The SSH authentication's own bound, within what is left of the handshake's.
+        let auth_after = inner
+            .tunables
+            .auth_timeout
+            .min(slot.deadline.saturating_duration_since(Instant::now()));
         let ssh = inner
             .ssh
             .read()
@@ -343,7 +430,7 @@ impl TunnelServer {
         // message the agent logs.
         // The capabilities in the same round trip: agents that predate the query refuse it.
         let queries = async { tokio::join!(query_version(&handle), query_capabilities(&handle)) };
-        let (version, capabilities) = match tokio::time::timeout(after, queries).await {
+        let (version, capabilities) = match tokio::time::timeout_at(slot.deadline, queries).await {
             Ok((Ok(v), caps)) => (v, caps),
             Ok((Err(e), _)) => {
                 let _ = handle
@@ -392,6 +479,7 @@ impl TunnelServer {
         state.heartbeat();
         let handle_for_shutdown = handle.clone();
         let id = inner.registry.insert(info, handle, state);
+        drop(slot);
         tracing::info!(host_id = %host.host_id, node = %host.node_name, %peer, "agent tunnel registered");
         let result = tokio::select! {
             r = &mut session => r,
@@ -509,6 +597,13 @@ async fn sweep(inner: Weak<Inner>) {
     }
 }
 
+/// A place among the tunnel handshakes under way (given back when dropped), and the
+/// handshake's deadline.
+struct HandshakeSlot {
+    _permit: OwnedSemaphorePermit,
+    deadline: Instant,
+}
+
 struct TunnelHandler {
     inner: Arc<Inner>,
     state: Arc<ConnState>,
@@ -621,17 +716,20 @@ impl Service<Connection> for TlsService {
                 tracing::warn!(%peer, "a TLS reverse tunnel arrived but the tunnel server has no TLS configuration; closing");
                 return Ok(());
             };
-            let after = server.inner.tunables.handshake_timeout;
+            // The TLS handshake is part of the tunnel's handshake: it waits for a place, and
+            // the place's deadline bounds it.
+            let Some(slot) = server.handshake_slot(peer).await else {
+                return Ok(());
+            };
             let io = super::readbuf::IdleReadBuffer::new(super::TLS_READ_BUFFER, conn.io);
-            let tls =
-                match crate::tls::accept_before(&acceptor, io, tokio::time::Instant::now() + after).await {
-                    Ok(tls) => tls,
-                    Err(e) => {
-                        tracing::info!(%peer, error = %e, "TLS handshake of an agent tunnel failed");
-                        return Ok(());
-                    }
-                };
-            if let Err(e) = server.serve_stream(tls, peer, conn.shutdown.clone()).await {
+            let tls = match crate::tls::accept_before(&acceptor, io, slot.deadline).await {
+                Ok(tls) => tls,
+                Err(e) => {
+                    tracing::info!(%peer, error = %e, "TLS handshake of an agent tunnel failed");
+                    return Ok(());
+                }
+            };
+            if let Err(e) = server.serve_in_slot(tls, peer, conn.shutdown.clone(), slot).await {
                 tracing::info!(%peer, error = %e, "agent tunnel ended with an error");
             }
             Ok(())

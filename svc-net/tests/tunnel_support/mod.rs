@@ -210,6 +210,8 @@ pub struct ProxyOpts {
     pub public_addr: Option<Addr>,
     /// Sources whose PROXY protocol headers are honoured.
     pub trusted: Vec<ipnet::IpNet>,
+    /// The tunnel server's places for handshakes (`None`: its default).
+    pub max_handshakes: Option<usize>,
 }
 
 impl Default for ProxyOpts {
@@ -226,6 +228,7 @@ impl Default for ProxyOpts {
             listen: svc_net::listen::ListenOptions::default().with_drain_timeout(Duration::from_secs(2)),
             public_addr: None,
             trusted: Vec::new(),
+            max_handshakes: None,
         }
     }
 }
@@ -280,17 +283,19 @@ pub async fn start_proxy_with(
     let creds = creds.unwrap_or_else(|| cluster.host(&[SystemRole::Proxy], "proxy"));
     let tls = tls.unwrap_or_else(|| cluster.proxy_tls(&[opts.ip, "127.0.0.1".parse().unwrap()]));
     let identity = ServerIdentity::load(&tls, &[]).unwrap();
-    let tunnel = TunnelServer::new(
-        TunnelServerConfig::new(
-            opts.version.clone(),
-            creds.key.clone(),
-            creds.cert.clone(),
-            cluster.verifier.clone(),
-        )
-        .with_tls(identity.server_config(&[alpn::REVERSE_TUNNEL]).unwrap())
-        .with_tunables(opts.tunables.clone())
-        .with_drain_timeout(opts.listen.drain_timeout),
-    );
+    let mut tunnel_config = TunnelServerConfig::new(
+        opts.version.clone(),
+        creds.key.clone(),
+        creds.cert.clone(),
+        cluster.verifier.clone(),
+    )
+    .with_tls(identity.server_config(&[alpn::REVERSE_TUNNEL]).unwrap())
+    .with_tunables(opts.tunables.clone())
+    .with_drain_timeout(opts.listen.drain_timeout);
+    if let Some(max) = opts.max_handshakes {
+        tunnel_config = tunnel_config.with_max_handshakes(max);
+    }
+    let tunnel = TunnelServer::new(tunnel_config);
     let mut ssh_config = ProxySshConfig::new(
         creds.key.clone(),
         creds.cert.clone(),
