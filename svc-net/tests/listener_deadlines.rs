@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use svc_core::identity::SystemRole;
 use svc_net::listen::ListenOptions;
 use tokio::{
-    io::{AsyncRead, AsyncReadExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
     time::Instant,
 };
@@ -81,7 +81,6 @@ async fn silent_peers(addr: SocketAddr, n: usize) -> Result<Vec<tokio::task::Joi
 
 /// Opens `n` connections that send an SSH banner and then nothing (stuck in key exchange).
 async fn banner_peers(addr: SocketAddr, n: usize) -> Result<Vec<tokio::task::JoinHandle<Instant>>> {
-    use tokio::io::AsyncWriteExt;
     let mut peers = Vec::with_capacity(n);
     for i in 0..n {
         let mut tcp = TcpStream::connect(addr)
@@ -436,6 +435,98 @@ async fn silent_peers_on_the_tunnel_port_do_not_keep_an_agent_out() -> Result<()
         "{served} of {FLOOD} silent tunnel peers were served a handshake with {PLACES} places: the handshakes are not bounded"
     );
     tracing::info!(served, "silent tunnel peers that held a handshake place");
+    proxy.shutdown().await;
+    Ok(())
+}
+
+/// An insider's version of the flood: one address keeps `n` connections open on the tunnel
+/// port at all times that send an SSH banner and then nothing (each is past the listener's peek
+/// and in the tunnel's handshake), opening a new one whenever the server closes one. Ends with
+/// the returned token.
+fn renewed_silent_flood(
+    addr: SocketAddr,
+    from: &str,
+    n: usize,
+) -> Result<tokio_util::sync::CancellationToken> {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let from: std::net::IpAddr = from.parse().context("the flood's source address")?;
+    for i in 0..n {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            // Staggered, so the server never sees the whole flood time out at one moment.
+            tokio::time::sleep(Duration::from_millis(15) * u32::try_from(i).unwrap_or(0)).await;
+            while !stop.is_cancelled() {
+                let socket = match tokio::net::TcpSocket::new_v4() {
+                    Ok(s) => s,
+                    Err(_) => return,
+                };
+                if socket.bind(SocketAddr::new(from, 0)).is_err() {
+                    return;
+                }
+                let Ok(mut tcp) = socket.connect(addr).await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                if tcp.write_all(b"SSH-2.0-flood\r\n").await.is_err() {
+                    continue;
+                }
+                let mut buf = [0u8; 256];
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        r = tcp.read(&mut buf) => if matches!(r, Ok(0) | Err(_)) { break },
+                    }
+                }
+            }
+        });
+    }
+    Ok(stop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_renewed_from_one_address_does_not_keep_an_agent_out() -> Result<()> {
+    raise_fd_limit(4096)?;
+    init_tracing();
+    // Four places: one address may hold two of them however many connections it keeps open,
+    // so the agent (from 127.0.0.1) always finds one while 127.0.0.2 renews its flood. (With
+    // no share per address, the flood's peers queued ahead of the agent take every place that
+    // comes free: they are held for the authentication deadline, longer than anyone waits.)
+    const PLACES: usize = 4;
+    let mut tunables = fast_tunables().with_auth_timeout(Duration::from_secs(5));
+    tunables.handshake_timeout = Duration::from_secs(6);
+    let cluster = Cluster::new();
+    let proxy = start_proxy(
+        &cluster,
+        ProxyOpts {
+            separate: true,
+            tunables,
+            max_handshakes: Some(PLACES),
+            listen: ListenOptions::default()
+                .with_peek_timeout(PEEK)
+                .with_drain_timeout(Duration::from_secs(2)),
+            ..Default::default()
+        },
+    )
+    .await;
+    let tunnel_addr = proxy.tunnel_addr.context("separate mode binds the tunnel port")?;
+    let flood = renewed_silent_flood(tunnel_addr, "127.0.0.2", 200)?;
+    // Let the flood take what it can and fill the queue before the agent dials.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    let node = cluster.host(&[SystemRole::Node], "node-beside-the-flood");
+    let _agent = start_agent(&cluster, proxy.web, &node);
+    let registered = tokio::time::timeout(
+        Duration::from_secs(45),
+        proxy
+            .tunnel
+            .registry()
+            .wait_for("node-beside-the-flood", |a| a.is_some_and(|a| a.online)),
+    )
+    .await;
+    flood.cancel();
+    registered.context(
+        "the agent did not register within 45 s while one other address kept 200 stalled connections open on the tunnel port",
+    )?;
     proxy.shutdown().await;
     Ok(())
 }

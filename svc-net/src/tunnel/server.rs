@@ -68,7 +68,10 @@ pub struct TunnelServerConfig {
     /// the moment the connection reached the tunnel server and covers the wait), then are
     /// closed and dial again after their backoff. So a reconnect storm is served a bounded batch
     /// at a time instead of every handshake at once, and a peer that never finishes holds a
-    /// place for one deadline at most. Default [`default_max_handshakes`].
+    /// place for one deadline at most. One source address (an IPv6 address's `/64`) holds at
+    /// most half the places, so peers from one address that never finish cannot keep agents
+    /// from elsewhere out; its further connections are closed at once and dial again after
+    /// their backoff. Default [`default_max_handshakes`].
     pub max_handshakes: usize,
 }
 
@@ -143,6 +146,8 @@ struct Inner {
     drain_timeout: Duration,
     /// Places for tunnels in their handshake ([`TunnelServerConfig::max_handshakes`]).
     handshakes: Arc<Semaphore>,
+    /// The places each source address holds or waits for, and the most one may.
+    handshakes_by_source: Arc<SourceCounts>,
     registry: AgentRegistry,
     announce: watch::Sender<Announce>,
     peers: Arc<std::sync::RwLock<Option<PeerDialer>>>,
@@ -204,6 +209,10 @@ impl TunnelServer {
             tunables: config.tunables,
             drain_timeout: config.drain_timeout,
             handshakes: Arc::new(Semaphore::new(config.max_handshakes.max(1))),
+            handshakes_by_source: Arc::new(SourceCounts {
+                counts: std::sync::Mutex::default(),
+                max: (config.max_handshakes / 2).max(1),
+            }),
             registry: AgentRegistry::default(),
             announce: watch::channel(Announce::default()).0,
             peers: Arc::default(),
@@ -367,10 +376,16 @@ impl TunnelServer {
         let after = self.inner.tunables.handshake_timeout;
         let arrived = Instant::now();
         let deadline = arrived + after;
+        let Some(source) = SourceCounts::enter(&self.inner.handshakes_by_source, peer) else {
+            // Debug, not info: a flood from one address must not flood the log too.
+            tracing::debug!(%peer, "agent tunnel closed: its source address holds its share of the tunnel handshakes under way");
+            return None;
+        };
         let acquire = self.inner.handshakes.clone().acquire_owned();
         match tokio::time::timeout_at(arrived + after / 2, acquire).await {
             Ok(Ok(permit)) => Some(HandshakeSlot {
                 _permit: permit,
+                _source: source,
                 deadline,
             }),
             Ok(Err(_closed)) => None,
@@ -601,7 +616,72 @@ async fn sweep(inner: Weak<Inner>) {
 /// handshake's deadline.
 struct HandshakeSlot {
     _permit: OwnedSemaphorePermit,
+    _source: SourceSlot,
     deadline: Instant,
+}
+
+/// How many handshake places each source address holds or waits for, bounded by `max`.
+struct SourceCounts {
+    counts: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+    max: usize,
+}
+
+impl SourceCounts {
+    /// Counts one more handshake from `peer`'s source, or `None` when it has `max` already.
+    fn enter(this: &Arc<SourceCounts>, peer: SocketAddr) -> Option<SourceSlot> {
+        let source = handshake_source(peer.ip());
+        let mut counts = this
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = counts.entry(source).or_insert(0);
+        if *n >= this.max {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            counts: this.clone(),
+            source,
+        })
+    }
+}
+
+/// One handshake counted against its source address (uncounted when dropped).
+struct SourceSlot {
+    counts: Arc<SourceCounts>,
+    source: std::net::IpAddr,
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut counts = self
+            .counts
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = counts.get_mut(&self.source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.source);
+            }
+        }
+    }
+}
+
+/// The source a handshake is counted against: an IPv4 address (IPv4-mapped IPv6 included),
+/// or the `/64` of an IPv6 address, since one host usually owns a whole `/64`.
+fn handshake_source(ip: std::net::IpAddr) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv6Addr};
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
 }
 
 struct TunnelHandler {
@@ -1076,6 +1156,39 @@ impl AsyncWrite for TunnelStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_source_holds_at_most_its_share_of_the_handshakes() {
+        let counts = Arc::new(SourceCounts {
+            counts: std::sync::Mutex::default(),
+            max: 2,
+        });
+        let a: SocketAddr = "192.0.2.1:1000".parse().unwrap();
+        let a_mapped: SocketAddr = "[::ffff:192.0.2.1]:1001".parse().unwrap();
+        let b: SocketAddr = "192.0.2.2:1000".parse().unwrap();
+        let first = SourceCounts::enter(&counts, a).expect("a first place");
+        let second = SourceCounts::enter(&counts, a_mapped).expect("a second place");
+        assert!(
+            SourceCounts::enter(&counts, a).is_none(),
+            "a third from one address (IPv4-mapped or not)"
+        );
+        let other = SourceCounts::enter(&counts, b).expect("another address is not held up");
+        drop(first);
+        let again = SourceCounts::enter(&counts, a).expect("room again once one ends");
+        drop((second, other, again));
+        assert!(
+            counts.counts.lock().unwrap().is_empty(),
+            "nothing is kept for idle sources"
+        );
+        // One host's /64 is one source.
+        let v6a: SocketAddr = "[2001:db8:1:2::1]:1".parse().unwrap();
+        let v6b: SocketAddr = "[2001:db8:1:2:ffff::9]:1".parse().unwrap();
+        let v6c: SocketAddr = "[2001:db8:1:3::1]:1".parse().unwrap();
+        let _x = SourceCounts::enter(&counts, v6a).unwrap();
+        let _y = SourceCounts::enter(&counts, v6b).unwrap();
+        assert!(SourceCounts::enter(&counts, v6b).is_none());
+        assert!(SourceCounts::enter(&counts, v6c).is_some());
+    }
 
     #[test]
     fn incompatibility_messages() {
