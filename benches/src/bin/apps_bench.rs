@@ -489,11 +489,25 @@ fn thread_ticks(prefix: &str) -> u64 {
         .sum()
 }
 
-/// iperf3, one stream from client to server, `mib` MiB: the receiver's Gbit/s.
+/// iperf3, one stream from client to server, `mib` MiB: the receiver's Gbit/s. The server
+/// takes one test at a time and may still be closing the previous test's connections (their
+/// ends cross a tunnel): a "busy" answer is retried for up to 30 s.
 fn iperf(port: u16, mib: u64) -> Result<f64> {
-    let out = run(Command::new(tool("iperf3", "iperf3")?)
-        .args(["-c", "127.0.0.1", "-p", &port.to_string(), "-f", "g", "-n"])
-        .arg(format!("{mib}M")))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let out = loop {
+        let out = Command::new(tool("iperf3", "iperf3")?)
+            .args(["-c", "127.0.0.1", "-p", &port.to_string(), "-f", "g", "-n"])
+            .arg(format!("{mib}M"))
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            break text;
+        }
+        if !text.contains("busy") || Instant::now() > deadline {
+            bail!("iperf3 -c to port {port}: {text}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     out.lines()
         .find(|l| l.trim_end().ends_with("receiver"))
         .and_then(|l| {
