@@ -1,26 +1,36 @@
-//! Database and application access through the proxy against the same clients direct, in one
-//! run: `pgbench` (one `SELECT 1` per transaction) to a real PostgreSQL with TLS, direct
-//! (`sslmode=require`) and through `tsh proxy db`'s local listener; `wrk` to nginx
-//! `return 200`, direct and through `tsh proxy app`'s local listener.
+//! The user path through svc against the same clients direct and through other reverse
+//! tunnels, side by side in one run (issue #18's measurement):
 //!
-//! The cluster (Auth, Proxy, an agent with the Application and Database services behind a
-//! reverse tunnel) and the two local proxies run in this process, as `svc start` and
-//! `tsh proxy` wire them. Targets alternate; each is measured `--reps` times; medians and the
-//! proxied/direct ratio are printed as a Markdown table.
+//! - `pgbench` (one `SELECT 1` per transaction) to a real PostgreSQL with TLS, through
+//!   `tsh proxy db`'s local listener;
+//! - `wrk` to nginx `return 200` and a lone HTTP request per new connection, through
+//!   `tsh proxy app`'s local listener to a `tcp://` app;
+//! - `iperf3`, one stream over a fixed transfer, through `tsh proxy app` to a `tcp://` app, with
+//!   the CPU time (utime + stime from `/proc`) each tunnel's processes spent per GB moved.
 //!
-//! The same clients also run through rathole 0.5 (plain TCP transport: its server and client
-//! forward the two targets' ports) in the same run, as a baseline for a reverse tunnel, and
-//! through a second `tsh proxy app` listener that makes a full TLS handshake to the proxy for
-//! every connection (TLS session resumption off, as local proxies did before), so the
-//! resumption's effect shows in the same run. One connection at a time (an HTTP request on a
-//! new connection) gives the user path's set-up latency, p50 and p99. The local proxies'
-//! TLS handshakes to the proxy (full and resumed) are counted and printed.
+//! Paths, each measured in turn (`--reps` times, medians): direct; rathole 0.5 with its plain TCP
+//! transport and with its TLS transport (a throwaway CA and PKCS#12 identity made here);
+//! OpenSSH `ssh -N -R` with `-c aes128-gcm@openssh.com` to an `sshd` started here on loopback
+//! (throwaway host and user keys); svc with the agent's tunnel on the proxy's single TLS port
+//! (multiplex mode) and svc with the tunnel on a separate tunnel port (3024 in production;
+//! `proxy_listener_mode: separate`). The two svc clusters (Auth, Proxy, an agent with the
+//! Application and Database services behind a reverse tunnel) run in this process on a runtime
+//! whose threads are named `svc-cluster`; the local proxies (`tsh proxy app|db` as the CLI wires
+//! them) on a runtime whose threads are named `tsh-proxy`, so their CPU time is read apart. A
+//! further `tsh proxy app` listener makes a full TLS handshake to the proxy for every connection
+//! (resumption off) for the new-connection rows.
 //!
-//! Run: `cargo run --release -p svc-benches --bin apps_bench -- [--secs 5] [--reps 3]
-//! [--conns 300]`. Needs the Debian packages `postgresql` (server and pgbench), `nginx` and
-//! `wrk`, and rathole (`cargo install rathole`; the binary from `PATH`, `~/.cargo/bin` or the
-//! `SVC_BENCH_RATHOLE` environment variable); as root, PostgreSQL runs as the `postgres` user
-//! via `runuser`.
+//! Run (release build):
+//!
+//! ```text
+//! cargo run --release -p svc-benches --bin apps_bench -- --secs 5 --reps 3 --conns 300 --mib 2048
+//! ```
+//!
+//! Needs the Debian packages `postgresql` (server and pgbench), `nginx`, `wrk`, `iperf3`,
+//! `openssh-server` and `openssh-client`, `openssl`, and rathole (`cargo install rathole`
+//! without `--locked`; the binary from `SVC_BENCH_RATHOLE`, `PATH` or `~/.cargo/bin`). As root,
+//! PostgreSQL runs as the `postgres` user via `runuser`. A missing tool stops the run with the
+//! package to install.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -36,22 +46,42 @@ struct Args {
     secs: u64,
     reps: usize,
     conns: usize,
+    mib: u64,
 }
+
+const USAGE: &str =
+    "apps_bench: the svc user path against direct, rathole (plain, TLS) and OpenSSH -R in one run
+
+usage: cargo run --release -p svc-benches --bin apps_bench -- [--secs 5] [--reps 3] [--conns 300] [--mib 2048]
+
+  --secs   seconds per pgbench/wrk measurement
+  --reps   measurements per path (medians are printed)
+  --conns  lone HTTP requests on new connections per path (p50/p99)
+  --mib    MiB per iperf3 transfer (single stream; CPU per GB is over this transfer)
+
+needs: postgresql, nginx, wrk, iperf3, openssh-server, openssh-client, openssl (Debian) and
+rathole (cargo install rathole, or SVC_BENCH_RATHOLE=<path>)";
 
 fn args() -> Result<Args> {
     let mut a = Args {
         secs: 5,
         reps: 3,
         conns: 300,
+        mib: 2048,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--secs" => a.secs = value.parse()?,
             "--reps" => a.reps = value.parse()?,
             "--conns" => a.conns = value.parse()?,
-            other => bail!("unknown flag {other}; expected --secs, --reps, --conns"),
+            "--mib" => a.mib = value.parse()?,
+            other => bail!("unknown flag {other}\n\n{USAGE}"),
         }
     }
     Ok(a)
@@ -214,13 +244,64 @@ fn rathole_bin() -> Result<PathBuf> {
         .context("rathole is not installed: `cargo install rathole` (without --locked), or set SVC_BENCH_RATHOLE to its path")
 }
 
-/// rathole's server and client (plain TCP transport) forwarding `targets` (name, port);
-/// returns the processes and, per target, the port rathole's server serves it on.
-fn rathole(dir: &Path, targets: &[(&str, u16)]) -> Result<(Vec<Killed>, Vec<u16>)> {
+/// A tunnel's processes: the public side (rathole's server, `sshd` and its session children)
+/// and the far side next to the targets (rathole's client, `ssh`); the public side first.
+struct Tunnel {
+    procs: Vec<Killed>,
+    /// Per target, the port the tunnel serves it on.
+    ports: Vec<u16>,
+}
+
+/// rathole's server and client forwarding `targets` (name, port), with its plain TCP transport
+/// or (`tls`) its TLS transport: a throwaway CA, the server's PKCS#12 identity made with
+/// `openssl pkcs12 -export`, the client trusting the CA for `localhost`.
+fn rathole(dir: &Path, tag: &str, targets: &[(&str, u16)], tls: bool) -> Result<Tunnel> {
     let bin = rathole_bin()?;
     let control = free_port()?;
     let mut server = format!("[server]\nbind_addr = \"127.0.0.1:{control}\"\n");
     let mut client = format!("[client]\nremote_addr = \"127.0.0.1:{control}\"\n");
+    if tls {
+        let ca_key = rcgen::KeyPair::generate()?;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        // Distinct subjects: OpenSSL (rathole's native-tls) takes a leaf whose subject equals
+        // its issuer's for self-signed and refuses it.
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "svc bench rathole CA");
+        let ca = rcgen::CertifiedIssuer::self_signed(params, ca_key)?;
+        let key = rcgen::KeyPair::generate()?;
+        let mut leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned()])?;
+        leaf.distinguished_name
+            .push(rcgen::DnType::CommonName, "localhost");
+        let cert = leaf.signed_by(&key, &ca)?;
+        let (ca_file, cert_file, key_file, pfx) = (
+            dir.join(format!("{tag}-ca.pem")),
+            dir.join(format!("{tag}-cert.pem")),
+            dir.join(format!("{tag}-key.pem")),
+            dir.join(format!("{tag}-identity.pfx")),
+        );
+        std::fs::write(&ca_file, ca.pem())?;
+        std::fs::write(&cert_file, cert.pem())?;
+        std::fs::write(&key_file, key.serialize_pem())?;
+        run(Command::new(tool("openssl", "openssl")?)
+            .args(["pkcs12", "-export", "-passout", "pass:bench", "-out"])
+            .arg(&pfx)
+            .arg("-inkey")
+            .arg(&key_file)
+            .arg("-in")
+            .arg(&cert_file)
+            .arg("-certfile")
+            .arg(&ca_file))?;
+        server.push_str(&format!(
+            "[server.transport]\ntype = \"tls\"\n[server.transport.tls]\npkcs12 = \"{}\"\npkcs12_password = \"bench\"\n",
+            pfx.display()
+        ));
+        client.push_str(&format!(
+            "[client.transport]\ntype = \"tls\"\n[client.transport.tls]\ntrusted_root = \"{}\"\nhostname = \"localhost\"\n",
+            ca_file.display()
+        ));
+    }
     let mut ports = Vec::new();
     for (name, target) in targets {
         let port = free_port()?;
@@ -232,26 +313,209 @@ fn rathole(dir: &Path, targets: &[(&str, u16)]) -> Result<(Vec<Killed>, Vec<u16>
             "[client.services.{name}]\ntoken = \"bench\"\nlocal_addr = \"127.0.0.1:{target}\"\n"
         ));
     }
-    let (server_conf, client_conf) = (dir.join("rathole-server.toml"), dir.join("rathole-client.toml"));
+    let (server_conf, client_conf) = (
+        dir.join(format!("{tag}-server.toml")),
+        dir.join(format!("{tag}-client.toml")),
+    );
     std::fs::write(&server_conf, server)?;
     std::fs::write(&client_conf, client)?;
-    let spawn = |flag: &str, conf: &Path| -> Result<Killed> {
+    let log = |side: &str| -> Result<Stdio> {
+        Ok(std::fs::File::create(dir.join(format!("{tag}-{side}.log")))?.into())
+    };
+    let spawn = |flag: &str, conf: &Path, side: &str| -> Result<Killed> {
         Ok(Killed(
             Command::new(&bin)
                 .arg(flag)
                 .arg(conf)
-                .env("RUST_LOG", "error")
+                .env("RUST_LOG", "warn")
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(log(side)?)
                 .spawn()
                 .with_context(|| format!("starting {}", bin.display()))?,
         ))
     };
-    let procs = vec![spawn("-s", &server_conf)?, spawn("-c", &client_conf)?];
+    let procs = vec![
+        spawn("-s", &server_conf, "server")?,
+        spawn("-c", &client_conf, "client")?,
+    ];
     for port in &ports {
-        wait_listening(*port)?;
+        wait_listening(*port).with_context(|| {
+            let read = |side: &str| {
+                std::fs::read_to_string(dir.join(format!("{tag}-{side}.log"))).unwrap_or_default()
+            };
+            format!(
+                "rathole ({tag}) did not come up; server log:\n{}\nclient log:\n{}",
+                read("server"),
+                read("client")
+            )
+        })?;
     }
-    Ok((procs, ports))
+    Ok(Tunnel { procs, ports })
+}
+
+/// OpenSSH's reverse tunnel: an `sshd` on loopback (throwaway host key, one authorized user
+/// key) and `ssh -N -c aes128-gcm@openssh.com -R` forwarding `targets` (ports).
+fn openssh(dir: &Path, targets: &[u16]) -> Result<Tunnel> {
+    let sshd_bin = tool("sshd", "openssh-server").or_else(|_| {
+        let p = PathBuf::from("/usr/sbin/sshd");
+        if p.is_file() {
+            Ok(p)
+        } else {
+            bail!("sshd is not installed: apt-get install openssh-server")
+        }
+    })?;
+    let ssh_bin = tool("ssh", "openssh-client")?;
+    let keygen = tool("ssh-keygen", "openssh-client")?;
+    let ssh_dir = dir.join("ssh");
+    std::fs::create_dir_all(&ssh_dir)?;
+    let (host_key, user_key) = (ssh_dir.join("host_key"), ssh_dir.join("user_key"));
+    for k in [&host_key, &user_key] {
+        run(Command::new(&keygen)
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(k))?;
+    }
+    std::fs::copy(ssh_dir.join("user_key.pub"), ssh_dir.join("authorized_keys"))?;
+    let sshd_port = free_port()?;
+    let conf = ssh_dir.join("sshd_config");
+    std::fs::write(
+        &conf,
+        format!(
+            "ListenAddress 127.0.0.1:{sshd_port}\nHostKey {}\nAuthorizedKeysFile {}\nUsePAM no\nStrictModes no\n\
+             PermitRootLogin yes\nPasswordAuthentication no\nPidFile none\nAllowTcpForwarding yes\nGatewayPorts no\n\
+             Ciphers aes128-gcm@openssh.com\n",
+            host_key.display(),
+            ssh_dir.join("authorized_keys").display()
+        ),
+    )?;
+    // sshd's privilege separation directory.
+    std::fs::create_dir_all("/run/sshd")?;
+    let sshd = Killed(
+        Command::new(&sshd_bin)
+            .args(["-D", "-e", "-f"])
+            .arg(&conf)
+            .stderr(std::fs::File::create(ssh_dir.join("sshd.log"))?)
+            .spawn()
+            .context("starting sshd")?,
+    );
+    wait_listening(sshd_port)?;
+    let mut ports = Vec::new();
+    let mut cmd = Command::new(&ssh_bin);
+    cmd.args(["-F", "/dev/null", "-N", "-c", "aes128-gcm@openssh.com"])
+        .args([
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+        ])
+        .args(["-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes"])
+        .arg("-i")
+        .arg(&user_key)
+        .args(["-p", &sshd_port.to_string()]);
+    for target in targets {
+        let port = free_port()?;
+        ports.push(port);
+        cmd.arg("-R").arg(format!("127.0.0.1:{port}:127.0.0.1:{target}"));
+    }
+    let ssh = Killed(
+        cmd.arg("root@127.0.0.1")
+            .stderr(std::fs::File::create(ssh_dir.join("ssh.log"))?)
+            .spawn()
+            .context("starting ssh")?,
+    );
+    for port in &ports {
+        wait_listening(*port)
+            .with_context(|| format!("OpenSSH -R: see sshd.log and ssh.log in {}", ssh_dir.display()))?;
+    }
+    Ok(Tunnel {
+        procs: vec![sshd, ssh],
+        ports,
+    })
+}
+
+/// Clock ticks per second for `/proc` CPU times.
+fn clock_ticks() -> Result<f64> {
+    let out = run(Command::new(tool("getconf", "libc-bin")?).arg("CLK_TCK"))?;
+    Ok(out.trim().parse()?)
+}
+
+/// utime + stime (ticks) from one `/proc/.../stat` file, and the process's parent pid.
+fn stat_ticks(path: &Path) -> Option<(u64, u32, String)> {
+    let s = std::fs::read_to_string(path).ok()?;
+    let (head, rest) = s.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_owned();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the comm: state(0) ppid(1) ... utime(11) stime(12).
+    let ppid = f.get(1)?.parse().ok()?;
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some((ticks, ppid, comm))
+}
+
+/// CPU ticks of `pid` and all its live descendants (sshd's session processes).
+fn tree_ticks(pid: u32) -> u64 {
+    let procs: Vec<(u32, u64, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let p: u32 = e.file_name().to_str()?.parse().ok()?;
+            let (t, ppid, _) = stat_ticks(&e.path().join("stat"))?;
+            Some((p, t, ppid))
+        })
+        .collect();
+    let mut tree = vec![pid];
+    let mut total = 0;
+    while let Some(p) = tree.pop() {
+        for (child, t, ppid) in &procs {
+            if *child == p {
+                total += t;
+            }
+            if *ppid == p {
+                tree.push(*child);
+            }
+        }
+    }
+    total
+}
+
+/// CPU ticks of this process's threads whose name starts with `prefix` (a runtime's workers).
+fn thread_ticks(prefix: &str) -> u64 {
+    std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| stat_ticks(&e.path().join("stat")))
+        .filter(|(_, _, comm)| comm.starts_with(prefix))
+        .map(|(t, _, _)| t)
+        .sum()
+}
+
+/// iperf3, one stream from client to server, `mib` MiB: the receiver's Gbit/s. The server
+/// takes one test at a time and may still be closing the previous test's connections (their
+/// ends cross a tunnel): a "busy" answer is retried for up to 30 s.
+fn iperf(port: u16, mib: u64) -> Result<f64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let out = loop {
+        let out = Command::new(tool("iperf3", "iperf3")?)
+            .args(["-c", "127.0.0.1", "-p", &port.to_string(), "-f", "g", "-n"])
+            .arg(format!("{mib}M"))
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            break text;
+        }
+        if !text.contains("busy") || Instant::now() > deadline {
+            bail!("iperf3 -c to port {port}: {text}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    out.lines()
+        .find(|l| l.trim_end().ends_with("receiver"))
+        .and_then(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let i = f.iter().position(|w| *w == "Gbits/sec")?;
+            f.get(i.checked_sub(1)?)?.parse().ok()
+        })
+        .with_context(|| format!("no receiver Gbits/sec in iperf3 output: {out}"))
 }
 
 /// One HTTP request per new connection, one connection at a time, `n` times: each one's
@@ -302,19 +566,47 @@ fn pgbench(script: &Path, conninfo: &str, secs: u64, new_conn: bool) -> Result<f
         .with_context(|| format!("no tps in pgbench output: {out}"))
 }
 
-/// wrk requests per second with `conns` keep-alive connections (or `Connection: close`).
-fn wrk(port: u16, secs: u64, conns: usize, close: bool) -> Result<f64> {
+/// wrk requests per second and p99 latency (ms) with `conns` keep-alive connections (or
+/// `Connection: close`).
+fn wrk(port: u16, secs: u64, conns: usize, close: bool) -> Result<(f64, f64)> {
     let mut cmd = Command::new(tool("wrk", "wrk")?);
-    cmd.args(["-t", "1", "-c", &conns.to_string(), "-d", &format!("{secs}s")]);
+    cmd.args([
+        "--latency",
+        "-t",
+        "1",
+        "-c",
+        &conns.to_string(),
+        "-d",
+        &format!("{secs}s"),
+    ]);
     if close {
         cmd.args(["-H", "Connection: close"]);
     }
     cmd.arg(format!("http://127.0.0.1:{port}/"));
     let out = run(&mut cmd)?;
-    out.lines()
+    let rps = out
+        .lines()
         .find_map(|l| l.strip_prefix("Requests/sec:"))
         .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("no Requests/sec in wrk output: {out}"))
+        .with_context(|| format!("no Requests/sec in wrk output: {out}"))?;
+    let p99 = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("99%"))
+        .and_then(|v| {
+            let v = v.trim();
+            let (num, scale) = if let Some(n) = v.strip_suffix("us") {
+                (n, 1e-3)
+            } else if let Some(n) = v.strip_suffix("ms") {
+                (n, 1.0)
+            } else if let Some(n) = v.strip_suffix('s') {
+                (n, 1e3)
+            } else {
+                return None;
+            };
+            num.parse::<f64>().ok().map(|x| x * scale)
+        })
+        .with_context(|| format!("no 99% latency in wrk output: {out}"))?;
+    Ok((rps, p99))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -322,25 +614,103 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn main() -> Result<()> {
-    let a = args()?;
-    let dir = tempfile::tempdir()?;
-    run(Command::new("chmod").arg("0755").arg(dir.path()))?;
-    let (pg, ca_file) = Postgres::start(dir.path())?;
-    let (_nginx, app_port) = nginx(dir.path())?;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+/// Where a probe's clients connect.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Direct,
+    Rathole,
+    RatholeTls,
+    OpenSsh,
+    /// svc, the agent's tunnel on the proxy's single TLS port.
+    Svc,
+    /// svc, the agent's tunnel on the separate tunnel port (3024 in production).
+    Svc3024,
+    /// svc on the single TLS port, the local proxy without TLS session resumption.
+    SvcCold,
+}
 
+const VIAS: [Via; 6] = [
+    Via::Direct,
+    Via::Rathole,
+    Via::RatholeTls,
+    Via::OpenSsh,
+    Via::Svc,
+    Via::Svc3024,
+];
+
+impl Via {
+    fn label(self) -> &'static str {
+        match self {
+            Via::Direct => "direct",
+            Via::Rathole => "rathole (plain)",
+            Via::RatholeTls => "rathole (TLS)",
+            Via::OpenSsh => "OpenSSH -R aes128-gcm",
+            Via::Svc => "svc, TLS port",
+            Via::Svc3024 => "svc, 3024",
+            Via::SvcCold => "svc, TLS port, no TLS resumption",
+        }
+    }
+
+    fn is_svc(self) -> bool {
+        matches!(self, Via::Svc | Via::Svc3024 | Via::SvcCold)
+    }
+}
+
+/// The ports one path serves the three targets on.
+#[derive(Clone, Copy)]
+struct Ports {
+    pg: u16,
+    web: u16,
+    iperf: u16,
+}
+
+/// The targets the paths lead to.
+struct Targets<'a> {
+    pg: u16,
+    ca_file: &'a Path,
+    web: u16,
+    iperf: u16,
+}
+
+/// One svc cluster and its local proxies.
+struct Svc {
+    running: svc_net::cluster::RunningCluster,
+    ports: Ports,
+    /// The `tcp://` app's listener without TLS session resumption.
+    cold_web: u16,
+    warm: TlsConfigs,
+    cold: TlsConfigs,
+}
+
+/// Starts a cluster (the tunnel on the single TLS port, or with `separate` on its own port), a
+/// user, and its local proxies: `tsh proxy db` for PostgreSQL, `tsh proxy app` for the nginx
+/// and iperf3 `tcp://` apps, and a second app listener without TLS session resumption.
+fn start_svc(
+    rt: &tokio::runtime::Runtime,
+    local_rt: &tokio::runtime::Runtime,
+    dir: &Path,
+    separate: bool,
+    t: &Targets<'_>,
+) -> Result<Svc> {
+    let tag = if separate { "svc-3024" } else { "svc-tls" };
+    let (mode, extra) = if separate {
+        (
+            "  proxy_listener_mode: separate\n",
+            "  tunnel_listen_addr: 127.0.0.1:0\n  listen_addr: 127.0.0.1:0\n  kube_listen_addr: 127.0.0.1:0\n  postgres_listen_addr: 127.0.0.1:0\n  mysql_listen_addr: 127.0.0.1:0\n  mongo_listen_addr: 127.0.0.1:0\n  redis_listen_addr: 127.0.0.1:0\n",
+        )
+    } else {
+        ("", "")
+    };
     let yaml = format!(
-        "version: v1\nsvc:\n  data_dir: {}\n  log:\n    severity: warn\nauth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: bench.test\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\nssh_service:\n  enabled: false\napp_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: http://127.0.0.1:{app_port}\ndb_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres\n    uri: 127.0.0.1:{}\n    tls:\n      ca_cert_file: {}\n      server_name: localhost\n",
-        dir.path().join("data").display(),
-        pg.port,
-        ca_file.display()
+        "version: v1\nsvc:\n  data_dir: {}\n  log:\n    severity: warn\nauth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: {tag}.bench.test\n{mode}proxy_service:\n  web_listen_addr: 127.0.0.1:0\n{extra}ssh_service:\n  enabled: false\napp_service:\n  enabled: true\n  apps:\n  - name: web\n    uri: tcp://127.0.0.1:{}\n  - name: iperf\n    uri: tcp://127.0.0.1:{}\ndb_service:\n  enabled: true\n  databases:\n  - name: pg\n    protocol: postgres\n    uri: 127.0.0.1:{}\n    tls:\n      ca_cert_file: {}\n      server_name: localhost\n",
+        dir.join(tag).display(),
+        t.web,
+        t.iperf,
+        t.pg,
+        t.ca_file.display()
     );
     let config = Config::from_yaml_str_with_hostname(&yaml, "bench")?;
-    let (db_port, web_port, cold_port) = (free_port()?, free_port()?, free_port()?);
-    let (_rathole, rathole_ports) = rathole(dir.path(), &[("pg", pg.port), ("web", app_port)])?;
-    let (rathole_db_port, rathole_web_port) = (rathole_ports[0], rathole_ports[1]);
-    let (running, warm, cold) = rt.block_on(async {
+    let (running, client) = rt.block_on(async {
         let running = svc_net::Cluster::from_config(&config).start().await?;
         let admin = svc_net::auth::ClientIdentity::load(
             &running
@@ -369,17 +739,22 @@ fn main() -> Result<()> {
             dialer: svc_net::dial::ProxyDialer::from_env()?,
             tls_configs: Default::default(),
         };
-        // The same local proxy for the app without TLS session resumption (a full handshake
-        // to the proxy per connection): the comparison for what resumption buys.
-        let cold = ResourceClient {
-            tls_configs: TlsConfigs::uncached(),
-            ..client.clone()
-        };
-        let (warm, cold_counts) = (client.tls_configs.clone(), cold.tls_configs.clone());
-        for (kind, name, protocol, port, client) in [
-            (ServedKind::Db, "pg", Some(DbProtocol::Postgres), db_port, &client),
-            (ServedKind::App, "web", None, web_port, &client),
-            (ServedKind::App, "web", None, cold_port, &cold),
+        anyhow::Ok((running, client))
+    })?;
+    // The same local proxy for the app without TLS session resumption (a full handshake to the
+    // proxy per connection): the comparison for what resumption buys.
+    let cold = ResourceClient {
+        tls_configs: TlsConfigs::uncached(),
+        ..client.clone()
+    };
+    let (warm, cold_counts) = (client.tls_configs.clone(), cold.tls_configs.clone());
+    let ports = local_rt.block_on(async {
+        let mut ports = Vec::new();
+        for (kind, name, protocol, client) in [
+            (ServedKind::Db, "pg", Some(DbProtocol::Postgres), &client),
+            (ServedKind::App, "web", None, &client),
+            (ServedKind::App, "iperf", None, &client),
+            (ServedKind::App, "web", None, &cold),
         ] {
             let what = LocalProxy {
                 kind,
@@ -388,118 +763,284 @@ fn main() -> Result<()> {
                 db_user: None,
                 db_name: None,
             };
-            let (listener, _) = bind_local(port).await?;
+            let (listener, addr) = bind_local(0).await?;
+            ports.push(addr.port());
             tokio::spawn(
                 what.serve(listener, client.clone(), Default::default(), |peer, e| {
                     eprintln!("local proxy: connection from {peer}: {e}");
                 }),
             );
         }
-        anyhow::Ok((running, warm, cold_counts))
+        anyhow::Ok(ports)
     })?;
-    wait_listening(db_port)?;
-    wait_listening(web_port)?;
-    wait_listening(cold_port)?;
+    for p in &ports {
+        wait_listening(*p)?;
+    }
+    Ok(Svc {
+        running,
+        ports: Ports {
+            pg: ports[0],
+            web: ports[1],
+            iperf: ports[2],
+        },
+        cold_web: ports[3],
+        warm,
+        cold: cold_counts,
+    })
+}
+
+/// A path's measurements over the repetitions (per repetition, one value per unit), or why it
+/// failed (printed in the table's cell).
+type Cell = std::result::Result<Vec<Vec<f64>>, String>;
+
+/// Per unit, the median over the repetitions.
+fn medians(reps: &[Vec<f64>], units: usize) -> Vec<f64> {
+    (0..units)
+        .map(|j| median(reps.iter().map(|r| r[j]).collect()))
+        .collect()
+}
+
+fn main() -> Result<()> {
+    let a = args()?;
+    for (name, package) in [
+        ("pgbench", "postgresql"),
+        ("wrk", "wrk"),
+        ("iperf3", "iperf3"),
+        ("ssh", "openssh-client"),
+        ("openssl", "openssl"),
+        ("nginx", "nginx"),
+    ] {
+        tool(name, package)?;
+    }
+    rathole_bin()?;
+    let ticks = clock_ticks()?;
+    let dir = tempfile::tempdir()?;
+    run(Command::new("chmod").arg("0755").arg(dir.path()))?;
+    let (pg, ca_file) = Postgres::start(dir.path())?;
+    let (_nginx, app_port) = nginx(dir.path())?;
+    let iperf_port = free_port()?;
+    let _iperf = Killed(
+        Command::new(tool("iperf3", "iperf3")?)
+            .args(["-s", "-B", "127.0.0.1", "-p", &iperf_port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting iperf3 -s")?,
+    );
+    wait_listening(iperf_port)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("svc-cluster")
+        .enable_all()
+        .build()?;
+    let local_rt = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("tsh-proxy")
+        .enable_all()
+        .build()?;
+
+    let targets = [("pg", pg.port), ("web", app_port), ("iperf", iperf_port)];
+    let rat = rathole(dir.path(), "rathole-plain", &targets, false)?;
+    let rat_tls = rathole(dir.path(), "rathole-tls", &targets, true)?;
+    let ssh = openssh(dir.path(), &[pg.port, app_port, iperf_port])?;
+    let t = Targets {
+        pg: pg.port,
+        ca_file: &ca_file,
+        web: app_port,
+        iperf: iperf_port,
+    };
+    let svc = start_svc(&rt, &local_rt, dir.path(), false, &t)?;
+    let svc3024 = start_svc(&rt, &local_rt, dir.path(), true, &t)?;
+    let tunnel_ports = |t: &Tunnel| Ports {
+        pg: t.ports[0],
+        web: t.ports[1],
+        iperf: t.ports[2],
+    };
+    let ports_for = |via: Via| match via {
+        Via::Direct => Ports {
+            pg: pg.port,
+            web: app_port,
+            iperf: iperf_port,
+        },
+        Via::Rathole => tunnel_ports(&rat),
+        Via::RatholeTls => tunnel_ports(&rat_tls),
+        Via::OpenSsh => tunnel_ports(&ssh),
+        Via::Svc => svc.ports,
+        Via::Svc3024 => svc3024.ports,
+        Via::SvcCold => Ports {
+            web: svc.cold_web,
+            ..svc.ports
+        },
+    };
+    // CPU ticks of a path's two sides so far: (public side, far side), named by `sides`.
+    let cpu = |via: Via| -> (u64, u64) {
+        let tree = |t: &Tunnel| (tree_ticks(t.procs[0].0.id()), tree_ticks(t.procs[1].0.id()));
+        match via {
+            Via::Direct => (0, 0),
+            Via::Rathole => tree(&rat),
+            Via::RatholeTls => tree(&rat_tls),
+            Via::OpenSsh => tree(&ssh),
+            Via::Svc | Via::Svc3024 | Via::SvcCold => {
+                (thread_ticks("svc-cluster"), thread_ticks("tsh-proxy"))
+            }
+        }
+    };
+    let sides = |via: Via| match via {
+        Via::Direct => ("–", "–"),
+        Via::Rathole | Via::RatholeTls => ("rathole server", "rathole client"),
+        Via::OpenSsh => ("sshd", "ssh -R"),
+        Via::Svc | Via::Svc3024 | Via::SvcCold => ("proxy + agent + Auth (in-process)", "tsh proxy app"),
+    };
 
     let script = dir.path().join("select1.sql");
     std::fs::write(&script, "SELECT 1;\n")?;
-    let direct_db = format!(
-        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=require",
-        pg.port
-    );
-    let proxied_db = format!("host=127.0.0.1 port={db_port} user=postgres dbname=postgres sslmode=disable");
-    let rathole_db =
-        format!("host=127.0.0.1 port={rathole_db_port} user=postgres dbname=postgres sslmode=require");
-    // Warm-up: the first connection through the tunnel opens the agent's paths.
-    pgbench(&script, &proxied_db, 1, false)?;
-    pgbench(&script, &rathole_db, 1, false)?;
-    wrk(web_port, 1, 1, false)?;
-    wrk(cold_port, 1, 1, false)?;
-    wrk(rathole_web_port, 1, 1, false)?;
-
-    // Where a probe's clients connect: direct, through rathole, through svc's local proxy, and
-    // through the local proxy without TLS session resumption.
-    #[derive(Clone, Copy)]
-    enum Via {
-        Direct,
-        Rathole,
-        Svc,
-        SvcCold,
+    let db_for = |via: Via| {
+        // Through the local proxy the client speaks plain to `tsh proxy db`; elsewhere TLS
+        // end to end to PostgreSQL.
+        let ssl = if via.is_svc() { "disable" } else { "require" };
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode={ssl}",
+            ports_for(via).pg
+        )
+    };
+    // Warm-up: the first connection through a tunnel opens its paths.
+    for via in VIAS.iter().copied().chain([Via::SvcCold]) {
+        let p = ports_for(via);
+        pgbench(&script, &db_for(via), 1, false)
+            .with_context(|| format!("warm-up pgbench via {}", via.label()))?;
+        wrk(p.web, 1, 1, false).with_context(|| format!("warm-up wrk via {}", via.label()))?;
+        iperf(p.iperf, 16).with_context(|| format!("warm-up iperf3 via {}", via.label()))?;
     }
-    let db_for = |via: Via| match via {
-        Via::Direct => direct_db.clone(),
-        Via::Rathole => rathole_db.clone(),
-        Via::Svc | Via::SvcCold => proxied_db.clone(),
-    };
-    let web_for = |via: Via| match via {
-        Via::Direct => app_port,
-        Via::Rathole => rathole_web_port,
-        Via::Svc => web_port,
-        Via::SvcCold => cold_port,
-    };
-    type Probe<'a> = Box<dyn Fn(Via) -> Result<f64> + 'a>;
-    // (name, unit, probe, whether the no-resumption listener applies).
-    let cases: Vec<(&str, &str, Probe<'_>, bool)> = vec![
+
+    let uptime = run(&mut Command::new("uptime")).unwrap_or_default();
+    println!("uptime at start: {}", uptime.trim());
+    println!();
+
+    type Probe<'a> = Box<dyn Fn(Via) -> Result<Vec<f64>> + 'a>;
+    // (name, units of the probe's values, probe, with the no-resumption listener too).
+    let cases: Vec<(&str, Vec<&str>, Probe<'_>, bool)> = vec![
+        (
+            "single stream (iperf3)",
+            vec!["Gbit/s"],
+            Box::new(|via| Ok(vec![iperf(ports_for(via).iperf, a.mib)?])),
+            false,
+        ),
         (
             "pgbench `SELECT 1`, 1 client, one connection",
-            "tps",
-            Box::new(|via| pgbench(&script, &db_for(via), a.secs, false)),
+            vec!["tps"],
+            Box::new(|via| Ok(vec![pgbench(&script, &db_for(via), a.secs, false)?])),
             false,
         ),
         (
             "pgbench `SELECT 1`, 1 client, new connection per transaction (-C)",
-            "tps",
-            Box::new(|via| pgbench(&script, &db_for(via), a.secs, true)),
+            vec!["tps"],
+            Box::new(|via| Ok(vec![pgbench(&script, &db_for(via), a.secs, true)?])),
             false,
         ),
         (
-            "wrk to nginx, 10 keep-alive connections",
-            "req/s",
-            Box::new(|via| wrk(web_for(via), a.secs, 10, false)),
+            "wrk to nginx, 10 keep-alive connections (req/s, p99)",
+            vec!["req/s", "ms"],
+            Box::new(|via| {
+                let (r, p) = wrk(ports_for(via).web, a.secs, 10, false)?;
+                Ok(vec![r, p])
+            }),
             false,
         ),
         (
-            "wrk to nginx, new connection per request",
-            "req/s",
-            Box::new(|via| wrk(web_for(via), a.secs, 10, true)),
+            "wrk to nginx, new connection per request (req/s, p99)",
+            vec!["req/s", "ms"],
+            Box::new(|via| {
+                let (r, p) = wrk(ports_for(via).web, a.secs, 10, true)?;
+                Ok(vec![r, p])
+            }),
             true,
         ),
     ];
-    let (warm_full, warm_resumed) = (warm.full_handshakes(), warm.resumed_handshakes());
-    println!(
-        "| path | direct | rathole (plain) | through svc | svc / direct | svc / rathole | svc without TLS resumption |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    for (name, unit, probe, cold_too) in &cases {
-        let (mut direct, mut rat, mut svc, mut cold) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (warm_full, warm_resumed) = (svc.warm.full_handshakes(), svc.warm.resumed_handshakes());
+    let mut header: Vec<&str> = VIAS.iter().map(|v| v.label()).collect();
+    header.extend([
+        "svc TLS port / rathole plain",
+        "svc 3024 / rathole plain",
+        "svc TLS port without TLS resumption",
+    ]);
+    println!("| measurement | {} |", header.join(" | "));
+    println!("|---|{}", "---|".repeat(header.len()));
+    // CPU ticks spent (public side, far side) during the iperf3 transfers, per path.
+    let mut cpu_spent: Vec<(Via, u64, u64)> = Vec::new();
+    for (i, (name, units, probe, cold_too)) in cases.iter().enumerate() {
+        let mut cells: Vec<Cell> = vec![Ok(Vec::new()); VIAS.len()];
+        let mut cold: Cell = Ok(Vec::new());
+        let targets: Vec<Via> = VIAS
+            .iter()
+            .copied()
+            .chain(cold_too.then_some(Via::SvcCold))
+            .collect();
         for _ in 0..a.reps {
-            direct.push(probe(Via::Direct)?);
-            rat.push(probe(Via::Rathole)?);
-            svc.push(probe(Via::Svc)?);
-            if *cold_too {
-                cold.push(probe(Via::SvcCold)?);
+            for via in &targets {
+                let cell = match via {
+                    Via::SvcCold => &mut cold,
+                    v => &mut cells[VIAS.iter().position(|x| x == v).unwrap_or(0)],
+                };
+                let Ok(done) = cell else {
+                    continue;
+                };
+                let before = cpu(*via);
+                match probe(*via) {
+                    Ok(v) => {
+                        if i == 0 {
+                            let after = cpu(*via);
+                            cpu_spent.push((*via, after.0 - before.0, after.1 - before.1));
+                        }
+                        done.push(v);
+                    }
+                    Err(e) => {
+                        eprintln!("{name} via {}: {e:#}", via.label());
+                        *cell = Err("failed (see stderr)".to_owned());
+                    }
+                }
             }
         }
-        let (d, r, p) = (median(direct), median(rat), median(svc));
-        let c = if cold.is_empty() {
-            "–".to_owned()
-        } else {
-            format!("{:.0} {unit}", median(cold))
+        let fmt = |c: &Cell| -> String {
+            match c {
+                Ok(reps) if !reps.is_empty() => medians(reps, units.len())
+                    .iter()
+                    .zip(units)
+                    .map(|(x, u)| {
+                        if *u == "Gbit/s" || *u == "ms" {
+                            format!("{x:.2} {u}")
+                        } else {
+                            format!("{x:.0} {u}")
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Ok(_) => "–".to_owned(),
+                Err(e) => e.clone(),
+            }
         };
-        println!(
-            "| {name} | {d:.0} {unit} | {r:.0} {unit} | {p:.0} {unit} | {:.2} | {:.2} | {c} |",
-            p / d,
-            p / r
-        );
+        let first = |c: &Cell| match c {
+            Ok(reps) if !reps.is_empty() => Some(medians(reps, 1)[0]),
+            _ => None,
+        };
+        let ratio = |k: usize| match (first(&cells[k]), first(&cells[1])) {
+            (Some(x), Some(r)) => format!("{:.2}", x / r),
+            _ => "–".to_owned(),
+        };
+        let mut row: Vec<String> = cells.iter().map(fmt).collect();
+        row.push(ratio(4));
+        row.push(ratio(5));
+        row.push(fmt(&cold));
+        println!("| {name} | {} |", row.join(" | "));
     }
     // One connection at a time: the set-up latency a user sees, in alternating rounds.
+    let all: Vec<Via> = VIAS.iter().copied().chain([Via::SvcCold]).collect();
     let rounds = a.reps.max(1);
-    let mut lat: Vec<Vec<f64>> = vec![Vec::new(); 4];
-    let vias = [Via::Direct, Via::Rathole, Via::Svc, Via::SvcCold];
+    let mut lat: Vec<Vec<f64>> = vec![Vec::new(); all.len()];
     for round in 0..rounds {
         let n = a.conns / rounds + usize::from(round < a.conns % rounds);
-        for (via, l) in vias.iter().zip(lat.iter_mut()) {
-            l.extend(one_at_a_time(web_for(*via), n)?);
+        for (via, l) in all.iter().zip(lat.iter_mut()) {
+            l.extend(
+                one_at_a_time(ports_for(*via).web, n)
+                    .with_context(|| format!("one at a time via {}", via.label()))?,
+            );
         }
     }
     println!();
@@ -508,8 +1049,11 @@ fn main() -> Result<()> {
         a.conns
     );
     println!();
-    println!("| direct | rathole (plain) | through svc | svc without TLS resumption |");
-    println!("|---|---|---|---|");
+    println!(
+        "| {} |",
+        all.iter().map(|v| v.label()).collect::<Vec<_>>().join(" | ")
+    );
+    println!("|{}", "---|".repeat(all.len()));
     let cells: Vec<String> = lat
         .iter_mut()
         .map(|l| format!("{:.3} / {:.3}", pct(l, 0.5), pct(l, 0.99)))
@@ -517,14 +1061,42 @@ fn main() -> Result<()> {
     println!("| {} |", cells.join(" | "));
     println!();
     println!(
-        "TLS handshakes to the proxy: with resumption {} full, {} resumed (the measured part: {} full, {} resumed); without resumption {} full, {} resumed",
-        warm.full_handshakes(),
-        warm.resumed_handshakes(),
-        warm.full_handshakes() - warm_full,
-        warm.resumed_handshakes() - warm_resumed,
-        cold.full_handshakes(),
-        cold.resumed_handshakes()
+        "CPU seconds per GB moved by iperf3 ({} MiB per transfer, up to {} transfers per path; utime + stime from /proc):",
+        a.mib, a.reps
     );
-    rt.block_on(running.shutdown());
+    println!();
+    println!("| path | public side | CPU s/GB | far side | CPU s/GB | total CPU s/GB |");
+    println!("|---|---|---|---|---|---|");
+    for via in VIAS.iter().skip(1) {
+        let spent: Vec<&(Via, u64, u64)> = cpu_spent.iter().filter(|c| c.0 == *via).collect();
+        if spent.is_empty() {
+            continue;
+        }
+        let gb = (spent.len() as u64 * (a.mib << 20)) as f64 / 1e9;
+        let public = spent.iter().map(|c| c.1).sum::<u64>() as f64 / ticks / gb;
+        let far = spent.iter().map(|c| c.2).sum::<u64>() as f64 / ticks / gb;
+        let (ps, fs) = sides(*via);
+        println!(
+            "| {} | {ps} | {public:.2} | {fs} | {far:.2} | {:.2} |",
+            via.label(),
+            public + far
+        );
+    }
+    println!();
+    println!(
+        "TLS handshakes to the proxy (TLS port cluster): with resumption {} full, {} resumed (the measured part: {} full, {} resumed); without resumption {} full, {} resumed",
+        svc.warm.full_handshakes(),
+        svc.warm.resumed_handshakes(),
+        svc.warm.full_handshakes() - warm_full,
+        svc.warm.resumed_handshakes() - warm_resumed,
+        svc.cold.full_handshakes(),
+        svc.cold.resumed_handshakes()
+    );
+    let uptime = run(&mut Command::new("uptime")).unwrap_or_default();
+    println!("uptime at end: {}", uptime.trim());
+    rt.block_on(async {
+        svc.running.shutdown().await;
+        svc3024.running.shutdown().await;
+    });
     Ok(())
 }
