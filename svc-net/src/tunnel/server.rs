@@ -68,10 +68,10 @@ pub struct TunnelServerConfig {
     /// the moment the connection reached the tunnel server and covers the wait), then are
     /// closed and dial again after their backoff. So a reconnect storm is served a bounded batch
     /// at a time instead of every handshake at once, and a peer that never finishes holds a
-    /// place for one deadline at most. One source address (an IPv6 address's `/64`) holds at
-    /// most half the places, so peers from one address that never finish cannot keep agents
-    /// from elsewhere out; its further connections are closed at once and dial again after
-    /// their backoff. Default [`default_max_handshakes`].
+    /// place for one deadline at most. One source address (an IPv6 address's `/64`) holds or
+    /// queues for at most half the places, its further handshakes waiting behind its own, so
+    /// peers from one address that never finish cannot keep agents from elsewhere out.
+    /// Default [`default_max_handshakes`].
     pub max_handshakes: usize,
 }
 
@@ -376,15 +376,21 @@ impl TunnelServer {
         let after = self.inner.tunables.handshake_timeout;
         let arrived = Instant::now();
         let deadline = arrived + after;
-        let Some(source) = SourceCounts::enter(&self.inner.handshakes_by_source, peer) else {
-            // Debug, not info: a flood from one address must not flood the log too.
-            tracing::debug!(%peer, "agent tunnel closed: its source address holds its share of the tunnel handshakes under way");
-            return None;
+        // First the source's share, then a place: a source's handshakes beyond its share wait
+        // behind its own, never in the queue for the places, so other sources always find
+        // at least half of them.
+        let source = SourceCounts::enter(&self.inner.handshakes_by_source, peer);
+        let share = source.share.clone();
+        let places = self.inner.handshakes.clone();
+        let acquire = async move {
+            let share = share.acquire_owned().await?;
+            let place = places.acquire_owned().await?;
+            Ok::<_, tokio::sync::AcquireError>((share, place))
         };
-        let acquire = self.inner.handshakes.clone().acquire_owned();
         match tokio::time::timeout_at(arrived + after / 2, acquire).await {
-            Ok(Ok(permit)) => Some(HandshakeSlot {
-                _permit: permit,
+            Ok(Ok((share, place))) => Some(HandshakeSlot {
+                _place: place,
+                _share: share,
                 _source: source,
                 deadline,
             }),
@@ -615,41 +621,52 @@ async fn sweep(inner: Weak<Inner>) {
 /// A place among the tunnel handshakes under way (given back when dropped), and the
 /// handshake's deadline.
 struct HandshakeSlot {
-    _permit: OwnedSemaphorePermit,
+    _place: OwnedSemaphorePermit,
+    _share: OwnedSemaphorePermit,
     _source: SourceSlot,
     deadline: Instant,
 }
 
-/// How many handshake places each source address holds or waits for, bounded by `max`.
+/// Each source address's share of the handshake places: a semaphore of `max` permits per
+/// source, kept while a handshake from it holds or waits for one.
 struct SourceCounts {
-    counts: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+    counts: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, SourceEntry>>,
     max: usize,
 }
 
+struct SourceEntry {
+    /// Handshakes from the source that hold or wait for a permit of `share`.
+    users: usize,
+    share: Arc<Semaphore>,
+}
+
 impl SourceCounts {
-    /// Counts one more handshake from `peer`'s source, or `None` when it has `max` already.
-    fn enter(this: &Arc<SourceCounts>, peer: SocketAddr) -> Option<SourceSlot> {
+    /// Counts one more handshake from `peer`'s source and hands out the source's share.
+    fn enter(this: &Arc<SourceCounts>, peer: SocketAddr) -> SourceSlot {
         let source = handshake_source(peer.ip());
         let mut counts = this
             .counts
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = counts.entry(source).or_insert(0);
-        if *n >= this.max {
-            return None;
-        }
-        *n += 1;
-        Some(SourceSlot {
+        let entry = counts.entry(source).or_insert_with(|| SourceEntry {
+            users: 0,
+            share: Arc::new(Semaphore::new(this.max)),
+        });
+        entry.users += 1;
+        SourceSlot {
             counts: this.clone(),
             source,
-        })
+            share: entry.share.clone(),
+        }
     }
 }
 
-/// One handshake counted against its source address (uncounted when dropped).
+/// One handshake counted against its source address (uncounted when dropped; the source is
+/// forgotten with its last handshake).
 struct SourceSlot {
     counts: Arc<SourceCounts>,
     source: std::net::IpAddr,
+    share: Arc<Semaphore>,
 }
 
 impl Drop for SourceSlot {
@@ -659,9 +676,9 @@ impl Drop for SourceSlot {
             .counts
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = counts.get_mut(&self.source) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+        if let Some(entry) = counts.get_mut(&self.source) {
+            entry.users = entry.users.saturating_sub(1);
+            if entry.users == 0 {
                 counts.remove(&self.source);
             }
         }
@@ -1163,31 +1180,36 @@ mod tests {
             counts: std::sync::Mutex::default(),
             max: 2,
         });
-        let a: SocketAddr = "192.0.2.1:1000".parse().unwrap();
-        let a_mapped: SocketAddr = "[::ffff:192.0.2.1]:1001".parse().unwrap();
-        let b: SocketAddr = "192.0.2.2:1000".parse().unwrap();
-        let first = SourceCounts::enter(&counts, a).expect("a first place");
-        let second = SourceCounts::enter(&counts, a_mapped).expect("a second place");
+        let take = |addr: &str| {
+            let slot = SourceCounts::enter(&counts, addr.parse().unwrap());
+            let permit = slot.share.clone().try_acquire_owned().ok();
+            (slot, permit)
+        };
+        let first = take("192.0.2.1:1000");
+        let second = take("[::ffff:192.0.2.1]:1001");
+        assert!(first.1.is_some() && second.1.is_some());
+        let third = take("192.0.2.1:1002");
         assert!(
-            SourceCounts::enter(&counts, a).is_none(),
-            "a third from one address (IPv4-mapped or not)"
+            third.1.is_none(),
+            "a third from one address (IPv4-mapped or not) waits"
         );
-        let other = SourceCounts::enter(&counts, b).expect("another address is not held up");
+        let other = take("192.0.2.2:1000");
+        assert!(other.1.is_some(), "another address is not held up");
         drop(first);
-        let again = SourceCounts::enter(&counts, a).expect("room again once one ends");
-        drop((second, other, again));
+        assert!(
+            third.0.share.clone().try_acquire_owned().is_ok(),
+            "room again once one ends"
+        );
+        drop((second, third, other));
         assert!(
             counts.counts.lock().unwrap().is_empty(),
             "nothing is kept for idle sources"
         );
         // One host's /64 is one source.
-        let v6a: SocketAddr = "[2001:db8:1:2::1]:1".parse().unwrap();
-        let v6b: SocketAddr = "[2001:db8:1:2:ffff::9]:1".parse().unwrap();
-        let v6c: SocketAddr = "[2001:db8:1:3::1]:1".parse().unwrap();
-        let _x = SourceCounts::enter(&counts, v6a).unwrap();
-        let _y = SourceCounts::enter(&counts, v6b).unwrap();
-        assert!(SourceCounts::enter(&counts, v6b).is_none());
-        assert!(SourceCounts::enter(&counts, v6c).is_some());
+        let _x = take("[2001:db8:1:2::1]:1");
+        let _y = take("[2001:db8:1:2:ffff::9]:1");
+        assert!(take("[2001:db8:1:2::5]:1").1.is_none());
+        assert!(take("[2001:db8:1:3::1]:1").1.is_some());
     }
 
     #[test]
