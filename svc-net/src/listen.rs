@@ -103,6 +103,23 @@ impl Accept for TcpListener {
     }
 }
 
+/// The source a per-client limit counts `ip` against: an IPv4 address (IPv4-mapped IPv6
+/// included), or the `/64` of an IPv6 address, since one host usually owns a whole `/64` and
+/// could otherwise pass as thousands of clients.
+pub(crate) fn client_source(ip: std::net::IpAddr) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv6Addr};
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
 /// Accepts connections on `listener` and hands each to `service` until `shutdown` is cancelled,
 /// then waits up to [`ListenOptions::drain_timeout`] for in-flight connections.
 ///
@@ -200,6 +217,19 @@ pub(crate) async fn accept_loop<A, S>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_source_is_an_ipv4_address_or_an_ipv6_64() {
+        let source = |a: &str| client_source(a.parse().unwrap()).to_string();
+        assert_eq!(source("192.0.2.1"), "192.0.2.1");
+        assert_eq!(source("::ffff:192.0.2.1"), "192.0.2.1");
+        assert_eq!(source("2001:db8:1:2:3:4:5:6"), "2001:db8:1:2::");
+        assert_eq!(
+            source("2001:db8:1:2::"),
+            source("2001:db8:1:2:ffff:ffff:ffff:ffff")
+        );
+        assert_ne!(source("2001:db8:1:2::"), source("2001:db8:1:3::"));
+    }
 
     /// Hands out what the test pushes: accept errors or in-memory streams.
     struct Fake(tokio::sync::mpsc::UnboundedReceiver<std::io::Result<BoxIo>>);

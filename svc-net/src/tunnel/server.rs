@@ -643,7 +643,7 @@ struct SourceEntry {
 impl SourceCounts {
     /// Counts one more handshake from `peer`'s source and hands out the source's share.
     fn enter(this: &Arc<SourceCounts>, peer: SocketAddr) -> SourceSlot {
-        let source = handshake_source(peer.ip());
+        let source = crate::listen::client_source(peer.ip());
         let mut counts = this
             .counts
             .lock()
@@ -682,22 +682,6 @@ impl Drop for SourceSlot {
                 counts.remove(&self.source);
             }
         }
-    }
-}
-
-/// The source a handshake is counted against: an IPv4 address (IPv4-mapped IPv6 included),
-/// or the `/64` of an IPv6 address, since one host usually owns a whole `/64`.
-fn handshake_source(ip: std::net::IpAddr) -> std::net::IpAddr {
-    use std::net::{IpAddr, Ipv6Addr};
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let s = v6.segments();
-                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-            }
-        },
     }
 }
 

@@ -536,7 +536,7 @@ impl WebSessions {
                 let addr = req
                     .extensions()
                     .get::<super::ClientAddr>()
-                    .map(|c| c.0.ip().to_canonical());
+                    .map(|c| crate::listen::client_source(c.0.ip()));
                 return self.sso_begin(req.uri().query().unwrap_or_default(), addr).await;
             }
             (&Method::GET, SSO_WEB_RETURN_PATH) => {
@@ -790,9 +790,18 @@ fn room_for_sso(
 ) -> Result<(), WebError> {
     pending.retain(|_, p| p.started.elapsed() < SSO_WEB_TTL);
     if pending.values().filter(|p| p.addr == addr).count() >= MAX_PENDING_SSO_PER_ADDR {
-        let who = addr.map_or_else(|| "this client".to_owned(), |a| format!("address {a}"));
+        let who = match addr {
+            None => "this client".to_owned(),
+            Some(a @ std::net::IpAddr::V4(_)) => format!("address {a}"),
+            Some(a @ std::net::IpAddr::V6(_)) => format!("the addresses {a}/64"),
+        };
+        let has = if matches!(addr, Some(std::net::IpAddr::V6(_))) {
+            "have"
+        } else {
+            "has"
+        };
         return Err(WebError::TooManyRequests(format!(
-            "{who} has {MAX_PENDING_SSO_PER_ADDR} unfinished single sign-ons already: finish one, \
+            "{who} {has} {MAX_PENDING_SSO_PER_ADDR} unfinished single sign-ons already: finish one, \
              or start again once they expire ({} minutes after they began)",
             SSO_WEB_TTL.as_secs() / 60
         )));
@@ -917,6 +926,24 @@ mod tests {
         let refused = room_for_sso(&mut pending, None).expect_err("the unknown-address bucket is full");
         assert!(
             refused.to_string().starts_with("this client has 20 unfinished"),
+            "{refused}"
+        );
+        // An IPv6 client is its /64: changing the last 64 bits is not another client.
+        for i in 0..MAX_PENDING_SSO_PER_ADDR {
+            let addr: std::net::IpAddr = format!("2001:db8:1:2::{:x}", i + 1).parse().expect("an address");
+            let source = crate::listen::client_source(addr);
+            room_for_sso(&mut pending, Some(source)).expect("below the cap");
+            pending.insert(
+                session_key(&format!("v{i}")),
+                pending_from(Some(source), Duration::ZERO),
+            );
+        }
+        let next = crate::listen::client_source("2001:db8:1:2:ffff::1".parse().expect("an address"));
+        let refused = room_for_sso(&mut pending, Some(next)).expect_err("the /64 is full");
+        assert!(
+            refused
+                .to_string()
+                .starts_with("the addresses 2001:db8:1:2::/64 have 20 unfinished"),
             "{refused}"
         );
     }
