@@ -337,6 +337,31 @@ async fn an_idle_timeout_closes_a_silent_authenticated_session() -> Result<()> {
     Ok(())
 }
 
+/// A proxy in separate mode whose tunnel server takes `places` handshakes at once, with the
+/// given SSH authentication and handshake deadlines.
+async fn proxy_with_few_places(
+    cluster: &Cluster,
+    places: usize,
+    auth: Duration,
+    handshake: Duration,
+) -> TestProxy {
+    let mut tunables = fast_tunables().with_auth_timeout(auth);
+    tunables.handshake_timeout = handshake;
+    start_proxy(
+        cluster,
+        ProxyOpts {
+            separate: true,
+            tunables,
+            max_handshakes: Some(places),
+            listen: ListenOptions::default()
+                .with_peek_timeout(PEEK)
+                .with_drain_timeout(Duration::from_secs(2)),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
 /// Opens `n` TCP connections to `addr` that send nothing; each peer's task ends when the server
 /// closes it and tells whether the server had sent it anything (its SSH banner: the peer held
 /// one of the handshake places) and when it was closed.
@@ -372,22 +397,8 @@ async fn silent_peers_on_the_tunnel_port_do_not_keep_an_agent_out() -> Result<()
     const PLACES: usize = 4;
     const FLOOD: usize = 200;
     const HANDSHAKE: Duration = Duration::from_secs(6);
-    let mut tunables = fast_tunables().with_auth_timeout(AUTH);
-    tunables.handshake_timeout = HANDSHAKE;
     let cluster = Cluster::new();
-    let proxy = start_proxy(
-        &cluster,
-        ProxyOpts {
-            separate: true,
-            tunables,
-            max_handshakes: Some(PLACES),
-            listen: ListenOptions::default()
-                .with_peek_timeout(PEEK)
-                .with_drain_timeout(Duration::from_secs(2)),
-            ..Default::default()
-        },
-    )
-    .await;
+    let proxy = proxy_with_few_places(&cluster, PLACES, AUTH, HANDSHAKE).await;
     let tunnel_addr = proxy.tunnel_addr.context("separate mode binds the tunnel port")?;
 
     // The attack: connections that open TCP to the tunnel port and never send a byte.
@@ -492,22 +503,8 @@ async fn a_flood_renewed_from_one_address_does_not_keep_an_agent_out() -> Result
     // no share per address, the flood's peers queued ahead of the agent take every place that
     // comes free: they are held for the authentication deadline, longer than anyone waits.)
     const PLACES: usize = 4;
-    let mut tunables = fast_tunables().with_auth_timeout(Duration::from_secs(5));
-    tunables.handshake_timeout = Duration::from_secs(6);
     let cluster = Cluster::new();
-    let proxy = start_proxy(
-        &cluster,
-        ProxyOpts {
-            separate: true,
-            tunables,
-            max_handshakes: Some(PLACES),
-            listen: ListenOptions::default()
-                .with_peek_timeout(PEEK)
-                .with_drain_timeout(Duration::from_secs(2)),
-            ..Default::default()
-        },
-    )
-    .await;
+    let proxy = proxy_with_few_places(&cluster, PLACES, Duration::from_secs(5), Duration::from_secs(6)).await;
     let tunnel_addr = proxy.tunnel_addr.context("separate mode binds the tunnel port")?;
     let flood = renewed_silent_flood(tunnel_addr, "127.0.0.2", 200)?;
     // Let the flood take what it can and fill the queue before the agent dials.
