@@ -34,6 +34,22 @@ mod watch;
 pub mod proto {
     tonic::include_proto!("svc.auth.v1");
 
+    /// The certificates of a web API sign-in answer (`/webapi/login`, single sign-on), as the
+    /// Auth API carries them.
+    impl From<svc_core::webapi::LoginAnswer> for Certs {
+        fn from(answer: svc_core::webapi::LoginAnswer) -> Self {
+            Certs {
+                name: answer.name,
+                tls_cert_pem: answer.tls_cert_pem,
+                ssh_cert: answer.ssh_cert,
+                tls_ca_pems: answer.tls_ca_pems,
+                ssh_ca_keys: answer.ssh_ca_keys,
+                cluster_name: answer.cluster_name,
+                not_after_unix: answer.not_after_unix,
+            }
+        }
+    }
+
     use std::fmt;
 
     // The messages holding secrets print everything but the secret.

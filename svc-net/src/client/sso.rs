@@ -128,15 +128,7 @@ pub async fn login_via_sso(
 
 fn identity(keys: KeyMaterial, answer: LoginAnswer, proxy: &str) -> Result<ClientIdentity, LoginError> {
     let auth_addr = answer.auth_addr.clone().unwrap_or_else(|| proxy.to_owned());
-    let certs = proto::Certs {
-        name: answer.name,
-        tls_cert_pem: answer.tls_cert_pem,
-        ssh_cert: answer.ssh_cert,
-        tls_ca_pems: answer.tls_ca_pems,
-        ssh_ca_keys: answer.ssh_ca_keys,
-        cluster_name: answer.cluster_name,
-        not_after_unix: answer.not_after_unix,
-    };
+    let certs = proto::Certs::from(answer);
     let mut identity = keys.into_identity_from_proto(certs).map_err(invalid)?;
     identity.auth_addr = auth_addr;
     Ok(identity)

@@ -945,6 +945,21 @@ struct AgentHandler {
     _closed: DropGuard,
 }
 
+impl AgentHandler {
+    /// Runs one of the tunnel's sessions on a task of its own, counted as active until it
+    /// ends: a draining tunnel waits for the count to reach zero.
+    fn spawn_counted(&self, session: impl std::future::Future<Output = ()> + Send + 'static) {
+        let conn = self.conn.clone();
+        conn.active.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            session.await;
+            if conn.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+                conn.idle.notify_waiters();
+            }
+        });
+    }
+}
+
 impl russh::client::Handler for AgentHandler {
     type Error = russh::Error;
 
@@ -1029,56 +1044,39 @@ impl russh::client::Handler for AgentHandler {
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         let config = &self.shared.config;
-        if connected_address == OPEN_DIAL_STATUS_CHANNEL && config.open_dial && config.dial_status {
-            // As below, but the channel is confirmed either way and its first line says how
-            // the dial went: a refusal's reason reaches the proxy, which an open failure's
+        let with_status = connected_address == OPEN_DIAL_STATUS_CHANNEL && config.dial_status;
+        if config.open_dial && (connected_address == OPEN_DIAL_CHANNEL || with_status) {
+            // The request is in the open message: dial the target first (on a task of its
+            // own: this handler runs on the tunnel's session loop), then confirm or refuse.
+            // With the status line the channel is confirmed either way and its first line says
+            // how the dial went: a refusal's reason reaches the proxy, which an open failure's
             // description does not.
             let req = DialRequest::decode(originator_address);
             let draining = self.conn.draining.load(Ordering::SeqCst);
             let service = self.shared.service.clone();
-            let conn = self.conn.clone();
-            conn.active.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let outcome = dial_target(req.map_err(|e| e.to_string()), service, draining).await;
-                reply.accept().await;
-                match outcome {
+            self.spawn_counted(async move {
+                match dial_target(req.map_err(|e| e.to_string()), service, draining).await {
                     Ok(mut io) => {
-                        let status = Bytes::from(dial_status_line(Ok(())));
-                        if channel.data_bytes(status).await.is_ok() {
-                            let mut stream = channel.into_stream();
-                            let _ = copy_bidirectional_with_sizes(&mut stream, &mut io, 64 * 1024, 64 * 1024)
-                                .await;
+                        reply.accept().await;
+                        if with_status
+                            && channel
+                                .data_bytes(Bytes::from(dial_status_line(Ok(()))))
+                                .await
+                                .is_err()
+                        {
+                            return;
                         }
+                        let mut stream = channel.into_stream();
+                        let _ =
+                            copy_bidirectional_with_sizes(&mut stream, &mut io, 64 * 1024, 64 * 1024).await;
                     }
-                    Err((failure, text)) => {
+                    Err((failure, text)) if with_status => {
                         tracing::info!(error = %text, "refusing a dial request");
+                        reply.accept().await;
                         let status = Bytes::from(dial_status_line(Err((failure, &text))));
                         let _ = channel.data_bytes(status).await;
                         let _ = channel.eof().await;
                         let _ = channel.close().await;
-                    }
-                }
-                if conn.active.fetch_sub(1, Ordering::SeqCst) == 1 {
-                    conn.idle.notify_waiters();
-                }
-            });
-            return Ok(());
-        }
-        if connected_address == OPEN_DIAL_CHANNEL && self.shared.config.open_dial {
-            // The request is in the open message: dial the target first (on a task of its
-            // own: this handler runs on the tunnel's session loop), then confirm or refuse.
-            let req = DialRequest::decode(originator_address);
-            let draining = self.conn.draining.load(Ordering::SeqCst);
-            let service = self.shared.service.clone();
-            let conn = self.conn.clone();
-            conn.active.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                match dial_target(req.map_err(|e| e.to_string()), service, draining).await {
-                    Ok(mut io) => {
-                        reply.accept().await;
-                        let mut stream = channel.into_stream();
-                        let _ =
-                            copy_bidirectional_with_sizes(&mut stream, &mut io, 64 * 1024, 64 * 1024).await;
                     }
                     Err((failure, text)) => {
                         tracing::info!(error = %text, "refusing a dial request");
@@ -1089,9 +1087,6 @@ impl russh::client::Handler for AgentHandler {
                             })
                             .await;
                     }
-                }
-                if conn.active.fetch_sub(1, Ordering::SeqCst) == 1 {
-                    conn.idle.notify_waiters();
                 }
             });
             return Ok(());
@@ -1105,14 +1100,7 @@ impl russh::client::Handler for AgentHandler {
         reply.accept().await;
         let draining = self.conn.draining.load(Ordering::SeqCst);
         let service = self.shared.service.clone();
-        let conn = self.conn.clone();
-        conn.active.fetch_add(1, Ordering::SeqCst);
-        tokio::spawn(async move {
-            serve_transport(channel, service, draining).await;
-            if conn.active.fetch_sub(1, Ordering::SeqCst) == 1 {
-                conn.idle.notify_waiters();
-            }
-        });
+        self.spawn_counted(serve_transport(channel, service, draining));
         Ok(())
     }
 

@@ -570,12 +570,7 @@ impl WebSessions {
                     return Err(WebError::BadRequest("user: expected a user name".into()));
                 }
                 let (id, session) = self.sign_in(body.user, body.pass, client_addr).await?;
-                let max_age = session
-                    .user
-                    .expires
-                    .duration_since(SystemTime::now())
-                    .unwrap_or_default()
-                    .as_secs();
+                let max_age = seconds_left(session.user.expires);
                 let mut resp = answer(&session.user, &session.csrf);
                 let cookie = format!(
                     "{COOKIE_NAME}={id}; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age={max_age}"
@@ -737,22 +732,9 @@ impl WebSessions {
             SsoResult::Ok(a) => a,
             SsoResult::Error(why) => return Err(WebError::Forbidden(format!("sign-in refused: {why}"))),
         };
-        let certs = proto::Certs {
-            name: answer.name,
-            tls_cert_pem: answer.tls_cert_pem,
-            ssh_cert: answer.ssh_cert,
-            tls_ca_pems: answer.tls_ca_pems,
-            ssh_ca_keys: answer.ssh_ca_keys,
-            cluster_name: answer.cluster_name,
-            not_after_unix: answer.not_after_unix,
-        };
+        let certs = proto::Certs::from(answer);
         let (session_id, session) = self.start_session(pending.keys, certs)?;
-        let max_age = session
-            .user
-            .expires
-            .duration_since(SystemTime::now())
-            .unwrap_or_default()
-            .as_secs();
+        let max_age = seconds_left(session.user.expires);
         tracing::info!(user = %session.user.username, roles = %session.user.roles.join(","), expires = %rfc3339(session.user.expires), "web session started by single sign-on");
         self.insert(&session_id, session)?;
         let mut resp = redirect(WEB_UI_HOME)?;
@@ -812,6 +794,14 @@ fn room_for_sso(
         )));
     }
     Ok(())
+}
+
+/// Whole seconds from now until `expires` (0 once it has passed): a cookie's `Max-Age`.
+fn seconds_left(expires: SystemTime) -> u64 {
+    expires
+        .duration_since(SystemTime::now())
+        .unwrap_or_default()
+        .as_secs()
 }
 
 /// A `302 Found` to `location`.
