@@ -106,6 +106,7 @@ impl Accept for TcpListener {
 /// The source a per-client limit counts `ip` against: an IPv4 address (IPv4-mapped IPv6
 /// included), or the `/64` of an IPv6 address, since one host usually owns a whole `/64` and
 /// could otherwise pass as thousands of clients.
+#[cfg_attr(not(any(feature = "tunnel", feature = "login")), allow(dead_code))]
 pub(crate) fn client_source(ip: std::net::IpAddr) -> std::net::IpAddr {
     use std::net::{IpAddr, Ipv6Addr};
     match ip {
