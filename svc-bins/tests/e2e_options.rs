@@ -395,3 +395,72 @@ fn tsh_login_refuses_a_proxy_wanting_a_newer_client_and_warns_about_a_newer_majo
     // The fake proxy has no sign-in: the login goes on past the warning and fails there.
     assert!(run.stderr.contains("no sign-in here"), "{}", run.stderr);
 }
+
+/// Whether the server closes `stream` within `within` (end of stream or a reset), rather than
+/// keeping it open and silent.
+fn closed_by_server(stream: &mut std::net::TcpStream, within: Duration) -> bool {
+    use std::io::Read;
+    stream.set_read_timeout(Some(within)).expect("read timeout");
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+#[test]
+fn connection_limits_max_connections_caps_the_proxy_and_auth_listeners() {
+    // No SSH Service: nothing of the process's own holds a connection to either listener.
+    let services = "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\n  connection_limits:\n    max_connections: 3\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n  connection_limits:\n    max_connections: 3\nssh_service:\n  enabled: false\n";
+    let cluster = Cluster::start_with(tempfile::tempdir().unwrap(), "info", services);
+    let curl = require("curl", "curl");
+    let ping = || {
+        let mut c = Command::new(&curl);
+        c.args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+            .arg(cluster.data_dir.join("proxy-ca.pem"))
+            .arg(format!("https://{}/webapi/ping", cluster.web_addr));
+        let out = wait::run_within(&mut c, wait::STEP, "curl the ping").unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(ping(), "200", "the ping before the listener is full");
+    for (name, addr) in [("web", &cluster.web_addr), ("auth", &cluster.auth_addr)] {
+        // Three silent connections fill the listener (the classification deadline, 15 s, is
+        // far away): each is kept.
+        let mut held: Vec<_> = (0..3)
+            .map(|_| std::net::TcpStream::connect(addr.as_str()).expect("connect"))
+            .collect();
+        // The fourth is closed at once.
+        let mut fourth = std::net::TcpStream::connect(addr.as_str()).expect("connect");
+        assert!(
+            closed_by_server(&mut fourth, Duration::from_secs(10)),
+            "{name}: a fourth connection to a listener capped at 3 was not closed"
+        );
+        assert!(
+            !closed_by_server(&mut held[0], Duration::from_millis(200)),
+            "{name}: a connection within the cap was closed"
+        );
+        // With one of the three gone, the listener serves again.
+        held.pop();
+        match name {
+            "web" => wait::wait_until(wait::STEP, "the ping once a place is free", || ping() == "200"),
+            _ => wait::wait_until(wait::STEP, "tctl status once a place is free", || {
+                cluster.tctl_admin(&["status"], None).status.success()
+            }),
+        }
+        drop(held);
+    }
+    // The open-file warning is given only for a cap above the process's limit: 3 is not, the
+    // largest allowed value is above any limit Linux gives (`fs.nr_open`, 1,048,576 by default).
+    const WARNING: &str =
+        "proxy_service.connection_limits.max_connections is above this process's limit of open files";
+    assert!(!cluster.stderr().contains(WARNING), "{}", cluster.stderr());
+    let big = "auth_service:\n  listen_addr: 127.0.0.1:0\n  cluster_name: e2e.test\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n  connection_limits:\n    max_connections: 16777216\nssh_service:\n  enabled: false\n";
+    let warned = Cluster::start_with(tempfile::tempdir().unwrap(), "info", big);
+    wait::wait_until(wait::STEP, "the open-file warning in the log", || {
+        warned.stderr().contains(WARNING)
+    });
+}

@@ -35,7 +35,7 @@ pub struct ListenOptions {
 }
 
 /// The default of [`ListenOptions::max_connections`].
-pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = svc_core::config::DEFAULT_MAX_CONNECTIONS;
 
 /// The first pause after a failed accept; it doubles on each further failure up to
 /// [`ACCEPT_BACKOFF_MAX`] and resets on the next success.

@@ -40,6 +40,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
             let config =
                 svc_bins::svc::load_config(config.as_deref(), data_dir, web_listen_addr, public_addr)?;
             svc_bins::init_service_logging(&config.svc.log)?;
+            svc_bins::svc::warn_about_open_file_limit(&config);
             let tunnel_override = std::env::var("SVC_TUNNEL_PUBLIC_ADDR")
                 .ok()
                 .filter(|v| !v.is_empty())

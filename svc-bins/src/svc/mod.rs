@@ -45,6 +45,36 @@ pub fn load_config(
     Ok(config)
 }
 
+/// Warns when a service's `connection_limits.max_connections` is above this process's limit of
+/// open files: the connections between the two fail to be accepted ("too many open files")
+/// instead of being closed by the cap, and every listener shares the one limit.
+pub fn warn_about_open_file_limit(config: &Config) {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    let Some(limit) = limit.and_then(|l| usize::try_from(l).ok()) else {
+        return;
+    };
+    for (enabled, section, max) in [
+        (
+            config.auth.enabled,
+            "auth_service",
+            config.auth.connection_limits.max_connections,
+        ),
+        (
+            config.proxy.enabled,
+            "proxy_service",
+            config.proxy.connection_limits.max_connections,
+        ),
+    ] {
+        if enabled && max > limit {
+            tracing::warn!(
+                max_connections = max,
+                open_file_limit = limit,
+                "{section}.connection_limits.max_connections is above this process's limit of open files: connections beyond the limit are refused by the kernel before the cap applies (raise LimitNOFILE or ulimit -n)"
+            );
+        }
+    }
+}
+
 /// Prints what runs and how to start using it.
 pub fn banner(config: &Config, running: &RunningCluster) {
     let data_dir = config.svc.data_dir.display();

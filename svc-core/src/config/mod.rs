@@ -22,10 +22,10 @@ mod validate;
 
 pub use error::ConfigError;
 pub use types::{
-    App, AppConfig, AuthConfig, AuthenticationConfig, Config, Database, DbConfig, DbProtocol, DbTls,
-    DesktopHost, DirectDialConfig, EtcdStorageConfig, KeyPair, KubeConfig, LogConfig, LogFormat, LogOutput,
-    LogSeverity, ProxyConfig, ProxyDbAddrs, ProxyProtocol, SshConfig, StorageConfig, StorageFileError,
-    SvcConfig, TunnelStrategy, WindowsDesktopConfig, ports,
+    App, AppConfig, AuthConfig, AuthenticationConfig, Config, ConnectionLimits, DEFAULT_MAX_CONNECTIONS,
+    Database, DbConfig, DbProtocol, DbTls, DesktopHost, DirectDialConfig, EtcdStorageConfig, KeyPair,
+    KubeConfig, LogConfig, LogFormat, LogOutput, LogSeverity, ProxyConfig, ProxyDbAddrs, ProxyProtocol,
+    SshConfig, StorageConfig, StorageFileError, SvcConfig, TunnelStrategy, WindowsDesktopConfig, ports,
 };
 pub use validate::{DEFAULT_KEEP_ALIVE_COUNT_MAX, DEFAULT_KEEP_ALIVE_INTERVAL};
 

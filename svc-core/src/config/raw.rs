@@ -77,6 +77,14 @@ pub(crate) struct RawAuth {
     pub(crate) direct_dial: RawDirectDial,
     pub(crate) storage: RawStorage,
     pub(crate) tunnel_strategy: Option<RawTunnelStrategy>,
+    pub(crate) connection_limits: RawConnectionLimits,
+}
+
+/// `auth_service.connection_limits` and `proxy_service.connection_limits`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default, expecting = "a mapping")]
+pub(crate) struct RawConnectionLimits {
+    pub(crate) max_connections: Option<u64>,
 }
 
 /// `auth_service.tunnel_strategy`.
@@ -147,6 +155,7 @@ pub(crate) struct RawProxy {
     pub(crate) proxy_protocol: Option<String>,
     pub(crate) proxy_protocol_trusted_networks: Vec<String>,
     pub(crate) automatic_upgrades_channels: BTreeMap<String, RawChannel>,
+    pub(crate) connection_limits: RawConnectionLimits,
 }
 
 /// `proxy_service.https_keypairs[]`.

@@ -231,6 +231,35 @@ fn app_public_addr_is_a_host_and_kube_defaults() {
 }
 
 #[test]
+fn connection_limits_default_and_bounds() {
+    let c = parse("version: v1\n").unwrap();
+    assert_eq!(c.auth.connection_limits.max_connections, 16_384);
+    assert_eq!(c.proxy.connection_limits.max_connections, 16_384);
+    let c = parse(
+        "version: v1\nauth_service: {connection_limits: {max_connections: 100000}}\nproxy_service: {connection_limits: {max_connections: 3}}",
+    )
+    .unwrap();
+    assert_eq!(c.auth.connection_limits.max_connections, 100_000);
+    assert_eq!(c.proxy.connection_limits.max_connections, 3);
+    for (text, path) in [
+        (
+            "proxy_service: {connection_limits: {max_connections: 0}}",
+            "proxy_service.connection_limits.max_connections",
+        ),
+        (
+            "auth_service: {connection_limits: {max_connections: 99999999999}}",
+            "auth_service.connection_limits.max_connections",
+        ),
+    ] {
+        let err = parse(&format!("version: v1\n{text}")).unwrap_err();
+        assert_eq!(err.path(), Some(path), "{err}");
+        assert!(err.to_string().contains("from 1 to 16777216"), "{err}");
+    }
+    let err = parse("version: v1\nproxy_service: {connection_limits: {max_users: 3}}").unwrap_err();
+    assert!(err.to_string().contains("max_users"), "{err}");
+}
+
+#[test]
 fn parse_error_prefix_is_not_doubled() {
     assert_eq!(
         strip_parent_path("a.b[0].c", "a.b[0]: unknown field `c`".into()),

@@ -174,7 +174,30 @@ pub struct AuthConfig {
     /// How agents spread their reverse tunnels over the proxies (`auth_service.tunnel_strategy`;
     /// default every agent to every proxy).
     pub tunnel_strategy: TunnelStrategy,
+    /// Limits of the Auth API listener (`auth_service.connection_limits`).
+    pub connection_limits: ConnectionLimits,
 }
+
+/// `auth_service.connection_limits` / `proxy_service.connection_limits`: how many connections
+/// each of the service's listeners serves at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectionLimits {
+    /// `max_connections`: open connections per listener, classified or not (default 16,384); a
+    /// connection accepted beyond it is closed at once, the established ones unaffected.
+    pub max_connections: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// The default of [`ConnectionLimits::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 
 /// `auth_service.tunnel_strategy`: how many proxies each agent keeps a reverse tunnel to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -368,6 +391,8 @@ pub struct ProxyConfig {
     /// Configured version channels by name (`default` and `stable/cloud` only when configured;
     /// the version server adds the implicit ones).
     pub automatic_upgrades_channels: BTreeMap<String, ChannelSpec>,
+    /// Limits of each of the proxy's listeners (`proxy_service.connection_limits`).
+    pub connection_limits: ConnectionLimits,
 }
 
 /// The Proxy Service's separate-port database listeners (each off when `None`) and public

@@ -15,8 +15,8 @@ use ipnet::IpNet;
 use super::{
     ConfigError, ListenerMode,
     raw::{
-        OneOrMany, RawApp, RawAuth, RawAuthentication, RawConfig, RawDb, RawKube, RawLog, RawProxy, RawSsh,
-        RawStorage, RawSvc, RawTunnelStrategy, RawWindows,
+        OneOrMany, RawApp, RawAuth, RawAuthentication, RawConfig, RawConnectionLimits, RawDb, RawKube,
+        RawLog, RawProxy, RawSsh, RawStorage, RawSvc, RawTunnelStrategy, RawWindows,
     },
     types::*,
 };
@@ -392,7 +392,28 @@ fn auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
         },
         storage,
         tunnel_strategy: tunnel_strategy(raw.tunnel_strategy)?,
+        connection_limits: connection_limits("auth_service", raw.connection_limits)?,
     })
+}
+
+/// The most `connection_limits.max_connections` may say: more than any process could hold
+/// (each connection is a file descriptor), so a larger number is a typo.
+const MAX_MAX_CONNECTIONS: u64 = 16_777_216;
+
+fn connection_limits(section: &str, raw: RawConnectionLimits) -> Result<ConnectionLimits, ConfigError> {
+    let max_connections = match raw.max_connections {
+        None => DEFAULT_MAX_CONNECTIONS,
+        Some(n) if (1..=MAX_MAX_CONNECTIONS).contains(&n) => usize::try_from(n).unwrap_or(usize::MAX),
+        Some(n) => {
+            return Err(ConfigError::Invalid {
+                path: format!("{section}.connection_limits.max_connections"),
+                reason: format!(
+                    "expected a number of connections from 1 to {MAX_MAX_CONNECTIONS}, found {n}"
+                ),
+            });
+        }
+    };
+    Ok(ConnectionLimits { max_connections })
 }
 
 fn tunnel_strategy(raw: Option<RawTunnelStrategy>) -> Result<TunnelStrategy, ConfigError> {
@@ -634,6 +655,7 @@ fn proxy(raw: RawProxy, listener_mode: ListenerMode) -> Result<ProxyConfig, Conf
         });
     }
     Ok(ProxyConfig {
+        connection_limits: connection_limits(P, raw.connection_limits)?,
         enabled: raw.enabled.unwrap_or(true),
         web_idle_timeout: duration(
             "proxy_service.web_idle_timeout",

@@ -91,7 +91,8 @@ impl AuthServer {
             names: host_name_policy(config),
             direct: svc_core::auth::DirectDialPolicy::default()
                 .with_allow_loopback(config.auth.direct_dial.allow_loopback),
-            listen: crate::listen::ListenOptions::default(),
+            listen: crate::listen::ListenOptions::default()
+                .with_max_connections(config.auth.connection_limits.max_connections),
             grpc_idle_timeout: config.auth.grpc_idle_timeout,
             tunnel_strategy: config.auth.tunnel_strategy,
         }

@@ -85,7 +85,11 @@ pub(crate) fn proxy_settings(config: &Config, tunnel_override: Option<Addr>) -> 
     s.ping.automatic_upgrades = !s.channels.is_empty();
     s.web_idle_timeout = p.web_idle_timeout;
     s.keep_alive = (config.auth.keep_alive_interval, config.auth.keep_alive_count_max);
-    s.listen = s.listen.clone().with_drain_timeout(p.shutdown_drain_timeout);
+    s.listen = s
+        .listen
+        .clone()
+        .with_drain_timeout(p.shutdown_drain_timeout)
+        .with_max_connections(p.connection_limits.max_connections);
     s
 }
 
