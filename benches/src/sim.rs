@@ -74,8 +74,11 @@ pub const CLUSTER: &str = "scale.test";
 pub const LOOPBACKS: u8 = 8;
 
 /// Joins in flight at once by default (each is a TLS handshake through the proxy and a
-/// signing and a store write at the Auth Service).
-pub const JOIN_CONCURRENCY: usize = 32;
+/// signing and a store write at the Auth Service). The Auth Service counts a join in flight
+/// against its source address until it ends (`auth_service.authentication.max_source_attempts`,
+/// default 20), and through a proxy every agent's source is the proxy's address: more than 20 at
+/// once through one proxy are refused.
+pub const JOIN_CONCURRENCY: usize = 16;
 
 /// The loopback addresses every proxy certificate names (agents dial them).
 fn loopback_names() -> Vec<String> {

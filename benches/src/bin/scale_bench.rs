@@ -102,6 +102,16 @@ async fn idle_and_storm(
     let sample = arg("--sample", 200)? as usize;
     let mut fleet = simulator()?;
     let linked = fleet.auth_link;
+    // The proxy holds a socket per tunnel and, per Auth API link, one towards the agent and one
+    // towards the Auth Service; it inherits this process's limit.
+    let nofile = sim::raise_nofile(200_000)?;
+    let need = total as u64 * if linked { 3 } else { 1 } + 1_000;
+    anyhow::ensure!(
+        nofile >= need,
+        "{total} agents{} need about {need} open files in the proxy process; the limit here is {nofile} (raise the hard limit, or run fewer agents{})",
+        if linked { " with their Auth API links" } else { "" },
+        if linked { " or --no-auth-link" } else { "" }
+    );
     cluster.write_proxy_token(dir, 0).await?;
     let proxy = ProxyProcess::start(exe, dir, 0, 0, Mode::Mesh)?;
     let me = std::process::id();
