@@ -467,8 +467,14 @@ pub struct SimAgent {
     heartbeats: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// Starts a joined agent: its tunnel agent and, when `auth_link`, its heartbeat loop.
-pub fn spawn_agent(joined: Joined, dialer: &ProxyDialer, auth_link: bool) -> anyhow::Result<SimAgent> {
+/// Starts a joined agent: its tunnel agent (trusting `proxy_ca_pem` besides the cluster's host
+/// CA for the proxy's web certificate, when given) and, when `auth_link`, its heartbeat loop.
+pub fn spawn_agent(
+    joined: Joined,
+    dialer: &ProxyDialer,
+    auth_link: bool,
+    proxy_ca_pem: Option<&[u8]>,
+) -> anyhow::Result<SimAgent> {
     let Joined {
         name,
         proxy,
@@ -483,6 +489,10 @@ pub fn spawn_agent(joined: Joined, dialer: &ProxyDialer, auth_link: bool) -> any
         dialer.clone(),
     )
     .with_version("17.0.0".parse()?);
+    let config = match proxy_ca_pem {
+        Some(pem) => config.with_proxy_ca_pem(pem.to_vec()),
+        None => config,
+    };
     let tunnel = TunnelAgent::new(config, answer_service())?.spawn();
     let host_id = identity.name.clone();
     let (link, heartbeats) = if auth_link {
@@ -517,6 +527,9 @@ pub struct Simulator {
     pub auth_link: bool,
     /// Joins in flight at once.
     pub join_concurrency: usize,
+    /// The CA (PEM) of the proxy's web certificate when the cluster's host CA did not sign it
+    /// (a proxy with its own or a generated certificate).
+    pub proxy_ca_pem: Option<Vec<u8>>,
     /// Distinguishes this fleet's node names (`sim-<fleet>-<i>`) from an earlier fleet's, whose
     /// names stay held until their heartbeats expire.
     fleet: String,
@@ -530,6 +543,7 @@ impl Simulator {
             agents: Vec::new(),
             auth_link,
             join_concurrency: JOIN_CONCURRENCY,
+            proxy_ca_pem: None,
             fleet: format!("{:04x}", rand::random::<u16>()),
             dialer: ProxyDialer::builder(svc_core::proxy_env::ProxyEnv::default()).build()?,
         })
@@ -586,7 +600,7 @@ impl Simulator {
         let mut tick = tokio::time::interval(pause);
         for j in joined {
             tick.tick().await;
-            let agent = spawn_agent(j, &self.dialer, self.auth_link)?;
+            let agent = spawn_agent(j, &self.dialer, self.auth_link, self.proxy_ca_pem.as_deref())?;
             self.agents.push(agent);
         }
         Ok(())

@@ -5,13 +5,15 @@
 //!
 //! ```text
 //! agent_sim --proxy <host:port> --ca-pin <sha256:…> --tokens <file> [--agents N] [--rate 250]
-//!           [--join-concurrency 32] [--no-auth-link]
+//!           [--join-concurrency 16] [--proxy-ca <pem>] [--no-auth-link]
 //! ```
 //!
 //! `--tokens` names a file with one `node` join token per line (tokens are single-use: one per
 //! agent; `tctl tokens add --type=node` prints one, and the CA pin); `--agents` (default: one
 //! per token) may not exceed the tokens. Every agent joins through the proxy's web port (TLS
-//! routing carries the Auth API), checking the Auth Service against the pin. Every five
+//! routing carries the Auth API), checking the Auth Service against the pin. `--proxy-ca` names
+//! the CA of the proxy's web certificate when the cluster's host CA did not sign it (`svc`'s
+//! generated `proxy-ca.pem`, or the CA of `https_keypairs`). Every five
 //! seconds the simulator prints how many agents hold a tunnel, how many tunnels they hold, and
 //! how many had a heartbeat accepted in the last two heartbeat intervals.
 
@@ -51,12 +53,16 @@ fn main() -> anyhow::Result<()> {
         .transpose()?
         .unwrap_or(sim::JOIN_CONCURRENCY);
     let auth_link = !args.iter().any(|a| a == "--no-auth-link");
+    let proxy_ca = get("--proxy-ca")
+        .map(|f| std::fs::read(f).with_context(|| format!("reading --proxy-ca {f}")))
+        .transpose()?;
     let nofile = sim::raise_nofile(200_000)?;
     eprintln!("open-file limit {nofile}");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let mut fleet = Simulator::new(auth_link)?;
         fleet.join_concurrency = concurrency;
+        fleet.proxy_ca_pem = proxy_ca;
         let tokens: Vec<Secret> = tokens.into_iter().take(agents).collect();
         let (joined, report) = fleet.join(&ca_pin, tokens, 0, &|_| proxy.clone()).await?;
         println!(
