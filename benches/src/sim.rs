@@ -1,55 +1,64 @@
-//! The agent simulator and the proxy processes of the scale harness (`scale_bench`,
-//! `agent_sim`).
+//! The agent simulator and the processes of the scale harness (`scale_bench`, `agent_sim`).
 //!
-//! Every simulated agent is a real [`TunnelAgent`] — the same code the `svc` agent runs: it
-//! asks the proxy's `/webapi/ping` where to dial, speaks SSH inside TLS (ALPN
-//! `svc-reversetunnel`) on the proxy's web port, authenticates with its own host certificate,
-//! sends heartbeats at the configured cadence, honours the discovery channel (with proxy
-//! peering, the proxies chosen for it) and reconnects with the reference backoff and jitter.
-//! Thousands of them share one process and one tokio runtime; each costs a handful of tasks
-//! (the pool manager, one dial loop per tunnel, the SSH session, heartbeat and discovery).
+//! The cluster is real from its root: an Auth Service process (the `svc` binary with an
+//! Auth-only configuration and the embedded store, [`AuthProcess`]) holds the CAs; the harness
+//! holds only the admin identity that Auth Service writes, and uses it to mint join tokens.
 //!
-//! Identities: each agent has a distinct host ID, key and certificate, signed by the cluster's
-//! host CA that the harness holds (the step the Auth Service performs after it has checked a
-//! join token). The token check itself is not repeated 10,000 times: it is the Auth Service's
-//! cost per join, not the proxy's per tunnel.
-//!
-//! A proxy process ([`proxy_main`]) is the Proxy Service's tunnel side as `svc` assembles it
-//! (`ProxyBuilder` with the reverse tunnel on the web port by ALPN, the peering server on its
-//! own port), plus a loopback-only control port for the harness: `count` answers how many
-//! agents are registered, and `dial <host-id>` dials that agent through the proxy's
+//! A proxy process ([`proxy_main`]) joins with a `proxy` token (its saved identity on a
+//! restart, so it comes back under the same host ID) and takes the cluster's trust from the
+//! join; it is the Proxy Service's tunnel side as `svc` assembles it (`ProxyBuilder` with the
+//! reverse tunnel on the web port by ALPN, the Auth API routed by ALPN to the Auth Service as a
+//! proxy running apart from it does, the peering server on its own port), plus a loopback-only
+//! control port for the harness: `count` answers how many agents are registered, and
+//! `dial <host-id>` dials that agent through the proxy's
 //! [`TunnelDialer`](svc_net::tunnel::TunnelDialer) — through a peer proxy when the agent holds
 //! no tunnel here — the same call the proxy's SSH, app and database handlers make.
+//!
+//! Every simulated agent joins with its own `node` token through its proxy's web port with the
+//! real join client ([`join_via`], fresh keys, the CA pin checked), then runs a real
+//! [`TunnelAgent`] — the same code the `svc` agent runs: it asks the proxy's `/webapi/ping`
+//! where to dial, speaks SSH inside TLS (ALPN `svc-reversetunnel`) on the web port,
+//! authenticates with the host certificate the Auth Service issued, sends tunnel heartbeats,
+//! honours the discovery channel (with proxy peering, the proxies chosen for it) and reconnects
+//! with the reference backoff and jitter. And, unless turned off, it keeps its Auth API link
+//! through the proxy (ALPN `svc-auth@<cluster>`, spliced to the Auth Service) and heartbeats
+//! the inventory every [`HEARTBEAT_INTERVAL`], as the agent's heartbeat task does: the
+//! [`FailoverClient`] it uses, connected with the reconnect backoff, reset after a transport
+//! failure so that the next heartbeat connects again. (The agent's schedule exports and updater
+//! report, which ride on the same link, are left out: without an updater they send nothing.)
+//! Join tokens are single-use: one per agent. Thousands of agents share one process and one
+//! tokio runtime.
 
 use std::{
     io::{BufRead, BufReader as StdBufReader},
     net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::Arc,
-    time::{Duration, SystemTime},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::Context;
-use rcgen::PublicKeyData;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, pem::PemObject};
-use ssh_key::{LineEnding, PrivateKey, private::Ed25519Keypair};
+use rustls::pki_types::CertificateDer;
 use svc_core::{
-    Addr,
-    auth::ServedKind,
+    Addr, Secret,
+    auth::{HEARTBEAT_INTERVAL, Heartbeat, ServedKind, ServedResource},
     config::ListenerMode,
-    identity::{CertAuthority, HostCertRequest, IdentityKind, SystemRole, Verifier},
-    proxy_env::ProxyEnv,
+    identity::{IdentityKind, SystemRole},
 };
 use svc_net::{
+    auth::{AuthClient, ClientIdentity, FailoverClient, JoinParams, join_via},
     dial::ProxyDialer,
     io::BoxIo,
     proxy::{ProxyBuilder, ProxySettings},
     route::alpn,
     tls::{ServerIdentity, TlsSource},
     tunnel::{
-        AgentConfig, DialRequest, DiscoveredProxy, Discovery, Peer, PeerDialer, PeerIdentity, RunningAgent,
-        TunnelAgent, TunnelServer, TunnelServerConfig, TunnelStrategy, dial_service_fn,
+        AgentConfig, Backoff, DialRequest, DiscoveredProxy, Discovery, Peer, PeerDialer, PeerIdentity,
+        RunningAgent, TunnelAgent, TunnelServer, TunnelServerConfig, TunnelStrategy, dial_service_fn,
     },
 };
 use tokio::{
@@ -64,121 +73,240 @@ pub const CLUSTER: &str = "scale.test";
 /// 10,000 tunnels plus their pings never run out of ephemeral ports towards one address.
 pub const LOOPBACKS: u8 = 8;
 
-/// The cluster's host CA and the verifier trusting it.
-pub struct Cluster {
-    /// The host CA (signs agents' and proxies' host certificates).
-    pub host_ca: CertAuthority,
-    /// Trusts the host CA.
-    pub verifier: Arc<Verifier>,
+/// Joins in flight at once by default (each is a TLS handshake through the proxy and a
+/// signing and a store write at the Auth Service). The Auth Service counts a join in flight
+/// against its source address until it ends (`auth_service.authentication.max_source_attempts`,
+/// default 20), and through a proxy every agent's source is the proxy's address: more than 20 at
+/// once through one proxy are refused.
+pub const JOIN_CONCURRENCY: usize = 16;
+
+/// The loopback addresses every proxy certificate names (agents dial them).
+fn loopback_names() -> Vec<String> {
+    (1..=LOOPBACKS).map(|i| format!("127.0.0.{i}")).collect()
 }
 
-impl Cluster {
-    /// A new cluster with a fresh host CA.
-    pub fn generate() -> anyhow::Result<Self> {
-        let host_ca = CertAuthority::generate(
-            IdentityKind::Host,
-            CLUSTER,
-            SystemTime::now(),
-            Duration::from_secs(7 * 86400),
-        )?;
-        Self::from_ca(host_ca)
-    }
-
-    fn from_ca(host_ca: CertAuthority) -> anyhow::Result<Self> {
-        let verifier = Arc::new(Verifier::new(CLUSTER, [host_ca.trusted()])?);
-        Ok(Self { host_ca, verifier })
-    }
-
-    /// Stores the CA (with its keys) in `dir/host_ca.json`, for proxy processes and `agent_sim`.
-    pub fn store(&self, dir: &Path) -> anyhow::Result<()> {
-        let path = dir.join("host_ca.json");
-        std::fs::write(&path, self.host_ca.to_stored()?.expose())
-            .with_context(|| format!("writing {}", path.display()))
-    }
-
-    /// Loads what [`Cluster::store`] wrote.
-    pub fn load(dir: &Path) -> anyhow::Result<Self> {
-        let path = dir.join("host_ca.json");
-        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        Self::from_ca(CertAuthority::from_stored(&bytes)?)
-    }
-
-    /// A distinct agent identity: host ID, SSH key, host certificate (role `node`).
-    pub fn agent_identity(&self, name: &str) -> anyhow::Result<AgentIdentity> {
-        let uuid = uuid::Uuid::new_v4();
-        let key = PrivateKey::from(Ed25519Keypair::from_seed(&rand::random::<[u8; 32]>()));
-        let req = HostCertRequest {
-            host_uuid: uuid,
-            node_name: name.into(),
-            roles: vec![SystemRole::Node],
-            additional_names: vec![],
-            ttl: Duration::from_secs(7 * 86400),
-        };
-        let cert = self
-            .host_ca
-            .sign_host_ssh(&req, key.public_key(), SystemTime::now())?;
-        Ok(AgentIdentity {
-            host_id: svc_core::identity::host_id(&uuid, CLUSTER),
-            key,
-            cert,
-        })
-    }
-
-    /// Writes a proxy's identity to `dir/proxy-<index>/`: an X.509 certificate (TLS on the
-    /// web port and on the peering port; it names every loopback address agents dial) and an
-    /// SSH host certificate, both for the same host ID. A restarted proxy process loads the
-    /// same files, so it comes back under the same host ID.
-    pub fn write_proxy_identity(&self, dir: &Path, index: usize) -> anyhow::Result<String> {
-        let pdir = dir.join(format!("proxy-{index}"));
-        std::fs::create_dir_all(&pdir)?;
-        let uuid = uuid::Uuid::new_v4();
-        let kp = rcgen::KeyPair::generate()?;
-        let req = HostCertRequest {
-            host_uuid: uuid,
-            node_name: format!("proxy-{index}"),
-            roles: vec![SystemRole::Proxy],
-            additional_names: (1..=LOOPBACKS).map(|i| format!("127.0.0.{i}")).collect(),
-            ttl: Duration::from_secs(7 * 86400),
-        };
-        let der = self
-            .host_ca
-            .sign_host_x509(&req, &kp.subject_public_key_info(), SystemTime::now())?;
-        std::fs::write(pdir.join("cert.pem"), pem("CERTIFICATE", der.as_ref()))?;
-        std::fs::write(pdir.join("key.pem"), kp.serialize_pem())?;
-        let key = PrivateKey::from(Ed25519Keypair::from_seed(&rand::random::<[u8; 32]>()));
-        let cert = self
-            .host_ca
-            .sign_host_ssh(&req, key.public_key(), SystemTime::now())?;
-        std::fs::write(pdir.join("ssh_key"), key.to_openssh(LineEnding::LF)?.as_bytes())?;
-        std::fs::write(pdir.join("ssh_cert"), cert.to_openssh()?)?;
-        let host_id = svc_core::identity::host_id(&uuid, CLUSTER);
-        std::fs::write(pdir.join("host_id"), &host_id)?;
-        Ok(host_id)
-    }
-}
-
-fn pem(label: &str, der: &[u8]) -> String {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let lines: Vec<String> = b64
-        .as_bytes()
-        .chunks(64)
-        .map(|c| String::from_utf8_lossy(c).into_owned())
-        .collect();
+/// The Auth Service configuration the harness runs: the Auth Service only, on a loopback port
+/// chosen by the system, its embedded store in `data_dir`, warnings and worse logged.
+pub fn auth_config_yaml(data_dir: &Path) -> String {
     format!(
-        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
-        lines.join("\n")
+        "version: v1\nsvc:\n  nodename: scale-auth\n  data_dir: {}\n  log:\n    severity: warn\n\
+         auth_service:\n  enabled: true\n  listen_addr: 127.0.0.1:0\n  cluster_name: {CLUSTER}\n\
+         proxy_service:\n  enabled: false\nssh_service:\n  enabled: false\n",
+        data_dir.display()
     )
 }
 
-/// One simulated agent's credentials.
-pub struct AgentIdentity {
-    /// `<uuid>.<cluster>`.
-    pub host_id: String,
-    /// Its SSH key.
-    pub key: PrivateKey,
-    /// Its host certificate.
-    pub cert: ssh_key::Certificate,
+/// Where to join and whom to trust: what a proxy process and `agent_sim` need (no secret).
+#[derive(Debug, Clone)]
+pub struct JoinInfo {
+    /// The Auth Service's API address (proxies join there directly).
+    pub auth_addr: String,
+    /// The host CA pin (`sha256:…`) joins check the Auth Service against.
+    pub ca_pin: String,
+}
+
+impl JoinInfo {
+    /// Writes `dir/cluster` (`<auth-addr> <ca-pin>`), for the proxy processes.
+    pub fn store(&self, dir: &Path) -> anyhow::Result<()> {
+        let path = dir.join("cluster");
+        std::fs::write(&path, format!("{} {}\n", self.auth_addr, self.ca_pin))
+            .with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Reads what [`JoinInfo::store`] wrote.
+    pub fn load(dir: &Path) -> anyhow::Result<Self> {
+        let path = dir.join("cluster");
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let (auth_addr, ca_pin) = text
+            .trim()
+            .split_once(' ')
+            .with_context(|| format!("{}: expected `<auth-addr> <ca-pin>`", path.display()))?;
+        Ok(Self {
+            auth_addr: auth_addr.to_owned(),
+            ca_pin: ca_pin.to_owned(),
+        })
+    }
+}
+
+/// The cluster as the harness holds it: where to join, and the admin identity the Auth Service
+/// wrote (it mints join tokens; the harness holds no CA key).
+pub struct Cluster {
+    /// Where to join and whom to trust.
+    pub join: JoinInfo,
+    admin: ClientIdentity,
+}
+
+impl Cluster {
+    /// The cluster whose Auth Service issued `admin` (its address and host CA pin come from it).
+    pub fn from_admin(admin: ClientIdentity) -> anyhow::Result<Self> {
+        let host = admin
+            .trusted_cas()?
+            .into_iter()
+            .find(|ca| ca.kind() == IdentityKind::Host)
+            .context("the admin identity trusts no host CA")?;
+        Ok(Self {
+            join: JoinInfo {
+                auth_addr: admin.auth_addr.clone(),
+                ca_pin: host.ca_pin()?,
+            },
+            admin,
+        })
+    }
+
+    /// An Auth API client with the admin identity.
+    pub async fn admin_client(&self) -> anyhow::Result<AuthClient> {
+        AuthClient::connect_with(&self.admin).await.with_context(|| {
+            format!(
+                "connecting to the Auth Service at {} as admin",
+                self.join.auth_addr
+            )
+        })
+    }
+
+    /// `n` single-use join tokens for `role`, minted over a few admin connections at once.
+    pub async fn tokens(&self, role: &str, n: usize) -> anyhow::Result<Vec<Secret>> {
+        const WORKERS: usize = 8;
+        let per = n.div_ceil(WORKERS).max(1);
+        let mut workers = tokio::task::JoinSet::new();
+        let mut left = n;
+        while left > 0 {
+            let count = per.min(left);
+            left -= count;
+            let mut client = self.admin_client().await?;
+            let role = role.to_owned();
+            workers.spawn(async move {
+                let mut out = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let (token, _) = client
+                        .create_token(std::slice::from_ref(&role), None)
+                        .await
+                        .with_context(|| format!("minting a {role} token"))?;
+                    out.push(token);
+                }
+                anyhow::Ok(out)
+            });
+        }
+        let mut all = Vec::with_capacity(n);
+        while let Some(r) = workers.join_next().await {
+            all.extend(r??);
+        }
+        Ok(all)
+    }
+
+    /// Mints a `proxy` token allowed the loopback certificate names and writes it to
+    /// `dir/proxy-<index>/token` (owner-only), for proxy process `index` to join with.
+    pub async fn write_proxy_token(&self, dir: &Path, index: usize) -> anyhow::Result<()> {
+        let pdir = dir.join(format!("proxy-{index}"));
+        std::fs::create_dir_all(&pdir)?;
+        let (token, _) = self
+            .admin_client()
+            .await?
+            .create_token_with_names(&["proxy".into()], None, &loopback_names())
+            .await
+            .context("minting a proxy token")?;
+        write_private(&pdir.join("token"), token.expose().as_bytes())
+    }
+}
+
+/// Writes `bytes` to `path`, readable by the owner only.
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(bytes)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The Auth Service process: `svc start` with [`auth_config_yaml`] (log: `dir/auth.log`).
+pub struct AuthProcess {
+    child: Child,
+    /// Its log file.
+    pub log: PathBuf,
+}
+
+impl AuthProcess {
+    /// The `svc` binary: `$SVC_BIN`, else `svc` next to this executable (`cargo build --release
+    /// -p svc-bins --bin svc` puts it there).
+    pub fn svc_binary() -> anyhow::Result<PathBuf> {
+        if let Some(p) = std::env::var_os("SVC_BIN") {
+            let p = PathBuf::from(p);
+            anyhow::ensure!(p.is_file(), "SVC_BIN={} is not a file", p.display());
+            return Ok(p);
+        }
+        let exe = std::env::current_exe()?;
+        let sibling = exe.with_file_name("svc");
+        anyhow::ensure!(
+            sibling.is_file(),
+            "no svc binary at {}: build it first (cargo build --release -p svc-bins --bin svc) or set SVC_BIN",
+            sibling.display()
+        );
+        Ok(sibling)
+    }
+
+    /// Starts `svc` as the cluster's Auth Service with its data in `dir/auth`, and waits (at
+    /// most a minute) until its admin identity is written and its API answers.
+    pub async fn start(svc: &Path, dir: &Path) -> anyhow::Result<(Self, Cluster)> {
+        let data = dir.join("auth");
+        std::fs::create_dir_all(&data)?;
+        let config = dir.join("auth.yaml");
+        std::fs::write(&config, auth_config_yaml(&data))?;
+        let log = dir.join("auth.log");
+        let out = std::fs::File::create(&log)?;
+        let child = Command::new(svc)
+            .arg("start")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {} start", svc.display()))?;
+        let mut me = Self { child, log };
+        let admin_path = svc_net::auth::node::admin_identity_path(&data);
+        let started = tokio::time::Instant::now();
+        let deadline = Duration::from_secs(60);
+        loop {
+            if let Some(status) = me.child.try_wait()? {
+                anyhow::bail!(
+                    "the Auth Service ({}) exited with {status}: {}",
+                    svc.display(),
+                    std::fs::read_to_string(&me.log).unwrap_or_default()
+                );
+            }
+            if let Ok(admin) = ClientIdentity::load(&admin_path) {
+                let cluster = Cluster::from_admin(admin)?;
+                if let Ok(mut client) = cluster.admin_client().await
+                    && client.status().await.is_ok()
+                {
+                    return Ok((me, cluster));
+                }
+            }
+            anyhow::ensure!(
+                started.elapsed() < deadline,
+                "the Auth Service did not answer within {deadline:?} (log: {})",
+                me.log.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Its process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for AuthProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// What every simulated agent serves on a transport channel: one byte (`!`), then the
@@ -195,21 +323,6 @@ fn answer_service() -> svc_net::tunnel::DialService {
     })
 }
 
-/// Starts one simulated agent whose configured proxy address is `proxy`.
-pub fn spawn_agent(cluster: &Cluster, proxy: Addr, id: AgentIdentity) -> anyhow::Result<RunningAgent> {
-    let dialer = ProxyDialer::builder(ProxyEnv::default()).build()?;
-    let config = AgentConfig::new(
-        proxy,
-        id.host_id,
-        id.key,
-        id.cert,
-        cluster.verifier.clone(),
-        dialer,
-    )
-    .with_version("17.0.0".parse()?);
-    Ok(TunnelAgent::new(config, answer_service())?.spawn())
-}
-
 /// The proxy address agent number `i` is configured with: the web port on one of the
 /// [`LOOPBACKS`] addresses.
 pub fn agent_proxy_addr(i: usize, port: u16) -> Addr {
@@ -217,66 +330,335 @@ pub fn agent_proxy_addr(i: usize, port: u16) -> Addr {
     Addr::from(SocketAddr::from(([127, 0, 0, last], port)))
 }
 
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Joins agent `name` through the proxy at `proxy` with `token` (role `node`, fresh keys, the
+/// Auth Service checked against `ca_pin`). A transport failure is retried a few times with the
+/// reconnect backoff; a refusal is final.
+pub async fn join_agent(
+    proxy: &Addr,
+    ca_pin: &str,
+    token: Secret,
+    name: &str,
+    dialer: &ProxyDialer,
+) -> anyhow::Result<ClientIdentity> {
+    let params = JoinParams {
+        token,
+        ca_pin: Some(ca_pin.to_owned()),
+        trust_on_first_use: false,
+        node_name: name.to_owned(),
+        roles: vec![SystemRole::Node],
+        additional_names: vec![],
+    };
+    let addr = proxy.to_string();
+    let mut backoff = Backoff::default();
+    let mut tries = 0;
+    loop {
+        match join_via(&addr, params.clone(), Some(dialer)).await {
+            Ok(identity) => return Ok(identity),
+            Err(e) if FailoverClient::is_transport_failure(&e) && tries < 5 => {
+                tries += 1;
+                tokio::time::sleep(backoff.next_delay(rand::random::<f64>())).await;
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("agent {name} joining through {addr}")));
+            }
+        }
+    }
+}
+
+/// An agent's Auth API link, as the harness sees it.
+#[derive(Debug, Default)]
+pub struct AuthLink {
+    accepted: AtomicU64,
+    failures: AtomicU64,
+    last_ok_ms: AtomicU64,
+}
+
+impl AuthLink {
+    /// Heartbeats accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Connection attempts and heartbeats that failed so far.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// When the last heartbeat was accepted ([`now_ms`]; 0: never).
+    pub fn last_ok_ms(&self) -> u64 {
+        self.last_ok_ms.load(Ordering::Relaxed)
+    }
+}
+
+/// The agent's inventory heartbeat: its node name and version, and the SSH Service it serves.
+fn heartbeat_of(node_name: &str) -> Heartbeat {
+    let mut node = ServedResource::new(ServedKind::Node, node_name);
+    node.protocol = "ssh".into();
+    Heartbeat {
+        hostname: node_name.to_owned(),
+        version: svc_core::version::current().to_string(),
+        resources: vec![node],
+        ..Heartbeat::default()
+    }
+}
+
+/// The agent's heartbeat loop over its Auth API link (through the proxy it joined at): connect
+/// with the reconnect backoff, heartbeat at once and then every [`HEARTBEAT_INTERVAL`]; after a
+/// transport failure the link is reset and the next heartbeat connects again — as the agent's
+/// heartbeat task does.
+async fn run_auth_link(
+    identity: ClientIdentity,
+    node_name: String,
+    dialer: ProxyDialer,
+    state: Arc<AuthLink>,
+) {
+    let beat = heartbeat_of(&node_name);
+    let link = FailoverClient::new(vec![identity.auth_addr.clone()], identity, Some(dialer));
+    let mut backoff = Backoff::default();
+    while link.client().await.is_err() {
+        state.failures.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(backoff.next_delay(rand::random::<f64>())).await;
+    }
+    let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
+    loop {
+        tick.tick().await;
+        let sent = async { link.client().await?.heartbeat(&beat).await };
+        match sent.await {
+            Ok(()) => {
+                state.accepted.fetch_add(1, Ordering::Relaxed);
+                state.last_ok_ms.store(now_ms(), Ordering::Relaxed);
+            }
+            Err(e) => {
+                state.failures.fetch_add(1, Ordering::Relaxed);
+                if FailoverClient::is_transport_failure(&e) {
+                    link.reset().await;
+                }
+            }
+        }
+    }
+}
+
+/// An agent that has joined: where it dials and the identity the Auth Service issued.
+pub struct Joined {
+    /// Its node name.
+    pub name: String,
+    /// The proxy address it is configured with (and joined through).
+    pub proxy: Addr,
+    /// Its identity (host ID, keys, certificates, the cluster's CAs).
+    pub identity: ClientIdentity,
+}
+
+/// One running simulated agent.
+pub struct SimAgent {
+    /// Its host ID (`<uuid>.<cluster>`).
+    pub host_id: String,
+    /// Its reverse tunnel(s).
+    pub tunnel: RunningAgent,
+    /// Its Auth API link (`None`: turned off).
+    pub link: Option<Arc<AuthLink>>,
+    heartbeats: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts a joined agent: its tunnel agent (trusting `proxy_ca_pem` besides the cluster's host
+/// CA for the proxy's web certificate, when given) and, when `auth_link`, its heartbeat loop.
+pub fn spawn_agent(
+    joined: Joined,
+    dialer: &ProxyDialer,
+    auth_link: bool,
+    proxy_ca_pem: Option<&[u8]>,
+) -> anyhow::Result<SimAgent> {
+    let Joined {
+        name,
+        proxy,
+        identity,
+    } = joined;
+    let config = AgentConfig::new(
+        proxy,
+        identity.name.clone(),
+        identity.ssh_private_key()?,
+        identity.ssh_certificate()?,
+        Arc::new(identity.verifier()?),
+        dialer.clone(),
+    )
+    .with_version("17.0.0".parse()?);
+    let config = match proxy_ca_pem {
+        Some(pem) => config.with_proxy_ca_pem(pem.to_vec()),
+        None => config,
+    };
+    let tunnel = TunnelAgent::new(config, answer_service())?.spawn();
+    let host_id = identity.name.clone();
+    let (link, heartbeats) = if auth_link {
+        let state = Arc::new(AuthLink::default());
+        let task = tokio::spawn(run_auth_link(identity, name, dialer.clone(), state.clone()));
+        (Some(state), Some(task))
+    } else {
+        (None, None)
+    };
+    Ok(SimAgent {
+        host_id,
+        tunnel,
+        link,
+        heartbeats,
+    })
+}
+
+/// What a join phase took.
+#[derive(Debug, Clone, Copy)]
+pub struct JoinReport {
+    /// Agents joined.
+    pub joined: usize,
+    /// Wall time of the phase.
+    pub took: Duration,
+}
+
 /// A running simulator: its agents.
-#[derive(Default)]
 pub struct Simulator {
-    /// Every agent started, with its host ID.
-    pub agents: Vec<(String, RunningAgent)>,
+    /// Every agent started.
+    pub agents: Vec<SimAgent>,
+    /// Whether agents keep an Auth API link and heartbeat the inventory.
+    pub auth_link: bool,
+    /// Joins in flight at once.
+    pub join_concurrency: usize,
+    /// The CA (PEM) of the proxy's web certificate when the cluster's host CA did not sign it
+    /// (a proxy with its own or a generated certificate).
+    pub proxy_ca_pem: Option<Vec<u8>>,
+    /// Distinguishes this fleet's node names (`sim-<fleet>-<i>`) from an earlier fleet's, whose
+    /// names stay held until their heartbeats expire.
+    fleet: String,
+    dialer: ProxyDialer,
 }
 
 impl Simulator {
-    /// Starts agents until there are `total`, each configured with one of `ports` on the
-    /// loopback addresses (spread evenly: agent `i` gets `ports[i % len]` on
-    /// [`agent_proxy_addr`]), `per_second` at most (a fleet coming up).
+    /// An empty simulator.
+    pub fn new(auth_link: bool) -> anyhow::Result<Self> {
+        Ok(Self {
+            agents: Vec::new(),
+            auth_link,
+            join_concurrency: JOIN_CONCURRENCY,
+            proxy_ca_pem: None,
+            fleet: format!("{:04x}", rand::random::<u16>()),
+            dialer: ProxyDialer::builder(svc_core::proxy_env::ProxyEnv::default()).build()?,
+        })
+    }
+
+    /// Joins one agent per token (agents `first`, `first + 1`, …, agent `i` through
+    /// `addr_of(i)`), [`join_concurrency`](Self::join_concurrency) at a time.
+    pub async fn join(
+        &self,
+        ca_pin: &str,
+        tokens: Vec<Secret>,
+        first: usize,
+        addr_of: &(dyn Fn(usize) -> Addr + Sync),
+    ) -> anyhow::Result<(Vec<Joined>, JoinReport)> {
+        let started = tokio::time::Instant::now();
+        let sem = Arc::new(tokio::sync::Semaphore::new(self.join_concurrency.max(1)));
+        let mut set = tokio::task::JoinSet::new();
+        for (k, token) in tokens.into_iter().enumerate() {
+            let i = first + k;
+            let proxy = addr_of(i);
+            let name = format!("sim-{}-{i}", self.fleet);
+            let ca_pin = ca_pin.to_owned();
+            let dialer = self.dialer.clone();
+            let sem = sem.clone();
+            set.spawn(async move {
+                let _place = sem.acquire_owned().await?;
+                let identity = join_agent(&proxy, &ca_pin, token, &name, &dialer).await?;
+                anyhow::Ok((
+                    k,
+                    Joined {
+                        name,
+                        proxy,
+                        identity,
+                    },
+                ))
+            });
+        }
+        let mut joined = Vec::new();
+        while let Some(r) = set.join_next().await {
+            joined.push(r??);
+        }
+        joined.sort_by_key(|(k, _)| *k);
+        let joined: Vec<Joined> = joined.into_iter().map(|(_, j)| j).collect();
+        let report = JoinReport {
+            joined: joined.len(),
+            took: started.elapsed(),
+        };
+        Ok((joined, report))
+    }
+
+    /// Starts joined agents, `per_second` at most (a fleet coming up).
+    pub async fn start(&mut self, joined: Vec<Joined>, per_second: u32) -> anyhow::Result<()> {
+        let pause = Duration::from_secs(1) / per_second.max(1);
+        let mut tick = tokio::time::interval(pause);
+        for j in joined {
+            tick.tick().await;
+            let agent = spawn_agent(j, &self.dialer, self.auth_link, self.proxy_ca_pem.as_deref())?;
+            self.agents.push(agent);
+        }
+        Ok(())
+    }
+
+    /// Grows the fleet to `total` agents: mints their tokens, joins them (agent `i` through
+    /// `ports[i % len]` on [`agent_proxy_addr`]), starts them `per_second` at most. Returns the
+    /// join phase's report.
     pub async fn grow_to(
         &mut self,
         cluster: &Cluster,
         ports: &[u16],
         total: usize,
         per_second: u32,
-    ) -> anyhow::Result<()> {
-        let ports = ports.to_vec();
+    ) -> anyhow::Result<JoinReport> {
         anyhow::ensure!(!ports.is_empty(), "no proxy port to configure agents with");
-        self.grow_with(cluster, total, per_second, |i| {
-            agent_proxy_addr(i, ports[i % ports.len()])
-        })
-        .await
-    }
-
-    /// Starts agents until there are `total`, agent `i` configured with the proxy address
-    /// `addr_of(i)`, `per_second` at most.
-    pub async fn grow_with(
-        &mut self,
-        cluster: &Cluster,
-        total: usize,
-        per_second: u32,
-        addr_of: impl Fn(usize) -> Addr,
-    ) -> anyhow::Result<()> {
-        let pause = Duration::from_secs(1) / per_second.max(1);
-        let mut tick = tokio::time::interval(pause);
-        while self.agents.len() < total {
-            tick.tick().await;
-            let i = self.agents.len();
-            let id = cluster.agent_identity(&format!("sim-{i}"))?;
-            let host_id = id.host_id.clone();
-            let agent = spawn_agent(cluster, addr_of(i), id)?;
-            self.agents.push((host_id, agent));
-        }
-        Ok(())
+        let first = self.agents.len();
+        let tokens = cluster.tokens("node", total.saturating_sub(first)).await?;
+        let ports = ports.to_vec();
+        let addr_of = move |i: usize| agent_proxy_addr(i, ports[i % ports.len()]);
+        let (joined, report) = self.join(&cluster.join.ca_pin, tokens, first, &addr_of).await?;
+        self.start(joined, per_second).await?;
+        Ok(report)
     }
 
     /// How many agents hold at least one tunnel, and how many tunnels in all.
     pub fn connected(&self) -> (usize, usize) {
-        self.agents.iter().fold((0, 0), |(a, t), (_, r)| {
-            let n = r.status().connected.len();
+        self.agents.iter().fold((0, 0), |(a, t), s| {
+            let n = s.tunnel.status().connected.len();
             (a + usize::from(n > 0), t + n)
         })
     }
 
+    /// How many agents had a heartbeat accepted at or after `since_ms` ([`now_ms`]).
+    pub fn links_since(&self, since_ms: u64) -> usize {
+        self.agents
+            .iter()
+            .filter(|a| a.link.as_ref().is_some_and(|l| l.last_ok_ms() >= since_ms))
+            .count()
+    }
+
+    /// Heartbeats accepted and link failures, summed over the agents.
+    pub fn link_totals(&self) -> (u64, u64) {
+        self.agents
+            .iter()
+            .filter_map(|a| a.link.as_ref())
+            .fold((0, 0), |(ok, failed), l| {
+                (ok + l.accepted(), failed + l.failures())
+            })
+    }
+
     /// Stops every agent.
     pub async fn shutdown(self) {
-        for (_, a) in self.agents {
-            a.shutdown().await;
+        for a in self.agents {
+            if let Some(task) = a.heartbeats {
+                task.abort();
+            }
+            a.tunnel.shutdown().await;
         }
     }
 }
@@ -554,51 +936,96 @@ pub struct SimProxy {
     pub control: SocketAddr,
 }
 
+/// Proxy `index`'s identity: the one saved in `pdir/identity.json` (a restart), else a join
+/// with the `proxy` token in `pdir/token` at the Auth Service (saved for the next start).
+async fn proxy_identity(info: &JoinInfo, pdir: &Path, index: usize) -> anyhow::Result<ClientIdentity> {
+    let saved = pdir.join("identity.json");
+    if saved.exists() {
+        return Ok(ClientIdentity::load(&saved)?);
+    }
+    let token_path = pdir.join("token");
+    let token = std::fs::read_to_string(&token_path)
+        .with_context(|| format!("reading the proxy's join token {}", token_path.display()))?;
+    let params = JoinParams {
+        token: Secret::new(token.trim().to_owned()),
+        ca_pin: Some(info.ca_pin.clone()),
+        trust_on_first_use: false,
+        node_name: format!("proxy-{index}"),
+        roles: vec![SystemRole::Proxy],
+        additional_names: loopback_names(),
+    };
+    let identity = join_via(&info.auth_addr, params, None)
+        .await
+        .with_context(|| format!("proxy {index} joining at {}", info.auth_addr))?;
+    identity.save(&saved)?;
+    Ok(identity)
+}
+
 impl SimProxy {
-    /// Starts proxy `index` of the cluster stored in `dir` (its identity already written) on
-    /// `port` (0: any) of every address.
+    /// Starts proxy `index` of the cluster described in `dir` ([`JoinInfo::store`]; its join
+    /// token written by [`Cluster::write_proxy_token`], or its identity saved by an earlier
+    /// start) on `port` (0: any) of every address.
     pub async fn start(dir: &Path, index: usize, port: u16, mode: Mode) -> anyhow::Result<Self> {
-        let cluster = Cluster::load(dir)?;
+        let info = JoinInfo::load(dir)?;
         let pdir = dir.join(format!("proxy-{index}"));
-        let host_id = std::fs::read_to_string(pdir.join("host_id"))?;
-        let ssh_key = PrivateKey::from_openssh(std::fs::read_to_string(pdir.join("ssh_key"))?)?;
-        let ssh_cert =
-            ssh_key::Certificate::from_openssh(std::fs::read_to_string(pdir.join("ssh_cert"))?.trim())?;
-        let tls = TlsSource::Files {
-            cert: pdir.join("cert.pem"),
-            key: pdir.join("key.pem"),
-        };
-        let identity = ServerIdentity::load(&tls, &[])?;
+        std::fs::create_dir_all(&pdir)?;
+        let identity = proxy_identity(&info, &pdir, index).await?;
+        let host_id = identity.name.clone();
+        let verifier = Arc::new(identity.verifier()?);
+        // The web port's TLS: the host certificate the Auth Service issued (it names the
+        // loopback addresses agents dial).
+        let (cert, key) = (pdir.join("cert.pem"), pdir.join("key.pem"));
+        std::fs::write(&cert, &identity.tls_cert_pem)?;
+        write_private(&key, identity.tls_key_pem.expose().as_bytes())?;
+        let tls = TlsSource::Files { cert, key };
+        let server_identity = ServerIdentity::load(&tls, &[])?;
         let version: svc_core::Version = "17.0.0".parse()?;
         let tunnel = TunnelServer::new(
-            TunnelServerConfig::new(version.clone(), ssh_key, ssh_cert, cluster.verifier.clone())
-                .with_tls(identity.server_config(&[alpn::REVERSE_TUNNEL])?),
+            TunnelServerConfig::new(
+                version.clone(),
+                identity.ssh_private_key()?,
+                identity.ssh_certificate()?,
+                verifier.clone(),
+            )
+            .with_tls(server_identity.server_config(&[alpn::REVERSE_TUNNEL])?),
         );
         tunnel.set_strategy(mode.strategy());
         // The peering identity: the same X.509 host certificate (role proxy).
-        let key_pem = std::fs::read_to_string(pdir.join("key.pem"))?;
-        let key_der = rcgen::KeyPair::from_pem(&key_pem)?.serialize_der();
-        let cert_pem = std::fs::read(pdir.join("cert.pem"))?;
-        let chain = CertificateDer::pem_slice_iter(&cert_pem).collect::<Result<Vec<_>, _>>()?;
+        let (chain, key): (Vec<CertificateDer<'static>>, _) = identity.tls_parts()?;
         let peer_identity = PeerIdentity {
             host_id: host_id.clone(),
-            verifier: cluster.verifier.clone(),
+            verifier,
             chain,
-            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_der)),
+            key,
         };
         let peers = PeerDialer::new(&peer_identity)?;
         tunnel.set_peer_dialer(peers.clone());
 
         let mut s = ProxySettings::default();
-        s.ping.cluster_name = CLUSTER.into();
+        s.ping.cluster_name = identity.cluster.clone();
         s.ping.listener_mode = ListenerMode::Multiplex;
         s.ping.web_listen_addr = Addr::parse(&format!("0.0.0.0:{port}"))?;
         s.ping.tunnel_listen_addr = Addr::parse("127.0.0.1:0")?;
         s.ping.ssh_listen_addr = Addr::parse("127.0.0.1:0")?;
         s.tls = tls;
+        // `SCALE_PROXY_MAX_CONNECTIONS` raises the web port's connection cap (default
+        // 16,384): with its Auth API link every agent holds two connections there.
+        if let Some(max) = std::env::var_os("SCALE_PROXY_MAX_CONNECTIONS") {
+            let max: usize = max
+                .to_str()
+                .and_then(|v| v.parse().ok())
+                .context("SCALE_PROXY_MAX_CONNECTIONS: a number of connections")?;
+            s.listen = s.listen.with_max_connections(max);
+        }
         let running = ProxyBuilder::new(s)
             .with_version(version)
             .route(alpn::REVERSE_TUNNEL, tunnel.tls_service())
+            // The Auth API (agents' joins and heartbeats) to the Auth Service, as a proxy
+            // running apart from it routes it.
+            .route_prefix(
+                alpn::AUTH_PREFIX,
+                svc_net::auth::auth_route_any(vec![info.auth_addr.clone()]),
+            )
             .bind()
             .await?;
         let web_port = running.addrs().web.port();
@@ -732,22 +1159,40 @@ async fn follow_roster(dir: PathBuf, me: String, tunnel: TunnelServer, peers: Pe
 mod tests {
     use super::*;
 
+    /// The Auth Service of [`auth_config_yaml`] in this process (the same code `svc start`
+    /// runs), and the cluster as the harness holds it.
+    async fn auth_in_process(dir: &Path) -> (svc_net::cluster::RunningCluster, Cluster) {
+        let yaml = auth_config_yaml(&dir.join("auth"));
+        let config = svc_core::config::Config::from_yaml_str_with_hostname(&yaml, "scale-auth")
+            .expect("the Auth config");
+        let running = svc_net::Cluster::from_config(&config)
+            .start()
+            .await
+            .expect("the Auth Service starts");
+        let auth = running.auth.as_ref().expect("the Auth Service runs");
+        let admin = ClientIdentity::load(&auth.admin_identity).expect("the admin identity");
+        let cluster = Cluster::from_admin(admin).expect("the cluster from the admin identity");
+        (running, cluster)
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn fifty_simulated_agents_register_and_answer_a_dial_through_the_proxy() {
+    async fn fifty_simulated_agents_join_register_heartbeat_and_answer_a_dial_through_the_proxy() {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let cluster = Cluster::generate().expect("a host CA");
-        cluster.store(dir.path()).expect("the stored CA");
+        let (auth, cluster) = auth_in_process(dir.path()).await;
+        cluster.join.store(dir.path()).expect("the join information");
         cluster
-            .write_proxy_identity(dir.path(), 0)
-            .expect("the proxy's identity");
+            .write_proxy_token(dir.path(), 0)
+            .await
+            .expect("the proxy's token");
         let proxy = SimProxy::start(dir.path(), 0, 0, Mode::Mesh)
             .await
-            .expect("the proxy starts");
-        let mut fleet = Simulator::default();
-        fleet
+            .expect("the proxy joins and starts");
+        let mut fleet = Simulator::new(true).expect("a simulator");
+        let report = fleet
             .grow_to(&cluster, &[proxy.web_port], 50, 1000)
             .await
-            .expect("50 agents start");
+            .expect("50 agents join and start");
+        assert_eq!(report.joined, 50, "every agent joined with its own token");
         let registered = async {
             while proxy.tunnel.registry().list().len() < 50 {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -764,18 +1209,48 @@ mod tests {
             .map(|a| a.host_id)
             .collect();
         assert_eq!(ids.len(), 50, "every agent has its own host identity");
-        for (host_id, _) in &fleet.agents {
+        // Host IDs come from the Auth Service's joins, in this cluster.
+        for a in &fleet.agents {
+            assert!(ids.contains(&a.host_id), "{} is registered", a.host_id);
+            assert!(
+                a.host_id.ends_with(&format!(".{CLUSTER}")),
+                "{} is of {CLUSTER}",
+                a.host_id
+            );
+        }
+        // Every agent's Auth API link (through the proxy's web port) had a heartbeat accepted.
+        let linked = async {
+            while fleet.links_since(1) < 50 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), linked)
+            .await
+            .expect("every agent's first heartbeat accepted through the proxy within 60 s");
+        for a in &fleet.agents {
             let answer = tokio::time::timeout(
                 Duration::from_secs(30),
-                control(proxy.control, &format!("dial {host_id}")),
+                control(proxy.control, &format!("dial {}", a.host_id)),
             )
             .await
             .expect("the dial answers within 30 s")
             .expect("the control port answers");
-            assert_eq!(answer, "ok!", "dialing {host_id} through the proxy");
+            assert_eq!(answer, "ok!", "dialing {} through the proxy", a.host_id);
         }
         assert_eq!(control(proxy.control, "count").await.expect("count"), "50");
+        // A token is spent by its join: joining again with one is refused.
+        let token = cluster.tokens("node", 1).await.expect("a token").remove(0);
+        let addr = agent_proxy_addr(0, proxy.web_port);
+        let dialer = ProxyDialer::builder(svc_core::proxy_env::ProxyEnv::default())
+            .build()
+            .expect("a dialer");
+        join_agent(&addr, &cluster.join.ca_pin, token.clone(), "once-a", &dialer)
+            .await
+            .expect("the first join with a token");
+        let again = join_agent(&addr, &cluster.join.ca_pin, token, "once-b", &dialer).await;
+        assert!(again.is_err(), "a second join with the same token is refused");
         fleet.shutdown().await;
         proxy.running.shutdown().await;
+        auth.shutdown().await;
     }
 }

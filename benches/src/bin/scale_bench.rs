@@ -1,16 +1,27 @@
 //! Scale harness: idle tunnels, a reconnect storm, proxy peering, mesh against peering.
 //!
 //! ```text
+//! cargo build --release -p svc-bins --bin svc
 //! cargo run --release -p svc-benches --bin scale_bench -- idle    [--agents 10000] [--rate 250]
+//!     [--join-concurrency 32] [--no-auth-link]
 //! cargo run --release -p svc-benches --bin scale_bench -- peering [--agents 2000] [--dials 400]
 //! ```
 //!
+//! Both start the cluster's Auth Service as its own process (`svc start` with an Auth-only
+//! configuration and the embedded store: `$SVC_BIN`, else `svc` next to this binary), and
+//! proxies and agents that join it with tokens (see `svc_benches::sim`).
+//!
 //! `idle` starts one proxy process, grows the simulated fleet to 1,000, 5,000 and `--agents`
-//! agents and samples the proxy's resident memory (`/proc/<pid>/status`, `VmRSS`) at each
-//! step (and with no agent), then its CPU time over `--idle-secs` with every agent idle; then the
-//! reconnect storm: the proxy is killed (SIGKILL) and started again on the same port under the
-//! same host ID, and the harness measures the time until every agent is registered again and a
-//! sample of `--sample` agents answers a dial through the proxy (0 stranded is the goal).
+//! agents — at each step the new agents join through the proxy (`--join-concurrency` at a time:
+//! joins per second, the Auth Service's CPU per join and its RSS), then start at `--rate` —
+//! and samples the proxy's resident memory (`/proc/<pid>/status`, `VmRSS`) at each step (and
+//! with no agent), then the CPU time of the proxy, the Auth Service and the simulator over
+//! `--idle-secs` with every agent idle (tunnel heartbeats, and the Auth API heartbeats every
+//! 30 s unless `--no-auth-link`); then the reconnect storm: the proxy is killed (SIGKILL) and
+//! started again on the same port under the same host ID, and the harness measures the time
+//! until every agent is registered again, until every agent's Auth API link has a heartbeat
+//! accepted again, the Auth Service's CPU and peak RSS meanwhile, and whether a sample of
+//! `--sample` agents answers a dial through the proxy (0 stranded is the goal).
 //!
 //! `peering` starts three proxy processes in `agent_mesh` mode, `--agents` agents (their
 //! configured addresses spread over the three), counts the tunnels and the proxies' memory;
@@ -24,7 +35,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context;
-use svc_benches::sim::{self, Cluster, Mode, ProxyProcess, Simulator};
+use svc_benches::sim::{self, AuthProcess, Cluster, Mode, ProxyProcess, Simulator};
 use tokio::time::Instant;
 
 fn arg(name: &str, default: u64) -> anyhow::Result<u64> {
@@ -33,6 +44,17 @@ fn arg(name: &str, default: u64) -> anyhow::Result<u64> {
         Some(i) => Ok(args.get(i + 1).context("missing value")?.parse()?),
         None => Ok(default),
     }
+}
+
+fn flag(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}
+
+/// A simulator configured from the command line (`--no-auth-link`, `--join-concurrency`).
+fn simulator() -> anyhow::Result<Simulator> {
+    let mut fleet = Simulator::new(!flag("--no-auth-link"))?;
+    fleet.join_concurrency = arg("--join-concurrency", sim::JOIN_CONCURRENCY as u64)? as usize;
+    Ok(fleet)
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -72,33 +94,72 @@ async fn idle_and_storm(
     exe: &std::path::Path,
     dir: &std::path::Path,
     cluster: &Cluster,
+    auth: &AuthProcess,
 ) -> anyhow::Result<()> {
     let total = arg("--agents", 10_000)? as usize;
     let rate = arg("--rate", 250)? as u32;
     let idle_secs = arg("--idle-secs", 60)?;
     let sample = arg("--sample", 200)? as usize;
-    cluster.write_proxy_identity(dir, 0)?;
+    let mut fleet = simulator()?;
+    let linked = fleet.auth_link;
+    // The proxy holds a socket per tunnel and, per Auth API link, one towards the agent and one
+    // towards the Auth Service; it inherits this process's limit.
+    let nofile = sim::raise_nofile(200_000)?;
+    let need = total as u64 * if linked { 3 } else { 1 } + 1_000;
+    anyhow::ensure!(
+        nofile >= need,
+        "{total} agents{} need about {need} open files in the proxy process; the limit here is {nofile} (raise the hard limit, or run fewer agents{})",
+        if linked { " with their Auth API links" } else { "" },
+        if linked { " or --no-auth-link" } else { "" }
+    );
+    cluster.write_proxy_token(dir, 0).await?;
     let proxy = ProxyProcess::start(exe, dir, 0, 0, Mode::Mesh)?;
     let me = std::process::id();
     let base = settle_rss(proxy.pid()).await?;
     println!(
-        "idle tunnels, one proxy (TLS routing: SSH inside TLS on the web port), {total} agents at {rate}/s"
+        "idle tunnels, one proxy (TLS routing: SSH inside TLS on the web port), {total} agents at {rate}/s, Auth API link {}",
+        if linked {
+            "on (a heartbeat every 30 s through the proxy)"
+        } else {
+            "off (--no-auth-link)"
+        }
     );
     println!(
-        "  {:>6} agents: proxy RSS {:8.1} MiB                       (load {})",
+        "  {:>6} agents: proxy RSS {:8.1} MiB; Auth Service RSS {:7.1} MiB                (load {})",
         0,
         mib(base),
+        mib(sim::rss_bytes(auth.pid())?),
         sim::load()
     );
-    let mut fleet = Simulator::default();
     let mut steps: Vec<usize> = [1_000, 5_000, total]
         .into_iter()
         .filter(|&n| n <= total)
         .collect();
     steps.dedup();
     for step in steps {
+        let first = fleet.agents.len();
+        let minted = Instant::now();
+        let tokens = cluster.tokens("node", step - first).await?;
+        let minted = minted.elapsed();
+        let port = proxy.web_port;
+        let addr_of = move |i: usize| sim::agent_proxy_addr(i, port);
+        let auth_cpu0 = sim::cpu_time(auth.pid())?;
+        let (joined, report) = fleet.join(&cluster.join.ca_pin, tokens, first, &addr_of).await?;
+        let join_cpu = sim::cpu_time(auth.pid())? - auth_cpu0;
+        println!(
+            "  joins {first}..{step}: {} joined through the proxy in {:.1} s, {:.0} joins/s ({} at a time); Auth Service CPU {:.2} ms per join, RSS {:.1} MiB; {} tokens minted first in {:.1} s (load {})",
+            report.joined,
+            report.took.as_secs_f64(),
+            report.joined as f64 / report.took.as_secs_f64(),
+            fleet.join_concurrency,
+            join_cpu.as_secs_f64() * 1e3 / report.joined.max(1) as f64,
+            mib(sim::rss_bytes(auth.pid())?),
+            step - first,
+            minted.as_secs_f64(),
+            sim::load()
+        );
         let started = Instant::now();
-        fleet.grow_to(cluster, &[proxy.web_port], step, rate).await?;
+        fleet.start(joined, rate).await?;
         wait_until(
             &format!("{step} agents registered on the proxy"),
             Duration::from_secs(600),
@@ -106,26 +167,50 @@ async fn idle_and_storm(
         )
         .await?;
         let up = started.elapsed();
+        let since = 1;
+        if linked {
+            wait_until(
+                &format!("{step} agents' first heartbeat accepted through the proxy"),
+                Duration::from_secs(600),
+                || async { Ok(fleet.links_since(since) >= step) },
+            )
+            .await?;
+        }
         let rss = settle_rss(proxy.pid()).await?;
         println!(
-            "  {step:>6} agents: proxy RSS {:8.1} MiB, {:6.1} KiB per tunnel; simulator {:6.1} KiB per agent; step up in {:.1} s (load {})",
+            "  {step:>6} agents: proxy RSS {:8.1} MiB, {:6.1} KiB per agent; Auth Service RSS {:7.1} MiB; simulator {:6.1} KiB per agent; step up in {:.1} s (load {})",
             mib(rss),
             (rss.saturating_sub(base)) as f64 / 1024.0 / step as f64,
+            mib(sim::rss_bytes(auth.pid())?),
             sim::rss_bytes(me)? as f64 / 1024.0 / step as f64,
             up.as_secs_f64(),
             sim::load()
         );
     }
     let n = fleet.agents.len();
-    let (p0, s0) = (sim::cpu_time(proxy.pid())?, sim::cpu_time(me)?);
+    let (p0, a0, s0) = (
+        sim::cpu_time(proxy.pid())?,
+        sim::cpu_time(auth.pid())?,
+        sim::cpu_time(me)?,
+    );
+    let (beats0, _) = fleet.link_totals();
     tokio::time::sleep(Duration::from_secs(idle_secs)).await;
-    let (p1, s1) = (sim::cpu_time(proxy.pid())?, sim::cpu_time(me)?);
+    let (p1, a1, s1) = (
+        sim::cpu_time(proxy.pid())?,
+        sim::cpu_time(auth.pid())?,
+        sim::cpu_time(me)?,
+    );
+    let (beats1, link_failures) = fleet.link_totals();
     let per = |d: Duration| d.as_secs_f64() / idle_secs as f64 / n as f64 * 1e6;
+    let share = |d: Duration| d.as_secs_f64() / idle_secs as f64 * 100.0;
     println!(
-        "  idle CPU over {idle_secs} s with {n} agents: proxy {:.2} % of a core ({:.2} µs/s per agent), simulator {:.2} % ({:.2} µs/s per agent) (load {})",
-        (p1 - p0).as_secs_f64() / idle_secs as f64 * 100.0,
+        "  idle CPU over {idle_secs} s with {n} agents: proxy {:.2} % of a core ({:.2} µs/s per agent), Auth Service {:.2} % ({:.2} µs/s per agent; {} heartbeats accepted meanwhile, {link_failures} link failures so far), simulator {:.2} % ({:.2} µs/s per agent) (load {})",
+        share(p1 - p0),
         per(p1 - p0),
-        (s1 - s0).as_secs_f64() / idle_secs as f64 * 100.0,
+        share(a1 - a0),
+        per(a1 - a0),
+        beats1 - beats0,
+        share(s1 - s0),
         per(s1 - s0),
         sim::load()
     );
@@ -138,47 +223,74 @@ async fn idle_and_storm(
     let port = proxy.web_port;
     println!("reconnect storm: the proxy is killed (SIGKILL) and restarted under {n} agents");
     let started = Instant::now();
+    let killed_ms = sim::now_ms();
     let sim_cpu0 = sim::cpu_time(me)?;
+    let auth_cpu0 = sim::cpu_time(auth.pid())?;
+    let auth_rss0 = sim::rss_bytes(auth.pid())?;
+    let mut auth_peak = auth_rss0;
     proxy.kill();
     let proxy = ProxyProcess::start(exe, dir, 0, port, Mode::Mesh)?;
     let listening = started.elapsed();
-    let registered = wait_until(
-        "every agent registered again after the restart",
-        Duration::from_secs(120),
-        || async { Ok(proxy.count().await? >= n) },
-    )
-    .await;
-    let back = started.elapsed();
+    // Both recoveries are watched in one loop (every 250 ms, the Auth Service's RSS sampled):
+    // tunnels (every agent registered again) and Auth API links (every agent's heartbeat
+    // accepted after the kill). Auth links come back at each agent's next heartbeat.
+    let deadline = Duration::from_secs(120) + 3 * svc_core::auth::HEARTBEAT_INTERVAL;
+    let (mut tunnels_back, mut links_back) = (None, if linked { None } else { Some(Duration::ZERO) });
+    let mut tunnels_cpu = None;
+    while (tunnels_back.is_none() || links_back.is_none()) && started.elapsed() < deadline {
+        auth_peak = auth_peak.max(sim::rss_bytes(auth.pid()).unwrap_or(0));
+        if tunnels_back.is_none() && proxy.count().await.unwrap_or(0) >= n {
+            tunnels_back = Some(started.elapsed());
+            tunnels_cpu = Some(sim::cpu_time(auth.pid())? - auth_cpu0);
+        }
+        if links_back.is_none() && fleet.links_since(killed_ms) >= n {
+            links_back = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let watched = started.elapsed();
+    let auth_cpu = sim::cpu_time(auth.pid())? - auth_cpu0;
     let count = proxy.count().await.unwrap_or(0);
+    let relinked = fleet.links_since(killed_ms);
     let proxy_cpu = sim::cpu_time(proxy.pid())?;
     let sim_cpu = sim::cpu_time(me)? - sim_cpu0;
     // Routable: a sample of agents answers a dial through the proxy.
     let mut failed = 0;
     let step = (n / sample.max(1)).max(1);
-    for (host_id, _) in fleet.agents.iter().step_by(step) {
-        if let Err(e) = proxy.dial(host_id).await {
+    for a in fleet.agents.iter().step_by(step) {
+        if let Err(e) = proxy.dial(&a.host_id).await {
             failed += 1;
             eprintln!("  {e:#}");
         }
     }
     let routable = started.elapsed();
+    let secs = |d: Option<Duration>| match d {
+        Some(d) => format!("{:.1} s", d.as_secs_f64()),
+        None => format!("NOT within {:.0} s", watched.as_secs_f64()),
+    };
     println!(
-        "  listening again after {:.2} s; {count}/{n} registered after {:.1} s{}; {} sampled dials through the proxy, {failed} failed, done at {:.1} s",
+        "  listening again after {:.2} s; tunnels: {count}/{n} registered after {}; Auth API links: {} heartbeat accepted again after {}; {} sampled dials through the proxy, {failed} failed, done at {:.1} s",
         listening.as_secs_f64(),
-        back.as_secs_f64(),
-        if registered.is_err() {
-            " (DEADLINE PASSED)"
+        secs(tunnels_back),
+        if linked {
+            format!("{relinked}/{n}")
         } else {
-            ""
+            "off,".into()
         },
+        secs(links_back),
         n.div_ceil(step),
         routable.as_secs_f64()
     );
     println!(
-        "  stranded: {}; CPU meanwhile: new proxy {:.1} s, simulator {:.1} s (load {})",
+        "  stranded: {}; CPU meanwhile: new proxy {:.1} s, simulator {:.1} s, Auth Service {:.1} s until the tunnels were back and {:.1} s until the links were ({:.2} ms per agent); Auth Service RSS {:.1} MiB before, {:.1} MiB at most meanwhile (load {})",
         n.saturating_sub(count),
         proxy_cpu.as_secs_f64(),
         sim_cpu.as_secs_f64(),
+        tunnels_cpu.unwrap_or(auth_cpu).as_secs_f64(),
+        auth_cpu.as_secs_f64(),
+        auth_cpu.as_secs_f64() * 1e3 / n.max(1) as f64,
+        mib(auth_rss0),
+        mib(auth_peak),
         sim::load()
     );
     fleet.shutdown().await;
@@ -197,8 +309,8 @@ async fn three_proxies(
 ) -> anyhow::Result<(Vec<ProxyProcess>, Simulator)> {
     let mut proxies = Vec::new();
     for i in 0..3 {
-        if !dir.join(format!("proxy-{i}")).exists() {
-            cluster.write_proxy_identity(dir, i)?;
+        if !dir.join(format!("proxy-{i}")).join("identity.json").exists() {
+            cluster.write_proxy_token(dir, i).await?;
         }
         proxies.push(ProxyProcess::start(exe, dir, i, 0, mode)?);
     }
@@ -206,7 +318,7 @@ async fn three_proxies(
     tokio::time::sleep(Duration::from_secs(2)).await;
     let base: u64 = proxies.iter().map(|p| sim::rss_bytes(p.pid()).unwrap_or(0)).sum();
     let ports: Vec<u16> = proxies.iter().map(|p| p.web_port).collect();
-    let mut fleet = Simulator::default();
+    let mut fleet = simulator()?;
     fleet.grow_to(cluster, &ports, n, rate).await?;
     let want = match mode {
         Mode::Mesh => 3 * n,
@@ -337,11 +449,18 @@ fn main() -> anyhow::Result<()> {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         sim::load()
     );
-    let cluster = Cluster::generate()?;
-    cluster.store(&path)?;
+    let svc = AuthProcess::svc_binary()?;
     rt.block_on(async {
+        let (auth, cluster) = AuthProcess::start(&svc, &path).await?;
+        cluster.join.store(&path)?;
+        println!(
+            "Auth Service: {} start (pid {}, Auth only, embedded store) at {}",
+            svc.display(),
+            auth.pid(),
+            cluster.join.auth_addr
+        );
         match what.as_str() {
-            "idle" => idle_and_storm(&exe, &path, &cluster).await,
+            "idle" => idle_and_storm(&exe, &path, &cluster, &auth).await,
             "peering" => peering(&exe, &path, &cluster).await,
             other => anyhow::bail!("unknown scenario {other:?}: idle or peering"),
         }
