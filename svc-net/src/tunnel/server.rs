@@ -32,11 +32,12 @@ use tokio_util::sync::CancellationToken;
 use tower::{BoxError, Service};
 
 use super::{
-    CAP_DIAL_STATUS, CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK, DISCOVERY_CHANNEL, DialFailure,
-    DialRequest, DirectDialer, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST, OPEN_DIAL_CHANNEL,
-    OPEN_DIAL_STATUS_CHANNEL, PeerDialer, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError,
-    TunnelStrategy, VERSION_REQUEST, agent_proxies, read_dial_status, read_line,
-    registry::{AgentInfo, AgentRegistry, ConnState, LiveGuard},
+    CAP_DIAL_STATUS, CAP_DISCOVERY_PUSH, CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK, DISCOVERY_CHANNEL,
+    DialFailure, DialRequest, DirectDialer, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST,
+    OPEN_DIAL_CHANNEL, OPEN_DIAL_STATUS_CHANNEL, PING_CHANNEL, PeerDialer, RECONNECT_REQUEST,
+    TRANSPORT_CHANNEL, Tunables, TunnelError, TunnelStrategy, VERSION_REQUEST, agent_proxies,
+    read_dial_status, read_line,
+    registry::{AgentInfo, AgentRegistry, ConnState, LiveGuard, NOTHING_SENT},
     sanitize_dial_reason,
 };
 use crate::io::{BoxIo, ConnFuture, ConnService, Connection, Io, conn_service};
@@ -73,6 +74,11 @@ pub struct TunnelServerConfig {
     /// peers from one address that never finish cannot keep agents from elsewhere out.
     /// Default [`default_max_handshakes`].
     pub max_handshakes: usize,
+    /// Answer agents' pings ([`super::PING_CHANNEL`]) and push lists of proxies to the agents
+    /// that take them (on by default). Off, pings are refused as by proxies that predate them,
+    /// and agents keep their heartbeat and discovery channels open: for tests of mixed
+    /// versions.
+    pub answer_pings: bool,
 }
 
 /// The default of [`TunnelServerConfig::drain_timeout`].
@@ -108,7 +114,14 @@ impl TunnelServerConfig {
             tunables: Tunables::default(),
             drain_timeout: DEFAULT_TUNNEL_DRAIN,
             max_handshakes: default_max_handshakes(),
+            answer_pings: true,
         }
+    }
+
+    /// Replaces [`TunnelServerConfig::answer_pings`].
+    pub fn with_answer_pings(mut self, on: bool) -> Self {
+        self.answer_pings = on;
+        self
     }
 
     /// Replaces [`TunnelServerConfig::max_handshakes`] (at least 1).
@@ -144,6 +157,8 @@ struct Inner {
     tls: Option<TlsAcceptor>,
     tunables: Tunables,
     drain_timeout: Duration,
+    /// [`TunnelServerConfig::answer_pings`].
+    answer_pings: bool,
     /// Places for tunnels in their handshake ([`TunnelServerConfig::max_handshakes`]).
     handshakes: Arc<Semaphore>,
     /// The places each source address holds or waits for, and the most one may.
@@ -159,6 +174,9 @@ struct Inner {
 struct Announce {
     discovery: Discovery,
     strategy: TunnelStrategy,
+    /// Counts the changes: agents that ping are sent it with each list
+    /// ([`super::GenerationalDiscovery`]).
+    generation: u64,
 }
 
 impl Announce {
@@ -208,6 +226,7 @@ impl TunnelServer {
             tls: config.tls.map(TlsAcceptor::from),
             tunables: config.tunables,
             drain_timeout: config.drain_timeout,
+            answer_pings: config.answer_pings,
             handshakes: Arc::new(Semaphore::new(config.max_handshakes.max(1))),
             handshakes_by_source: Arc::new(SourceCounts {
                 counts: std::sync::Mutex::default(),
@@ -218,6 +237,10 @@ impl TunnelServer {
             peers: Arc::default(),
         });
         tokio::spawn(sweep(Arc::downgrade(&inner)));
+        tokio::spawn(push_discovery_changes(
+            Arc::downgrade(&inner),
+            inner.announce.subscribe(),
+        ));
         Self { inner }
     }
 
@@ -250,7 +273,15 @@ impl TunnelServer {
 
     /// Announces the cluster's proxies to every agent (the discovery channel).
     pub fn set_proxies(&self, discovery: Discovery) {
-        self.inner.announce.send_modify(|a| a.discovery = discovery);
+        // Every call reaches the agents' discovery channels (a periodic announcement resends
+        // the list); agents that ping are pushed only a list that changed, and their pings'
+        // answers resend it.
+        self.inner.announce.send_modify(|a| {
+            if a.discovery != discovery {
+                a.discovery = discovery;
+                a.generation += 1;
+            }
+        });
     }
 
     /// How many of the announced proxies each agent is told to hold (the cluster's
@@ -260,6 +291,9 @@ impl TunnelServer {
         self.inner.announce.send_if_modified(|a| {
             let changed = a.strategy != strategy;
             a.strategy = strategy;
+            if changed {
+                a.generation += 1;
+            }
             changed
         });
     }
@@ -411,6 +445,22 @@ impl TunnelServer {
         shutdown: CancellationToken,
         slot: HandshakeSlot,
     ) -> Result<(), TunnelError> {
+        // Boxed: see [`Registered`].
+        match Box::pin(self.handshake(io, peer, slot)).await? {
+            Some(registered) => self.serve_registered(registered, shutdown).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The tunnel's handshake on `io` — SSH, the agent's certificate, its version and
+    /// capabilities — then its registration (which gives the place back); `None` when the
+    /// agent went away or was refused (logged).
+    async fn handshake<S: Io>(
+        &self,
+        io: S,
+        peer: SocketAddr,
+        slot: HandshakeSlot,
+    ) -> Result<Option<Registered>, TunnelError> {
         let inner = &self.inner;
         let state = ConnState::new();
         let (auth_tx, auth_rx) = oneshot::channel();
@@ -435,7 +485,7 @@ impl TunnelServer {
         let started = crate::ssh::authenticate_before(ssh, io, handler, auth_rx, auth_after).await;
         let (session, host) = match started {
             Ok(Some(started)) => started,
-            Ok(None) => return Ok(()),
+            Ok(None) => return Ok(None),
             Err(crate::ssh::StartError::Deadline { after }) => {
                 return Err(TunnelError::Timeout {
                     what: "the tunnel's SSH handshake and authentication",
@@ -445,7 +495,6 @@ impl TunnelServer {
             Err(crate::ssh::StartError::Session(e)) => return Err(e.into()),
         };
         let handle = session.handle();
-        let mut session = session;
 
         // Query the version right after authentication; refuse incompatible agents with a
         // message the agent logs.
@@ -476,7 +525,7 @@ impl TunnelServer {
                 .disconnect(russh::Disconnect::ByApplication, msg, String::new())
                 .await;
             let _ = session.await;
-            return Ok(());
+            return Ok(None);
         }
 
         let open_dial = capabilities.iter().any(|c| c == CAP_OPEN_DIAL);
@@ -487,6 +536,10 @@ impl TunnelServer {
         state
             .dial_status
             .store(dial_status, std::sync::atomic::Ordering::SeqCst);
+        let discovery_push = inner.answer_pings && capabilities.iter().any(|c| c == CAP_DISCOVERY_PUSH);
+        state
+            .discovery_push
+            .store(discovery_push, std::sync::atomic::Ordering::SeqCst);
         let info = AgentInfo {
             open_dial,
             host_id: host.host_id.clone(),
@@ -499,9 +552,40 @@ impl TunnelServer {
         };
         state.heartbeat();
         let handle_for_shutdown = handle.clone();
+        let pushes = state.clone();
         let id = inner.registry.insert(info, handle, state);
         drop(slot);
+        // A list that changed after the agent's last ping was answered and before the tunnel
+        // was registered (so the push to registered tunnels missed it) goes now.
+        let sent = pushes.sent_generation.load(std::sync::atomic::Ordering::SeqCst);
+        if discovery_push && sent != NOTHING_SENT && sent != inner.announce.borrow().generation {
+            push_discovery(inner, &host.host_id, handle_for_shutdown.clone(), &pushes);
+        }
         tracing::info!(host_id = %host.host_id, node = %host.node_name, %peer, "agent tunnel registered");
+        Ok(Some(Registered {
+            session,
+            handle: handle_for_shutdown,
+            host_id: host.host_id,
+            node_name: host.node_name,
+            id,
+        }))
+    }
+
+    /// Serves a registered tunnel until it closes or `shutdown` is cancelled (then drains it),
+    /// and takes it out of the registry.
+    async fn serve_registered(
+        &self,
+        registered: Registered,
+        shutdown: CancellationToken,
+    ) -> Result<(), TunnelError> {
+        let inner = &self.inner;
+        let Registered {
+            mut session,
+            handle: handle_for_shutdown,
+            host_id,
+            node_name,
+            id,
+        } = registered;
         let result = tokio::select! {
             r = &mut session => r,
             _ = shutdown.cancelled() => {
@@ -515,7 +599,7 @@ impl TunnelServer {
                     }
                     Err(_) => false,
                 };
-                tracing::info!(host_id = %host.host_id, asked, bound = ?inner.drain_timeout, "proxy shutting down: asked the agent to reconnect elsewhere; draining its tunnel");
+                tracing::info!(host_id = %host_id, asked, bound = ?inner.drain_timeout, "proxy shutting down: asked the agent to reconnect elsewhere; draining its tunnel");
                 let drained = asked
                     && tokio::time::timeout(inner.drain_timeout, &mut session).await.is_ok();
                 if !drained {
@@ -526,10 +610,26 @@ impl TunnelServer {
                 Ok(())
             }
         };
-        inner.registry.remove(&host.host_id, id);
-        tracing::info!(host_id = %host.host_id, node = %host.node_name, "agent tunnel closed");
+        inner.registry.remove(&host_id, id);
+        tracing::info!(host_id = %host_id, node = %node_name, "agent tunnel closed");
         result.map_err(Into::into)
     }
+}
+
+/// A tunnel past its handshake, in the registry.
+///
+/// The handshake runs in a future of its own, boxed, which is freed once the tunnel is
+/// registered: the futures of the TLS and SSH handshakes (the TLS stream itself, russh's
+/// start-up, the queries) are kilobytes, and awaited inline they would size the connection's
+/// task for the tunnel's whole life, while an idle tunnel's task only waits for the session's
+/// end or the proxy's shutdown (docs/performance.md, "Memory per idle tunnel").
+struct Registered {
+    session: russh::server::RunningSession<TunnelHandler>,
+    handle: russh::server::Handle,
+    host_id: String,
+    node_name: String,
+    /// The registry entry's ID.
+    id: u64,
 }
 
 /// Why an agent at `agent` may not join a cluster at `cluster`, if it may not.
@@ -587,6 +687,61 @@ async fn query_capabilities(handle: &russh::server::Handle) -> Vec<String> {
         .split_whitespace()
         .map(str::to_owned)
         .collect()
+}
+
+/// The list of proxies for `agent_id` as one line for the ping channel or a push, and its
+/// generation.
+fn discovery_line(announce: &watch::Sender<Announce>, agent_id: &str) -> Option<(Vec<u8>, u64)> {
+    let announce = announce.borrow();
+    let msg = super::GenerationalDiscovery {
+        discovery: announce.for_agent(agent_id),
+        generation: announce.generation,
+    };
+    let mut line = serde_json::to_vec(&msg).ok()?;
+    line.push(b'\n');
+    Some((line, msg.generation))
+}
+
+/// Pushes the current list of proxies to the agent `agent_id` (which named
+/// [`CAP_DISCOVERY_PUSH`]) on a channel of its own, on a task of its own.
+fn push_discovery(inner: &Inner, agent_id: &str, handle: russh::server::Handle, state: &ConnState) {
+    let Some((line, generation)) = discovery_line(&inner.announce, agent_id) else {
+        return;
+    };
+    state
+        .sent_generation
+        .store(generation, std::sync::atomic::Ordering::SeqCst);
+    let after = inner.tunables.handshake_timeout;
+    let agent_id = agent_id.to_owned();
+    tokio::spawn(async move {
+        let push = async {
+            let channel = handle
+                .channel_open_forwarded_streamlocal(DISCOVERY_CHANNEL)
+                .await?;
+            channel.data_bytes(bytes::Bytes::from(line)).await?;
+            channel.eof().await?;
+            channel.close().await
+        };
+        match tokio::time::timeout(after, push).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(%agent_id, error = %e, "pushing the list of proxies failed"),
+            Err(_) => tracing::debug!(%agent_id, ?after, "pushing the list of proxies timed out"),
+        }
+    });
+}
+
+/// Pushes every change of the list of proxies (or of the strategy) to the registered agents
+/// that take pushes and were not sent it yet, until the server is dropped.
+async fn push_discovery_changes(inner: Weak<Inner>, mut changes: watch::Receiver<Announce>) {
+    while changes.changed().await.is_ok() {
+        let Some(inner) = inner.upgrade() else { return };
+        let generation = inner.announce.borrow().generation;
+        for (host_id, handle, state) in inner.registry.discovery_subscribers() {
+            if state.sent_generation.load(std::sync::atomic::Ordering::SeqCst) != generation {
+                push_discovery(&inner, &host_id, handle, &state);
+            }
+        }
+    }
 }
 
 /// Marks silent agents offline and closes their idle tunnels, until the server is dropped.
@@ -733,6 +888,21 @@ impl russh::server::Handler for TunnelHandler {
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         match socket_path {
+            PING_CHANNEL if self.inner.answer_pings => {
+                // A heartbeat, answered with the list of proxies; nothing stays open.
+                self.state.heartbeat();
+                reply.accept().await;
+                if let Some((line, generation)) = discovery_line(&self.inner.announce, &self.agent_id) {
+                    self.state
+                        .sent_generation
+                        .store(generation, std::sync::atomic::Ordering::SeqCst);
+                    tokio::spawn(async move {
+                        let _ = channel.data_bytes(bytes::Bytes::from(line)).await;
+                        let _ = channel.eof().await;
+                        let _ = channel.close().await;
+                    });
+                }
+            }
             HEARTBEAT_CHANNEL => {
                 reply.accept().await;
                 let state = self.state.clone();
@@ -802,15 +972,32 @@ impl Service<Connection> for TlsService {
             let Some(slot) = server.handshake_slot(peer).await else {
                 return Ok(());
             };
-            let io = super::readbuf::IdleReadBuffer::new(super::TLS_READ_BUFFER, conn.io);
-            let tls = match crate::tls::accept_before(&acceptor, io, slot.deadline).await {
-                Ok(tls) => tls,
-                Err(e) => {
-                    tracing::info!(%peer, error = %e, "TLS handshake of an agent tunnel failed");
-                    return Ok(());
-                }
+            // The bytes the router peeked (the ClientHello) are replayed from the read buffer,
+            // which lets go of them once read: the router's replay buffer would keep them for
+            // the tunnel's life.
+            let (peeked, tcp) = conn.io.into_parts();
+            let io = super::readbuf::IdleReadBuffer::with_prefix(super::TLS_READ_BUFFER, peeked, tcp);
+            // TLS and the tunnel's handshake in one boxed future, freed at registration: the
+            // TLS stream moves into the SSH session and this task keeps only what an idle
+            // tunnel needs ([`Registered`]).
+            let handshake = Box::pin(async {
+                let tls = match crate::tls::accept_before(&acceptor, io, slot.deadline).await {
+                    Ok(tls) => tls,
+                    Err(e) => {
+                        tracing::info!(%peer, error = %e, "TLS handshake of an agent tunnel failed");
+                        return Ok(None);
+                    }
+                };
+                // Boxed for russh: its session future keeps its stream argument inline (the
+                // TLS session is over a kilobyte) besides the copy it reads from.
+                server.handshake(Box::new(tls) as BoxIo, peer, slot).await
+            });
+            let served = match handshake.await {
+                Ok(Some(registered)) => server.serve_registered(registered, conn.shutdown.clone()).await,
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
             };
-            if let Err(e) = server.serve_in_slot(tls, peer, conn.shutdown.clone(), slot).await {
+            if let Err(e) = served {
                 tracing::info!(%peer, error = %e, "agent tunnel ended with an error");
             }
             Ok(())
