@@ -322,9 +322,9 @@ async fn an_agent_falls_back_to_channels_with_proxies_that_predate_pings() {
     keeps_a_tunnel_to_every_discovered_proxy(true, false).await;
 }
 
-/// The agent hears of proxy B from proxy A — on a ping's answer and A's push (`agent_pings`
-/// with a proxy that `answers_pings`), or on the discovery channel — and keeps a tunnel to
-/// both; sessions go through either.
+/// The agent hears of proxy B from proxy A — pushed (`agent_pings` with a proxy that
+/// `answers_pings`), or on the discovery channel — and keeps a tunnel to both; sessions go
+/// through either.
 async fn keeps_a_tunnel_to_every_discovered_proxy(agent_pings: bool, answers_pings: bool) {
     init_tracing();
     let cluster = Cluster::new();
@@ -346,8 +346,8 @@ async fn keeps_a_tunnel_to_every_discovered_proxy(agent_pings: bool, answers_pin
     )
     .await;
     let node = cluster.host(&[SystemRole::Node], "node-disc");
-    // The agent is told only about A; A announces B once the agent is registered (pushed, or
-    // on the next ping's answer, or on the discovery channel).
+    // The agent is told only about A; A announces B once the agent is registered (pushed to an
+    // agent that pings, or on the discovery channel).
     let config = agent_config(&cluster, a.web, &node, "17.0.0").with_ping(agent_pings);
     let agent = start_agent_with(config, &cluster, &node);
     a.tunnel

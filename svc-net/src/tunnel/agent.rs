@@ -39,9 +39,9 @@ use super::backoff::{duplicate_redial, quick_redial};
 use super::{
     Backoff, CAP_DIAL_STATUS, CAP_DISCOVERY_PUSH, CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK,
     DISCOVERY_CHANNEL, DRAINING, DialFailure, DialRequest, Discovery, GenerationalDiscovery,
-    HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST, OPEN_DIAL_CHANNEL, OPEN_DIAL_STATUS_CHANNEL, PING_CHANNEL,
-    RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST, dial_status_line,
-    read_line, sanitize_dial_reason,
+    HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST, OPEN_DIAL_CHANNEL, OPEN_DIAL_STATUS_CHANNEL, PING_ANSWER,
+    PING_CHANNEL, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST,
+    dial_status_line, read_line, sanitize_dial_reason,
 };
 use crate::{dial::ProxyDialer, io::BoxIo, route::alpn};
 
@@ -592,31 +592,11 @@ impl Shared {
     }
 }
 
-/// Reads the list of proxies a ping's answer or a push carries (one line on `channel`, within
-/// `within`) and takes it unless a list of the same or a later generation from this proxy was
-/// taken already (a push and a ping's answer may overtake each other). The channel closes
-/// when the stream is dropped.
-async fn take_list(
-    channel: Channel<Msg>,
-    shared: &Shared,
-    conn: &ConnShared,
-    proxy_id: &str,
-    within: Duration,
-) {
-    let mut stream = channel.into_stream();
-    let line = match tokio::time::timeout(within, read_line(&mut stream, 64 * 1024)).await {
-        Ok(Ok(Some(line))) => line,
-        Ok(Ok(None)) => return,
-        Ok(Err(e)) => {
-            tracing::debug!(%proxy_id, error = %e, "reading the list of proxies failed");
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(%proxy_id, ?within, "no list of proxies from the proxy in time");
-            return;
-        }
-    };
-    let message = match serde_json::from_str::<GenerationalDiscovery>(&line) {
+/// Takes the list of proxies a push carries (JSON [`GenerationalDiscovery`]) unless a list of
+/// the same or a later generation from this proxy was taken already (pushes may overtake each
+/// other).
+fn take_list(json: &str, shared: &Shared, conn: &ConnShared, proxy_id: &str) {
+    let message = match serde_json::from_str::<GenerationalDiscovery>(json) {
         Ok(message) => message,
         Err(e) => {
             tracing::warn!(%proxy_id, error = %e, "malformed discovery message");
@@ -633,28 +613,33 @@ async fn take_list(
     }
 }
 
-/// Pings the proxy once per `interval` (the first ping went already) and takes the list of
-/// proxies each answer carries; returns if a ping cannot be opened (the tunnel is going away,
-/// or the proxy refuses: it then marks the agent offline, as when heartbeats stop).
-async fn ping_loop(
-    handle: &russh::client::Handle<AgentHandler>,
-    shared: &Shared,
-    conn: &ConnShared,
-    proxy_id: &str,
-    interval: Duration,
-    within: Duration,
-) {
+/// Sends one ping: `Ok(true)` when the proxy answered it ([`PING_ANSWER`]), `Ok(false)` when it
+/// refused it as an unknown channel (a proxy that predates pings).
+async fn ping(handle: &russh::client::Handle<AgentHandler>) -> Result<bool, russh::Error> {
+    match handle.channel_open_direct_streamlocal(PING_CHANNEL).await {
+        Err(russh::Error::ChannelOpenFailure(russh::ChannelOpenFailure::UnknownChannelType)) => Ok(false),
+        Err(russh::Error::ChannelOpenFailure(_)) => Ok(true),
+        // Not what a proxy does; taken as an answer, and closed.
+        Ok(channel) => {
+            let _ = channel.close().await;
+            Ok(true)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Pings the proxy once per `interval` (the first ping went already); returns if a ping cannot
+/// be sent (the tunnel is going away; the proxy then marks the agent offline, as when
+/// heartbeats stop).
+async fn ping_loop(handle: &russh::client::Handle<AgentHandler>, proxy_id: &str, interval: Duration) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
-        match handle.channel_open_direct_streamlocal(PING_CHANNEL).await {
-            Ok(channel) => take_list(channel, shared, conn, proxy_id, within).await,
-            Err(e) => {
-                tracing::debug!(%proxy_id, error = %e, "a ping to the proxy failed; pings stop");
-                return;
-            }
+        if let Err(e) = ping(handle).await {
+            tracing::debug!(%proxy_id, error = %e, "a ping to the proxy failed; pings stop");
+            return;
         }
     }
 }
@@ -912,20 +897,12 @@ async fn run_tunnel_on(
             .await;
         return Err(TunnelError::AlreadyHeld(proxy_id));
     }
-    let within = cfg.tunables.handshake_timeout;
     let established = async {
-        // A ping right away: a proxy that answers it pushes the list of proxies and takes
-        // pings as heartbeats, and the tunnel holds no channel open at idle.
-        if cfg.ping {
-            match handle.channel_open_direct_streamlocal(PING_CHANNEL).await {
-                Ok(channel) => {
-                    take_list(channel, shared, &conn, &proxy_id, within).await;
-                    return Ok::<_, TunnelError>(true);
-                }
-                // A proxy that predates pings: the heartbeat and discovery channels.
-                Err(russh::Error::ChannelOpenFailure(_)) => {}
-                Err(e) => return Err(e.into()),
-            }
+        // A ping right away: a proxy that answers it takes pings as heartbeats and pushes the
+        // list of proxies, and the tunnel holds no channel open at idle. A proxy that predates
+        // pings: the heartbeat and discovery channels.
+        if cfg.ping && ping(&handle).await? {
+            return Ok::<_, TunnelError>(true);
         }
         // Heartbeats: a ping right away, then every interval.
         let heartbeat = handle.channel_open_direct_streamlocal(HEARTBEAT_CHANNEL).await?;
@@ -1001,7 +978,7 @@ async fn run_tunnel_on(
         // one whose heartbeats stopped does.
         () = async {
             if pings {
-                ping_loop(&handle, shared, &conn, &proxy_id, interval, within).await;
+                ping_loop(&handle, &proxy_id, interval).await;
             }
             std::future::pending::<()>().await
         } => Ok(()),
@@ -1139,17 +1116,6 @@ impl russh::client::Handler for AgentHandler {
                     let _ = channel.close().await;
                 });
             }
-            DISCOVERY_CHANNEL if self.shared.config.ping => {
-                reply.accept().await;
-                let proxy_id = self.conn.proxy_id.lock().ok().and_then(|p| p.clone());
-                let (shared, conn) = (self.shared.clone(), self.conn.clone());
-                let within = shared.config.tunables.handshake_timeout;
-                tokio::spawn(async move {
-                    if let Some(proxy_id) = proxy_id {
-                        take_list(channel, &shared, &conn, &proxy_id, within).await;
-                    }
-                });
-            }
             RECONNECT_REQUEST => {
                 reply.accept().await;
                 tracing::info!("the proxy asked the agent to reconnect");
@@ -1177,6 +1143,16 @@ impl russh::client::Handler for AgentHandler {
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         let config = &self.shared.config;
+        if connected_address == DISCOVERY_CHANNEL && config.ping {
+            // A push: the list is in the open message, and the refusal is the receipt (no
+            // channel is opened, so none is left behind).
+            if let Some(proxy_id) = self.conn.proxy_id.lock().ok().and_then(|p| p.clone()) {
+                take_list(originator_address, &self.shared, &self.conn, &proxy_id);
+            }
+            drop(channel);
+            reply.reject(PING_ANSWER).await;
+            return Ok(());
+        }
         let with_status = connected_address == OPEN_DIAL_STATUS_CHANNEL && config.dial_status;
         if config.open_dial && (connected_address == OPEN_DIAL_CHANNEL || with_status) {
             // The request is in the open message: dial the target first (on a task of its

@@ -51,8 +51,8 @@ pub(crate) struct ConnState {
     pub(crate) dial_status: std::sync::atomic::AtomicBool,
     /// The agent named [`super::CAP_DISCOVERY_PUSH`]: the proxy pushes it changed lists.
     pub(crate) discovery_push: std::sync::atomic::AtomicBool,
-    /// The generation of the last list of proxies written to the agent on a ping channel or
-    /// pushed ([`NOTHING_SENT`] before the first).
+    /// The generation of the last list of proxies pushed to the agent ([`NOTHING_SENT`]
+    /// before the first): a change is pushed to those not sent it yet.
     pub(crate) sent_generation: AtomicU64,
 }
 

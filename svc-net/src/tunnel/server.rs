@@ -23,7 +23,7 @@ use svc_core::{
     version::Compatibility,
 };
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf},
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf},
     sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch},
     time::Instant,
 };
@@ -37,7 +37,7 @@ use super::{
     OPEN_DIAL_CHANNEL, OPEN_DIAL_STATUS_CHANNEL, PING_CHANNEL, PeerDialer, RECONNECT_REQUEST,
     TRANSPORT_CHANNEL, Tunables, TunnelError, TunnelStrategy, VERSION_REQUEST, agent_proxies,
     read_dial_status, read_line,
-    registry::{AgentInfo, AgentRegistry, ConnState, LiveGuard, NOTHING_SENT},
+    registry::{AgentInfo, AgentRegistry, ConnState, LiveGuard},
     sanitize_dial_reason,
 };
 use crate::io::{BoxIo, ConnFuture, ConnService, Connection, Io, conn_service};
@@ -555,10 +555,9 @@ impl TunnelServer {
         let pushes = state.clone();
         let id = inner.registry.insert(info, handle, state);
         drop(slot);
-        // A list that changed after the agent's last ping was answered and before the tunnel
-        // was registered (so the push to registered tunnels missed it) goes now.
-        let sent = pushes.sent_generation.load(std::sync::atomic::Ordering::SeqCst);
-        if discovery_push && sent != NOTHING_SENT && sent != inner.announce.borrow().generation {
+        // The list of proxies, now that the agent is known to take pushes (each of its pings
+        // brings another, and every change one).
+        if discovery_push {
             push_discovery(inner, &host.host_id, handle_for_shutdown.clone(), &pushes);
         }
         tracing::info!(host_id = %host.host_id, node = %host.node_name, %peer, "agent tunnel registered");
@@ -648,17 +647,31 @@ fn incompatibility(agent: &Version, cluster: &Version) -> Option<String> {
     }
 }
 
+/// What the agent writes on a query channel, up to `max` bytes, once it has closed the channel
+/// (it writes, sends EOF and closes): the proxy never closes first, since russh keeps a channel
+/// the server closed first in its table for the session's life
+/// (docs/upstream/russh-close-first.patch). `None` when the session ends first.
+async fn read_until_closed(mut channel: Channel<Msg>, max: usize) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    loop {
+        match channel.wait().await? {
+            russh::ChannelMsg::Data { data } => {
+                let room = max.saturating_sub(buf.len());
+                buf.extend_from_slice(data.get(..room.min(data.len())).unwrap_or_default());
+            }
+            russh::ChannelMsg::Close => return Some(buf),
+            _ => {}
+        }
+    }
+}
+
 async fn query_version(handle: &russh::server::Handle) -> Result<Version, TunnelError> {
     let channel = handle.channel_open_forwarded_streamlocal(VERSION_REQUEST).await?;
-    let mut stream = channel.into_stream();
-    let mut buf = Vec::new();
-    (&mut stream)
-        .take(256)
-        .read_to_end(&mut buf)
+    let buf = read_until_closed(channel, 256)
         .await
-        .map_err(|source| TunnelError::Io {
+        .ok_or_else(|| TunnelError::Io {
             what: "reading the agent's version",
-            source,
+            source: std::io::ErrorKind::UnexpectedEof.into(),
         })?;
     let text = String::from_utf8_lossy(&buf);
     text.trim()
@@ -678,34 +691,30 @@ async fn query_capabilities(handle: &russh::server::Handle) -> Vec<String> {
     else {
         return Vec::new();
     };
-    let mut stream = channel.into_stream();
-    let mut buf = Vec::new();
-    if (&mut stream).take(1024).read_to_end(&mut buf).await.is_err() {
+    let Some(buf) = read_until_closed(channel, 1024).await else {
         return Vec::new();
-    }
+    };
     String::from_utf8_lossy(&buf)
         .split_whitespace()
         .map(str::to_owned)
         .collect()
 }
 
-/// The list of proxies for `agent_id` as one line for the ping channel or a push, and its
-/// generation.
-fn discovery_line(announce: &watch::Sender<Announce>, agent_id: &str) -> Option<(Vec<u8>, u64)> {
+/// The list of proxies for `agent_id` as a push carries it (JSON), and its generation.
+fn discovery_json(announce: &watch::Sender<Announce>, agent_id: &str) -> Option<(String, u64)> {
     let announce = announce.borrow();
     let msg = super::GenerationalDiscovery {
         discovery: announce.for_agent(agent_id),
         generation: announce.generation,
     };
-    let mut line = serde_json::to_vec(&msg).ok()?;
-    line.push(b'\n');
-    Some((line, msg.generation))
+    Some((serde_json::to_string(&msg).ok()?, msg.generation))
 }
 
 /// Pushes the current list of proxies to the agent `agent_id` (which named
-/// [`CAP_DISCOVERY_PUSH`]) on a channel of its own, on a task of its own.
+/// [`CAP_DISCOVERY_PUSH`]), on a task of its own: a channel open that carries the list and
+/// that the agent refuses once it has taken it (no channel is opened, so none is left behind).
 fn push_discovery(inner: &Inner, agent_id: &str, handle: russh::server::Handle, state: &ConnState) {
-    let Some((line, generation)) = discovery_line(&inner.announce, agent_id) else {
+    let Some((json, generation)) = discovery_json(&inner.announce, agent_id) else {
         return;
     };
     state
@@ -714,16 +723,14 @@ fn push_discovery(inner: &Inner, agent_id: &str, handle: russh::server::Handle, 
     let after = inner.tunables.handshake_timeout;
     let agent_id = agent_id.to_owned();
     tokio::spawn(async move {
-        let push = async {
-            let channel = handle
-                .channel_open_forwarded_streamlocal(DISCOVERY_CHANNEL)
-                .await?;
-            channel.data_bytes(bytes::Bytes::from(line)).await?;
-            channel.eof().await?;
-            channel.close().await
-        };
+        let push = handle.channel_open_forwarded_tcpip(DISCOVERY_CHANNEL, 0, json, 0);
         match tokio::time::timeout(after, push).await {
-            Ok(Ok(())) => {}
+            // The agent's refusal is its receipt.
+            Ok(Err(russh::Error::ChannelOpenFailure(_))) => {}
+            // Not what an agent does; closed.
+            Ok(Ok(channel)) => {
+                let _ = channel.close().await;
+            }
             Ok(Err(e)) => tracing::debug!(%agent_id, error = %e, "pushing the list of proxies failed"),
             Err(_) => tracing::debug!(%agent_id, ?after, "pushing the list of proxies timed out"),
         }
@@ -885,22 +892,21 @@ impl russh::server::Handler for TunnelHandler {
         channel: Channel<Msg>,
         socket_path: &str,
         reply: ChannelOpenHandle,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<(), Self::Error> {
         match socket_path {
             PING_CHANNEL if self.inner.answer_pings => {
-                // A heartbeat, answered with the list of proxies; nothing stays open.
+                // A heartbeat, answered by refusing the channel (nothing stays open), then the
+                // list of proxies pushed to agents that take pushes.
                 self.state.heartbeat();
-                reply.accept().await;
-                if let Some((line, generation)) = discovery_line(&self.inner.announce, &self.agent_id) {
-                    self.state
-                        .sent_generation
-                        .store(generation, std::sync::atomic::Ordering::SeqCst);
-                    tokio::spawn(async move {
-                        let _ = channel.data_bytes(bytes::Bytes::from(line)).await;
-                        let _ = channel.eof().await;
-                        let _ = channel.close().await;
-                    });
+                drop(channel);
+                reply.reject(super::PING_ANSWER).await;
+                if self
+                    .state
+                    .discovery_push
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                {
+                    push_discovery(&self.inner, &self.agent_id, session.handle(), &self.state);
                 }
             }
             HEARTBEAT_CHANNEL => {
