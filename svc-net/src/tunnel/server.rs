@@ -174,8 +174,7 @@ struct Inner {
 struct Announce {
     discovery: Discovery,
     strategy: TunnelStrategy,
-    /// Counts the changes: agents that ping are sent it with each list
-    /// ([`super::GenerationalDiscovery`]).
+    /// Counts the changes: pushed with each list ([`super::GenerationalDiscovery`]).
     generation: u64,
 }
 
@@ -271,11 +270,12 @@ impl TunnelServer {
         }
     }
 
-    /// Announces the cluster's proxies to every agent (the discovery channel).
+    /// Announces the cluster's proxies to every agent (pushed to agents that ping, on the
+    /// discovery channel to the others).
     pub fn set_proxies(&self, discovery: Discovery) {
         // Every call reaches the agents' discovery channels (a periodic announcement resends
-        // the list); agents that ping are pushed only a list that changed, and their pings'
-        // answers resend it.
+        // the list); agents that ping are pushed a list only when it changed, and again after
+        // each of their pings.
         self.inner.announce.send_modify(|a| {
             if a.discovery != discovery {
                 a.discovery = discovery;
