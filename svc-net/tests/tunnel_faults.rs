@@ -306,20 +306,55 @@ async fn a_reconnect_request_drains_the_old_tunnel_and_dials_a_new_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_keeps_a_tunnel_to_every_discovered_proxy() {
+    keeps_a_tunnel_to_every_discovered_proxy(true, true).await;
+}
+
+/// An agent that predates pings keeps its discovery channel open and hears of B on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_predates_pings_hears_of_every_proxy_on_its_discovery_channel() {
+    keeps_a_tunnel_to_every_discovered_proxy(false, true).await;
+}
+
+/// Proxies that predate pings refuse them: the agent opens the heartbeat and discovery
+/// channels instead, and hears of B there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_falls_back_to_channels_with_proxies_that_predate_pings() {
+    keeps_a_tunnel_to_every_discovered_proxy(true, false).await;
+}
+
+/// The agent hears of proxy B from proxy A — pushed (`agent_pings` with a proxy that
+/// `answers_pings`), or on the discovery channel — and keeps a tunnel to both; sessions go
+/// through either.
+async fn keeps_a_tunnel_to_every_discovered_proxy(agent_pings: bool, answers_pings: bool) {
     init_tracing();
     let cluster = Cluster::new();
-    let a = start_proxy(&cluster, ProxyOpts::default()).await;
+    let a = start_proxy(
+        &cluster,
+        ProxyOpts {
+            answer_pings: answers_pings,
+            ..Default::default()
+        },
+    )
+    .await;
     let b = start_proxy(
         &cluster,
         ProxyOpts {
             separate: true,
+            answer_pings: answers_pings,
             ..Default::default()
         },
     )
     .await;
     let node = cluster.host(&[SystemRole::Node], "node-disc");
-    // The agent is told only about A; A announces B.
-    let agent = start_agent(&cluster, a.web, &node);
+    // The agent is told only about A; A announces B once the agent is registered (pushed to an
+    // agent that pings, or on the discovery channel).
+    let config = agent_config(&cluster, a.web, &node, "17.0.0").with_ping(agent_pings);
+    let agent = start_agent_with(config, &cluster, &node);
+    a.tunnel
+        .registry()
+        .wait_for("node-disc", |x| x.is_some_and(|x| x.online))
+        .within("node-disc online in proxy A's registry")
+        .await;
     a.tunnel.set_proxies(svc_net::tunnel::Discovery {
         proxies: vec![svc_net::tunnel::DiscoveredProxy {
             proxy_id: b.creds.host_id.clone(),

@@ -386,13 +386,17 @@ async fn old_and_new_agents(separate: bool) {
     let old = cluster.host(&[SystemRole::Node], "node-old");
     let new_agent = start_agent(&cluster, proxy.web, &new);
     let old_agent = start_agent_with(
-        agent_config(&cluster, proxy.web, &old, "17.0.0").with_open_dial(false),
+        agent_config(&cluster, proxy.web, &old, "17.0.0")
+            .with_open_dial(false)
+            .with_ping(false),
         &cluster,
         &old,
     );
     let mid = cluster.host(&[SystemRole::Node], "node-mid");
     let mid_agent = start_agent_with(
-        agent_config(&cluster, proxy.web, &mid, "17.0.0").with_dial_status(false),
+        agent_config(&cluster, proxy.web, &mid, "17.0.0")
+            .with_dial_status(false)
+            .with_ping(false),
         &cluster,
         &mid,
     );

@@ -12,7 +12,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
-    time::SystemTime,
+    time::{Duration, SystemTime},
 };
 
 use bytes::Bytes;
@@ -37,9 +37,10 @@ use tower::{BoxError, ServiceExt, util::BoxCloneSyncService};
 
 use super::backoff::{duplicate_redial, quick_redial};
 use super::{
-    Backoff, CAP_DIAL_STATUS, CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK, DISCOVERY_CHANNEL, DRAINING,
-    DialFailure, DialRequest, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST, OPEN_DIAL_CHANNEL,
-    OPEN_DIAL_STATUS_CHANNEL, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST,
+    Backoff, CAP_DIAL_STATUS, CAP_DISCOVERY_PUSH, CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK,
+    DISCOVERY_CHANNEL, DRAINING, DialFailure, DialRequest, Discovery, GenerationalDiscovery,
+    HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST, OPEN_DIAL_CHANNEL, OPEN_DIAL_STATUS_CHANNEL, PING_ANSWER,
+    PING_CHANNEL, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError, VERSION_REQUEST,
     dial_status_line, read_line, sanitize_dial_reason,
 };
 use crate::{dial::ProxyDialer, io::BoxIo, route::alpn};
@@ -86,6 +87,12 @@ pub struct AgentConfig {
     /// capabilities query (on by default). Off, the agent answers as agents that predate it did
     /// (an open failure, whose text the proxy does not see): for tests of mixed versions.
     pub dial_status: bool,
+    /// Send heartbeats on short-lived ping channels, take the list of proxies from their
+    /// answers and from the proxy's pushes, and say so to the capabilities query (on by
+    /// default): with a proxy that answers pings the tunnel holds no channel open at idle. Off
+    /// — and with proxies that refuse pings — the agent keeps a heartbeat and a discovery
+    /// channel open as agents that predate it did: for tests of mixed versions.
+    pub ping: bool,
 }
 
 impl AgentConfig {
@@ -113,7 +120,15 @@ impl AgentConfig {
             backoff: Backoff::default(),
             open_dial: true,
             dial_status: true,
+            ping: true,
         }
+    }
+
+    /// Whether to ping on short-lived channels and take pushed discovery (see
+    /// [`AgentConfig::ping`]).
+    pub fn with_ping(mut self, on: bool) -> Self {
+        self.ping = on;
+        self
     }
 
     /// Whether to serve dials carried in the channel-open message (see
@@ -552,10 +567,12 @@ impl Shared {
     }
 
     /// Records the list `proxy_id` announced.
-    fn announced(&self, proxy_id: &str, discovery: Discovery) {
+    /// Takes the list of proxies `proxy_id` announced; false (nothing done) when the agent
+    /// holds no tunnel to it.
+    fn announced(&self, proxy_id: &str, discovery: Discovery) -> bool {
         let mut pool = lock_pool(self);
         if !pool.held.contains_key(proxy_id) {
-            return;
+            return false;
         }
         if discovery.complete {
             pool.remembered = discovery
@@ -571,6 +588,59 @@ impl Shared {
             self.wanted.send_modify(|n| *n = n.wrapping_add(1));
         }
         self.pool_changed.notify_one();
+        true
+    }
+}
+
+/// Takes the list of proxies a push carries (JSON [`GenerationalDiscovery`]) unless a list of
+/// the same or a later generation from this proxy was taken already (pushes may overtake each
+/// other).
+fn take_list(json: &str, shared: &Shared, conn: &ConnShared, proxy_id: &str) {
+    let message = match serde_json::from_str::<GenerationalDiscovery>(json) {
+        Ok(message) => message,
+        Err(e) => {
+            tracing::warn!(%proxy_id, error = %e, "malformed discovery message");
+            return;
+        }
+    };
+    let next = message.generation.saturating_add(1);
+    let mut applied = conn
+        .applied
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if next > *applied && shared.announced(proxy_id, message.discovery) {
+        *applied = next;
+    }
+}
+
+/// Sends one ping: `Ok(true)` when the proxy answered it ([`PING_ANSWER`]), `Ok(false)` when it
+/// refused it as an unknown channel (a proxy that predates pings).
+async fn ping(handle: &russh::client::Handle<AgentHandler>) -> Result<bool, russh::Error> {
+    match handle.channel_open_direct_streamlocal(PING_CHANNEL).await {
+        Err(russh::Error::ChannelOpenFailure(russh::ChannelOpenFailure::UnknownChannelType)) => Ok(false),
+        Err(russh::Error::ChannelOpenFailure(_)) => Ok(true),
+        // Not what a proxy does; taken as an answer, and closed.
+        Ok(channel) => {
+            let _ = channel.close().await;
+            Ok(true)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Pings the proxy once per `interval` (the first ping went already); returns if a ping cannot
+/// be sent (the tunnel is going away; the proxy then marks the agent offline, as when
+/// heartbeats stop).
+async fn ping_loop(handle: &russh::client::Handle<AgentHandler>, proxy_id: &str, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Err(e) = ping(handle).await {
+            tracing::debug!(%proxy_id, error = %e, "a ping to the proxy failed; pings stop");
+            return;
+        }
     }
 }
 
@@ -729,6 +799,7 @@ async fn run_tunnel(
         disconnect_reason: Mutex::new(None),
         active: std::sync::atomic::AtomicUsize::new(0),
         idle: Notify::new(),
+        applied: Mutex::new(0),
     });
     let result = run_tunnel_on(conn.clone(), shared, target, backoff, tracker, established).await;
     // The proxy's own words (a refusal such as an incompatible version) say more than the
@@ -827,6 +898,12 @@ async fn run_tunnel_on(
         return Err(TunnelError::AlreadyHeld(proxy_id));
     }
     let established = async {
+        // A ping right away: a proxy that answers it takes pings as heartbeats and pushes the
+        // list of proxies, and the tunnel holds no channel open at idle. A proxy that predates
+        // pings: the heartbeat and discovery channels.
+        if cfg.ping && ping(&handle).await? {
+            return Ok::<_, TunnelError>(true);
+        }
         // Heartbeats: a ping right away, then every interval.
         let heartbeat = handle.channel_open_direct_streamlocal(HEARTBEAT_CHANNEL).await?;
         let interval = cfg.tunables.keepalive_interval;
@@ -864,7 +941,9 @@ async fn run_tunnel_on(
                             _ = d_shutdown.cancelled() => return,
                         };
                         match serde_json::from_str::<Discovery>(&line) {
-                            Ok(d) => d_shared.announced(&d_proxy, d),
+                            Ok(d) => {
+                                d_shared.announced(&d_proxy, d);
+                            }
                             Err(e) => {
                                 tracing::warn!(proxy_id = %d_proxy, error = %e, "malformed discovery message")
                             }
@@ -874,12 +953,15 @@ async fn run_tunnel_on(
             }
             Err(e) => tracing::debug!(%proxy_id, error = %e, "the proxy has no discovery channel"),
         }
-        Ok::<_, TunnelError>(())
+        Ok::<_, TunnelError>(false)
     };
-    if let Err(e) = established.await {
-        shared.release(&proxy_id, &conn);
-        return Err(e);
-    }
+    let pings = match established.await {
+        Ok(pings) => pings,
+        Err(e) => {
+            shared.release(&proxy_id, &conn);
+            return Err(e);
+        }
+    };
 
     backoff.reset();
     *came_up = true;
@@ -889,8 +971,17 @@ async fn run_tunnel_on(
     });
     tracing::info!(proxy = %target.addr, %proxy_id, tls = target.tls, "reverse tunnel established");
 
+    let interval = cfg.tunables.keepalive_interval;
     let outcome = tokio::select! {
         _ = closed.cancelled() => Err(TunnelError::Closed { server: proxy_id.clone(), reason: "the proxy closed the connection".into() }),
+        // Pings stop only when one cannot be opened: the tunnel then waits for its end as
+        // one whose heartbeats stopped does.
+        () = async {
+            if pings {
+                ping_loop(&handle, &proxy_id, interval).await;
+            }
+            std::future::pending::<()>().await
+        } => Ok(()),
         _ = conn.reconnect.notified() => Ok(()),
         _ = shared.shutdown.cancelled() => Ok(()),
     };
@@ -936,6 +1027,9 @@ struct ConnShared {
     draining: AtomicBool,
     reconnect: Notify,
     proxy_id: Mutex<Option<String>>,
+    /// One more than the generation of the last list of proxies applied from a ping's answer
+    /// or a push (0: none yet).
+    applied: Mutex<u64>,
 }
 
 struct AgentHandler {
@@ -1004,13 +1098,18 @@ impl russh::client::Handler for AgentHandler {
                     let _ = channel.close().await;
                 });
             }
-            CAPABILITIES_REQUEST if self.shared.config.open_dial => {
+            CAPABILITIES_REQUEST if self.shared.config.open_dial || self.shared.config.ping => {
                 reply.accept().await;
-                let words = if self.shared.config.dial_status {
-                    format!("{CAP_OPEN_DIAL} {CAP_DIAL_STATUS}")
-                } else {
-                    CAP_OPEN_DIAL.to_owned()
-                };
+                let config = &self.shared.config;
+                let words = [
+                    (config.open_dial, CAP_OPEN_DIAL),
+                    (config.open_dial && config.dial_status, CAP_DIAL_STATUS),
+                    (config.ping, CAP_DISCOVERY_PUSH),
+                ]
+                .into_iter()
+                .filter_map(|(on, word)| on.then_some(word))
+                .collect::<Vec<_>>()
+                .join(" ");
                 tokio::spawn(async move {
                     let _ = channel.data_bytes(Bytes::from(words)).await;
                     let _ = channel.eof().await;
@@ -1044,6 +1143,16 @@ impl russh::client::Handler for AgentHandler {
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         let config = &self.shared.config;
+        if connected_address == DISCOVERY_CHANNEL && config.ping {
+            // A push: the list is in the open message, and the refusal is the receipt (no
+            // channel is opened, so none is left behind).
+            if let Some(proxy_id) = self.conn.proxy_id.lock().ok().and_then(|p| p.clone()) {
+                take_list(originator_address, &self.shared, &self.conn, &proxy_id);
+            }
+            drop(channel);
+            reply.reject(PING_ANSWER).await;
+            return Ok(());
+        }
         let with_status = connected_address == OPEN_DIAL_STATUS_CHANNEL && config.dial_status;
         if config.open_dial && (connected_address == OPEN_DIAL_CHANNEL || with_status) {
             // The request is in the open message: dial the target first (on a task of its
@@ -1192,6 +1301,7 @@ mod tests {
             draining: AtomicBool::new(false),
             reconnect: Notify::new(),
             proxy_id: Mutex::new(None),
+            applied: Mutex::new(0),
         })
     }
 

@@ -23,6 +23,8 @@
 //! |---|---|---|
 //! | heartbeat | agent → proxy | `direct-streamlocal@openssh.com` to [`HEARTBEAT_CHANNEL`]: a `ping` line right away, then one per keep-alive interval |
 //! | discovery | agent → proxy | `direct-streamlocal@openssh.com` to [`DISCOVERY_CHANNEL`]: the proxy writes JSON lines, each the full list of proxies ([`Discovery`]) |
+//! | ping | agent → proxy, proxies that know it | a `direct-streamlocal@openssh.com` open to [`PING_CHANNEL`], right away and then once per keep-alive interval: a heartbeat, which the proxy answers by refusing the channel with [`PING_ANSWER`]. A proxy that refuses it as an unknown channel type predates it: the agent keeps the heartbeat and discovery channels above open instead |
+//! | discovery, pushed | proxy → agent, agents with [`CAP_DISCOVERY_PUSH`] | a `forwarded-tcpip` open from [`DISCOVERY_CHANNEL`], the originator address being the JSON list of proxies with its generation ([`Discovery`] and `generation`); the agent takes it and refuses the channel. Sent at registration, after each ping and when the list changes; the agent takes a list only if its generation is newer than the last it took from that proxy |
 //! | version query | proxy → agent | `forwarded-streamlocal@openssh.com` from [`VERSION_REQUEST`]: the agent writes its version and closes |
 //! | reconnect request | proxy → agent | `forwarded-streamlocal@openssh.com` from [`RECONNECT_REQUEST`]: the agent drains and dials again |
 //! | any other request | proxy → agent | refused (the "answered false" of a global request) |
@@ -30,6 +32,13 @@
 //! | dial, in the open | proxy → agent, agents with [`CAP_OPEN_DIAL`] | `forwarded-tcpip` from [`OPEN_DIAL_CHANNEL`], the originator address being the JSON [`DialRequest`]: the agent dials the target first, then confirms the channel (which carries the connection's bytes at once) or answers an open failure ([`DialFailure`]'s code, the reason text as description) |
 //! | dial, in the open, with a status | proxy → agent, agents with [`CAP_DIAL_STATUS`] | `forwarded-tcpip` from [`OPEN_DIAL_STATUS_CHANNEL`], the originator address being the JSON [`DialRequest`]: the agent dials the target first, then confirms the channel and writes one status line right behind the confirmation — `ok` (then the connection's bytes) or `error <code> <reason>` ([`DialFailure`]'s code, the agent's reason) and closes |
 //! | dial, on the channel | proxy → agent, older agents | `forwarded-tcpip` from [`TRANSPORT_CHANNEL`]: one JSON [`DialRequest`] line, then the agent answers one line — `ok` or the failure text — and, on `ok`, the channel carries the connection's bytes |
+//!
+//! An idle tunnel of an agent that pings holds no channel open: the proxy keeps nothing per
+//! tunnel for its heartbeats and discovery but the SSH session itself (an open channel costs
+//! the proxy its message queue and a task; docs/performance.md, "Memory per idle tunnel").
+//! Pings and pushes are channel opens that are refused, so that no channel is ever closed for
+//! them: russh keeps a channel that its own side closed first in its table until the session
+//! ends (docs/upstream/russh-close-first.patch), a leak per ping if pings were channels.
 //!
 //! A dial in the open costs one round trip on the tunnel (open → confirmation) instead of two
 //! (open → confirmation, request → answer), and the agent dials its target while the proxy
@@ -92,6 +101,14 @@ where
 pub const HEARTBEAT_CHANNEL: &str = "heartbeat@svc.dev";
 /// The discovery channel's address (agent → proxy).
 pub const DISCOVERY_CHANNEL: &str = "discovery@svc.dev";
+/// The ping channel's address (agent → proxy): a heartbeat, answered with [`PING_ANSWER`].
+pub const PING_CHANNEL: &str = "ping@svc.dev";
+/// How the proxy answers a ping: it refuses the channel with this reason (proxies that predate
+/// pings refuse it as an unknown channel type). Agents refuse a push the same way.
+pub const PING_ANSWER: russh::ChannelOpenFailure = russh::ChannelOpenFailure::ConnectFailed;
+/// The capability of taking discovery pushed by the proxy ([`DISCOVERY_CHANNEL`], proxy →
+/// agent): an agent that names it and whose pings the proxy answers keeps no channel open.
+pub const CAP_DISCOVERY_PUSH: &str = "discovery-push";
 /// The version query (proxy → agent).
 pub const VERSION_REQUEST: &str = "version@svc.dev";
 /// The reconnect request (proxy → agent).
@@ -325,6 +342,16 @@ pub struct Discovery {
     /// proxy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold: Option<Vec<String>>,
+}
+
+/// A list of proxies as a push carries it: the [`Discovery`] with the proxy's generation of it
+/// (increasing in the proxy's life), so that an agent never applies an older list after a
+/// newer one that overtook it.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct GenerationalDiscovery {
+    #[serde(flatten)]
+    pub(crate) discovery: Discovery,
+    pub(crate) generation: u64,
 }
 
 /// Why a tunnel operation failed.

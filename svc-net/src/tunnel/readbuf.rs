@@ -6,7 +6,7 @@ use std::{
     task::{Context, Poll},
 };
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// A read buffer of `capacity` bytes that exists only while bytes flow: like
@@ -29,6 +29,18 @@ impl<R> IdleReadBuffer<R> {
         Self {
             inner,
             buf: BytesMut::new(),
+            capacity,
+        }
+    }
+
+    /// Like [`IdleReadBuffer::new`], with `prefix` (bytes already read from `inner`, such as a
+    /// peeked TLS ClientHello) served first. The prefix's memory is let go of once it has been
+    /// read and the stream is idle, like the buffer's: a replay buffer that stays referenced
+    /// (an advanced `Bytes` keeps its whole allocation) would cost every idle tunnel its size.
+    pub(crate) fn with_prefix(capacity: usize, prefix: Bytes, inner: R) -> Self {
+        Self {
+            inner,
+            buf: BytesMut::from(prefix),
             capacity,
         }
     }
@@ -140,6 +152,27 @@ mod tests {
         }
         assert_eq!(total, data.len());
         assert!(!r.holds_buffer());
+    }
+
+    #[tokio::test]
+    async fn a_prefix_is_read_first_and_let_go_of_when_idle() {
+        let (mut far, near) = tokio::io::duplex(1024);
+        let mut peeked = BytesMut::with_capacity(2048);
+        peeked.extend_from_slice(b"hello ");
+        let mut r = IdleReadBuffer::with_prefix(64 * 1024, peeked.freeze(), near);
+        assert!(r.holds_buffer(), "the prefix is held until read");
+        far.write_all(b"world").await.unwrap();
+        let mut got = Vec::new();
+        let mut small = [0u8; 4];
+        while got.len() < 11 {
+            let n = r.read(&mut small).await.unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&small[..n]);
+        }
+        assert_eq!(got, b"hello world", "the prefix, then the stream");
+        let pending = tokio::time::timeout(std::time::Duration::from_millis(50), r.read(&mut small)).await;
+        assert!(pending.is_err(), "no data: the read waits");
+        assert!(!r.holds_buffer(), "neither prefix nor buffer is held when idle");
     }
 
     #[tokio::test]

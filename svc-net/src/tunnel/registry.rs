@@ -8,7 +8,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc, Mutex, MutexGuard,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, SystemTime},
 };
@@ -49,7 +49,15 @@ pub(crate) struct ConnState {
     pub(crate) open_dial: std::sync::atomic::AtomicBool,
     /// The agent named [`super::CAP_DIAL_STATUS`] too: its refusals carry its reason.
     pub(crate) dial_status: std::sync::atomic::AtomicBool,
+    /// The agent named [`super::CAP_DISCOVERY_PUSH`]: the proxy pushes it changed lists.
+    pub(crate) discovery_push: std::sync::atomic::AtomicBool,
+    /// The generation of the last list of proxies pushed to the agent ([`NOTHING_SENT`]
+    /// before the first): a change is pushed to those not sent it yet.
+    pub(crate) sent_generation: AtomicU64,
 }
+
+/// [`ConnState::sent_generation`] before any list went to the agent.
+pub(crate) const NOTHING_SENT: u64 = u64::MAX;
 
 impl ConnState {
     pub(crate) fn new() -> Arc<Self> {
@@ -58,6 +66,8 @@ impl ConnState {
             live: AtomicUsize::new(0),
             open_dial: std::sync::atomic::AtomicBool::new(false),
             dial_status: std::sync::atomic::AtomicBool::new(false),
+            discovery_push: std::sync::atomic::AtomicBool::new(false),
+            sent_generation: AtomicU64::new(NOTHING_SENT),
         })
     }
 
@@ -145,12 +155,18 @@ impl AgentRegistry {
         inner.next_id += 1;
         let id = inner.next_id;
         info.online = true;
-        inner.agents.entry(info.host_id.clone()).or_default().push(Entry {
-            id,
-            info,
-            handle,
-            state,
-        });
+        // Almost every agent holds one tunnel here: room for one (a first push would make
+        // room for four entries, some 600 bytes per idle tunnel).
+        inner
+            .agents
+            .entry(info.host_id.clone())
+            .or_insert_with(|| Vec::with_capacity(1))
+            .push(Entry {
+                id,
+                info,
+                handle,
+                state,
+            });
         drop(inner);
         self.notify();
         id
@@ -228,6 +244,18 @@ impl AgentRegistry {
             .rev()
             .find(|e| e.info.online)
             .map(|e| (e.handle.clone(), e.state.clone()))
+    }
+
+    /// Every registered tunnel that takes pushed discovery ([`ConnState::discovery_push`]):
+    /// its host ID, SSH handle and state.
+    pub(crate) fn discovery_subscribers(&self) -> Vec<(String, russh::server::Handle, Arc<ConnState>)> {
+        lock(&self.inner)
+            .agents
+            .values()
+            .flatten()
+            .filter(|e| e.state.discovery_push.load(Ordering::SeqCst))
+            .map(|e| (e.info.host_id.clone(), e.handle.clone(), e.state.clone()))
+            .collect()
     }
 
     /// Every tunnel's SSH handle (for requests to all agents, e.g. reconnect).

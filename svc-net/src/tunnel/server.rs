@@ -23,7 +23,7 @@ use svc_core::{
     version::Compatibility,
 };
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf},
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf},
     sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch},
     time::Instant,
 };
@@ -32,10 +32,11 @@ use tokio_util::sync::CancellationToken;
 use tower::{BoxError, Service};
 
 use super::{
-    CAP_DIAL_STATUS, CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK, DISCOVERY_CHANNEL, DialFailure,
-    DialRequest, DirectDialer, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST, OPEN_DIAL_CHANNEL,
-    OPEN_DIAL_STATUS_CHANNEL, PeerDialer, RECONNECT_REQUEST, TRANSPORT_CHANNEL, Tunables, TunnelError,
-    TunnelStrategy, VERSION_REQUEST, agent_proxies, read_dial_status, read_line,
+    CAP_DIAL_STATUS, CAP_DISCOVERY_PUSH, CAP_OPEN_DIAL, CAPABILITIES_REQUEST, DIAL_OK, DISCOVERY_CHANNEL,
+    DialFailure, DialRequest, DirectDialer, Discovery, HEARTBEAT_CHANNEL, MAX_DIAL_REQUEST,
+    OPEN_DIAL_CHANNEL, OPEN_DIAL_STATUS_CHANNEL, PING_CHANNEL, PeerDialer, RECONNECT_REQUEST,
+    TRANSPORT_CHANNEL, Tunables, TunnelError, TunnelStrategy, VERSION_REQUEST, agent_proxies,
+    read_dial_status, read_line,
     registry::{AgentInfo, AgentRegistry, ConnState, LiveGuard},
     sanitize_dial_reason,
 };
@@ -73,6 +74,11 @@ pub struct TunnelServerConfig {
     /// peers from one address that never finish cannot keep agents from elsewhere out.
     /// Default [`default_max_handshakes`].
     pub max_handshakes: usize,
+    /// Answer agents' pings ([`super::PING_CHANNEL`]) and push lists of proxies to the agents
+    /// that take them (on by default). Off, pings are refused as by proxies that predate them,
+    /// and agents keep their heartbeat and discovery channels open: for tests of mixed
+    /// versions.
+    pub answer_pings: bool,
 }
 
 /// The default of [`TunnelServerConfig::drain_timeout`].
@@ -108,7 +114,14 @@ impl TunnelServerConfig {
             tunables: Tunables::default(),
             drain_timeout: DEFAULT_TUNNEL_DRAIN,
             max_handshakes: default_max_handshakes(),
+            answer_pings: true,
         }
+    }
+
+    /// Replaces [`TunnelServerConfig::answer_pings`].
+    pub fn with_answer_pings(mut self, on: bool) -> Self {
+        self.answer_pings = on;
+        self
     }
 
     /// Replaces [`TunnelServerConfig::max_handshakes`] (at least 1).
@@ -144,6 +157,8 @@ struct Inner {
     tls: Option<TlsAcceptor>,
     tunables: Tunables,
     drain_timeout: Duration,
+    /// [`TunnelServerConfig::answer_pings`].
+    answer_pings: bool,
     /// Places for tunnels in their handshake ([`TunnelServerConfig::max_handshakes`]).
     handshakes: Arc<Semaphore>,
     /// The places each source address holds or waits for, and the most one may.
@@ -159,6 +174,8 @@ struct Inner {
 struct Announce {
     discovery: Discovery,
     strategy: TunnelStrategy,
+    /// Counts the changes: pushed with each list ([`super::GenerationalDiscovery`]).
+    generation: u64,
 }
 
 impl Announce {
@@ -208,6 +225,7 @@ impl TunnelServer {
             tls: config.tls.map(TlsAcceptor::from),
             tunables: config.tunables,
             drain_timeout: config.drain_timeout,
+            answer_pings: config.answer_pings,
             handshakes: Arc::new(Semaphore::new(config.max_handshakes.max(1))),
             handshakes_by_source: Arc::new(SourceCounts {
                 counts: std::sync::Mutex::default(),
@@ -218,6 +236,10 @@ impl TunnelServer {
             peers: Arc::default(),
         });
         tokio::spawn(sweep(Arc::downgrade(&inner)));
+        tokio::spawn(push_discovery_changes(
+            Arc::downgrade(&inner),
+            inner.announce.subscribe(),
+        ));
         Self { inner }
     }
 
@@ -248,9 +270,18 @@ impl TunnelServer {
         }
     }
 
-    /// Announces the cluster's proxies to every agent (the discovery channel).
+    /// Announces the cluster's proxies to every agent (pushed to agents that ping, on the
+    /// discovery channel to the others).
     pub fn set_proxies(&self, discovery: Discovery) {
-        self.inner.announce.send_modify(|a| a.discovery = discovery);
+        // Every call reaches the agents' discovery channels (a periodic announcement resends
+        // the list); agents that ping are pushed a list only when it changed, and again after
+        // each of their pings.
+        self.inner.announce.send_modify(|a| {
+            if a.discovery != discovery {
+                a.discovery = discovery;
+                a.generation += 1;
+            }
+        });
     }
 
     /// How many of the announced proxies each agent is told to hold (the cluster's
@@ -260,6 +291,9 @@ impl TunnelServer {
         self.inner.announce.send_if_modified(|a| {
             let changed = a.strategy != strategy;
             a.strategy = strategy;
+            if changed {
+                a.generation += 1;
+            }
             changed
         });
     }
@@ -411,6 +445,22 @@ impl TunnelServer {
         shutdown: CancellationToken,
         slot: HandshakeSlot,
     ) -> Result<(), TunnelError> {
+        // Boxed: see [`Registered`].
+        match Box::pin(self.handshake(io, peer, slot)).await? {
+            Some(registered) => self.serve_registered(registered, shutdown).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The tunnel's handshake on `io` — SSH, the agent's certificate, its version and
+    /// capabilities — then its registration (which gives the place back); `None` when the
+    /// agent went away or was refused (logged).
+    async fn handshake<S: Io>(
+        &self,
+        io: S,
+        peer: SocketAddr,
+        slot: HandshakeSlot,
+    ) -> Result<Option<Registered>, TunnelError> {
         let inner = &self.inner;
         let state = ConnState::new();
         let (auth_tx, auth_rx) = oneshot::channel();
@@ -435,7 +485,7 @@ impl TunnelServer {
         let started = crate::ssh::authenticate_before(ssh, io, handler, auth_rx, auth_after).await;
         let (session, host) = match started {
             Ok(Some(started)) => started,
-            Ok(None) => return Ok(()),
+            Ok(None) => return Ok(None),
             Err(crate::ssh::StartError::Deadline { after }) => {
                 return Err(TunnelError::Timeout {
                     what: "the tunnel's SSH handshake and authentication",
@@ -445,7 +495,6 @@ impl TunnelServer {
             Err(crate::ssh::StartError::Session(e)) => return Err(e.into()),
         };
         let handle = session.handle();
-        let mut session = session;
 
         // Query the version right after authentication; refuse incompatible agents with a
         // message the agent logs.
@@ -476,7 +525,7 @@ impl TunnelServer {
                 .disconnect(russh::Disconnect::ByApplication, msg, String::new())
                 .await;
             let _ = session.await;
-            return Ok(());
+            return Ok(None);
         }
 
         let open_dial = capabilities.iter().any(|c| c == CAP_OPEN_DIAL);
@@ -487,6 +536,10 @@ impl TunnelServer {
         state
             .dial_status
             .store(dial_status, std::sync::atomic::Ordering::SeqCst);
+        let discovery_push = inner.answer_pings && capabilities.iter().any(|c| c == CAP_DISCOVERY_PUSH);
+        state
+            .discovery_push
+            .store(discovery_push, std::sync::atomic::Ordering::SeqCst);
         let info = AgentInfo {
             open_dial,
             host_id: host.host_id.clone(),
@@ -499,9 +552,39 @@ impl TunnelServer {
         };
         state.heartbeat();
         let handle_for_shutdown = handle.clone();
+        let pushes = state.clone();
         let id = inner.registry.insert(info, handle, state);
         drop(slot);
+        // The list of proxies, now that the agent is known to take pushes (each of its pings
+        // brings another, and every change one).
+        if discovery_push {
+            push_discovery(inner, &host.host_id, handle_for_shutdown.clone(), &pushes);
+        }
         tracing::info!(host_id = %host.host_id, node = %host.node_name, %peer, "agent tunnel registered");
+        Ok(Some(Registered {
+            session,
+            handle: handle_for_shutdown,
+            host_id: host.host_id,
+            node_name: host.node_name,
+            id,
+        }))
+    }
+
+    /// Serves a registered tunnel until it closes or `shutdown` is cancelled (then drains it),
+    /// and takes it out of the registry.
+    async fn serve_registered(
+        &self,
+        registered: Registered,
+        shutdown: CancellationToken,
+    ) -> Result<(), TunnelError> {
+        let inner = &self.inner;
+        let Registered {
+            mut session,
+            handle: handle_for_shutdown,
+            host_id,
+            node_name,
+            id,
+        } = registered;
         let result = tokio::select! {
             r = &mut session => r,
             _ = shutdown.cancelled() => {
@@ -515,7 +598,7 @@ impl TunnelServer {
                     }
                     Err(_) => false,
                 };
-                tracing::info!(host_id = %host.host_id, asked, bound = ?inner.drain_timeout, "proxy shutting down: asked the agent to reconnect elsewhere; draining its tunnel");
+                tracing::info!(host_id = %host_id, asked, bound = ?inner.drain_timeout, "proxy shutting down: asked the agent to reconnect elsewhere; draining its tunnel");
                 let drained = asked
                     && tokio::time::timeout(inner.drain_timeout, &mut session).await.is_ok();
                 if !drained {
@@ -526,10 +609,26 @@ impl TunnelServer {
                 Ok(())
             }
         };
-        inner.registry.remove(&host.host_id, id);
-        tracing::info!(host_id = %host.host_id, node = %host.node_name, "agent tunnel closed");
+        inner.registry.remove(&host_id, id);
+        tracing::info!(host_id = %host_id, node = %node_name, "agent tunnel closed");
         result.map_err(Into::into)
     }
+}
+
+/// A tunnel past its handshake, in the registry.
+///
+/// The handshake runs in a future of its own, boxed, which is freed once the tunnel is
+/// registered: the futures of the TLS and SSH handshakes (the TLS stream itself, russh's
+/// start-up, the queries) are kilobytes, and awaited inline they would size the connection's
+/// task for the tunnel's whole life, while an idle tunnel's task only waits for the session's
+/// end or the proxy's shutdown (docs/performance.md, "Memory per idle tunnel").
+struct Registered {
+    session: russh::server::RunningSession<TunnelHandler>,
+    handle: russh::server::Handle,
+    host_id: String,
+    node_name: String,
+    /// The registry entry's ID.
+    id: u64,
 }
 
 /// Why an agent at `agent` may not join a cluster at `cluster`, if it may not.
@@ -548,17 +647,31 @@ fn incompatibility(agent: &Version, cluster: &Version) -> Option<String> {
     }
 }
 
+/// What the agent writes on a query channel, up to `max` bytes, once it has closed the channel
+/// (it writes, sends EOF and closes): the proxy never closes first, since russh keeps a channel
+/// the server closed first in its table for the session's life
+/// (docs/upstream/russh-close-first.patch). `None` when the session ends first.
+async fn read_until_closed(mut channel: Channel<Msg>, max: usize) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    loop {
+        match channel.wait().await? {
+            russh::ChannelMsg::Data { data } => {
+                let room = max.saturating_sub(buf.len());
+                buf.extend_from_slice(data.get(..room.min(data.len())).unwrap_or_default());
+            }
+            russh::ChannelMsg::Close => return Some(buf),
+            _ => {}
+        }
+    }
+}
+
 async fn query_version(handle: &russh::server::Handle) -> Result<Version, TunnelError> {
     let channel = handle.channel_open_forwarded_streamlocal(VERSION_REQUEST).await?;
-    let mut stream = channel.into_stream();
-    let mut buf = Vec::new();
-    (&mut stream)
-        .take(256)
-        .read_to_end(&mut buf)
+    let buf = read_until_closed(channel, 256)
         .await
-        .map_err(|source| TunnelError::Io {
+        .ok_or_else(|| TunnelError::Io {
             what: "reading the agent's version",
-            source,
+            source: std::io::ErrorKind::UnexpectedEof.into(),
         })?;
     let text = String::from_utf8_lossy(&buf);
     text.trim()
@@ -578,15 +691,64 @@ async fn query_capabilities(handle: &russh::server::Handle) -> Vec<String> {
     else {
         return Vec::new();
     };
-    let mut stream = channel.into_stream();
-    let mut buf = Vec::new();
-    if (&mut stream).take(1024).read_to_end(&mut buf).await.is_err() {
+    let Some(buf) = read_until_closed(channel, 1024).await else {
         return Vec::new();
-    }
+    };
     String::from_utf8_lossy(&buf)
         .split_whitespace()
         .map(str::to_owned)
         .collect()
+}
+
+/// The list of proxies for `agent_id` as a push carries it (JSON), and its generation.
+fn discovery_json(announce: &watch::Sender<Announce>, agent_id: &str) -> Option<(String, u64)> {
+    let announce = announce.borrow();
+    let msg = super::GenerationalDiscovery {
+        discovery: announce.for_agent(agent_id),
+        generation: announce.generation,
+    };
+    Some((serde_json::to_string(&msg).ok()?, msg.generation))
+}
+
+/// Pushes the current list of proxies to the agent `agent_id` (which named
+/// [`CAP_DISCOVERY_PUSH`]), on a task of its own: a channel open that carries the list and
+/// that the agent refuses once it has taken it (no channel is opened, so none is left behind).
+fn push_discovery(inner: &Inner, agent_id: &str, handle: russh::server::Handle, state: &ConnState) {
+    let Some((json, generation)) = discovery_json(&inner.announce, agent_id) else {
+        return;
+    };
+    state
+        .sent_generation
+        .store(generation, std::sync::atomic::Ordering::SeqCst);
+    let after = inner.tunables.handshake_timeout;
+    let agent_id = agent_id.to_owned();
+    tokio::spawn(async move {
+        let push = handle.channel_open_forwarded_tcpip(DISCOVERY_CHANNEL, 0, json, 0);
+        match tokio::time::timeout(after, push).await {
+            // The agent's refusal is its receipt.
+            Ok(Err(russh::Error::ChannelOpenFailure(_))) => {}
+            // Not what an agent does; closed.
+            Ok(Ok(channel)) => {
+                let _ = channel.close().await;
+            }
+            Ok(Err(e)) => tracing::debug!(%agent_id, error = %e, "pushing the list of proxies failed"),
+            Err(_) => tracing::debug!(%agent_id, ?after, "pushing the list of proxies timed out"),
+        }
+    });
+}
+
+/// Pushes every change of the list of proxies (or of the strategy) to the registered agents
+/// that take pushes and were not sent it yet, until the server is dropped.
+async fn push_discovery_changes(inner: Weak<Inner>, mut changes: watch::Receiver<Announce>) {
+    while changes.changed().await.is_ok() {
+        let Some(inner) = inner.upgrade() else { return };
+        let generation = inner.announce.borrow().generation;
+        for (host_id, handle, state) in inner.registry.discovery_subscribers() {
+            if state.sent_generation.load(std::sync::atomic::Ordering::SeqCst) != generation {
+                push_discovery(&inner, &host_id, handle, &state);
+            }
+        }
+    }
 }
 
 /// Marks silent agents offline and closes their idle tunnels, until the server is dropped.
@@ -730,9 +892,23 @@ impl russh::server::Handler for TunnelHandler {
         channel: Channel<Msg>,
         socket_path: &str,
         reply: ChannelOpenHandle,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<(), Self::Error> {
         match socket_path {
+            PING_CHANNEL if self.inner.answer_pings => {
+                // A heartbeat, answered by refusing the channel (nothing stays open), then the
+                // list of proxies pushed to agents that take pushes.
+                self.state.heartbeat();
+                drop(channel);
+                reply.reject(super::PING_ANSWER).await;
+                if self
+                    .state
+                    .discovery_push
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                {
+                    push_discovery(&self.inner, &self.agent_id, session.handle(), &self.state);
+                }
+            }
             HEARTBEAT_CHANNEL => {
                 reply.accept().await;
                 let state = self.state.clone();
@@ -802,15 +978,32 @@ impl Service<Connection> for TlsService {
             let Some(slot) = server.handshake_slot(peer).await else {
                 return Ok(());
             };
-            let io = super::readbuf::IdleReadBuffer::new(super::TLS_READ_BUFFER, conn.io);
-            let tls = match crate::tls::accept_before(&acceptor, io, slot.deadline).await {
-                Ok(tls) => tls,
-                Err(e) => {
-                    tracing::info!(%peer, error = %e, "TLS handshake of an agent tunnel failed");
-                    return Ok(());
-                }
+            // The bytes the router peeked (the ClientHello) are replayed from the read buffer,
+            // which lets go of them once read: the router's replay buffer would keep them for
+            // the tunnel's life.
+            let (peeked, tcp) = conn.io.into_parts();
+            let io = super::readbuf::IdleReadBuffer::with_prefix(super::TLS_READ_BUFFER, peeked, tcp);
+            // TLS and the tunnel's handshake in one boxed future, freed at registration: the
+            // TLS stream moves into the SSH session and this task keeps only what an idle
+            // tunnel needs ([`Registered`]).
+            let handshake = Box::pin(async {
+                let tls = match crate::tls::accept_before(&acceptor, io, slot.deadline).await {
+                    Ok(tls) => tls,
+                    Err(e) => {
+                        tracing::info!(%peer, error = %e, "TLS handshake of an agent tunnel failed");
+                        return Ok(None);
+                    }
+                };
+                // Boxed for russh: its session future keeps its stream argument inline (the
+                // TLS session is over a kilobyte) besides the copy it reads from.
+                server.handshake(Box::new(tls) as BoxIo, peer, slot).await
+            });
+            let served = match handshake.await {
+                Ok(Some(registered)) => server.serve_registered(registered, conn.shutdown.clone()).await,
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
             };
-            if let Err(e) = server.serve_in_slot(tls, peer, conn.shutdown.clone(), slot).await {
+            if let Err(e) = served {
                 tracing::info!(%peer, error = %e, "agent tunnel ended with an error");
             }
             Ok(())

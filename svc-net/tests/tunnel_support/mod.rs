@@ -212,6 +212,8 @@ pub struct ProxyOpts {
     pub trusted: Vec<ipnet::IpNet>,
     /// The tunnel server's places for handshakes (`None`: its default).
     pub max_handshakes: Option<usize>,
+    /// Whether the tunnel server answers agents' pings (off: as proxies that predate them).
+    pub answer_pings: bool,
 }
 
 impl Default for ProxyOpts {
@@ -229,6 +231,7 @@ impl Default for ProxyOpts {
             public_addr: None,
             trusted: Vec::new(),
             max_handshakes: None,
+            answer_pings: true,
         }
     }
 }
@@ -291,7 +294,8 @@ pub async fn start_proxy_with(
     )
     .with_tls(identity.server_config(&[alpn::REVERSE_TUNNEL]).unwrap())
     .with_tunables(opts.tunables.clone())
-    .with_drain_timeout(opts.listen.drain_timeout);
+    .with_drain_timeout(opts.listen.drain_timeout)
+    .with_answer_pings(opts.answer_pings);
     if let Some(max) = opts.max_handshakes {
         tunnel_config = tunnel_config.with_max_handshakes(max);
     }
