@@ -47,17 +47,31 @@ struct Args {
     reps: usize,
     conns: usize,
     mib: u64,
+    /// The measurements to run ([`MEASUREMENTS`]); all when `--only` is not given.
+    only: Vec<String>,
+}
+
+/// The measurements `--only` selects, in the order they run.
+const MEASUREMENTS: [&str; 5] = ["stream", "pgbench", "pgbench-new", "keep-alive", "new-conn"];
+
+impl Args {
+    fn runs(&self, measurement: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|m| m == measurement)
+    }
 }
 
 const USAGE: &str =
     "apps_bench: the svc user path against direct, rathole (plain, TLS) and OpenSSH -R in one run
 
-usage: cargo run --release -p svc-benches --bin apps_bench -- [--secs 5] [--reps 3] [--conns 300] [--mib 2048]
+usage: cargo run --release -p svc-benches --bin apps_bench -- [--secs 5] [--reps 3] [--conns 300] [--mib 2048] [--only LIST]
 
   --secs   seconds per pgbench/wrk measurement
   --reps   measurements per path (medians are printed)
   --conns  lone HTTP requests on new connections per path (p50/p99)
   --mib    MiB per iperf3 transfer (single stream; CPU per GB is over this transfer)
+  --only   comma-separated measurements to run (default: all): stream (iperf3 and CPU per
+           GB), pgbench, pgbench-new (-C), keep-alive (wrk), new-conn (wrk with a new
+           connection per request, and one connection at a time)
 
 needs: postgresql, nginx, wrk, iperf3, openssh-server, openssh-client, openssl (Debian) and
 rathole (cargo install rathole, or SVC_BENCH_RATHOLE=<path>)";
@@ -68,6 +82,7 @@ fn args() -> Result<Args> {
         reps: 3,
         conns: 300,
         mib: 2048,
+        only: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -81,6 +96,17 @@ fn args() -> Result<Args> {
             "--reps" => a.reps = value.parse()?,
             "--conns" => a.conns = value.parse()?,
             "--mib" => a.mib = value.parse()?,
+            "--only" => {
+                for m in value.split(',').filter(|m| !m.is_empty()) {
+                    if !MEASUREMENTS.contains(&m) {
+                        bail!(
+                            "--only: unknown measurement {m} (known: {})",
+                            MEASUREMENTS.join(", ")
+                        );
+                    }
+                    a.only.push(m.to_owned());
+                }
+            }
             other => bail!("unknown flag {other}\n\n{USAGE}"),
         }
     }
@@ -916,26 +942,30 @@ fn main() -> Result<()> {
 
     type Probe<'a> = Box<dyn Fn(Via) -> Result<Vec<f64>> + 'a>;
     // (name, units of the probe's values, probe, with the no-resumption listener too).
-    let cases: Vec<(&str, Vec<&str>, Probe<'_>, bool)> = vec![
+    let cases: Vec<(&str, &str, Vec<&str>, Probe<'_>, bool)> = vec![
         (
+            "stream",
             "single stream (iperf3)",
             vec!["Gbit/s"],
             Box::new(|via| Ok(vec![iperf(ports_for(via).iperf, a.mib)?])),
             false,
         ),
         (
+            "pgbench",
             "pgbench `SELECT 1`, 1 client, one connection",
             vec!["tps"],
             Box::new(|via| Ok(vec![pgbench(&script, &db_for(via), a.secs, false)?])),
             false,
         ),
         (
+            "pgbench-new",
             "pgbench `SELECT 1`, 1 client, new connection per transaction (-C)",
             vec!["tps"],
             Box::new(|via| Ok(vec![pgbench(&script, &db_for(via), a.secs, true)?])),
             false,
         ),
         (
+            "keep-alive",
             "wrk to nginx, 10 keep-alive connections (req/s, p99)",
             vec!["req/s", "ms"],
             Box::new(|via| {
@@ -945,6 +975,7 @@ fn main() -> Result<()> {
             false,
         ),
         (
+            "new-conn",
             "wrk to nginx, new connection per request (req/s, p99)",
             vec!["req/s", "ms"],
             Box::new(|via| {
@@ -965,7 +996,10 @@ fn main() -> Result<()> {
     println!("|---|{}", "---|".repeat(header.len()));
     // CPU ticks spent (public side, far side) during the iperf3 transfers, per path.
     let mut cpu_spent: Vec<(Via, u64, u64)> = Vec::new();
-    for (i, (name, units, probe, cold_too)) in cases.iter().enumerate() {
+    for (key, name, units, probe, cold_too) in &cases {
+        if !a.runs(key) {
+            continue;
+        }
         let mut cells: Vec<Cell> = vec![Ok(Vec::new()); VIAS.len()];
         let mut cold: Cell = Ok(Vec::new());
         let targets: Vec<Via> = VIAS
@@ -985,7 +1019,7 @@ fn main() -> Result<()> {
                 let before = cpu(*via);
                 match probe(*via) {
                     Ok(v) => {
-                        if i == 0 {
+                        if *key == "stream" {
                             let after = cpu(*via);
                             cpu_spent.push((*via, after.0 - before.0, after.1 - before.1));
                         }
@@ -1030,57 +1064,61 @@ fn main() -> Result<()> {
         row.push(fmt(&cold));
         println!("| {name} | {} |", row.join(" | "));
     }
-    // One connection at a time: the set-up latency a user sees, in alternating rounds.
-    let all: Vec<Via> = VIAS.iter().copied().chain([Via::SvcCold]).collect();
-    let rounds = a.reps.max(1);
-    let mut lat: Vec<Vec<f64>> = vec![Vec::new(); all.len()];
-    for round in 0..rounds {
-        let n = a.conns / rounds + usize::from(round < a.conns % rounds);
-        for (via, l) in all.iter().zip(lat.iter_mut()) {
-            l.extend(
-                one_at_a_time(ports_for(*via).web, n)
-                    .with_context(|| format!("one at a time via {}", via.label()))?,
+    if a.runs("new-conn") {
+        // One connection at a time: the set-up latency a user sees, in alternating rounds.
+        let all: Vec<Via> = VIAS.iter().copied().chain([Via::SvcCold]).collect();
+        let rounds = a.reps.max(1);
+        let mut lat: Vec<Vec<f64>> = vec![Vec::new(); all.len()];
+        for round in 0..rounds {
+            let n = a.conns / rounds + usize::from(round < a.conns % rounds);
+            for (via, l) in all.iter().zip(lat.iter_mut()) {
+                l.extend(
+                    one_at_a_time(ports_for(*via).web, n)
+                        .with_context(|| format!("one at a time via {}", via.label()))?,
+                );
+            }
+        }
+        println!();
+        println!(
+            "HTTP request on a new connection, one at a time ({} connections per path): p50 / p99 ms",
+            a.conns
+        );
+        println!();
+        println!(
+            "| {} |",
+            all.iter().map(|v| v.label()).collect::<Vec<_>>().join(" | ")
+        );
+        println!("|{}", "---|".repeat(all.len()));
+        let cells: Vec<String> = lat
+            .iter_mut()
+            .map(|l| format!("{:.3} / {:.3}", pct(l, 0.5), pct(l, 0.99)))
+            .collect();
+        println!("| {} |", cells.join(" | "));
+    }
+    if !cpu_spent.is_empty() {
+        println!();
+        println!(
+            "CPU seconds per GB moved by iperf3 ({} MiB per transfer, up to {} transfers per path; utime + stime from /proc):",
+            a.mib, a.reps
+        );
+        println!();
+        println!("| path | public side | CPU s/GB | far side | CPU s/GB | total CPU s/GB |");
+        println!("|---|---|---|---|---|---|");
+        for via in VIAS.iter().skip(1) {
+            let spent: Vec<&(Via, u64, u64)> = cpu_spent.iter().filter(|c| c.0 == *via).collect();
+            if spent.is_empty() {
+                continue;
+            }
+            let gb = (spent.len() as u64 * (a.mib << 20)) as f64 / 1e9;
+            let public = spent.iter().map(|c| c.1).sum::<u64>() as f64 / ticks / gb;
+            let far = spent.iter().map(|c| c.2).sum::<u64>() as f64 / ticks / gb;
+            let (ps, fs) = sides(*via);
+            println!(
+                "| {} | {ps} | {public:.2} | {fs} | {far:.2} | {:.2} |",
+                via.label(),
+                public + far
             );
         }
-    }
-    println!();
-    println!(
-        "HTTP request on a new connection, one at a time ({} connections per path): p50 / p99 ms",
-        a.conns
-    );
-    println!();
-    println!(
-        "| {} |",
-        all.iter().map(|v| v.label()).collect::<Vec<_>>().join(" | ")
-    );
-    println!("|{}", "---|".repeat(all.len()));
-    let cells: Vec<String> = lat
-        .iter_mut()
-        .map(|l| format!("{:.3} / {:.3}", pct(l, 0.5), pct(l, 0.99)))
-        .collect();
-    println!("| {} |", cells.join(" | "));
-    println!();
-    println!(
-        "CPU seconds per GB moved by iperf3 ({} MiB per transfer, up to {} transfers per path; utime + stime from /proc):",
-        a.mib, a.reps
-    );
-    println!();
-    println!("| path | public side | CPU s/GB | far side | CPU s/GB | total CPU s/GB |");
-    println!("|---|---|---|---|---|---|");
-    for via in VIAS.iter().skip(1) {
-        let spent: Vec<&(Via, u64, u64)> = cpu_spent.iter().filter(|c| c.0 == *via).collect();
-        if spent.is_empty() {
-            continue;
-        }
-        let gb = (spent.len() as u64 * (a.mib << 20)) as f64 / 1e9;
-        let public = spent.iter().map(|c| c.1).sum::<u64>() as f64 / ticks / gb;
-        let far = spent.iter().map(|c| c.2).sum::<u64>() as f64 / ticks / gb;
-        let (ps, fs) = sides(*via);
-        println!(
-            "| {} | {ps} | {public:.2} | {fs} | {far:.2} | {:.2} |",
-            via.label(),
-            public + far
-        );
     }
     println!();
     println!(
