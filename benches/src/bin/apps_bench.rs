@@ -18,7 +18,8 @@
 //! whose threads are named `svc-cluster`; the local proxies (`tsh proxy app|db` as the CLI wires
 //! them) on a runtime whose threads are named `tsh-proxy`, so their CPU time is read apart. A
 //! further `tsh proxy app` listener makes a full TLS handshake to the proxy for every connection
-//! (resumption off) for the new-connection rows.
+//! (resumption off), and another offers ring's default order of cipher suites (AES-256-GCM with
+//! SHA-384 first, where svc offers AES-128-GCM with SHA-256 first), for the new-connection rows.
 //!
 //! Run (release build):
 //!
@@ -653,7 +654,14 @@ enum Via {
     Svc3024,
     /// svc on the single TLS port, the local proxy without TLS session resumption.
     SvcCold,
+    /// svc on the single TLS port, the local proxy offering ring's default order of cipher
+    /// suites (AES-256-GCM with SHA-384 first) instead of svc's (AES-128-GCM with SHA-256).
+    SvcAes256,
 }
+
+/// The paths measured besides [`VIAS`] for the new-connection rows: what resumption and the
+/// cipher suite change.
+const EXTRA_VIAS: [Via; 2] = [Via::SvcCold, Via::SvcAes256];
 
 const VIAS: [Via; 6] = [
     Via::Direct,
@@ -674,11 +682,12 @@ impl Via {
             Via::Svc => "svc, TLS port",
             Via::Svc3024 => "svc, 3024",
             Via::SvcCold => "svc, TLS port, no TLS resumption",
+            Via::SvcAes256 => "svc, TLS port, AES-256 suite first",
         }
     }
 
     fn is_svc(self) -> bool {
-        matches!(self, Via::Svc | Via::Svc3024 | Via::SvcCold)
+        matches!(self, Via::Svc | Via::Svc3024 | Via::SvcCold | Via::SvcAes256)
     }
 }
 
@@ -704,6 +713,8 @@ struct Svc {
     ports: Ports,
     /// The `tcp://` app's listener without TLS session resumption.
     cold_web: u16,
+    /// The `tcp://` app's listener offering ring's default order of cipher suites.
+    aes256_web: u16,
     warm: TlsConfigs,
     cold: TlsConfigs,
 }
@@ -773,6 +784,12 @@ fn start_svc(
         tls_configs: TlsConfigs::uncached(),
         ..client.clone()
     };
+    // And one offering ring's default order of cipher suites (AES-256-GCM with SHA-384 first,
+    // what svc's clients offered before they put AES-128-GCM with SHA-256 first).
+    let aes256 = ResourceClient {
+        tls_configs: TlsConfigs::with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider())),
+        ..client.clone()
+    };
     let (warm, cold_counts) = (client.tls_configs.clone(), cold.tls_configs.clone());
     let ports = local_rt.block_on(async {
         let mut ports = Vec::new();
@@ -781,6 +798,7 @@ fn start_svc(
             (ServedKind::App, "web", None, &client),
             (ServedKind::App, "iperf", None, &client),
             (ServedKind::App, "web", None, &cold),
+            (ServedKind::App, "web", None, &aes256),
         ] {
             let what = LocalProxy {
                 kind,
@@ -810,6 +828,7 @@ fn start_svc(
             iperf: ports[2],
         },
         cold_web: ports[3],
+        aes256_web: ports[4],
         warm,
         cold: cold_counts,
     })
@@ -895,6 +914,10 @@ fn main() -> Result<()> {
             web: svc.cold_web,
             ..svc.ports
         },
+        Via::SvcAes256 => Ports {
+            web: svc.aes256_web,
+            ..svc.ports
+        },
     };
     // CPU ticks of a path's two sides so far: (public side, far side), named by `sides`.
     let cpu = |via: Via| -> (u64, u64) {
@@ -904,7 +927,7 @@ fn main() -> Result<()> {
             Via::Rathole => tree(&rat),
             Via::RatholeTls => tree(&rat_tls),
             Via::OpenSsh => tree(&ssh),
-            Via::Svc | Via::Svc3024 | Via::SvcCold => {
+            Via::Svc | Via::Svc3024 | Via::SvcCold | Via::SvcAes256 => {
                 (thread_ticks("svc-cluster"), thread_ticks("tsh-proxy"))
             }
         }
@@ -913,7 +936,9 @@ fn main() -> Result<()> {
         Via::Direct => ("–", "–"),
         Via::Rathole | Via::RatholeTls => ("rathole server", "rathole client"),
         Via::OpenSsh => ("sshd", "ssh -R"),
-        Via::Svc | Via::Svc3024 | Via::SvcCold => ("proxy + agent + Auth (in-process)", "tsh proxy app"),
+        Via::Svc | Via::Svc3024 | Via::SvcCold | Via::SvcAes256 => {
+            ("proxy + agent + Auth (in-process)", "tsh proxy app")
+        }
     };
 
     let script = dir.path().join("select1.sql");
@@ -928,7 +953,7 @@ fn main() -> Result<()> {
         )
     };
     // Warm-up: the first connection through a tunnel opens its paths.
-    for via in VIAS.iter().copied().chain([Via::SvcCold]) {
+    for via in VIAS.iter().copied().chain(EXTRA_VIAS) {
         let p = ports_for(via);
         pgbench(&script, &db_for(via), 1, false)
             .with_context(|| format!("warm-up pgbench via {}", via.label()))?;
@@ -991,6 +1016,7 @@ fn main() -> Result<()> {
         "svc TLS port / rathole plain",
         "svc 3024 / rathole plain",
         "svc TLS port without TLS resumption",
+        "svc TLS port, AES-256 suite first",
     ]);
     println!("| measurement | {} |", header.join(" | "));
     println!("|---|{}", "---|".repeat(header.len()));
@@ -1001,16 +1027,18 @@ fn main() -> Result<()> {
             continue;
         }
         let mut cells: Vec<Cell> = vec![Ok(Vec::new()); VIAS.len()];
-        let mut cold: Cell = Ok(Vec::new());
+        let mut extra: Vec<Cell> = vec![Ok(Vec::new()); EXTRA_VIAS.len()];
         let targets: Vec<Via> = VIAS
             .iter()
             .copied()
-            .chain(cold_too.then_some(Via::SvcCold))
+            .chain(EXTRA_VIAS.iter().copied().filter(|_| *cold_too))
             .collect();
         for _ in 0..a.reps {
             for via in &targets {
                 let cell = match via {
-                    Via::SvcCold => &mut cold,
+                    v if EXTRA_VIAS.contains(v) => {
+                        &mut extra[EXTRA_VIAS.iter().position(|x| x == v).unwrap_or(0)]
+                    }
                     v => &mut cells[VIAS.iter().position(|x| x == v).unwrap_or(0)],
                 };
                 let Ok(done) = cell else {
@@ -1061,12 +1089,12 @@ fn main() -> Result<()> {
         let mut row: Vec<String> = cells.iter().map(fmt).collect();
         row.push(ratio(4));
         row.push(ratio(5));
-        row.push(fmt(&cold));
+        row.extend(extra.iter().map(fmt));
         println!("| {name} | {} |", row.join(" | "));
     }
     if a.runs("new-conn") {
         // One connection at a time: the set-up latency a user sees, in alternating rounds.
-        let all: Vec<Via> = VIAS.iter().copied().chain([Via::SvcCold]).collect();
+        let all: Vec<Via> = VIAS.iter().copied().chain(EXTRA_VIAS).collect();
         let rounds = a.reps.max(1);
         let mut lat: Vec<Vec<f64>> = vec![Vec::new(); all.len()];
         for round in 0..rounds {
