@@ -1022,6 +1022,9 @@ fn main() -> Result<()> {
     println!("|---|{}", "---|".repeat(header.len()));
     // CPU ticks spent (public side, far side) during the iperf3 transfers, per path.
     let mut cpu_spent: Vec<(Via, u64, u64)> = Vec::new();
+    // CPU ticks spent (cluster, local proxies) and connections made, per svc path, during the
+    // new-connection wrk runs.
+    let mut conn_cpu: Vec<(Via, u64, u64, f64)> = Vec::new();
     for (key, name, units, probe, cold_too) in &cases {
         if !a.runs(key) {
             continue;
@@ -1050,6 +1053,11 @@ fn main() -> Result<()> {
                         if *key == "stream" {
                             let after = cpu(*via);
                             cpu_spent.push((*via, after.0 - before.0, after.1 - before.1));
+                        }
+                        if *key == "new-conn" && via.is_svc() {
+                            let after = cpu(*via);
+                            let conns = v.first().copied().unwrap_or(0.0) * a.secs as f64;
+                            conn_cpu.push((*via, after.0 - before.0, after.1 - before.1, conns));
                         }
                         done.push(v);
                     }
@@ -1122,6 +1130,30 @@ fn main() -> Result<()> {
             .map(|l| format!("{:.3} / {:.3}", pct(l, 0.5), pct(l, 0.99)))
             .collect();
         println!("| {} |", cells.join(" | "));
+    }
+    if !conn_cpu.is_empty() {
+        println!();
+        println!(
+            "CPU per new connection through svc (wrk, a new connection per request; utime + stime of the threads from /proc over all repetitions):"
+        );
+        println!();
+        println!("| path | proxy + agent + Auth (in-process), µs | tsh proxy app, µs | both, µs |");
+        println!("|---|---|---|---|");
+        for via in VIAS.iter().chain(EXTRA_VIAS.iter()) {
+            let spent: Vec<_> = conn_cpu.iter().filter(|c| c.0 == *via).collect();
+            let conns: f64 = spent.iter().map(|c| c.3).sum();
+            if spent.is_empty() || conns <= 0.0 {
+                continue;
+            }
+            let per = |t: u64| t as f64 / ticks / conns * 1e6;
+            let cluster = per(spent.iter().map(|c| c.1).sum());
+            let local = per(spent.iter().map(|c| c.2).sum());
+            println!(
+                "| {} | {cluster:.0} | {local:.0} | {:.0} |",
+                via.label(),
+                cluster + local
+            );
+        }
     }
     if !cpu_spent.is_empty() {
         println!();
