@@ -763,7 +763,9 @@ mod tests {
         // signing the same request for the attacker's key.
         let forger = ca(IdentityKind::User);
         let forged = alice_cert(&forger);
-        let err = v.verify_user_x509(std::slice::from_ref(&forged), t0() + HOUR).unwrap_err();
+        let err = v
+            .verify_user_x509(std::slice::from_ref(&forged), t0() + HOUR)
+            .unwrap_err();
         assert!(
             matches!(
                 err,

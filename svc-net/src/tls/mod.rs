@@ -249,7 +249,9 @@ impl ServerIdentity {
     /// Sessions resume from stateless tickets (keys rotating every six hours): a local proxy
     /// (`tsh proxy app|db`) that opens a connection per client connection pays the full
     /// handshake once. A resumed session presents the certificate chain of its first handshake,
-    /// which the proxy verifies again (expiry included) as for any connection.
+    /// which the proxy checks again (expiry included) as for any connection; the signature of a
+    /// certificate the proxy's `Verifier` accepted before is not verified again (see
+    /// `svc_core::identity::Verifier::verify_x509`).
     pub fn server_config_with_client_auth(
         &self,
         alpn: &[&str],
