@@ -8,6 +8,9 @@
 //! - `iperf3`, one stream over a fixed transfer, through `tsh proxy app` to a `tcp://` app, with
 //!   the CPU time (utime + stime from `/proc`) each tunnel's processes spent per GB moved.
 //!
+//! For the new-connection rows it also prints the CPU time of svc's threads per new connection
+//! (the cluster's and the local proxies'); `--only` runs a subset of the measurements.
+//!
 //! Paths, each measured in turn (`--reps` times, medians): direct; rathole 0.5 with its plain TCP
 //! transport and with its TLS transport (a throwaway CA and PKCS#12 identity made here);
 //! OpenSSH `ssh -N -R` with `-c aes128-gcm@openssh.com` to an `sshd` started here on loopback
