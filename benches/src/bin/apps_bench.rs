@@ -8,6 +8,9 @@
 //! - `iperf3`, one stream over a fixed transfer, through `tsh proxy app` to a `tcp://` app, with
 //!   the CPU time (utime + stime from `/proc`) each tunnel's processes spent per GB moved.
 //!
+//! For the new-connection rows it also prints the CPU time of svc's threads per new connection
+//! (the cluster's and the local proxies'); `--only` runs a subset of the measurements.
+//!
 //! Paths, each measured in turn (`--reps` times, medians): direct; rathole 0.5 with its plain TCP
 //! transport and with its TLS transport (a throwaway CA and PKCS#12 identity made here);
 //! OpenSSH `ssh -N -R` with `-c aes128-gcm@openssh.com` to an `sshd` started here on loopback
@@ -18,7 +21,8 @@
 //! whose threads are named `svc-cluster`; the local proxies (`tsh proxy app|db` as the CLI wires
 //! them) on a runtime whose threads are named `tsh-proxy`, so their CPU time is read apart. A
 //! further `tsh proxy app` listener makes a full TLS handshake to the proxy for every connection
-//! (resumption off) for the new-connection rows.
+//! (resumption off), and another offers ring's default order of cipher suites (AES-256-GCM with
+//! SHA-384 first, where svc offers AES-128-GCM with SHA-256 first), for the new-connection rows.
 //!
 //! Run (release build):
 //!
@@ -47,17 +51,31 @@ struct Args {
     reps: usize,
     conns: usize,
     mib: u64,
+    /// The measurements to run ([`MEASUREMENTS`]); all when `--only` is not given.
+    only: Vec<String>,
+}
+
+/// The measurements `--only` selects, in the order they run.
+const MEASUREMENTS: [&str; 5] = ["stream", "pgbench", "pgbench-new", "keep-alive", "new-conn"];
+
+impl Args {
+    fn runs(&self, measurement: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|m| m == measurement)
+    }
 }
 
 const USAGE: &str =
     "apps_bench: the svc user path against direct, rathole (plain, TLS) and OpenSSH -R in one run
 
-usage: cargo run --release -p svc-benches --bin apps_bench -- [--secs 5] [--reps 3] [--conns 300] [--mib 2048]
+usage: cargo run --release -p svc-benches --bin apps_bench -- [--secs 5] [--reps 3] [--conns 300] [--mib 2048] [--only LIST]
 
   --secs   seconds per pgbench/wrk measurement
   --reps   measurements per path (medians are printed)
   --conns  lone HTTP requests on new connections per path (p50/p99)
   --mib    MiB per iperf3 transfer (single stream; CPU per GB is over this transfer)
+  --only   comma-separated measurements to run (default: all): stream (iperf3 and CPU per
+           GB), pgbench, pgbench-new (-C), keep-alive (wrk), new-conn (wrk with a new
+           connection per request, and one connection at a time)
 
 needs: postgresql, nginx, wrk, iperf3, openssh-server, openssh-client, openssl (Debian) and
 rathole (cargo install rathole, or SVC_BENCH_RATHOLE=<path>)";
@@ -68,6 +86,7 @@ fn args() -> Result<Args> {
         reps: 3,
         conns: 300,
         mib: 2048,
+        only: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -81,6 +100,17 @@ fn args() -> Result<Args> {
             "--reps" => a.reps = value.parse()?,
             "--conns" => a.conns = value.parse()?,
             "--mib" => a.mib = value.parse()?,
+            "--only" => {
+                for m in value.split(',').filter(|m| !m.is_empty()) {
+                    if !MEASUREMENTS.contains(&m) {
+                        bail!(
+                            "--only: unknown measurement {m} (known: {})",
+                            MEASUREMENTS.join(", ")
+                        );
+                    }
+                    a.only.push(m.to_owned());
+                }
+            }
             other => bail!("unknown flag {other}\n\n{USAGE}"),
         }
     }
@@ -627,7 +657,14 @@ enum Via {
     Svc3024,
     /// svc on the single TLS port, the local proxy without TLS session resumption.
     SvcCold,
+    /// svc on the single TLS port, the local proxy offering ring's default order of cipher
+    /// suites (AES-256-GCM with SHA-384 first) instead of svc's (AES-128-GCM with SHA-256).
+    SvcAes256,
 }
+
+/// The paths measured besides [`VIAS`] for the new-connection rows: what resumption and the
+/// cipher suite change.
+const EXTRA_VIAS: [Via; 2] = [Via::SvcCold, Via::SvcAes256];
 
 const VIAS: [Via; 6] = [
     Via::Direct,
@@ -648,11 +685,12 @@ impl Via {
             Via::Svc => "svc, TLS port",
             Via::Svc3024 => "svc, 3024",
             Via::SvcCold => "svc, TLS port, no TLS resumption",
+            Via::SvcAes256 => "svc, TLS port, AES-256 suite first",
         }
     }
 
     fn is_svc(self) -> bool {
-        matches!(self, Via::Svc | Via::Svc3024 | Via::SvcCold)
+        matches!(self, Via::Svc | Via::Svc3024 | Via::SvcCold | Via::SvcAes256)
     }
 }
 
@@ -678,6 +716,8 @@ struct Svc {
     ports: Ports,
     /// The `tcp://` app's listener without TLS session resumption.
     cold_web: u16,
+    /// The `tcp://` app's listener offering ring's default order of cipher suites.
+    aes256_web: u16,
     warm: TlsConfigs,
     cold: TlsConfigs,
 }
@@ -747,6 +787,12 @@ fn start_svc(
         tls_configs: TlsConfigs::uncached(),
         ..client.clone()
     };
+    // And one offering ring's default order of cipher suites (AES-256-GCM with SHA-384 first,
+    // what svc's clients offered before they put AES-128-GCM with SHA-256 first).
+    let aes256 = ResourceClient {
+        tls_configs: TlsConfigs::with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider())),
+        ..client.clone()
+    };
     let (warm, cold_counts) = (client.tls_configs.clone(), cold.tls_configs.clone());
     let ports = local_rt.block_on(async {
         let mut ports = Vec::new();
@@ -755,6 +801,7 @@ fn start_svc(
             (ServedKind::App, "web", None, &client),
             (ServedKind::App, "iperf", None, &client),
             (ServedKind::App, "web", None, &cold),
+            (ServedKind::App, "web", None, &aes256),
         ] {
             let what = LocalProxy {
                 kind,
@@ -784,6 +831,7 @@ fn start_svc(
             iperf: ports[2],
         },
         cold_web: ports[3],
+        aes256_web: ports[4],
         warm,
         cold: cold_counts,
     })
@@ -869,6 +917,10 @@ fn main() -> Result<()> {
             web: svc.cold_web,
             ..svc.ports
         },
+        Via::SvcAes256 => Ports {
+            web: svc.aes256_web,
+            ..svc.ports
+        },
     };
     // CPU ticks of a path's two sides so far: (public side, far side), named by `sides`.
     let cpu = |via: Via| -> (u64, u64) {
@@ -878,7 +930,7 @@ fn main() -> Result<()> {
             Via::Rathole => tree(&rat),
             Via::RatholeTls => tree(&rat_tls),
             Via::OpenSsh => tree(&ssh),
-            Via::Svc | Via::Svc3024 | Via::SvcCold => {
+            Via::Svc | Via::Svc3024 | Via::SvcCold | Via::SvcAes256 => {
                 (thread_ticks("svc-cluster"), thread_ticks("tsh-proxy"))
             }
         }
@@ -887,7 +939,9 @@ fn main() -> Result<()> {
         Via::Direct => ("–", "–"),
         Via::Rathole | Via::RatholeTls => ("rathole server", "rathole client"),
         Via::OpenSsh => ("sshd", "ssh -R"),
-        Via::Svc | Via::Svc3024 | Via::SvcCold => ("proxy + agent + Auth (in-process)", "tsh proxy app"),
+        Via::Svc | Via::Svc3024 | Via::SvcCold | Via::SvcAes256 => {
+            ("proxy + agent + Auth (in-process)", "tsh proxy app")
+        }
     };
 
     let script = dir.path().join("select1.sql");
@@ -902,7 +956,7 @@ fn main() -> Result<()> {
         )
     };
     // Warm-up: the first connection through a tunnel opens its paths.
-    for via in VIAS.iter().copied().chain([Via::SvcCold]) {
+    for via in VIAS.iter().copied().chain(EXTRA_VIAS) {
         let p = ports_for(via);
         pgbench(&script, &db_for(via), 1, false)
             .with_context(|| format!("warm-up pgbench via {}", via.label()))?;
@@ -916,26 +970,30 @@ fn main() -> Result<()> {
 
     type Probe<'a> = Box<dyn Fn(Via) -> Result<Vec<f64>> + 'a>;
     // (name, units of the probe's values, probe, with the no-resumption listener too).
-    let cases: Vec<(&str, Vec<&str>, Probe<'_>, bool)> = vec![
+    let cases: Vec<(&str, &str, Vec<&str>, Probe<'_>, bool)> = vec![
         (
+            "stream",
             "single stream (iperf3)",
             vec!["Gbit/s"],
             Box::new(|via| Ok(vec![iperf(ports_for(via).iperf, a.mib)?])),
             false,
         ),
         (
+            "pgbench",
             "pgbench `SELECT 1`, 1 client, one connection",
             vec!["tps"],
             Box::new(|via| Ok(vec![pgbench(&script, &db_for(via), a.secs, false)?])),
             false,
         ),
         (
+            "pgbench-new",
             "pgbench `SELECT 1`, 1 client, new connection per transaction (-C)",
             vec!["tps"],
             Box::new(|via| Ok(vec![pgbench(&script, &db_for(via), a.secs, true)?])),
             false,
         ),
         (
+            "keep-alive",
             "wrk to nginx, 10 keep-alive connections (req/s, p99)",
             vec!["req/s", "ms"],
             Box::new(|via| {
@@ -945,6 +1003,7 @@ fn main() -> Result<()> {
             false,
         ),
         (
+            "new-conn",
             "wrk to nginx, new connection per request (req/s, p99)",
             vec!["req/s", "ms"],
             Box::new(|via| {
@@ -960,23 +1019,32 @@ fn main() -> Result<()> {
         "svc TLS port / rathole plain",
         "svc 3024 / rathole plain",
         "svc TLS port without TLS resumption",
+        "svc TLS port, AES-256 suite first",
     ]);
     println!("| measurement | {} |", header.join(" | "));
     println!("|---|{}", "---|".repeat(header.len()));
     // CPU ticks spent (public side, far side) during the iperf3 transfers, per path.
     let mut cpu_spent: Vec<(Via, u64, u64)> = Vec::new();
-    for (i, (name, units, probe, cold_too)) in cases.iter().enumerate() {
+    // CPU ticks spent (cluster, local proxies) and connections made, per svc path, during the
+    // new-connection wrk runs.
+    let mut conn_cpu: Vec<(Via, u64, u64, f64)> = Vec::new();
+    for (key, name, units, probe, cold_too) in &cases {
+        if !a.runs(key) {
+            continue;
+        }
         let mut cells: Vec<Cell> = vec![Ok(Vec::new()); VIAS.len()];
-        let mut cold: Cell = Ok(Vec::new());
+        let mut extra: Vec<Cell> = vec![Ok(Vec::new()); EXTRA_VIAS.len()];
         let targets: Vec<Via> = VIAS
             .iter()
             .copied()
-            .chain(cold_too.then_some(Via::SvcCold))
+            .chain(EXTRA_VIAS.iter().copied().filter(|_| *cold_too))
             .collect();
         for _ in 0..a.reps {
             for via in &targets {
                 let cell = match via {
-                    Via::SvcCold => &mut cold,
+                    v if EXTRA_VIAS.contains(v) => {
+                        &mut extra[EXTRA_VIAS.iter().position(|x| x == v).unwrap_or(0)]
+                    }
                     v => &mut cells[VIAS.iter().position(|x| x == v).unwrap_or(0)],
                 };
                 let Ok(done) = cell else {
@@ -985,9 +1053,14 @@ fn main() -> Result<()> {
                 let before = cpu(*via);
                 match probe(*via) {
                     Ok(v) => {
-                        if i == 0 {
+                        if *key == "stream" {
                             let after = cpu(*via);
                             cpu_spent.push((*via, after.0 - before.0, after.1 - before.1));
+                        }
+                        if *key == "new-conn" && via.is_svc() {
+                            let after = cpu(*via);
+                            let conns = v.first().copied().unwrap_or(0.0) * a.secs as f64;
+                            conn_cpu.push((*via, after.0 - before.0, after.1 - before.1, conns));
                         }
                         done.push(v);
                     }
@@ -1027,60 +1100,88 @@ fn main() -> Result<()> {
         let mut row: Vec<String> = cells.iter().map(fmt).collect();
         row.push(ratio(4));
         row.push(ratio(5));
-        row.push(fmt(&cold));
+        row.extend(extra.iter().map(fmt));
         println!("| {name} | {} |", row.join(" | "));
     }
-    // One connection at a time: the set-up latency a user sees, in alternating rounds.
-    let all: Vec<Via> = VIAS.iter().copied().chain([Via::SvcCold]).collect();
-    let rounds = a.reps.max(1);
-    let mut lat: Vec<Vec<f64>> = vec![Vec::new(); all.len()];
-    for round in 0..rounds {
-        let n = a.conns / rounds + usize::from(round < a.conns % rounds);
-        for (via, l) in all.iter().zip(lat.iter_mut()) {
-            l.extend(
-                one_at_a_time(ports_for(*via).web, n)
-                    .with_context(|| format!("one at a time via {}", via.label()))?,
+    if a.runs("new-conn") {
+        // One connection at a time: the set-up latency a user sees, in alternating rounds.
+        let all: Vec<Via> = VIAS.iter().copied().chain(EXTRA_VIAS).collect();
+        let rounds = a.reps.max(1);
+        let mut lat: Vec<Vec<f64>> = vec![Vec::new(); all.len()];
+        for round in 0..rounds {
+            let n = a.conns / rounds + usize::from(round < a.conns % rounds);
+            for (via, l) in all.iter().zip(lat.iter_mut()) {
+                l.extend(
+                    one_at_a_time(ports_for(*via).web, n)
+                        .with_context(|| format!("one at a time via {}", via.label()))?,
+                );
+            }
+        }
+        println!();
+        println!(
+            "HTTP request on a new connection, one at a time ({} connections per path): p50 / p99 ms",
+            a.conns
+        );
+        println!();
+        println!(
+            "| {} |",
+            all.iter().map(|v| v.label()).collect::<Vec<_>>().join(" | ")
+        );
+        println!("|{}", "---|".repeat(all.len()));
+        let cells: Vec<String> = lat
+            .iter_mut()
+            .map(|l| format!("{:.3} / {:.3}", pct(l, 0.5), pct(l, 0.99)))
+            .collect();
+        println!("| {} |", cells.join(" | "));
+    }
+    if !conn_cpu.is_empty() {
+        println!();
+        println!(
+            "CPU per new connection through svc (wrk, a new connection per request; utime + stime of the threads from /proc over all repetitions):"
+        );
+        println!();
+        println!("| path | proxy + agent + Auth (in-process), µs | tsh proxy app, µs | both, µs |");
+        println!("|---|---|---|---|");
+        for via in VIAS.iter().chain(EXTRA_VIAS.iter()) {
+            let spent: Vec<_> = conn_cpu.iter().filter(|c| c.0 == *via).collect();
+            let conns: f64 = spent.iter().map(|c| c.3).sum();
+            if spent.is_empty() || conns <= 0.0 {
+                continue;
+            }
+            let per = |t: u64| t as f64 / ticks / conns * 1e6;
+            let cluster = per(spent.iter().map(|c| c.1).sum());
+            let local = per(spent.iter().map(|c| c.2).sum());
+            println!(
+                "| {} | {cluster:.0} | {local:.0} | {:.0} |",
+                via.label(),
+                cluster + local
             );
         }
     }
-    println!();
-    println!(
-        "HTTP request on a new connection, one at a time ({} connections per path): p50 / p99 ms",
-        a.conns
-    );
-    println!();
-    println!(
-        "| {} |",
-        all.iter().map(|v| v.label()).collect::<Vec<_>>().join(" | ")
-    );
-    println!("|{}", "---|".repeat(all.len()));
-    let cells: Vec<String> = lat
-        .iter_mut()
-        .map(|l| format!("{:.3} / {:.3}", pct(l, 0.5), pct(l, 0.99)))
-        .collect();
-    println!("| {} |", cells.join(" | "));
-    println!();
-    println!(
-        "CPU seconds per GB moved by iperf3 ({} MiB per transfer, up to {} transfers per path; utime + stime from /proc):",
-        a.mib, a.reps
-    );
-    println!();
-    println!("| path | public side | CPU s/GB | far side | CPU s/GB | total CPU s/GB |");
-    println!("|---|---|---|---|---|---|");
-    for via in VIAS.iter().skip(1) {
-        let spent: Vec<&(Via, u64, u64)> = cpu_spent.iter().filter(|c| c.0 == *via).collect();
-        if spent.is_empty() {
-            continue;
-        }
-        let gb = (spent.len() as u64 * (a.mib << 20)) as f64 / 1e9;
-        let public = spent.iter().map(|c| c.1).sum::<u64>() as f64 / ticks / gb;
-        let far = spent.iter().map(|c| c.2).sum::<u64>() as f64 / ticks / gb;
-        let (ps, fs) = sides(*via);
+    if !cpu_spent.is_empty() {
+        println!();
         println!(
-            "| {} | {ps} | {public:.2} | {fs} | {far:.2} | {:.2} |",
-            via.label(),
-            public + far
+            "CPU seconds per GB moved by iperf3 ({} MiB per transfer, up to {} transfers per path; utime + stime from /proc):",
+            a.mib, a.reps
         );
+        println!();
+        println!("| path | public side | CPU s/GB | far side | CPU s/GB | total CPU s/GB |");
+        println!("|---|---|---|---|---|---|");
+        for via in VIAS.iter().skip(1) {
+            let spent: Vec<&(Via, u64, u64)> = cpu_spent.iter().filter(|c| c.0 == *via).collect();
+            if spent.is_empty() {
+                continue;
+            }
+            let gb = (spent.len() as u64 * (a.mib << 20)) as f64 / 1e9;
+            let public = spent.iter().map(|c| c.1).sum::<u64>() as f64 / ticks / gb;
+            let far = spent.iter().map(|c| c.2).sum::<u64>() as f64 / ticks / gb;
+            let (ps, fs) = sides(*via);
+            println!(
+                "| {} | {ps} | {public:.2} | {fs} | {far:.2} | {:.2} |",
+                via.label(),
+                public + far
+            );
+        }
     }
     println!();
     println!(

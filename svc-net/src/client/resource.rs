@@ -79,6 +79,8 @@ struct TlsConfigsInner {
     resumed: std::sync::atomic::AtomicU64,
     /// Build a configuration for every connection (no session to resume).
     uncached: bool,
+    /// The crypto provider, when not [`crate::tls::provider`].
+    provider: Option<Arc<rustls::crypto::CryptoProvider>>,
 }
 
 impl TlsConfigs {
@@ -87,6 +89,15 @@ impl TlsConfigs {
     pub fn uncached() -> Self {
         Self(Arc::new(TlsConfigsInner {
             uncached: true,
+            ..Default::default()
+        }))
+    }
+
+    /// Configurations built with `provider` instead of [`crate::tls::provider`] (e.g. ring's
+    /// default order of cipher suites, AES-256 first): for measurements.
+    pub fn with_provider(provider: Arc<rustls::crypto::CryptoProvider>) -> Self {
+        Self(Arc::new(TlsConfigsInner {
+            provider: Some(provider),
             ..Default::default()
         }))
     }
@@ -162,7 +173,13 @@ impl ResourceClient {
     fn build_tls(&self, protocol: &str) -> Result<Arc<rustls::ClientConfig>, ConnectError> {
         let id = |e: String| ConnectError::Identity(e);
         let (chain, key) = self.identity.tls_parts().map_err(|e| id(e.to_string()))?;
-        let builder = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        let provider = self
+            .tls_configs
+            .0
+            .provider
+            .clone()
+            .unwrap_or_else(crate::tls::provider);
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| id(e.to_string()))?;
         let builder = if self.insecure {
