@@ -1,10 +1,12 @@
-//! Scale harness: idle tunnels, a reconnect storm, proxy peering, mesh against peering.
+//! Scale harness: idle tunnels, a reconnect storm, proxy peering, mesh against peering, channel
+//! churn.
 //!
 //! ```text
 //! cargo build --release -p svc-bins --bin svc
 //! cargo run --release -p svc-benches --bin scale_bench -- idle    [--agents 10000] [--rate 250]
 //!     [--join-concurrency 32] [--no-auth-link]
 //! cargo run --release -p svc-benches --bin scale_bench -- peering [--agents 2000] [--dials 400]
+//! cargo run --release -p svc-benches --bin scale_bench -- churn   [--agents 10] [--dials 50000]
 //! ```
 //!
 //! Both start the cluster's Auth Service as its own process (`svc start` with an Auth-only
@@ -22,6 +24,10 @@
 //! until every agent is registered again, until every agent's Auth API link has a heartbeat
 //! accepted again, the Auth Service's CPU and peak RSS meanwhile, and whether a sample of
 //! `--sample` agents answers a dial through the proxy (0 stranded is the goal).
+//!
+//! `churn` starts one proxy and `--agents` agents and makes `--dials` short connections through
+//! their tunnels (`--concurrency` at a time): the proxy's and the simulator's resident memory
+//! after a tenth, half and all of them, per connection — what a closed channel leaves behind.
 //!
 //! `peering` starts three proxy processes in `agent_mesh` mode, `--agents` agents (their
 //! configured addresses spread over the three), counts the tunnels and the proxies' memory;
@@ -421,6 +427,71 @@ async fn peering(exe: &std::path::Path, dir: &std::path::Path, cluster: &Cluster
     Ok(())
 }
 
+/// Many short client connections through few long-lived tunnels: the proxy's and the agents'
+/// memory before and after (what a channel leaves behind once it is closed).
+async fn churn(exe: &std::path::Path, dir: &std::path::Path, cluster: &Cluster) -> anyhow::Result<()> {
+    let n = arg("--agents", 10)? as usize;
+    let dials = arg("--dials", 50_000)? as usize;
+    let conc = arg("--concurrency", 4)? as usize;
+    let mut fleet = simulator()?;
+    cluster.write_proxy_token(dir, 0).await?;
+    let proxy = ProxyProcess::start(exe, dir, 0, 0, Mode::Mesh)?;
+    let tokens = cluster.tokens("node", n).await?;
+    let port = proxy.web_port;
+    let addr_of = move |i: usize| sim::agent_proxy_addr(i, port);
+    let (joined, _) = fleet.join(&cluster.join.ca_pin, tokens, 0, &addr_of).await?;
+    fleet.start(joined, 100).await?;
+    wait_until(
+        &format!("{n} agents registered on the proxy"),
+        Duration::from_secs(120),
+        || async { Ok(proxy.count().await? >= n) },
+    )
+    .await?;
+    let ids: Vec<String> = fleet.agents.iter().map(|a| a.host_id.clone()).collect();
+    let me = std::process::id();
+    println!(
+        "channel churn: {dials} new connections through {n} tunnels, {conc} at a time (connect, the agent's one byte, close)"
+    );
+    let mut done = 0;
+    for step in [dials / 10, dials / 2, dials] {
+        let (p0, s0) = (settle_rss(proxy.pid()).await?, sim::rss_bytes(me)?);
+        let started = Instant::now();
+        let count = step - done;
+        let mut workers = tokio::task::JoinSet::new();
+        for w in 0..conc {
+            let ids = ids.clone();
+            let control = proxy.control;
+            let share = count / conc + usize::from(w < count % conc);
+            workers.spawn(async move {
+                for j in 0..share {
+                    let id = &ids[(w + j * conc) % ids.len()];
+                    let answer = svc_benches_control(control, id).await?;
+                    anyhow::ensure!(answer == "ok!", "dial {id}: {answer}");
+                }
+                anyhow::Ok(())
+            });
+        }
+        while let Some(r) = workers.join_next().await {
+            r??;
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let (p1, s1) = (settle_rss(proxy.pid()).await?, sim::rss_bytes(me)?);
+        done = step;
+        println!(
+            "  after {step:>7} connections: proxy RSS {:7.1} MiB ({:+.2} KiB per connection over the last {count}), simulator RSS {:7.1} MiB ({:+.2} KiB per connection); {:.0} conn/s (load {})",
+            mib(p1),
+            (p1 as f64 - p0 as f64) / 1024.0 / count as f64,
+            mib(s1),
+            (s1 as f64 - s0 as f64) / 1024.0 / count as f64,
+            count as f64 / secs,
+            sim::load()
+        );
+    }
+    fleet.shutdown().await;
+    drop(proxy);
+    Ok(())
+}
+
 async fn svc_benches_control(control: std::net::SocketAddr, host_id: &str) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(control).await?;
@@ -462,7 +533,8 @@ fn main() -> anyhow::Result<()> {
         match what.as_str() {
             "idle" => idle_and_storm(&exe, &path, &cluster, &auth).await,
             "peering" => peering(&exe, &path, &cluster).await,
-            other => anyhow::bail!("unknown scenario {other:?}: idle or peering"),
+            "churn" => churn(&exe, &path, &cluster).await,
+            other => anyhow::bail!("unknown scenario {other:?}: idle, peering or churn"),
         }
     })
 }
