@@ -187,6 +187,18 @@ impl Scene {
             .machine
             .exec_within(&["systemctl", "start", "svc-upgrade.service"], UPGRADE_RUN);
         let id = self.machine.show("svc-upgrade.service", "InvocationID");
+        // journald stores the run's lines asynchronously: a query right after the unit ended
+        // may find none yet (seen as "-- No entries --" after a run that had installed).
+        let has_lines = |j: &str| {
+            j.lines()
+                .any(|l| !l.trim().is_empty() && !l.starts_with("-- No entries"))
+        };
+        let _ = self.machine.try_wait_for(
+            Duration::from_secs(15),
+            "the run's lines in the journal",
+            || has_lines(&self.invocation_journal(&id)),
+            String::new,
+        );
         (ran, self.invocation_journal(&id))
     }
 

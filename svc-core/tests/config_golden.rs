@@ -255,6 +255,8 @@ fn full_file_sets_every_section() {
         ),
         (3, 50, Duration::from_secs(3600))
     );
+    assert_eq!(c.auth.connection_limits.max_connections, 65_536);
+    assert_eq!(c.proxy.connection_limits.max_connections, 250_000);
     match &c.auth.storage {
         StorageConfig::Etcd(etcd) => {
             assert_eq!(etcd.peers.len(), 3);
