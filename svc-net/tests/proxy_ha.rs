@@ -228,11 +228,10 @@ async fn an_agent_behind_one_address_holds_a_tunnel_to_every_proxy_and_survives_
     stopping.within("the proxy's drain").await.unwrap();
     // It left the registry: the other proxies announce the two that remain.
     announce(&proxies.iter().collect::<Vec<_>>(), lb);
-    assert!(
-        logs.text().contains("asked the agent to reconnect elsewhere"),
-        "{}",
-        logs.text()
-    );
+    logs.wait_for_line("the drain asking the agent to reconnect elsewhere", |l| {
+        l.contains("asked the agent to reconnect elsewhere")
+    })
+    .await;
     agent
         .wait_for(|s| !s.connected.contains(&stopped_id) && s.connected.len() == 2)
         .within("the agent letting go of the stopped proxy")
@@ -424,7 +423,10 @@ async fn proxy_headers_are_honoured_only_from_trusted_sources() {
     let mut answer = Vec::new();
     let _ = s.read_to_end(&mut answer).within("the plain-HTTP hint").await;
     assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 400"));
-    assert!(logs.text().contains("client=192.0.2.7:5555"), "{}", logs.text());
+    logs.wait_for_line("the trusted v1 header's source as the client", |l| {
+        l.contains("client=192.0.2.7:5555")
+    })
+    .await;
 
     // A proxy that trusts nobody on loopback refuses haproxy's header and a hand-made one.
     let untrusted_port = svc_testkit::free_port("127.0.0.1");
@@ -446,15 +448,12 @@ async fn proxy_headers_are_honoured_only_from_trusted_sources() {
         answer.is_empty(),
         "nothing is answered after an untrusted PROXY header"
     );
-    let text = logs.text();
-    assert!(
-        text.lines().any(
-            |l| l.contains("PROXY protocol header from untrusted address 127.0.0.1; refused")
-                && l.contains("peer=127.0.0.1:")
-        ),
-        "the refusal names the peer:\n{text}"
-    );
-    assert!(!text.contains("client=192.0.2.8"));
+    logs.wait_for_line("the refusal naming the peer", |l| {
+        l.contains("PROXY protocol header from untrusted address 127.0.0.1; refused")
+            && l.contains("peer=127.0.0.1:")
+    })
+    .await;
+    assert!(!logs.text().contains("client=192.0.2.8"));
 
     trusted.shutdown().await;
     untrusted.shutdown().await;
@@ -520,12 +519,10 @@ async fn proxies_register_through_the_auth_api_and_direct_agents_point_their_upd
         !upgrade1.join("endpoint").exists(),
         "no endpoint while no proxy is registered (never the Auth address)"
     );
-    assert!(
-        logs.text()
-            .contains("no proxy is registered with the Auth Service"),
-        "{}",
-        logs.text()
-    );
+    logs.wait_for_line("the direct agent saying no proxy is registered", |l| {
+        l.contains("no proxy is registered with the Auth Service")
+    })
+    .await;
 
     // Two proxies behind haproxy, each announcing itself.
     let ports: Vec<u16> = (0..2).map(|_| svc_testkit::free_port("127.0.0.1")).collect();

@@ -231,11 +231,11 @@ async fn an_agent_a_major_version_ahead_is_refused_and_says_why() {
         err.contains("agent version v18.0.0 is incompatible with cluster version v17.0.0"),
         "{err}"
     );
-    let text = logs.text();
-    let line = text
-        .lines()
-        .find(|l| l.contains("ERROR") && l.contains("the proxy closed the reverse tunnel"))
-        .unwrap_or_else(|| panic!("the agent logged no refusal:\n{text}"));
+    let line = logs
+        .wait_for_line("the agent logging the refusal", |l| {
+            l.contains("ERROR") && l.contains("the proxy closed the reverse tunnel")
+        })
+        .await;
     assert!(line.contains("newer major version than the cluster"), "{line}");
     assert!(proxy.tunnel.registry().get("node-next").is_none());
 

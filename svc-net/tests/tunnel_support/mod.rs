@@ -514,6 +514,24 @@ impl CapturedLogs {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
+
+    /// Waits up to 10 s for a line matching `pred` and returns it. A server logs what it did
+    /// after the client saw it happen (a connection is closed, then the reason logged), so a
+    /// line is awaited, never read at once. Panics with `what` and everything logged.
+    #[allow(dead_code)]
+    pub async fn wait_for_line(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = self.text();
+            if let Some(line) = text.lines().find(|l| pred(l)) {
+                return line.to_owned();
+            }
+            if std::time::Instant::now() >= deadline {
+                panic!("no log line within 10 s: {what}\n{text}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 impl std::io::Write for CapturedLogs {
