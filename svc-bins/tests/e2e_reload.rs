@@ -5,21 +5,26 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{SVC, TCTL};
 
-/// The next line from svc's stdout that starts with `prefix`, within `limit`.
-fn line_starting(rx: &mpsc::Receiver<String>, prefix: &str, limit: Duration) -> String {
+/// The next line from svc's stdout that starts with `prefix`, within `limit`; on failure the
+/// panic shows what svc wrote to `stderr`.
+fn line_starting(rx: &mpsc::Receiver<String>, prefix: &str, limit: Duration, stderr: &Path) -> String {
     let deadline = Instant::now() + limit;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) if line.trim().starts_with(prefix) => return line.trim().to_owned(),
             Ok(_) => continue,
-            Err(e) => panic!("svc printed no line starting with {prefix:?} within {limit:?} ({e})"),
+            Err(e) => panic!(
+                "svc printed no line starting with {prefix:?} within {limit:?} ({e}); its stderr:\n{}",
+                std::fs::read_to_string(stderr).unwrap_or_default()
+            ),
         }
     }
 }
@@ -37,7 +42,8 @@ fn sighup_restarts_svc_in_place_and_it_keeps_serving() {
         ),
     )
     .expect("write config");
-    let stderr = std::fs::File::create(dir.path().join("svc.stderr")).expect("stderr file");
+    let stderr_path = dir.path().join("svc.stderr");
+    let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
     let mut child = Command::new(SVC)
         .args(["start", "--config"])
         .arg(&config)
@@ -58,18 +64,18 @@ fn sighup_restarts_svc_in_place_and_it_keeps_serving() {
         }
     });
     let step = Duration::from_secs(90);
-    let first_pin = line_starting(&rx, "CA pin: ", step);
-    line_starting(&rx, "svc: ready", step);
+    let first_pin = line_starting(&rx, "CA pin: ", step, &stderr_path);
+    line_starting(&rx, "svc: ready", step, &stderr_path);
 
     let status = Command::new("kill")
         .args(["-HUP", &pid.to_string()])
         .status()
         .expect("kill");
     assert!(status.success(), "kill -HUP failed");
-    line_starting(&rx, "svc: SIGHUP: draining", step);
+    line_starting(&rx, "svc: SIGHUP: draining", step, &stderr_path);
     // The same process (exec keeps the PID) announces itself again: same cluster, same CAs.
-    let second_pin = line_starting(&rx, "CA pin: ", step);
-    line_starting(&rx, "svc: ready", step);
+    let second_pin = line_starting(&rx, "CA pin: ", step, &stderr_path);
+    line_starting(&rx, "svc: ready", step, &stderr_path);
     assert_eq!(
         first_pin, second_pin,
         "the restarted svc must keep the cluster's CAs"

@@ -59,14 +59,30 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn run(config: Config, cluster: Cluster) -> anyhow::Result<()> {
+    // The handlers are installed before anything is announced: a SIGHUP (`systemctl reload`)
+    // or SIGTERM sent as soon as "ready" is seen must drain, not meet the default action,
+    // which kills the process.
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut hup) = (signal(SignalKind::terminate())?, signal(SignalKind::hangup())?);
     // In Kubernetes (the chart sets the variables): the schedule and the updater's status go
     // through the shared-state Secret, the host identity lives in the replica's own Secret.
     let kube = KubeAgent::from_env(|k| std::env::var(k).ok()).await?;
-    let running = kube.apply(cluster).start().await?;
+    // SIGTERM or Ctrl-C while starting (a store that does not answer, say) stops at once; a
+    // SIGHUP meanwhile is kept and reloads once started.
+    let running = tokio::select! {
+        r = kube.apply(cluster).start() => r?,
+        _ = term.recv() => {
+            println!("svc: stopped while starting");
+            return Ok(());
+        }
+        r = tokio::signal::ctrl_c() => {
+            r?;
+            println!("svc: stopped while starting");
+            return Ok(());
+        }
+    };
     svc_bins::svc::banner(&config, &running);
     println!("svc: ready");
-    use tokio::signal::unix::{SignalKind, signal};
-    let (mut term, mut hup) = (signal(SignalKind::terminate())?, signal(SignalKind::hangup())?);
     let reload = tokio::select! {
         _ = term.recv() => false,
         _ = hup.recv() => true,
