@@ -1,7 +1,10 @@
 //! The Auth API through the proxy's web port: TLS routing sends connections whose ALPN starts
 //! with `svc-auth@` here, and the raw TLS stream (ClientHello replayed) is spliced to the Auth
 //! Service. TLS, and so the client-certificate check, stays end to end between the client and
-//! the Auth Service; the proxy sees only ciphertext.
+//! the Auth Service; the proxy sees only ciphertext. Agents keep these links open for days and
+//! mostly idle, so the splice holds no copy buffer between heartbeats ([`splice`]).
+//!
+//! [`splice`]: crate::io::splice::splice
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,7 +30,7 @@ pub fn auth_route(auth_addr: SocketAddr) -> ConnService {
             let mut upstream = tokio::net::TcpStream::connect(*addr).await?;
             upstream.set_nodelay(true)?;
             tokio::select! {
-                r = tokio::io::copy_bidirectional(&mut io, &mut upstream) => {
+                r = crate::io::splice::splice(&mut io, &mut upstream) => {
                     if let Err(e) = r {
                         tracing::debug!(%peer, error = %e, "auth route: connection ended");
                     }
@@ -76,7 +79,7 @@ pub fn auth_route_any(addrs: Vec<String>) -> ConnService {
             };
             upstream.set_nodelay(true)?;
             tokio::select! {
-                r = tokio::io::copy_bidirectional(&mut io, &mut upstream) => {
+                r = crate::io::splice::splice(&mut io, &mut upstream) => {
                     if let Err(e) = r {
                         tracing::debug!(%peer, error = %e, "auth route: connection ended");
                     }

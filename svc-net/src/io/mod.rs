@@ -6,6 +6,7 @@
 //! (`route`), TLS termination and every handler build on it.
 
 pub mod rewind;
+pub mod splice;
 
 use std::{
     fmt,
