@@ -5,6 +5,9 @@
 //!   file (`pwrite` at offset 0, so the file size never changes) and `fdatasync`. The ratio says
 //!   how much the database costs beyond the one flush a durable write needs. (Appending instead
 //!   would make every flush also write the file size, a slower and unfair baseline.)
+//! - Concurrent durable writes: the same puts from [`WRITERS`] tasks at once (agents'
+//!   heartbeats reach the Auth Service this way), which the embedded backend commits in
+//!   batches, one fsync per batch; against the same single-write baseline.
 //! - Read: `EmbeddedBackend::get` against `MemoryBackend::get` (a map lookup behind a mutex).
 //!
 //! The variants alternate in every round; the medians of the rounds and their ratios are
@@ -19,6 +22,8 @@ const ROUNDS: usize = 7;
 const WRITES_PER_ROUND: usize = 200;
 const READS_PER_ROUND: usize = 20_000;
 const VALUE: &[u8] = &[0x5a; 512];
+/// Writers at once in the concurrent write measurement.
+const WRITERS: usize = 64;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -51,14 +56,20 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let dir = tempfile::tempdir()?;
-    let embedded = EmbeddedBackend::open(dir.path().join("bench.redb"))?;
+    let embedded = std::sync::Arc::new(EmbeddedBackend::open(dir.path().join("bench.redb"))?);
     let memory = MemoryBackend::new();
     let raw = std::fs::File::create(dir.path().join("raw.log"))?;
     raw.write_all_at(VALUE, 0)?;
     raw.sync_all()?;
 
-    let (mut raw_w, mut emb_w, mut mem_w, mut emb_r, mut mem_r) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut raw_w, mut emb_w, mut emb_cw, mut mem_w, mut emb_r, mut mem_r) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
     for round in 0..rounds {
         let start = Instant::now();
         for _ in 0..writes {
@@ -75,6 +86,25 @@ fn main() -> anyhow::Result<()> {
                     .await?;
             }
             emb_w.push(per_op(start.elapsed(), writes));
+
+            // The same number of writes per writer, from WRITERS writers at once.
+            let start = Instant::now();
+            let mut tasks = Vec::new();
+            for w in 0..WRITERS {
+                let embedded = std::sync::Arc::clone(&embedded);
+                tasks.push(tokio::spawn(async move {
+                    for i in 0..writes {
+                        embedded
+                            .put(Item::new(format!("/bench/{round}/c{w}/{i}"), VALUE))
+                            .await?;
+                    }
+                    anyhow::Ok(())
+                }));
+            }
+            for task in tasks {
+                task.await??;
+            }
+            emb_cw.push(per_op(start.elapsed(), writes * WRITERS));
 
             let start = Instant::now();
             for i in 0..writes {
@@ -99,9 +129,10 @@ fn main() -> anyhow::Result<()> {
             anyhow::Ok(())
         })?;
     }
-    let (raw_w, emb_w, mem_w, emb_r, mem_r) = (
+    let (raw_w, emb_w, emb_cw, mem_w, emb_r, mem_r) = (
         median(raw_w),
         median(emb_w),
+        median(emb_cw),
         median(mem_w),
         median(emb_r),
         median(mem_r),
@@ -111,6 +142,11 @@ fn main() -> anyhow::Result<()> {
     println!(
         "durable write: in-place pwrite+fdatasync {raw_w:?}/op (baseline), embedded put {emb_w:?}/op = {:.2}x baseline; memory put {mem_w:?}/op",
         ratio(emb_w, raw_w)
+    );
+    println!(
+        "concurrent durable writes: {WRITERS} writers, embedded put {emb_cw:?}/op = {:.2}x baseline ({:.1}x the single writer's rate)",
+        ratio(emb_cw, raw_w),
+        ratio(emb_w, emb_cw)
     );
     println!(
         "read: memory get {mem_r:?}/op (baseline), embedded get {emb_r:?}/op = {:.2}x baseline",

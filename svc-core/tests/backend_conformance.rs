@@ -248,6 +248,91 @@ async fn cas_race_loses_no_update(make: Make) -> Result<()> {
     Ok(())
 }
 
+/// Many writers at once (the embedded backend commits them in batches): every write gets its
+/// own answer — distinct revisions for those applied, its own typed refusal for the others,
+/// which change nothing — and watchers see exactly the applied writes, in revision order.
+async fn concurrent_writes_get_their_own_answers(make: Make) -> Result<()> {
+    const WRITERS: usize = 64;
+    let s = make(clock(), 4096).await?;
+    let start = s.backend.current_revision().await?;
+    let mut w = s.backend.watch(&Key::from("/batch/")).await?;
+    ensure!(matches!(w.next().await?, Event::Init { .. }));
+    let mut tasks = Vec::new();
+    for i in 0..WRITERS {
+        let b = Arc::clone(&s.backend);
+        tasks.push(tokio::spawn(async move {
+            let own = b
+                .create(Item::new(format!("/batch/own/{i:03}"), i.to_string()))
+                .await?;
+            let shared = b.create(Item::new("/batch/shared", i.to_string())).await;
+            let missing = b.delete(&Key::from(format!("/batch/missing/{i:03}"))).await;
+            let stale = b
+                .compare_and_swap(start, Item::new(format!("/batch/own/{i:03}"), "stale"))
+                .await;
+            anyhow::Ok((own, shared, missing, stale))
+        }));
+    }
+    let mut applied = Vec::new();
+    let mut shared_winners = 0;
+    for task in tasks {
+        let (own, shared, missing, stale) = task.await??;
+        applied.push(own);
+        match shared {
+            Ok(r) => {
+                shared_winners += 1;
+                applied.push(r);
+            }
+            Err(BackendError::AlreadyExists { key }) => ensure!(key.as_bytes() == b"/batch/shared"),
+            Err(other) => anyhow::bail!("creating the shared key: {other}"),
+        }
+        ensure!(
+            matches!(missing, Err(BackendError::NotFound { .. })),
+            "deleting a missing key: {missing:?}"
+        );
+        ensure!(
+            matches!(stale, Err(BackendError::RevisionMismatch { .. })),
+            "a stale compare-and-swap: {stale:?}"
+        );
+    }
+    ensure!(
+        shared_winners == 1,
+        "{shared_winners} writers created the same key"
+    );
+    applied.sort();
+    let distinct = applied.len();
+    applied.dedup();
+    ensure!(applied.len() == distinct, "two writes got the same revision");
+    ensure!(
+        applied.iter().all(|r| *r > start),
+        "a revision at or below the start"
+    );
+    // The refused writes changed nothing: every own key holds its first value.
+    let stored = s.backend.range(&KeyRange::prefix("/batch/own/")).await?;
+    ensure!(stored.len() == WRITERS);
+    ensure!(
+        stored.iter().all(|i| i.value != b"stale"),
+        "a stale swap was applied"
+    );
+    let mut seen = Vec::new();
+    while seen.len() < applied.len() {
+        match w.next().await? {
+            Event::Put(item) => seen.push(item.revision),
+            other => anyhow::bail!("only puts were applied, got {other:?}"),
+        }
+    }
+    ensure!(
+        seen.windows(2).all(|p| p[0] < p[1]),
+        "events out of order: {seen:?}"
+    );
+    ensure!(seen == applied, "the events are not the applied writes");
+    println!(
+        "concurrent writes: {WRITERS} writers, {} applied, {} refused",
+        applied.len(),
+        WRITERS * 4 - applied.len()
+    );
+    Ok(())
+}
+
 async fn watch_delivers_every_change_in_order(make: Make) -> Result<()> {
     let s = make(clock(), 4096).await?;
     let b = &s.backend;
@@ -414,6 +499,18 @@ macro_rules! conformance {
                         stringify!(cas_race_loses_no_update)
                     ),
                     super::cas_race_loses_no_update(super::$backend),
+                )
+                .await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn concurrent_writes_get_their_own_answers() -> Result<()> {
+                within(
+                    concat!(
+                        stringify!($backend),
+                        "::",
+                        stringify!(concurrent_writes_get_their_own_answers)
+                    ),
+                    super::concurrent_writes_get_their_own_answers(super::$backend),
                 )
                 .await
             }

@@ -38,6 +38,10 @@ const TESTS: &[(&str, Test)] = &[
         "kill9_keeps_every_acknowledged_write",
         kill9_keeps_every_acknowledged_write,
     ),
+    (
+        "kill9_keeps_every_acknowledged_concurrent_write",
+        kill9_keeps_every_acknowledged_concurrent_write,
+    ),
     #[cfg(feature = "etcd")]
     (
         "etcd_kill9_keeps_every_acknowledged_write",
@@ -94,28 +98,61 @@ fn key(n: usize) -> Key {
     Key::from(format!("/crash/{n:08}"))
 }
 
+/// How many writers the child runs at once (`SVC_CRASH_WRITERS`, 1 by default): with several,
+/// the embedded backend commits their writes in batches.
+const WRITERS_ENV: &str = "SVC_CRASH_WRITERS";
+/// The concurrent writers of [`kill9_keeps_every_acknowledged_concurrent_write`].
+const CONCURRENT_WRITERS: usize = 32;
+
 fn writer(path: std::path::PathBuf) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let writers: usize = match std::env::var(WRITERS_ENV) {
+        Ok(n) => n.parse().with_context(|| format!("{WRITERS_ENV}={n:?}"))?,
+        Err(_) => 1,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let backend = EmbeddedBackend::open(&path)?;
-        let mut stdout = std::io::stdout().lock();
-        for n in 0..BURST {
-            backend.put(Item::new(key(n), n.to_string())).await?;
-            // Only now is the write acknowledged; the parent trusts nothing it has not read.
-            writeln!(stdout, "ACK {n}")?;
-            stdout.flush()?;
+        let backend = std::sync::Arc::new(EmbeddedBackend::open(&path)?);
+        let mut tasks = Vec::new();
+        for first in 0..writers {
+            let backend = std::sync::Arc::clone(&backend);
+            tasks.push(tokio::spawn(async move {
+                for n in (first..BURST).step_by(writers) {
+                    backend.put(Item::new(key(n), n.to_string())).await?;
+                    // Only now is the write acknowledged; the parent trusts nothing it has not
+                    // read.
+                    let mut stdout = std::io::stdout().lock();
+                    writeln!(stdout, "ACK {n}")?;
+                    stdout.flush()?;
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for task in tasks {
+            task.await??;
         }
         anyhow::Ok(())
     })
 }
 
 fn kill9_keeps_every_acknowledged_write() -> Result<()> {
+    kill9_writer(1)
+}
+
+/// The same with many writers at once, whose writes the backend commits in batches: a write
+/// is acknowledged only once the batch holding it is on disk.
+fn kill9_keeps_every_acknowledged_concurrent_write() -> Result<()> {
+    kill9_writer(CONCURRENT_WRITERS)
+}
+
+fn kill9_writer(writers: usize) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("crash.redb");
     let mut child = Command::new(std::env::current_exe()?)
         .env(WRITER_ENV, &db)
+        .env(WRITERS_ENV, writers.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -175,14 +212,15 @@ fn kill9_keeps_every_acknowledged_write() -> Result<()> {
             ensure!(item.value == n.to_string().as_bytes(), "write {n} corrupted");
         }
         let stored = backend.range(&KeyRange::prefix("/crash/")).await?.len();
-        // The write in flight at the kill may or may not have committed; nothing more.
+        // The writes in flight at the kill (one per writer) may or may not have committed;
+        // nothing more.
         ensure!(
-            stored == acked.len() || stored == acked.len() + 1,
-            "{stored} keys stored, {} acknowledged",
+            stored >= acked.len() && stored <= acked.len() + writers,
+            "{stored} keys stored, {} acknowledged by {writers} writers",
             acked.len()
         );
         println!(
-            "kill -9 after {} acknowledged writes: all {} present after reopen ({stored} stored)",
+            "kill -9 after {} acknowledged writes ({writers} writers): all {} present after reopen ({stored} stored)",
             acked.len(),
             acked.len()
         );

@@ -1,11 +1,18 @@
 //! [`EmbeddedBackend`]: the default [`Backend`], one redb database file in the data directory.
 //!
-//! redb is a pure-Rust, copy-on-write B-tree with ACID transactions. Every write here is one
-//! transaction committed with `Durability::Immediate` (redb's default: the commit returns only
-//! after the data and the new root are fsynced), so an acknowledged write survives `kill -9`
+//! redb is a pure-Rust, copy-on-write B-tree with ACID transactions. Every write is committed
+//! with `Durability::Immediate` (redb's default: the commit returns only after the data and the
+//! new root are fsynced) before it is acknowledged, so an acknowledged write survives `kill -9`
 //! and power loss, and a crash mid-commit leaves the previous committed state. Writes are
 //! serialized by one lock, which also orders the watch events; they run on tokio's blocking
 //! pool because a commit waits for the disk.
+//!
+//! Group commit: writes that arrive while a commit waits for the disk queue up, and the next
+//! holder of the lock commits them all in one transaction, one fsync for the lot (at most
+//! 512 writes). Each keeps its own revision, its own check (a create, compare-and-swap
+//! or delete sees the writes queued before it) and its own answer; one that fails its check
+//! changes nothing and does not fail the others. Under many concurrent writers (agents'
+//! heartbeats) this turns one fsync per write into one per batch.
 //!
 //! Layout: table `items` maps the key bytes to an encoded [`Item`] (see [`encode_value`]); table
 //! `meta` holds the revision counter, so revisions keep growing across restarts.
@@ -20,8 +27,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use tokio::sync::broadcast;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use tokio::sync::{broadcast, oneshot};
 
 use super::codec::{FORMAT_V1, malformed, put_expiry_and_value, take_expiry_and_value};
 use super::memory::DEFAULT_WATCH_BUFFER;
@@ -34,6 +41,9 @@ const ITEMS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("items");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 const REVISION: &str = "revision";
 
+/// The most writes committed in one transaction.
+const MAX_BATCH: usize = 512;
+
 /// The crash-safe default [`Backend`]: a redb database file. Share it in an `Arc`.
 pub struct EmbeddedBackend {
     inner: Arc<Inner>,
@@ -42,9 +52,11 @@ pub struct EmbeddedBackend {
 struct Inner {
     db: Database,
     path: PathBuf,
-    /// Held for the whole of every write (including the fsync); holds the last committed
+    /// Held for the whole of every commit (including the fsync); holds the last committed
     /// revision.
     writer: Mutex<Revision>,
+    /// Writes waiting for a commit; whoever holds `writer` next takes them all.
+    queue: Mutex<Vec<Queued>>,
     /// The last revision announced to watchers. Held only to publish an event or to
     /// subscribe, never across disk I/O, so async callers of `watch` never wait for an fsync.
     published: Mutex<Revision>,
@@ -113,6 +125,7 @@ impl EmbeddedBackend {
                 db,
                 path,
                 writer: Mutex::new(Revision(revision)),
+                queue: Mutex::new(Vec::new()),
                 published: Mutex::new(Revision(revision)),
                 events,
                 clock,
@@ -136,9 +149,33 @@ impl EmbeddedBackend {
             .map_err(|e| BackendError::storage("running a blocking database task", e))?
     }
 
+    /// Queues the write and commits the queue: this write alone, or with every write queued
+    /// meanwhile if a commit was under way.
     async fn write(&self, op: WriteOp, item: Item) -> Result<Revision, BackendError> {
-        self.blocking(move |inner| inner.write(op, item)).await
+        let (done, answer) = oneshot::channel();
+        self.inner
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Queued { op, item, done });
+        self.blocking(|inner| {
+            inner.commit_queued();
+            Ok(())
+        })
+        .await?;
+        // Answered: by this commit, or by an earlier one that took the write from the queue
+        // before this one got the lock.
+        answer
+            .await
+            .map_err(|_| BackendError::storage("committing a write", "the write was dropped unanswered"))?
     }
+}
+
+/// A write waiting for a commit, and where its answer goes.
+struct Queued {
+    op: WriteOp,
+    item: Item,
+    done: oneshot::Sender<Result<Revision, BackendError>>,
 }
 
 /// The database holds the CA private keys and the password hashes: it is created `0600` (redb
@@ -162,55 +199,69 @@ fn create_private(path: &Path) -> Result<(), BackendError> {
 }
 
 impl Inner {
-    fn write(&self, op: WriteOp, mut item: Item) -> Result<Revision, BackendError> {
-        let now = self.clock.now();
+    /// Takes the queued writes (up to [`MAX_BATCH`]) under the writer lock and commits them in
+    /// one transaction, answering each. Nothing to do if another commit already took them.
+    fn commit_queued(&self) {
         let mut last = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let batch: Vec<Queued> = {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            let take = queue.len().min(MAX_BATCH);
+            queue.drain(..take).collect()
+        };
+        if batch.is_empty() {
+            return;
+        }
+        let (writes, answers): (Vec<_>, Vec<_>) = batch.into_iter().map(|q| ((q.op, q.item), q.done)).unzip();
+        let outcomes = match self.commit_batch(&mut last, writes) {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                // Nothing of the batch is committed: every write in it fails.
+                let reason = e.to_string();
+                answers.into_iter().for_each(|done| {
+                    let _ = done.send(Err(BackendError::storage("committing a write", reason.clone())));
+                });
+                return;
+            }
+        };
+        // Events go out in revision order, before the writers hear back, with the lock held.
+        for (outcome, done) in outcomes.into_iter().zip(answers) {
+            let answer = outcome.map(|event| {
+                let revision = event.revision();
+                self.publish(event);
+                revision
+            });
+            // A writer that stopped waiting is not an error: its write is committed all the same.
+            let _ = done.send(answer);
+        }
+    }
+
+    /// Applies `writes` in order in one transaction and commits it (unless none applied). Each
+    /// outcome is the write's event or its own refusal; an error is the whole batch's failure.
+    fn commit_batch(
+        &self,
+        last: &mut Revision,
+        writes: Vec<(WriteOp, Item)>,
+    ) -> Result<Vec<Result<Event, BackendError>>, BackendError> {
+        let now = self.clock.now();
         let txn = self
             .db
             .begin_write()
             .map_err(|e| BackendError::storage("starting a write", e))?;
-        let revision = last.next();
-        {
-            let mut items = txn
-                .open_table(ITEMS)
-                .map_err(|e| BackendError::storage("opening the items table", e))?;
-            let current = items
-                .get(item.key.as_bytes())
-                .map_err(|e| BackendError::storage("reading the current item", e))?
-                .map(|v| decode_value(item.key.clone(), v.value()))
-                .transpose()?
-                .filter(|i| !i.is_expired(now));
-            check_write(&op, &item.key, current.as_ref())?;
-            if matches!(op, WriteOp::Delete) {
-                items
-                    .remove(item.key.as_bytes())
-                    .map_err(|e| BackendError::storage("deleting an item", e))?;
-            } else {
-                item.revision = revision;
-                items
-                    .insert(item.key.as_bytes(), encode_value(&item).as_slice())
-                    .map_err(|e| BackendError::storage("writing an item", e))?;
-            }
-            let mut meta = txn
-                .open_table(META)
-                .map_err(|e| BackendError::storage("opening the meta table", e))?;
-            meta.insert(REVISION, revision.0)
-                .map_err(|e| BackendError::storage("writing the revision", e))?;
+        let mut revision = *last;
+        let outcomes = stage(&txn, writes, &mut revision, now)?;
+        if revision == *last {
+            // Every write was refused: nothing to commit (dropping the transaction aborts it).
+            return Ok(outcomes);
         }
+        txn.open_table(META)
+            .map_err(|e| BackendError::storage("opening the meta table", e))?
+            .insert(REVISION, revision.0)
+            .map_err(|e| BackendError::storage("writing the revision", e))?;
         // Durability::Immediate is redb's default: this returns after fsync.
         txn.commit()
             .map_err(|e| BackendError::storage("committing a write", e))?;
         *last = revision;
-        let event = if matches!(op, WriteOp::Delete) {
-            Event::Delete {
-                key: item.key,
-                revision,
-            }
-        } else {
-            Event::Put(item)
-        };
-        self.publish(event);
-        Ok(revision)
+        Ok(outcomes)
     }
 
     /// Announces a committed change. Called with the writer lock still held, so events go
@@ -249,6 +300,53 @@ impl Inner {
         }
         Ok(out)
     }
+}
+
+/// Writes each of `writes` in `txn` that passes its check against the items as they stand
+/// with the earlier writes applied, giving each the next revision after `revision`.
+fn stage(
+    txn: &WriteTransaction,
+    writes: Vec<(WriteOp, Item)>,
+    revision: &mut Revision,
+    now: SystemTime,
+) -> Result<Vec<Result<Event, BackendError>>, BackendError> {
+    let mut items = txn
+        .open_table(ITEMS)
+        .map_err(|e| BackendError::storage("opening the items table", e))?;
+    let mut outcomes = Vec::with_capacity(writes.len());
+    for (op, mut item) in writes {
+        let current = items
+            .get(item.key.as_bytes())
+            .map_err(|e| BackendError::storage("reading the current item", e))?
+            .map(|v| decode_value(item.key.clone(), v.value()));
+        // A stored value that does not decode refuses this write only.
+        let checked = match current.transpose() {
+            Ok(current) => check_write(&op, &item.key, current.filter(|i| !i.is_expired(now)).as_ref()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = checked {
+            outcomes.push(Err(e));
+            continue;
+        }
+        let next = revision.next();
+        if matches!(op, WriteOp::Delete) {
+            items
+                .remove(item.key.as_bytes())
+                .map_err(|e| BackendError::storage("deleting an item", e))?;
+            outcomes.push(Ok(Event::Delete {
+                key: item.key,
+                revision: next,
+            }));
+        } else {
+            item.revision = next;
+            items
+                .insert(item.key.as_bytes(), encode_value(&item).as_slice())
+                .map_err(|e| BackendError::storage("writing an item", e))?;
+            outcomes.push(Ok(Event::Put(item)));
+        }
+        *revision = next;
+    }
+    Ok(outcomes)
 }
 
 #[async_trait]
