@@ -23,7 +23,7 @@
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -163,8 +163,8 @@ impl EmbeddedBackend {
             Ok(())
         })
         .await?;
-        // Answered: by this commit, or by an earlier one that took the write from the queue
-        // before this one got the lock.
+        // Answered by whichever thread committed it: this one, or the one that held the writer
+        // lock when this one tried.
         answer
             .await
             .map_err(|_| BackendError::storage("committing a write", "the write was dropped unanswered"))?
@@ -199,20 +199,45 @@ fn create_private(path: &Path) -> Result<(), BackendError> {
 }
 
 impl Inner {
-    /// Takes the queued writes (up to [`MAX_BATCH`]) under the writer lock and commits them in
-    /// one transaction, answering each. Nothing to do if another commit already took them.
+    /// Commits what is queued, in batches of up to [`MAX_BATCH`], unless another thread holds
+    /// the writer lock: that thread commits whatever is queued before it lets go (and looks
+    /// again after letting go), so a writer never waits in line behind other writers' threads
+    /// only to find its write already committed.
     fn commit_queued(&self) {
-        let mut last = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        let batch: Vec<Queued> = {
-            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            let take = queue.len().min(MAX_BATCH);
-            queue.drain(..take).collect()
-        };
-        if batch.is_empty() {
-            return;
+        loop {
+            let mut last = match self.writer.try_lock() {
+                Ok(last) => last,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            loop {
+                let batch: Vec<Queued> = {
+                    let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                    let take = queue.len().min(MAX_BATCH);
+                    queue.drain(..take).collect()
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                self.commit_and_answer(&mut last, batch);
+            }
+            drop(last);
+            // A write queued after the last look but before the lock was free found it held.
+            if self
+                .queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty()
+            {
+                return;
+            }
         }
+    }
+
+    /// Commits `batch` in one transaction and answers each of its writers.
+    fn commit_and_answer(&self, last: &mut Revision, batch: Vec<Queued>) {
         let (writes, answers): (Vec<_>, Vec<_>) = batch.into_iter().map(|q| ((q.op, q.item), q.done)).unzip();
-        let outcomes = match self.commit_batch(&mut last, writes) {
+        let outcomes = match self.commit_batch(last, writes) {
             Ok(outcomes) => outcomes,
             Err(e) => {
                 // Nothing of the batch is committed: every write in it fails.
@@ -458,8 +483,16 @@ fn expired_keys(inner: &Inner, now: SystemTime) -> Result<Vec<Key>, BackendError
 }
 
 impl Inner {
-    /// Deletes `key` if it is still expired; emits the delete event.
+    /// Deletes `key` if it is still expired; emits the delete event. Then commits the writes
+    /// queued meanwhile: they found the writer lock held (see `commit_queued`).
     fn purge_one(&self, key: &Key, now: SystemTime) -> Result<bool, BackendError> {
+        let purged = self.purge_one_locked(key, now);
+        self.commit_queued();
+        purged
+    }
+
+    /// [`Inner::purge_one`] under the writer lock.
+    fn purge_one_locked(&self, key: &Key, now: SystemTime) -> Result<bool, BackendError> {
         let mut last = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let txn = self
             .db
