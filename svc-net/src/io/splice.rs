@@ -86,6 +86,10 @@ impl Direction {
                 self.written = 0;
             }
             if self.read_done {
+                if self.unflushed {
+                    ready!(Pin::new(&mut *writer).poll_flush(cx))?;
+                    self.unflushed = false;
+                }
                 ready!(Pin::new(&mut *writer).poll_shutdown(cx))?;
                 self.done = true;
                 return Poll::Ready(Ok(self.amount));
