@@ -29,7 +29,8 @@ const PEEK: Duration = Duration::from_secs(15);
 const SLACK: Duration = Duration::from_secs(45);
 
 /// nginx terminating TLS on 127.0.0.1:`port` with `cert`/`key`, proxying everything to the
-/// proxy's web port `upstream` over HTTPS/1.1 with the upgrade headers passed.
+/// proxy's web port `upstream` over HTTPS/1.1 with the upgrade headers passed. One process
+/// (`master_process off`): killed on drop, it leaves no worker behind holding the port.
 fn start_nginx(dir: &Path, port: u16, upstream: &str, cert: &Path, key: &Path) -> Proc {
     let nginx = require("nginx", "nginx");
     let root = dir.join("nginx");
@@ -39,7 +40,7 @@ fn start_nginx(dir: &Path, port: u16, upstream: &str, cert: &Path, key: &Path) -
     std::fs::write(
         &conf,
         format!(
-            "user root;\nworker_processes 1;\ndaemon off;\npid {r}/nginx.pid;\nerror_log {r}/error.log info;\nevents {{}}\n\
+            "user root;\nmaster_process off;\ndaemon off;\npid {r}/nginx.pid;\nerror_log {r}/error.log info;\nevents {{}}\n\
 http {{\n  access_log {r}/access.log;\n  client_body_temp_path {r}/tmp/body;\n  proxy_temp_path {r}/tmp/proxy;\n  fastcgi_temp_path {r}/tmp/fastcgi;\n  uwsgi_temp_path {r}/tmp/uwsgi;\n  scgi_temp_path {r}/tmp/scgi;\n\
   map $http_upgrade $connection_upgrade {{\n    default upgrade;\n    ''      close;\n  }}\n\
   server {{\n    listen 127.0.0.1:{port} ssl;\n    ssl_certificate {};\n    ssl_certificate_key {};\n\

@@ -233,6 +233,8 @@ impl Drop for Postgres {
     }
 }
 
+/// nginx answering `ok` on a free port, as one process (`master_process off`): killed on drop,
+/// it leaves no worker behind holding the port.
 fn nginx(dir: &Path) -> Result<(Killed, u16)> {
     let port = free_port()?;
     let root = dir.join("nginx");
@@ -242,7 +244,7 @@ fn nginx(dir: &Path) -> Result<(Killed, u16)> {
     std::fs::write(
         &conf,
         format!(
-            "user root;\nworker_processes 1;\ndaemon off;\npid {r}/nginx.pid;\nerror_log {r}/error.log;\nevents {{}}\nhttp {{\n  access_log off;\n  client_body_temp_path {r}/tmp/b;\n  proxy_temp_path {r}/tmp/p;\n  fastcgi_temp_path {r}/tmp/f;\n  uwsgi_temp_path {r}/tmp/u;\n  scgi_temp_path {r}/tmp/s;\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{ return 200 'ok'; }}\n  }}\n}}\n"
+            "user root;\nmaster_process off;\ndaemon off;\npid {r}/nginx.pid;\nerror_log {r}/error.log;\nevents {{}}\nhttp {{\n  access_log off;\n  client_body_temp_path {r}/tmp/b;\n  proxy_temp_path {r}/tmp/p;\n  fastcgi_temp_path {r}/tmp/f;\n  uwsgi_temp_path {r}/tmp/u;\n  scgi_temp_path {r}/tmp/s;\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{ return 200 'ok'; }}\n  }}\n}}\n"
         ),
     )?;
     let child = Command::new(tool("nginx", "nginx")?)

@@ -130,6 +130,8 @@ impl Drop for Nginx {
     }
 }
 
+/// nginx serving the two pages over TLS, as one process (`master_process off`): killed on drop,
+/// it leaves no worker behind holding the port.
 fn start_nginx(
     dir: &Path,
     cert: &Path,
@@ -140,7 +142,7 @@ fn start_nginx(
     let port = free_port()?;
     let d = dir.display();
     let conf = format!(
-        r#"worker_processes 1;
+        r#"master_process off;
 daemon off;
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;

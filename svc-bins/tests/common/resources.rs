@@ -204,7 +204,8 @@ impl KubeApi {
 }
 
 /// nginx over TLS standing in for the Kubernetes API server: 401 unless the agent's bearer
-/// token arrives; otherwise echoes the impersonation headers and the path as JSON.
+/// token arrives; otherwise echoes the impersonation headers and the path as JSON. One process
+/// (`master_process off`): killed on drop, it leaves no worker behind holding the port.
 pub fn fake_api_server(dir: &Path, cert: &Path, key: &Path, token: &str) -> (Proc, u16) {
     let nginx = require("nginx", "nginx");
     let port = free_port();
@@ -215,7 +216,7 @@ pub fn fake_api_server(dir: &Path, cert: &Path, key: &Path, token: &str) -> (Pro
     std::fs::write(
         &conf,
         format!(
-            "user root;\nworker_processes 1;\ndaemon off;\npid {r}/nginx.pid;\nerror_log {r}/error.log;\nevents {{}}\n\
+            "user root;\nmaster_process off;\ndaemon off;\npid {r}/nginx.pid;\nerror_log {r}/error.log;\nevents {{}}\n\
 http {{\n  access_log off;\n  client_body_temp_path {r}/tmp/body;\n  proxy_temp_path {r}/tmp/proxy;\n  fastcgi_temp_path {r}/tmp/fastcgi;\n  uwsgi_temp_path {r}/tmp/uwsgi;\n  scgi_temp_path {r}/tmp/scgi;\n\
   server {{\n    listen 127.0.0.1:{port} ssl;\n    ssl_certificate {};\n    ssl_certificate_key {};\n    default_type application/json;\n\
     location / {{\n      if ($http_authorization != \"Bearer {token}\") {{ return 401 '{{\"kind\":\"Status\",\"message\":\"bad token\"}}'; }}\n\
