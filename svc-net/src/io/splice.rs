@@ -134,41 +134,33 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, duplex};
 
+    /// Sends `data` on `stream` and shuts its writing half while reading everything the other
+    /// side sends until its end; returns what was read.
+    async fn exchange(mut stream: tokio::io::DuplexStream, data: Vec<u8>) -> Vec<u8> {
+        let (mut r, mut w) = tokio::io::split(&mut stream);
+        let send = async {
+            w.write_all(&data).await.unwrap();
+            w.shutdown().await.unwrap();
+        };
+        let mut got = Vec::new();
+        let ((), n) = tokio::join!(send, r.read_to_end(&mut got));
+        n.unwrap();
+        got
+    }
+
     /// Bytes in both directions arrive whole and in order, through pipes small enough that
     /// the writer is often full (the heap path), and each side's end reaches the other.
     #[tokio::test]
     async fn copies_both_ways_through_full_writers_and_passes_the_end_on() {
-        let (mut client, mut near) = duplex(300);
-        let (mut far, mut server) = duplex(300);
+        let (client, mut near) = duplex(300);
+        let (mut far, server) = duplex(300);
         let relay = tokio::spawn(async move { splice(&mut near, &mut far).await });
 
         let up: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         let down: Vec<u8> = (0..150_000u32).map(|i| (i % 241) as u8).collect();
         let (up2, down2) = (up.clone(), down.clone());
-        let client_side = tokio::spawn(async move {
-            let (mut r, mut w) = tokio::io::split(&mut client);
-            let send = async {
-                w.write_all(&up2).await.unwrap();
-                w.shutdown().await.unwrap();
-            };
-            let mut got = Vec::new();
-            let recv = r.read_to_end(&mut got);
-            let ((), n) = tokio::join!(send, recv);
-            n.unwrap();
-            got
-        });
-        let server_side = tokio::spawn(async move {
-            let (mut r, mut w) = tokio::io::split(&mut server);
-            let send = async {
-                w.write_all(&down2).await.unwrap();
-                w.shutdown().await.unwrap();
-            };
-            let mut got = Vec::new();
-            let recv = r.read_to_end(&mut got);
-            let ((), n) = tokio::join!(send, recv);
-            n.unwrap();
-            got
-        });
+        let client_side = tokio::spawn(exchange(client, up2));
+        let server_side = tokio::spawn(exchange(server, down2));
         let deadline = std::time::Duration::from_secs(20);
         let got_down = tokio::time::timeout(deadline, client_side)
             .await
