@@ -265,6 +265,22 @@ fn tsh_and_an_agent_work_through_nginx_terminating_tls() {
         )
     });
     assert_eq!(line, "through the local proxy\n");
+    // And with `--no-multiplex`, each client connection on a TLS connection of its own
+    // (`svc-tcp` routed below, where the first carries `svc-mux`).
+    let (_own, own_port, own_err) = alice
+        .proxy_with("app", "echo", &["--no-multiplex"])
+        .expect("tsh proxy app --no-multiplex echo through nginx");
+    let mut echo = std::net::TcpStream::connect(("127.0.0.1", own_port)).expect("local proxy");
+    echo.set_read_timeout(Some(wait::STEP)).expect("read timeout");
+    echo.write_all(b"on its own\n").expect("write");
+    let mut line = String::new();
+    BufReader::new(&echo).read_line(&mut line).unwrap_or_else(|e| {
+        panic!(
+            "no echo through tsh proxy app --no-multiplex ({e}): {}",
+            std::fs::read_to_string(&own_err).unwrap_or_default()
+        )
+    });
+    assert_eq!(line, "on its own\n");
 
     // The WebSocket form, forced.
     let ws = run_env(
@@ -286,7 +302,15 @@ fn tsh_and_an_agent_work_through_nginx_terminating_tls() {
         log.contains("upgraded connection handed to the router"),
         "no upgrade (alpn form) logged:\n{log}"
     );
-    for alpn in ["svc-proxy-ssh", "svc-reversetunnel", "svc-auth@", "svc-tcp"] {
+    // `tsh proxy app` carries its connections as streams of one `svc-mux` connection, and with
+    // `--no-multiplex` each on a `svc-tcp` connection.
+    for alpn in [
+        "svc-proxy-ssh",
+        "svc-reversetunnel",
+        "svc-auth@",
+        "svc-mux",
+        "svc-tcp",
+    ] {
         assert!(
             log.lines()
                 .any(|l| l.contains("routing TLS connection") && l.contains(alpn)),

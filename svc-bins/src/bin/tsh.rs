@@ -172,17 +172,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let login = target.resolve_login(None, &profile)?;
             Ok(rt()?.block_on(client::ssh::pipe(&profile, &target, &login))?)
         }
-        Command::Proxy(ProxyCommand::App { name, port }) => {
-            local_proxy(ServedKind::App, name, port, client::DbUser::default())
-        }
-        Command::Proxy(ProxyCommand::Desktop { name, port }) => {
-            local_proxy(ServedKind::WindowsDesktop, name, port, client::DbUser::default())
-        }
+        Command::Proxy(ProxyCommand::App {
+            name,
+            port,
+            no_multiplex,
+        }) => local_proxy(
+            ServedKind::App,
+            name,
+            port,
+            client::DbUser::default(),
+            !no_multiplex,
+        ),
+        Command::Proxy(ProxyCommand::Desktop {
+            name,
+            port,
+            no_multiplex,
+        }) => local_proxy(
+            ServedKind::WindowsDesktop,
+            name,
+            port,
+            client::DbUser::default(),
+            !no_multiplex,
+        ),
         Command::Proxy(ProxyCommand::Db {
             name,
             port,
             db_user,
             db_name,
+            no_multiplex,
         }) => local_proxy(
             ServedKind::Db,
             name,
@@ -191,6 +208,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 user: db_user,
                 name: db_name,
             },
+            !no_multiplex,
         ),
         Command::Ls { format } => list(ServedKind::Node, format),
         Command::Apps(ListCommand::Ls { format }) => list(ServedKind::App, format),
@@ -254,7 +272,13 @@ fn list(kind: ServedKind, format: Format) -> anyhow::Result<()> {
     print_routes(kind, &routes, format)
 }
 
-fn local_proxy(kind: ServedKind, name: String, port: u16, db: client::DbUser) -> anyhow::Result<()> {
+fn local_proxy(
+    kind: ServedKind,
+    name: String,
+    port: u16,
+    db: client::DbUser,
+    multiplex: bool,
+) -> anyhow::Result<()> {
     let profile = Profile::signed_in()?;
     let on_listening = |local| {
         println!("Proxying connections to {kind} \"{name}\" on {local}");
@@ -270,6 +294,7 @@ fn local_proxy(kind: ServedKind, name: String, port: u16, db: client::DbUser) ->
         name: name.clone(),
         port,
         db,
+        multiplex,
     };
     let serve = client::serve_local_proxy(&profile, target, shutdown, on_listening, on_error);
     Ok(tokio::runtime::Runtime::new()?.block_on(serve)?)

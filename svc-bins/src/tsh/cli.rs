@@ -212,6 +212,10 @@ pub enum ProxyCommand {
         /// The local port (0: any free port, printed).
         #[arg(long, default_value_t = 0)]
         port: u16,
+        /// Carry each client connection on a TLS connection of its own to the proxy, instead of
+        /// as a stream of one multiplexed connection (ALPN `svc-mux`).
+        #[arg(long)]
+        no_multiplex: bool,
     },
     /// A local listener for a database: its native client (`psql`) connects to
     /// `127.0.0.1:PORT` unchanged.
@@ -227,6 +231,10 @@ pub enum ProxyCommand {
         /// The database name.
         #[arg(long)]
         db_name: Option<String>,
+        /// Carry each client connection on a TLS connection of its own to the proxy, instead of
+        /// as a stream of one multiplexed connection (ALPN `svc-mux`).
+        #[arg(long)]
+        no_multiplex: bool,
     },
     /// A local listener for a Windows desktop: a desktop client connects to `127.0.0.1:PORT`.
     Desktop {
@@ -235,5 +243,9 @@ pub enum ProxyCommand {
         /// The local port (0: any free port, printed).
         #[arg(long, default_value_t = 0)]
         port: u16,
+        /// Carry each client connection on a TLS connection of its own to the proxy, instead of
+        /// as a stream of one multiplexed connection (ALPN `svc-mux`).
+        #[arg(long)]
+        no_multiplex: bool,
     },
 }

@@ -19,6 +19,7 @@ pub fn resource_client(profile: &Profile) -> Result<ResourceClient, Error> {
         extra_ca_pem: profile.ca_pem.as_ref().map(|p| p.as_bytes().to_vec()),
         dialer: crate::dial::ProxyDialer::from_env()?,
         tls_configs: Default::default(),
+        multiplexer: Default::default(),
     })
 }
 
@@ -58,6 +59,9 @@ pub struct LocalTarget {
     pub port: u16,
     /// The database user and name to connect as (databases only).
     pub db: DbUser,
+    /// Carry client connections as streams of one multiplexed connection to the proxy
+    /// ([`Multiplexer`](super::Multiplexer)); `false`: each on a TLS connection of its own.
+    pub multiplex: bool,
 }
 
 /// Serves a local proxy for `target` on `127.0.0.1:<port>` until `shutdown`. Databases'
@@ -70,7 +74,13 @@ pub async fn serve_local_proxy(
     on_listening: impl FnOnce(SocketAddr) -> Result<(), Error>,
     on_error: impl Fn(SocketAddr, LocalProxyError) + Send + Sync + 'static,
 ) -> Result<(), Error> {
-    let LocalTarget { kind, name, port, db } = target;
+    let LocalTarget {
+        kind,
+        name,
+        port,
+        db,
+        multiplex,
+    } = target;
     let protocol = match kind {
         ServedKind::Db => Some(db_protocol(profile, &name).await?),
         _ => None,
@@ -82,7 +92,10 @@ pub async fn serve_local_proxy(
         db_user: db.user,
         db_name: db.name,
     };
-    let client = resource_client(profile)?;
+    let mut client = resource_client(profile)?;
+    if !multiplex {
+        client.multiplexer = super::Multiplexer::disabled();
+    }
     let (listener, local) = bind_local(port)
         .await
         .map_err(|source| Error::Listen { port, source })?;

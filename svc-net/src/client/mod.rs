@@ -52,7 +52,7 @@ pub use profile::{
     SignIn, SignedIn, home, known_hosts, ping, profile_path, sign_in, sign_in_sso, write_private,
 };
 pub use resource::{
-    ConnectError, LocalProxy, LocalProxyError, ResourceClient, TlsConfigs, alpn_for, bind_local,
+    ConnectError, LocalProxy, LocalProxyError, Multiplexer, ResourceClient, TlsConfigs, alpn_for, bind_local,
 };
 pub use sso::{SsoLogin, login_via_sso};
 

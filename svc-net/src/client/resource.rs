@@ -64,6 +64,124 @@ pub struct ResourceClient {
     /// connection of a local proxy uses the same one, and so the same session cache, so a new
     /// client connection resumes the TLS session instead of a full handshake.
     pub tls_configs: TlsConfigs,
+    /// The multiplexed connection to the proxy shared by clones ([`Multiplexer::new`]: client
+    /// connections travel as streams of one TLS connection; [`Multiplexer::disabled`]: each on
+    /// a TLS connection of its own).
+    pub multiplexer: Multiplexer,
+}
+
+/// One TLS connection to the proxy carrying many resource connections as HTTP/2 streams
+/// (ALPN `svc-mux`, [`services::mux`](crate::services::mux)), shared by the clones of a
+/// [`ResourceClient`]: made when first needed, made again when it breaks. When the proxy does not
+/// serve it (an older proxy), or [`MAX_STREAMS`](crate::services::mux::MAX_STREAMS) streams are
+/// open, a connection is made on its own, as with [`Multiplexer::disabled`]; the multiplexed
+/// connection is tried again 30 s later.
+#[derive(Clone)]
+pub struct Multiplexer(Arc<MuxInner>);
+
+struct MuxInner {
+    enabled: bool,
+    /// The connection's sender; `None` before the first stream and after it broke.
+    sender: tokio::sync::Mutex<Option<MuxSender>>,
+    /// Until when connections go on their own after the multiplexed one failed.
+    off_until: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Streams open now.
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    streams: std::sync::atomic::AtomicU64,
+    connections: std::sync::atomic::AtomicU64,
+}
+
+type MuxSender = hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>;
+
+/// How long connections go on their own after the multiplexed connection could not be made.
+const MUX_RETRY: Duration = Duration::from_secs(30);
+
+impl Default for Multiplexer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Multiplexer {
+    /// Client connections travel as streams of one TLS connection.
+    pub fn new() -> Self {
+        Self::with(true)
+    }
+
+    /// Every client connection makes a TLS connection of its own (how local proxies connected
+    /// before the multiplexed connection; for measurements and for proxies in front of which
+    /// something forbids long-lived connections).
+    pub fn disabled() -> Self {
+        Self::with(false)
+    }
+
+    fn with(enabled: bool) -> Self {
+        Self(Arc::new(MuxInner {
+            enabled,
+            sender: tokio::sync::Mutex::new(None),
+            off_until: std::sync::Mutex::new(None),
+            open: Arc::default(),
+            streams: Default::default(),
+            connections: Default::default(),
+        }))
+    }
+
+    /// Whether client connections are multiplexed.
+    pub fn enabled(&self) -> bool {
+        self.0.enabled
+    }
+
+    /// How many streams were opened, over all multiplexed connections made.
+    pub fn streams_opened(&self) -> u64 {
+        self.0.streams.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many multiplexed connections were made.
+    pub fn connections_made(&self) -> u64 {
+        self.0.connections.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn off_until(&self) -> std::sync::MutexGuard<'_, Option<std::time::Instant>> {
+        self.0
+            .off_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether to try a stream now.
+    fn usable(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.0.enabled || self.0.open.load(Relaxed) >= crate::services::mux::MAX_STREAMS as usize {
+            return false;
+        }
+        let mut off = self.off_until();
+        match *off {
+            Some(until) if std::time::Instant::now() < until => false,
+            Some(_) => {
+                *off = None;
+                true
+            }
+            None => true,
+        }
+    }
+}
+
+impl std::fmt::Debug for Multiplexer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Multiplexer")
+            .field("enabled", &self.0.enabled)
+            .field("connections_made", &self.connections_made())
+            .field("streams_opened", &self.streams_opened())
+            .finish()
+    }
+}
+
+/// Why a stream could not be opened.
+enum MuxError {
+    /// The proxy refused the resource: final.
+    Refused(String),
+    /// The multiplexed connection could not be made or broke: connect on its own instead.
+    Unavailable(String),
 }
 
 /// The client TLS configurations of a [`ResourceClient`] by ALPN name (see
@@ -219,6 +337,25 @@ impl ResourceClient {
         req: &ResourceRequest,
         protocol: &str,
     ) -> Result<BoxIo, ConnectError> {
+        if self.multiplexer.usable() {
+            match self.connect_stream(req, protocol).await {
+                Ok(io) => return Ok(io),
+                Err(MuxError::Refused(text)) => return Err(ConnectError::Refused(text)),
+                Err(MuxError::Unavailable(reason)) => {
+                    tracing::debug!(proxy = %self.proxy, %reason, "no multiplexed connection: connecting on its own");
+                    *self.multiplexer.off_until() = Some(std::time::Instant::now() + MUX_RETRY);
+                }
+            }
+        }
+        self.connect_own(req, protocol).await
+    }
+
+    /// A TLS connection to the proxy with ALPN `protocol` (through the connection upgrade when
+    /// a load balancer terminates TLS in front of the proxy, [`conn_upgrade`](crate::conn_upgrade)).
+    async fn connect_tls(
+        &self,
+        protocol: &str,
+    ) -> Result<tokio_rustls::client::TlsStream<BoxIo>, ConnectError> {
         let addr = self.proxy.to_string();
         let proxy_err = |reason: String| ConnectError::Proxy {
             addr: addr.clone(),
@@ -238,16 +375,129 @@ impl ResourceClient {
             .trim_end_matches(']')
             .to_owned();
         let sni = ServerName::try_from(host).map_err(|e| proxy_err(e.to_string()))?;
-        // Through the connection upgrade when a load balancer terminates TLS in front of the
-        // proxy (`conn_upgrade`).
         let outer = crate::conn_upgrade::OuterTrust {
             extra_ca_pem: self.extra_ca_pem.clone(),
             insecure: self.insecure,
         };
-        let mut tls = crate::conn_upgrade::connect_tls(dial, config, &outer, sni, &addr)
+        let tls = crate::conn_upgrade::connect_tls(dial, config, &outer, sni, &addr)
             .await
             .map_err(|e| proxy_err(e.to_string()))?;
         self.tls_configs.count(tls.get_ref().1.handshake_kind());
+        Ok(tls)
+    }
+
+    /// The multiplexed connection's sender: the one made before while it lasts, else a new
+    /// connection.
+    async fn mux_sender(&self) -> Result<MuxSender, MuxError> {
+        use crate::services::mux;
+        let mut held = self.multiplexer.0.sender.lock().await;
+        if let Some(sender) = held.as_ref().filter(|s| !s.is_closed()) {
+            return Ok(sender.clone());
+        }
+        *held = None;
+        let unavailable = |e: &dyn std::fmt::Display| MuxError::Unavailable(e.to_string());
+        let tls = match self.connect_tls(alpn::MUX).await {
+            Ok(tls) => tls,
+            Err(ConnectError::Identity(e)) => return Err(MuxError::Refused(format!("identity: {e}"))),
+            Err(e) => return Err(unavailable(&e)),
+        };
+        if tls.get_ref().1.alpn_protocol() != Some(alpn::MUX.as_bytes()) {
+            return Err(MuxError::Unavailable(format!(
+                "the proxy did not take ALPN {}",
+                alpn::MUX
+            )));
+        }
+        let mut builder = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+        builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .initial_stream_window_size(mux::STREAM_WINDOW)
+            .initial_connection_window_size(mux::CONNECTION_WINDOW)
+            .max_frame_size(mux::MAX_FRAME)
+            .max_header_list_size(mux::MAX_HEADER_LIST)
+            .keep_alive_interval(mux::KEEPALIVE)
+            .keep_alive_timeout(mux::KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
+        let (sender, conn) = builder
+            .handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let proxy = self.proxy.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%proxy, error = %e, "the multiplexed connection to the proxy ended");
+            }
+        });
+        self.multiplexer
+            .0
+            .connections
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *held = Some(sender.clone());
+        Ok(sender)
+    }
+
+    /// One resource connection as a stream of the multiplexed connection.
+    async fn connect_stream(&self, req: &ResourceRequest, protocol: &str) -> Result<BoxIo, MuxError> {
+        use crate::services::mux;
+        use http_body_util::BodyExt;
+        let unavailable = |e: &dyn std::fmt::Display| MuxError::Unavailable(e.to_string());
+        let json = serde_json::to_vec(req).map_err(|e| unavailable(&e))?;
+        let request = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri(mux::AUTHORITY)
+            .header(mux::ALPN_HEADER, protocol)
+            .header(
+                mux::REQUEST_HEADER,
+                http::HeaderValue::from_bytes(&json).map_err(|e| unavailable(&e))?,
+            )
+            .body(http_body_util::Empty::new())
+            .map_err(|e| unavailable(&e))?;
+        let mut sender = self.mux_sender().await?;
+        // The connection may have broken since it was last used: one more try on a new one.
+        let response = match sender.send_request(request.clone()).await {
+            Ok(r) => r,
+            Err(e) if e.is_canceled() || e.is_closed() => {
+                sender = self.mux_sender().await?;
+                sender.send_request(request).await.map_err(|e| unavailable(&e))?
+            }
+            Err(e) => return Err(unavailable(&e)),
+        };
+        self.multiplexer
+            .0
+            .streams
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if response.status() != http::StatusCode::OK {
+            let status = response.status();
+            let body = http_body_util::Limited::new(response.into_body(), MAX_LINE);
+            let text = match body.collect().await {
+                Ok(b) => String::from_utf8_lossy(&b.to_bytes()).into_owned(),
+                Err(e) => format!("the proxy refused the stream ({status}): {e}"),
+            };
+            return Err(MuxError::Refused(text));
+        }
+        let stream = hyper::upgrade::on(response).await.map_err(|e| unavailable(&e))?;
+        let mut io = MuxStream {
+            io: hyper_util::rt::TokioIo::new(stream),
+            _open: OpenStream::count(&self.multiplexer.0.open),
+        };
+        let answer = match read_line(&mut io, MAX_LINE).await {
+            Ok(Some(a)) => a,
+            Ok(None) => "the proxy closed the connection without an answer".into(),
+            Err(e) => format!("reading the answer: {e}"),
+        };
+        if answer != RESOURCE_OK {
+            return Err(MuxError::Refused(answer));
+        }
+        Ok(Box::new(io))
+    }
+
+    /// One resource connection on a TLS connection of its own.
+    async fn connect_own(&self, req: &ResourceRequest, protocol: &str) -> Result<BoxIo, ConnectError> {
+        let addr = self.proxy.to_string();
+        let proxy_err = |reason: String| ConnectError::Proxy {
+            addr: addr.clone(),
+            reason,
+        };
+        let mut tls = self.connect_tls(protocol).await?;
         let mut line = serde_json::to_vec(req).map_err(|e| proxy_err(e.to_string()))?;
         line.push(b'\n');
         tls.write_all(&line).await.map_err(|e| proxy_err(e.to_string()))?;
@@ -260,6 +510,62 @@ impl ResourceClient {
             return Err(ConnectError::Refused(answer));
         }
         Ok(Box::new(tls))
+    }
+}
+
+/// A stream of the multiplexed connection, counted while open.
+struct MuxStream {
+    io: hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>,
+    _open: OpenStream,
+}
+
+impl AsyncRead for MuxStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for MuxStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// One open stream in [`MuxInner::open`], until dropped.
+struct OpenStream(Arc<std::sync::atomic::AtomicUsize>);
+
+impl OpenStream {
+    fn count(open: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(open.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use svc_core::auth::ServedKind;
-use svc_core::identity::{IdentityKind, Verifier};
+use svc_core::identity::{IdentityKind, UserIdentity, Verifier};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
 
@@ -27,10 +27,14 @@ use crate::{
     route::alpn,
 };
 
+mod mux;
+
 /// The ALPN names this entry serves (`postgresql`: Postgres 17+ clients with
-/// `sslnegotiation=direct`, and those clients' TLS after an SSLRequest).
-pub const ALPNS: [&str; 6] = [
+/// `sslnegotiation=direct`, and those clients' TLS after an SSLRequest; `svc-mux`: many
+/// connections over one, [`services::mux`](crate::services::mux)).
+pub const ALPNS: [&str; 7] = [
     alpn::TCP,
+    alpn::MUX,
     alpn::POSTGRES,
     alpn::POSTGRES_NATIVE,
     alpn::MYSQL,
@@ -295,6 +299,7 @@ impl ResourceProxy {
         peer: std::net::SocketAddr,
         local: std::net::SocketAddr,
         postgres: bool,
+        shutdown: tokio_util::sync::CancellationToken,
     ) -> Result<(), Refusal> {
         let after = self.inner.handshake_timeout;
         let acceptor = TlsAcceptor::from(self.inner.tls.clone());
@@ -320,6 +325,14 @@ impl ResourceProxy {
                 return reply(&mut tls, &format!("a user certificate is required: {e}")).await;
             }
         };
+        if protocol == alpn::MUX {
+            if user.db_route.is_some() {
+                return Err(Refusal::Text(
+                    "a database certificate (tsh db login) cannot carry multiplexed connections".into(),
+                ));
+            }
+            return self.serve_mux(tls, chain, user, peer, local, shutdown).await;
+        }
         let leaf = chain.first().map(|c| c.to_vec()).unwrap_or_default();
         // A database certificate (`tsh db login`): the route is in the certificate and the
         // client speaks its own protocol from the first byte, no request line.
@@ -398,7 +411,26 @@ impl ResourceProxy {
             Ok(r) => r,
             Err(e) => return reply(&mut tls, &format!("malformed resource request: {e}")).await,
         };
-        let expected_db = match protocol.as_str() {
+        self.serve_request(tls, &protocol, req, &user, &leaf, peer, local)
+            .await
+    }
+
+    /// One resource request (`req`, read from its line, or from a multiplexed stream's
+    /// header) by `user` (certificate `leaf`) over `tls` with the resource ALPN `protocol`: the
+    /// route for that user, the dial, the answer line, then the bytes both ways.
+    #[allow(clippy::too_many_arguments)]
+    async fn serve_request<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        &self,
+        mut tls: S,
+        protocol: &str,
+        req: ResourceRequest,
+        user: &UserIdentity,
+        leaf: &[u8],
+        peer: std::net::SocketAddr,
+        local: std::net::SocketAddr,
+    ) -> Result<(), Refusal> {
+        let after = self.inner.handshake_timeout;
+        let expected_db = match protocol {
             alpn::POSTGRES => Some("postgres"),
             alpn::MYSQL => Some("mysql"),
             alpn::MONGODB => Some("mongodb"),
@@ -414,7 +446,7 @@ impl ResourceProxy {
             return reply(&mut tls, &msg).await;
         }
         let auth = &self.inner.auth;
-        let route = match auth.resolve_resource(req.kind, &req.name, &leaf).await {
+        let route = match auth.resolve_resource(req.kind, &req.name, leaf).await {
             Ok(Ok(route)) => route,
             Ok(Err(denied)) => {
                 tracing::info!(%peer, user = %user.username, kind = %req.kind, name = %req.name, reason = %denied, "resource access refused");
@@ -465,7 +497,7 @@ impl ResourceProxy {
                     return Err(Refusal::Text(msg));
                 }
                 return self
-                    .postgres_session(tls, startup, &req.name, &leaf, &user.username, peer, local)
+                    .postgres_session(tls, startup, &req.name, leaf, &user.username, peer, local)
                     .await;
             }
             if route.resource.protocol == "mysql" {
@@ -493,7 +525,7 @@ impl ResourceProxy {
                         seq.wrapping_add(1),
                         &payload,
                         expected,
-                        &leaf,
+                        leaf,
                         &user.username,
                         peer,
                         local,
@@ -509,7 +541,7 @@ impl ResourceProxy {
                 return reply(&mut tls, &msg).await;
             };
             match auth
-                .resolve_db(&req.name, &db_user, req.db_name.as_deref(), &leaf)
+                .resolve_db(&req.name, &db_user, req.db_name.as_deref(), leaf)
                 .await
             {
                 Ok(Ok(_)) => {}
@@ -727,7 +759,7 @@ fn entry(proxy: ResourceProxy, postgres: bool) -> ConnService {
                 }
                 io.write_all(b"S").await?;
             }
-            if let Err(e) = proxy.serve(io, peer, local, postgres).await {
+            if let Err(e) = proxy.serve(io, peer, local, postgres, conn.shutdown).await {
                 tracing::info!(%peer, reason = %e, "resource connection refused");
             }
             Ok(())

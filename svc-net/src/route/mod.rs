@@ -46,6 +46,9 @@ pub mod alpn {
     pub const REDIS: &str = "svc-redis";
     /// Raw TCP applications.
     pub const TCP: &str = "svc-tcp";
+    /// Many resource connections over one TLS connection (HTTP/2 inside): local proxies
+    /// (`tsh proxy app|db`); see [`services::mux`](crate::services::mux).
+    pub const MUX: &str = "svc-mux";
     /// The Auth Service API through the proxy; a prefix: `svc-auth@<cluster>`.
     pub const AUTH_PREFIX: &str = "svc-auth@";
     /// The proxy's gRPC API.

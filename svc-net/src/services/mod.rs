@@ -9,6 +9,7 @@
 //! [`ServedKind`] — the one resource-kind type, from `svc_core::auth`.
 
 pub(crate) mod kube;
+pub mod mux;
 pub mod mysql;
 pub(crate) mod postgres;
 
