@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use svc_core::auth::ServedKind;
 use svc_core::config::{Config, DbProtocol};
-use svc_net::client::{LocalProxy, ResourceClient, TlsConfigs, bind_local};
+use svc_net::client::{LocalProxy, Multiplexer, ResourceClient, TlsConfigs, bind_local};
 
 struct Args {
     secs: u64,
@@ -659,14 +659,14 @@ enum Via {
     Svc3024,
     /// svc on the single TLS port, the local proxy without TLS session resumption.
     SvcCold,
-    /// svc on the single TLS port, the local proxy offering ring's default order of cipher
-    /// suites (AES-256-GCM with SHA-384 first) instead of svc's (AES-128-GCM with SHA-256).
-    SvcAes256,
+    /// svc on the single TLS port, the local proxy making a TLS connection (resumed) per client
+    /// connection instead of a stream of its multiplexed connection.
+    SvcOwn,
 }
 
-/// The paths measured besides [`VIAS`] for the new-connection rows: what resumption and the
-/// cipher suite change.
-const EXTRA_VIAS: [Via; 2] = [Via::SvcCold, Via::SvcAes256];
+/// The paths measured besides [`VIAS`]: what the multiplexed connection changes (every row),
+/// and what TLS resumption changes (the new-connection rows).
+const EXTRA_VIAS: [Via; 2] = [Via::SvcCold, Via::SvcOwn];
 
 const VIAS: [Via; 6] = [
     Via::Direct,
@@ -687,12 +687,12 @@ impl Via {
             Via::Svc => "svc, TLS port",
             Via::Svc3024 => "svc, 3024",
             Via::SvcCold => "svc, TLS port, no TLS resumption",
-            Via::SvcAes256 => "svc, TLS port, AES-256 suite first",
+            Via::SvcOwn => "svc, TLS port, a TLS connection per client connection",
         }
     }
 
     fn is_svc(self) -> bool {
-        matches!(self, Via::Svc | Via::Svc3024 | Via::SvcCold | Via::SvcAes256)
+        matches!(self, Via::Svc | Via::Svc3024 | Via::SvcCold | Via::SvcOwn)
     }
 }
 
@@ -718,10 +718,11 @@ struct Svc {
     ports: Ports,
     /// The `tcp://` app's listener without TLS session resumption.
     cold_web: u16,
-    /// The `tcp://` app's listener offering ring's default order of cipher suites.
-    aes256_web: u16,
+    /// The local proxies making a TLS connection per client connection (no multiplexing).
+    own: Ports,
     warm: TlsConfigs,
     cold: TlsConfigs,
+    mux: Multiplexer,
 }
 
 /// Starts a cluster (the tunnel on the single TLS port, or with `separate` on its own port), a
@@ -780,22 +781,24 @@ fn start_svc(
             extra_ca_pem: None,
             dialer: svc_net::dial::ProxyDialer::from_env()?,
             tls_configs: Default::default(),
+            multiplexer: Multiplexer::new(),
         };
         anyhow::Ok((running, client))
     })?;
-    // The same local proxy for the app without TLS session resumption (a full handshake to the
-    // proxy per connection): the comparison for what resumption buys.
+    // The same local proxies making a TLS connection (resumed) per client connection: what the
+    // multiplexed connection buys.
+    let own = ResourceClient {
+        multiplexer: Multiplexer::disabled(),
+        ..client.clone()
+    };
+    // And one for the app without TLS session resumption either (a full handshake to the proxy
+    // per connection): what resumption buys.
     let cold = ResourceClient {
         tls_configs: TlsConfigs::uncached(),
-        ..client.clone()
+        ..own.clone()
     };
-    // And one offering ring's default order of cipher suites (AES-256-GCM with SHA-384 first,
-    // what svc's clients offered before they put AES-128-GCM with SHA-256 first).
-    let aes256 = ResourceClient {
-        tls_configs: TlsConfigs::with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider())),
-        ..client.clone()
-    };
-    let (warm, cold_counts) = (client.tls_configs.clone(), cold.tls_configs.clone());
+    let (warm, cold_counts) = (own.tls_configs.clone(), cold.tls_configs.clone());
+    let mux = client.multiplexer.clone();
     let ports = local_rt.block_on(async {
         let mut ports = Vec::new();
         for (kind, name, protocol, client) in [
@@ -803,7 +806,9 @@ fn start_svc(
             (ServedKind::App, "web", None, &client),
             (ServedKind::App, "iperf", None, &client),
             (ServedKind::App, "web", None, &cold),
-            (ServedKind::App, "web", None, &aes256),
+            (ServedKind::Db, "pg", Some(DbProtocol::Postgres), &own),
+            (ServedKind::App, "web", None, &own),
+            (ServedKind::App, "iperf", None, &own),
         ] {
             let what = LocalProxy {
                 kind,
@@ -833,9 +838,14 @@ fn start_svc(
             iperf: ports[2],
         },
         cold_web: ports[3],
-        aes256_web: ports[4],
+        own: Ports {
+            pg: ports[4],
+            web: ports[5],
+            iperf: ports[6],
+        },
         warm,
         cold: cold_counts,
+        mux,
     })
 }
 
@@ -919,10 +929,7 @@ fn main() -> Result<()> {
             web: svc.cold_web,
             ..svc.ports
         },
-        Via::SvcAes256 => Ports {
-            web: svc.aes256_web,
-            ..svc.ports
-        },
+        Via::SvcOwn => svc.own,
     };
     // CPU ticks of a path's two sides so far: (public side, far side), named by `sides`.
     let cpu = |via: Via| -> (u64, u64) {
@@ -932,7 +939,7 @@ fn main() -> Result<()> {
             Via::Rathole => tree(&rat),
             Via::RatholeTls => tree(&rat_tls),
             Via::OpenSsh => tree(&ssh),
-            Via::Svc | Via::Svc3024 | Via::SvcCold | Via::SvcAes256 => {
+            Via::Svc | Via::Svc3024 | Via::SvcCold | Via::SvcOwn => {
                 (thread_ticks("svc-cluster"), thread_ticks("tsh-proxy"))
             }
         }
@@ -941,7 +948,7 @@ fn main() -> Result<()> {
         Via::Direct => ("–", "–"),
         Via::Rathole | Via::RatholeTls => ("rathole server", "rathole client"),
         Via::OpenSsh => ("sshd", "ssh -R"),
-        Via::Svc | Via::Svc3024 | Via::SvcCold | Via::SvcAes256 => {
+        Via::Svc | Via::Svc3024 | Via::SvcCold | Via::SvcOwn => {
             ("proxy + agent + Auth (in-process)", "tsh proxy app")
         }
     };
@@ -1020,8 +1027,8 @@ fn main() -> Result<()> {
     header.extend([
         "svc TLS port / rathole plain",
         "svc 3024 / rathole plain",
-        "svc TLS port without TLS resumption",
-        "svc TLS port, AES-256 suite first",
+        "svc TLS port, a TLS connection per client connection, no TLS resumption",
+        "svc TLS port, a TLS connection per client connection",
     ]);
     println!("| measurement | {} |", header.join(" | "));
     println!("|---|{}", "---|".repeat(header.len()));
@@ -1039,7 +1046,12 @@ fn main() -> Result<()> {
         let targets: Vec<Via> = VIAS
             .iter()
             .copied()
-            .chain(EXTRA_VIAS.iter().copied().filter(|_| *cold_too))
+            .chain(
+                EXTRA_VIAS
+                    .iter()
+                    .copied()
+                    .filter(|v| *cold_too || *v == Via::SvcOwn),
+            )
             .collect();
         for _ in 0..a.reps {
             for via in &targets {
@@ -1187,13 +1199,18 @@ fn main() -> Result<()> {
     }
     println!();
     println!(
-        "TLS handshakes to the proxy (TLS port cluster): with resumption {} full, {} resumed (the measured part: {} full, {} resumed); without resumption {} full, {} resumed",
+        "TLS handshakes to the proxy (TLS port cluster, a TLS connection per client connection): with resumption {} full, {} resumed (the measured part: {} full, {} resumed); without resumption {} full, {} resumed",
         svc.warm.full_handshakes(),
         svc.warm.resumed_handshakes(),
         svc.warm.full_handshakes() - warm_full,
         svc.warm.resumed_handshakes() - warm_resumed,
         svc.cold.full_handshakes(),
         svc.cold.resumed_handshakes()
+    );
+    println!(
+        "multiplexed (TLS port cluster): {} streams over {} connections",
+        svc.mux.streams_opened(),
+        svc.mux.connections_made()
     );
     let uptime = run(&mut Command::new("uptime")).unwrap_or_default();
     println!("uptime at end: {}", uptime.trim());
