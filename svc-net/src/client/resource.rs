@@ -178,8 +178,8 @@ impl std::fmt::Debug for Multiplexer {
 
 /// Why a stream could not be opened.
 enum MuxError {
-    /// The proxy refused the resource: final.
-    Refused(String),
+    /// Final: the proxy refused the resource, or the identity is unusable.
+    Final(ConnectError),
     /// The multiplexed connection could not be made or broke: connect on its own instead.
     Unavailable(String),
 }
@@ -340,7 +340,7 @@ impl ResourceClient {
         if self.multiplexer.usable() {
             match self.connect_stream(req, protocol).await {
                 Ok(io) => return Ok(io),
-                Err(MuxError::Refused(text)) => return Err(ConnectError::Refused(text)),
+                Err(MuxError::Final(e)) => return Err(e),
                 Err(MuxError::Unavailable(reason)) => {
                     tracing::debug!(proxy = %self.proxy, %reason, "no multiplexed connection: connecting on its own");
                     *self.multiplexer.off_until() = Some(std::time::Instant::now() + MUX_RETRY);
@@ -398,7 +398,7 @@ impl ResourceClient {
         let unavailable = |e: &dyn std::fmt::Display| MuxError::Unavailable(e.to_string());
         let tls = match self.connect_tls(alpn::MUX).await {
             Ok(tls) => tls,
-            Err(ConnectError::Identity(e)) => return Err(MuxError::Refused(format!("identity: {e}"))),
+            Err(e @ ConnectError::Identity(_)) => return Err(MuxError::Final(e)),
             Err(e) => return Err(unavailable(&e)),
         };
         if tls.get_ref().1.alpn_protocol() != Some(alpn::MUX.as_bytes()) {
@@ -472,7 +472,7 @@ impl ResourceClient {
                 Ok(b) => String::from_utf8_lossy(&b.to_bytes()).into_owned(),
                 Err(e) => format!("the proxy refused the stream ({status}): {e}"),
             };
-            return Err(MuxError::Refused(text));
+            return Err(MuxError::Final(ConnectError::Refused(text)));
         }
         let stream = hyper::upgrade::on(response).await.map_err(|e| unavailable(&e))?;
         let mut io = MuxStream {
@@ -482,10 +482,15 @@ impl ResourceClient {
         let answer = match read_line(&mut io, MAX_LINE).await {
             Ok(Some(a)) => a,
             Ok(None) => "the proxy closed the connection without an answer".into(),
-            Err(e) => format!("reading the answer: {e}"),
+            Err(e) => {
+                return Err(MuxError::Final(ConnectError::Proxy {
+                    addr: self.proxy.to_string(),
+                    reason: format!("reading the answer: {e}"),
+                }));
+            }
         };
         if answer != RESOURCE_OK {
-            return Err(MuxError::Refused(answer));
+            return Err(MuxError::Final(ConnectError::Refused(answer)));
         }
         Ok(Box::new(io))
     }
