@@ -150,14 +150,16 @@ async fn client_connections_share_one_tls_connection_and_bulk_data_crosses_intac
         let mut io = open(&client, "echo").await.expect("stream to echo");
         assert_eq!(echo(&mut io, &[i; 100]).await, vec![i; 100]);
     }
-    let clients = (0..20u8).map(|i| {
-        let client = client.clone();
-        tokio::spawn(async move {
-            let mut io = open(&client, "echo").await.expect("stream to echo");
-            let data: Vec<u8> = (0..5000u32).map(|n| (n as u8) ^ i).collect();
-            assert_eq!(echo(&mut io, &data).await, data);
+    let clients: Vec<_> = (0..20u8)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut io = open(&client, "echo").await.expect("stream to echo");
+                let data: Vec<u8> = (0..5000u32).map(|n| (n as u8) ^ i).collect();
+                assert_eq!(echo(&mut io, &data).await, data);
+            })
         })
-    });
+        .collect();
     for c in clients {
         c.await.expect("a concurrent client");
     }
@@ -296,17 +298,26 @@ async fn an_expired_certificate_opens_no_new_stream_and_the_open_ones_go_on() {
 /// A TCP relay in front of the proxy: returns its address and a switch that cuts every
 /// connection it carries. With `old_proxy` it plays a proxy that does not know ALPN `svc-mux`:
 /// a connection whose ClientHello offers it is closed before any answer, as a router without
-/// that route does.
-async fn relay(proxy: String, old_proxy: bool) -> (String, tokio_util::sync::CancellationToken) {
+/// that route does, and counts those it closed.
+async fn relay(
+    proxy: String,
+    old_proxy: bool,
+) -> (
+    String,
+    tokio_util::sync::CancellationToken,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind relay");
     let addr = listener.local_addr().expect("relay addr").to_string();
     let cut = tokio_util::sync::CancellationToken::new();
     let cut_all = cut.clone();
+    let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let refused_all = refused.clone();
     tokio::spawn(async move {
         while let Ok((mut client, _)) = listener.accept().await {
-            let (proxy, cut) = (proxy.clone(), cut_all.clone());
+            let (proxy, cut, refused) = (proxy.clone(), cut_all.clone(), refused_all.clone());
             tokio::spawn(async move {
                 let mut hello = vec![0u8; 4096];
                 let Ok(n) = client.read(&mut hello).await else {
@@ -314,6 +325,7 @@ async fn relay(proxy: String, old_proxy: bool) -> (String, tokio_util::sync::Can
                 };
                 hello.truncate(n);
                 if old_proxy && hello.windows(alpn::MUX.len()).any(|w| w == alpn::MUX.as_bytes()) {
+                    refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     return;
                 }
                 let Ok(mut upstream) = TcpStream::connect(&proxy).await else {
@@ -329,7 +341,7 @@ async fn relay(proxy: String, old_proxy: bool) -> (String, tokio_util::sync::Can
             });
         }
     });
-    (addr, cut)
+    (addr, cut, refused)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,7 +351,7 @@ async fn a_broken_connection_is_made_again_and_an_older_proxy_gets_connections_o
 
     // The multiplexed connection breaks (the path to the proxy is cut): the next client
     // connection makes a new one.
-    let (addr, cut) = relay(setup.proxy.clone(), false).await;
+    let (addr, cut, _) = relay(setup.proxy.clone(), false).await;
     let client = ResourceClient {
         proxy: svc_core::Addr::parse(&addr).expect("relay addr"),
         ..setup.client(dave.clone())
@@ -349,7 +361,7 @@ async fn a_broken_connection_is_made_again_and_an_older_proxy_gets_connections_o
     cut.cancel();
     let mut rest = Vec::new();
     let _ = within(STEP, "the cut stream ending", io.read_to_end(&mut rest)).await;
-    let (addr2, _cut2) = relay(setup.proxy.clone(), false).await;
+    let (addr2, _cut2, _) = relay(setup.proxy.clone(), false).await;
     let client = ResourceClient {
         proxy: svc_core::Addr::parse(&addr2).expect("relay addr"),
         ..client
@@ -366,19 +378,34 @@ async fn a_broken_connection_is_made_again_and_an_older_proxy_gets_connections_o
 
     // A proxy that does not serve `svc-mux` closes the handshake: every client connection
     // then goes on a TLS connection of its own, and the refusals still come through.
-    let (old, _keep) = relay(setup.proxy.clone(), true).await;
+    // Eight client connections at once: one tries the multiplexed connection, and the others,
+    // waiting behind it, do not try again in turn.
+    let (old, _keep, refused) = relay(setup.proxy.clone(), true).await;
     let client = ResourceClient {
         proxy: svc_core::Addr::parse(&old).expect("relay addr"),
         ..setup.client(dave)
     };
-    for i in 0..3u8 {
-        let mut io = open(&client, "echo").await.expect("through the older proxy");
-        assert_eq!(echo(&mut io, &[i; 10]).await, vec![i; 10]);
+    let clients: Vec<_> = (0..8u8)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut io = open(&client, "echo").await.expect("through the older proxy");
+                assert_eq!(echo(&mut io, &[i; 10]).await, vec![i; 10]);
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.expect("a client through the older proxy");
     }
+    assert_eq!(
+        refused.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "svc-mux handshakes tried"
+    );
     assert_eq!(client.multiplexer.connections_made(), 0);
     assert_eq!(
         client.tls_configs.full_handshakes() + client.tls_configs.resumed_handshakes(),
-        3,
+        8,
         "one TLS connection per client connection: {:?}",
         client.tls_configs
     );

@@ -148,6 +148,12 @@ impl Multiplexer {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Connections go on their own for [`MUX_RETRY`] (unless already so).
+    fn back_off(&self) {
+        self.off_until()
+            .get_or_insert_with(|| std::time::Instant::now() + MUX_RETRY);
+    }
+
     /// Whether to try a stream now.
     fn usable(&self) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
@@ -343,7 +349,7 @@ impl ResourceClient {
                 Err(MuxError::Final(e)) => return Err(e),
                 Err(MuxError::Unavailable(reason)) => {
                     tracing::debug!(proxy = %self.proxy, %reason, "no multiplexed connection: connecting on its own");
-                    *self.multiplexer.off_until() = Some(std::time::Instant::now() + MUX_RETRY);
+                    self.multiplexer.back_off();
                 }
             }
         }
@@ -389,12 +395,30 @@ impl ResourceClient {
     /// The multiplexed connection's sender: the one made before while it lasts, else a new
     /// connection.
     async fn mux_sender(&self) -> Result<MuxSender, MuxError> {
-        use crate::services::mux;
         let mut held = self.multiplexer.0.sender.lock().await;
         if let Some(sender) = held.as_ref().filter(|s| !s.is_closed()) {
             return Ok(sender.clone());
         }
         *held = None;
+        // Those that waited here while a connection failed do not each try again in turn.
+        if !self.multiplexer.usable() {
+            return Err(MuxError::Unavailable(
+                "the multiplexed connection could not be made a moment ago".into(),
+            ));
+        }
+        let made = self.mux_connect().await;
+        match &made {
+            Ok(sender) => *held = Some(sender.clone()),
+            // Set while the lock is held, so that those waiting for it see it.
+            Err(MuxError::Unavailable(_)) => self.multiplexer.back_off(),
+            Err(MuxError::Final(_)) => {}
+        }
+        made
+    }
+
+    /// A new multiplexed connection to the proxy.
+    async fn mux_connect(&self) -> Result<MuxSender, MuxError> {
+        use crate::services::mux;
         let unavailable = |e: &dyn std::fmt::Display| MuxError::Unavailable(e.to_string());
         let tls = match self.connect_tls(alpn::MUX).await {
             Ok(tls) => tls,
@@ -431,7 +455,6 @@ impl ResourceClient {
             .0
             .connections
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        *held = Some(sender.clone());
         Ok(sender)
     }
 
