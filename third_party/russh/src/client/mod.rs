@@ -1258,7 +1258,13 @@ where
     );
     session.begin_rekey()?;
     let (kex_done_signal, kex_done_signal_rx) = oneshot::channel();
-    let join = russh_util::runtime::spawn(session.run(stream, handler, Some(kex_done_signal)));
+    // svc: boxed, so that `spawn`'s wrapper holds a pointer rather than a second copy of the
+    // session's future (SVC-PATCHES.md).
+    let join = russh_util::runtime::spawn(Box::pin(session.run(
+        stream,
+        handler,
+        Some(kex_done_signal),
+    )));
 
     let agent_session_binding = match kex_done_signal_rx.await {
         Ok(binding) => binding,

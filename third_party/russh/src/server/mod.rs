@@ -1130,7 +1130,9 @@ where
 
     session.begin_rekey()?;
 
-    let join = russh_util::runtime::spawn(session.run(stream, handler));
+    // svc: boxed, so that `spawn`'s wrapper holds a pointer rather than a second copy of the
+    // session's future (SVC-PATCHES.md).
+    let join = russh_util::runtime::spawn(Box::pin(session.run(stream, handler)));
 
     Ok(RunningSession { handle, join })
 }

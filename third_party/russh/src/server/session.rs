@@ -740,7 +740,11 @@ impl Session {
                             std::mem::swap(&mut opening_cipher, &mut self.common.remote_to_local);
 
                             let kex_was_active = self.kex.active();
-                            match reply(&mut self, &mut handler, &mut pkt).await {
+                            // svc: boxed. Handling a packet (key exchange, channel messages,
+                            // the handler's callbacks) needs kilobytes of state, which an
+                            // inline await keeps in the loop's future for the connection's
+                            // whole life, idle or not (SVC-PATCHES.md).
+                            match Box::pin(reply(&mut self, &mut handler, &mut pkt)).await {
                                 Ok(_) => {},
                                 Err(e) => return Err(e),
                             }
