@@ -249,38 +249,29 @@ fn tsh_and_an_agent_work_through_nginx_terminating_tls() {
         "the agent found nginx with the probe:\n{agent_log}"
     );
 
-    // A local proxy (`tsh proxy app`) reaches the application through nginx too.
+    // A local proxy (`tsh proxy app`) reaches the application through nginx too: multiplexed
+    // (`svc-mux` routed below), and with `--no-multiplex` each client connection on a TLS
+    // connection of its own (`svc-tcp`).
     let alice = User { home: home.clone() };
-    let (_local, local_port, local_err) = alice
-        .proxy("app", "echo")
-        .expect("tsh proxy app echo through nginx");
-    let mut echo = std::net::TcpStream::connect(("127.0.0.1", local_port)).expect("local proxy");
-    echo.set_read_timeout(Some(wait::STEP)).expect("read timeout");
-    echo.write_all(b"through the local proxy\n").expect("write");
-    let mut line = String::new();
-    BufReader::new(&echo).read_line(&mut line).unwrap_or_else(|e| {
-        panic!(
-            "no echo through tsh proxy app ({e}): {}",
-            std::fs::read_to_string(&local_err).unwrap_or_default()
-        )
-    });
-    assert_eq!(line, "through the local proxy\n");
-    // And with `--no-multiplex`, each client connection on a TLS connection of its own
-    // (`svc-tcp` routed below, where the first carries `svc-mux`).
-    let (_own, own_port, own_err) = alice
-        .proxy_with("app", "echo", &["--no-multiplex"])
-        .expect("tsh proxy app --no-multiplex echo through nginx");
-    let mut echo = std::net::TcpStream::connect(("127.0.0.1", own_port)).expect("local proxy");
-    echo.set_read_timeout(Some(wait::STEP)).expect("read timeout");
-    echo.write_all(b"on its own\n").expect("write");
-    let mut line = String::new();
-    BufReader::new(&echo).read_line(&mut line).unwrap_or_else(|e| {
-        panic!(
-            "no echo through tsh proxy app --no-multiplex ({e}): {}",
-            std::fs::read_to_string(&own_err).unwrap_or_default()
-        )
-    });
-    assert_eq!(line, "on its own\n");
+    for (flags, text) in [
+        (&[][..], "through the local proxy\n"),
+        (&["--no-multiplex"][..], "on its own\n"),
+    ] {
+        let (_local, local_port, local_err) = alice
+            .proxy_with("app", "echo", flags)
+            .unwrap_or_else(|e| panic!("tsh proxy app {flags:?} echo through nginx: {e}"));
+        let mut echo = std::net::TcpStream::connect(("127.0.0.1", local_port)).expect("local proxy");
+        echo.set_read_timeout(Some(wait::STEP)).expect("read timeout");
+        echo.write_all(text.as_bytes()).expect("write");
+        let mut line = String::new();
+        BufReader::new(&echo).read_line(&mut line).unwrap_or_else(|e| {
+            panic!(
+                "no echo through tsh proxy app {flags:?} ({e}): {}",
+                std::fs::read_to_string(&local_err).unwrap_or_default()
+            )
+        });
+        assert_eq!(line, text);
+    }
 
     // The WebSocket form, forced.
     let ws = run_env(

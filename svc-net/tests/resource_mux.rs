@@ -419,63 +419,18 @@ async fn a_broken_connection_is_made_again_and_an_older_proxy_gets_connections_o
     setup.running.shutdown().await;
 }
 
-/// A rustls verifier that accepts any server certificate: the tests' attacker checks the
-/// proxy's side only.
-#[derive(Debug)]
-struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// TLS to the proxy with ALPN `svc-mux`, with `identity`'s certificate or none.
 async fn raw_tls(
     proxy: &str,
     identity: Option<&ClientIdentity>,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)));
+    // The proxy's web certificate is self-signed here; the test checks the proxy's side only.
     let mut config = match identity {
         Some(id) => {
             let (chain, key) = id.tls_parts().expect("tls parts");
-            builder.with_client_auth_cert(chain, key).expect("client cert")
+            svc_net::tls::insecure_client_config_with_auth(chain, key).expect("client cert")
         }
-        None => builder.with_no_client_auth(),
+        None => svc_net::tls::insecure_client_config().expect("client config"),
     };
     config.alpn_protocols = vec![alpn::MUX.as_bytes().to_vec()];
     let tcp = TcpStream::connect(proxy).await?;

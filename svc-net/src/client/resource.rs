@@ -126,11 +126,6 @@ impl Multiplexer {
         }))
     }
 
-    /// Whether client connections are multiplexed.
-    pub fn enabled(&self) -> bool {
-        self.0.enabled
-    }
-
     /// How many streams were opened, over all multiplexed connections made.
     pub fn streams_opened(&self) -> u64 {
         self.0.streams.load(std::sync::atomic::Ordering::Relaxed)

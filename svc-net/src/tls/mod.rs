@@ -585,11 +585,24 @@ mod tests {
 /// SSH runs inside (the reverse tunnel, `svc-proxy-ssh`), the cluster CAs still authenticate
 /// both ends.
 pub fn insecure_client_config() -> Result<rustls::ClientConfig, rustls::Error> {
+    Ok(insecure_client_builder()?.with_no_client_auth())
+}
+
+/// [`insecure_client_config`] presenting the client certificate `chain` with its `key` (a
+/// user's or a host's, to the resource or tunnel entries of such a proxy).
+pub fn insecure_client_config_with_auth(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<rustls::ClientConfig, rustls::Error> {
+    insecure_client_builder()?.with_client_auth_cert(chain, key)
+}
+
+fn insecure_client_builder()
+-> Result<rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>, rustls::Error> {
     Ok(rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .dangerous()
-        .with_custom_certificate_verifier(insecure_verifier())
-        .with_no_client_auth())
+        .with_custom_certificate_verifier(insecure_verifier()))
 }
 
 /// The one accept-anything server verifier, for `--insecure` only (see

@@ -139,12 +139,12 @@ impl ResourceProxy {
         };
         let header = |name: &str| req.headers().get(name).map(|v| v.as_bytes());
         let protocol = match header(mux::ALPN_HEADER).and_then(|p| std::str::from_utf8(p).ok()) {
-            Some(p) if p != alpn::MUX && p != alpn::POSTGRES_NATIVE && ALPNS.contains(&p) => p.to_owned(),
+            Some(p) if stream_protocols().any(|s| s == p) => p.to_owned(),
             other => {
                 let msg = format!(
                     "header {} must name a resource protocol ({}), not {:?}",
                     mux::ALPN_HEADER,
-                    stream_protocols().join(", "),
+                    stream_protocols().collect::<Vec<_>>().join(", "),
                     other
                 );
                 return text(StatusCode::BAD_REQUEST, msg);
@@ -203,12 +203,11 @@ impl ResourceProxy {
 }
 
 /// The resource protocols a stream may name.
-fn stream_protocols() -> Vec<&'static str> {
+fn stream_protocols() -> impl Iterator<Item = &'static str> {
     ALPNS
         .iter()
         .copied()
         .filter(|p| *p != alpn::MUX && *p != alpn::POSTGRES_NATIVE)
-        .collect()
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
