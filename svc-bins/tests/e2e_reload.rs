@@ -6,25 +6,52 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{SVC, TCTL};
 
-/// The next line from svc's stdout that starts with `prefix`, within `limit`; on failure the
-/// panic shows what svc wrote to `stderr`.
-fn line_starting(rx: &mpsc::Receiver<String>, prefix: &str, limit: Duration, stderr: &Path) -> String {
-    let deadline = Instant::now() + limit;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) if line.trim().starts_with(prefix) => return line.trim().to_owned(),
-            Ok(_) => continue,
-            Err(e) => panic!(
-                "svc printed no line starting with {prefix:?} within {limit:?} ({e}); its stderr:\n{}",
-                std::fs::read_to_string(stderr).unwrap_or_default()
-            ),
+/// svc's stdout, line by line, and what it wrote to standard error.
+struct Output<'a> {
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+    stderr: &'a Path,
+}
+
+impl Output<'_> {
+    /// The next line from svc's stdout that starts with `prefix`, within `limit`; on failure the
+    /// panic shows every line svc printed, what it wrote to standard error and, when its stdout
+    /// closed, how it ended.
+    fn line_starting(&mut self, prefix: &str, limit: Duration, child: &mut Child) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.trim().starts_with(prefix) {
+                        return line.trim().to_owned();
+                    }
+                }
+                Err(e) => {
+                    let ended = match e {
+                        mpsc::RecvTimeoutError::Disconnected => {
+                            match common::wait::wait_exit_within(child, Duration::from_secs(10)) {
+                                Some(status) => format!("svc ended: {status}"),
+                                None => "svc closed its stdout and is still running".to_owned(),
+                            }
+                        }
+                        mpsc::RecvTimeoutError::Timeout => "svc is still running".to_owned(),
+                    };
+                    panic!(
+                        "svc printed no line starting with {prefix:?} within {limit:?} ({e}); {ended}\n\
+                         its stdout:\n{}\nits stderr:\n{}",
+                        self.seen.join("\n"),
+                        std::fs::read_to_string(self.stderr).unwrap_or_default()
+                    )
+                }
+            }
         }
     }
 }
@@ -63,19 +90,24 @@ fn sighup_restarts_svc_in_place_and_it_keeps_serving() {
             }
         }
     });
+    let mut out = Output {
+        lines: rx,
+        seen: Vec::new(),
+        stderr: &stderr_path,
+    };
     let step = Duration::from_secs(90);
-    let first_pin = line_starting(&rx, "CA pin: ", step, &stderr_path);
-    line_starting(&rx, "svc: ready", step, &stderr_path);
+    let first_pin = out.line_starting("CA pin: ", step, &mut child);
+    out.line_starting("svc: ready", step, &mut child);
 
     let status = Command::new("kill")
         .args(["-HUP", &pid.to_string()])
         .status()
         .expect("kill");
     assert!(status.success(), "kill -HUP failed");
-    line_starting(&rx, "svc: SIGHUP: draining", step, &stderr_path);
+    out.line_starting("svc: SIGHUP: draining", step, &mut child);
     // The same process (exec keeps the PID) announces itself again: same cluster, same CAs.
-    let second_pin = line_starting(&rx, "CA pin: ", step, &stderr_path);
-    line_starting(&rx, "svc: ready", step, &stderr_path);
+    let second_pin = out.line_starting("CA pin: ", step, &mut child);
+    out.line_starting("svc: ready", step, &mut child);
     assert_eq!(
         first_pin, second_pin,
         "the restarted svc must keep the cluster's CAs"

@@ -52,13 +52,26 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
             let cluster = Cluster::from_config(&config)
                 .tunnel_public_addr_override(tunnel_override)
                 .insecure(insecure);
-            tokio::runtime::Runtime::new()?.block_on(run(config, cluster))?;
+            let runtime = tokio::runtime::Runtime::new()?;
+            if runtime.block_on(run(config, cluster))? {
+                // Exec only once every task is dropped and the runtime's threads are gone: an
+                // exec kills the process's other threads wherever they are (a store write in a
+                // blocking thread, say), as a `kill -9` of each would.
+                runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
+                return Err(restart_in_place());
+            }
         }
     }
     Ok(())
 }
 
-async fn run(config: Config, cluster: Cluster) -> anyhow::Result<()> {
+/// How long the runtime's threads get to finish after the services drained, before a reload
+/// replaces the process.
+const RUNTIME_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs the services until SIGTERM, SIGINT or SIGHUP, then drains them. `Ok(true)`: SIGHUP,
+/// start again in place ([`restart_in_place`]).
+async fn run(config: Config, cluster: Cluster) -> anyhow::Result<bool> {
     // The handlers are installed before anything is announced: a SIGHUP (`systemctl reload`)
     // or SIGTERM sent as soon as "ready" is seen must drain, not meet the default action,
     // which kills the process.
@@ -73,12 +86,12 @@ async fn run(config: Config, cluster: Cluster) -> anyhow::Result<()> {
         r = kube.apply(cluster).start() => r?,
         _ = term.recv() => {
             println!("svc: stopped while starting");
-            return Ok(());
+            return Ok(false);
         }
         r = tokio::signal::ctrl_c() => {
             r?;
             println!("svc: stopped while starting");
-            return Ok(());
+            return Ok(false);
         }
     };
     svc_bins::svc::banner(&config, &running);
@@ -94,10 +107,7 @@ async fn run(config: Config, cluster: Cluster) -> anyhow::Result<()> {
         println!("svc: shutting down, draining connections");
     }
     running.shutdown().await;
-    if reload {
-        return Err(restart_in_place());
-    }
-    Ok(())
+    Ok(reload)
 }
 
 /// Replaces this process with a fresh `svc` run with the same arguments (same PID, so systemd

@@ -75,17 +75,26 @@ pub fn first_line<T: Send + 'static>(
 /// Waits for `child` to exit, for at most `limit`; after that kills it (SIGKILL) and panics
 /// naming `what`.
 pub fn wait_exit(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    match wait_exit_within(child, limit) {
+        Some(status) => status,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not exit within {limit:?} (killed)");
+        }
+    }
+}
+
+/// How `child` ended, if it exits within `limit`; `None` if it is still running then (it is
+/// left running). Panics if its state cannot be read.
+pub fn wait_exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + limit;
     loop {
         match child.try_wait() {
-            Ok(Some(status)) => return status,
+            Ok(Some(status)) => return Some(status),
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("{what} did not exit within {limit:?} (killed)");
-            }
-            Err(e) => panic!("waiting for {what}: {e}"),
+            Ok(None) => return None,
+            Err(e) => panic!("waiting for a child process: {e}"),
         }
     }
 }
