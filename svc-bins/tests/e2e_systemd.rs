@@ -214,31 +214,40 @@ impl Scene {
 
     /// Publishes `version` on the channel and waits until the cluster's proxy answers it (the
     /// proxy caches a forwarded channel for a minute).
+    /// Publishes `version` (critical or not) upstream and waits until the proxy serves both
+    /// answers: the updater run that follows must see the pair.
     fn publish(&self, versions: &VersionServer, version: &str, critical: bool, ca: &Path) {
         versions.set(&format!("v{version}"), critical);
-        let url = format!(
-            "https://{}/v1/webapi/automaticupgrades/channel/default/version",
+        let base = format!(
+            "https://{}/v1/webapi/automaticupgrades/channel/default",
             self.cluster.web_addr
         );
         let curl_bin = require("curl", "curl");
         let said = std::cell::RefCell::new(String::new());
+        let expected = [
+            ("version", format!("v{version}")),
+            ("critical", if critical { "yes" } else { "no" }.to_owned()),
+        ];
         self.machine.wait_for(
             SETTLE,
-            &format!("the proxy advertising v{version}"),
+            &format!("the proxy advertising v{version} (critical: {critical})"),
             || {
-                let out = Command::new(&curl_bin)
-                    .args(["-sS", "--max-time", "10", "--cacert"])
-                    .arg(ca)
-                    .arg(&url)
-                    .output();
-                let text = out
-                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                    .unwrap_or_default();
-                let advertised = text.trim() == format!("v{version}");
-                *said.borrow_mut() = text;
-                advertised
+                let mut answers = Vec::new();
+                for (what, _) in &expected {
+                    let out = Command::new(&curl_bin)
+                        .args(["-sS", "--max-time", "10", "--cacert"])
+                        .arg(ca)
+                        .arg(format!("{base}/{what}"))
+                        .output();
+                    let text = out
+                        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+                        .unwrap_or_default();
+                    answers.push(text);
+                }
+                *said.borrow_mut() = answers.join(", ");
+                expected.iter().zip(&answers).all(|((_, want), got)| want == got)
             },
-            || format!("the proxy said {:?}", said.borrow()),
+            || format!("the proxy said {:?} (version, critical)", said.borrow()),
         );
     }
 }

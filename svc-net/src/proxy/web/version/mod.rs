@@ -114,46 +114,57 @@ impl VersionResolver {
 
     /// The version `channel` advertises.
     pub async fn version(&self, channel: &str) -> Result<Option<Version>, ResolveError> {
-        let channels = &self.inner.channels;
-        match self.spec(channel)? {
-            ChannelSpec::Static { version, .. } => Ok(channels.cap(version.clone())),
-            ChannelSpec::Forward { url } => {
-                let url = format!("{url}/version");
-                let body = self.inner.fetch.fetch(&url).await;
-                let parsed = body.and_then(|b| forward::parse_version_body(&url, &b));
-                parsed
-                    .map(|v| channels.cap(v))
-                    .map_err(|source| ResolveError::Upstream {
-                        channel: channel.to_owned(),
-                        source,
-                    })
-            }
-            _ => Err(ResolveError::UnknownChannel(channel.to_owned())),
-        }
+        Ok(self.resolve(channel).await?.version)
     }
 
     /// Whether `channel`'s update is critical. An upstream that cannot say is not critical.
     pub async fn critical(&self, channel: &str) -> Result<bool, ResolveError> {
         match self.spec(channel)? {
             ChannelSpec::Static { critical, .. } => Ok(*critical),
-            ChannelSpec::Forward { url } => {
-                let url = format!("{url}/critical");
-                let body = self.inner.fetch.fetch(&url).await;
-                Ok(body
-                    .and_then(|b| forward::parse_critical_body(&url, &b))
-                    .unwrap_or(false))
-            }
+            ChannelSpec::Forward { url } => Ok(self.forward(channel, url).await.1),
             _ => Err(ResolveError::UnknownChannel(channel.to_owned())),
         }
     }
 
     /// Both answers.
     pub async fn resolve(&self, channel: &str) -> Result<ChannelAnswer, ResolveError> {
-        let (version, critical) = tokio::join!(self.version(channel), self.critical(channel));
-        Ok(ChannelAnswer {
-            version: version?,
-            critical: critical?,
-        })
+        let channels = &self.inner.channels;
+        match self.spec(channel)? {
+            ChannelSpec::Static { version, critical } => Ok(ChannelAnswer {
+                version: channels.cap(version.clone()),
+                critical: *critical,
+            }),
+            ChannelSpec::Forward { url } => {
+                let (version, critical) = self.forward(channel, url).await;
+                Ok(ChannelAnswer {
+                    version: version?,
+                    critical,
+                })
+            }
+            _ => Err(ResolveError::UnknownChannel(channel.to_owned())),
+        }
+    }
+
+    /// A `forward_url` channel's version and critical flag, always asked together: the
+    /// fetcher's cache then holds the two answers from the same moment, so a version and the
+    /// critical flag published with it are served together (asked apart, each answer had an
+    /// age of its own, and a critical update could be served as the new version with the old
+    /// flag, and installed outside the window only a minute later).
+    async fn forward(&self, channel: &str, url: &str) -> (Result<Option<Version>, ResolveError>, bool) {
+        let (version_url, critical_url) = (format!("{url}/version"), format!("{url}/critical"));
+        let fetch = &self.inner.fetch;
+        let (version, critical) = tokio::join!(fetch.fetch(&version_url), fetch.fetch(&critical_url));
+        let version = version
+            .and_then(|b| forward::parse_version_body(&version_url, &b))
+            .map(|v| self.inner.channels.cap(v))
+            .map_err(|source| ResolveError::Upstream {
+                channel: channel.to_owned(),
+                source,
+            });
+        let critical = critical
+            .and_then(|b| forward::parse_critical_body(&critical_url, &b))
+            .unwrap_or(false);
+        (version, critical)
     }
 }
 
@@ -238,5 +249,77 @@ mod tests {
                 critical: false
             }
         );
+    }
+
+    /// An upstream whose answers change when the test publishes, behind a cache that keeps each
+    /// URL's answer for 60 ticks of the test's clock (as `Fetcher` keeps it for a minute).
+    #[derive(Default)]
+    struct CachedUpstream {
+        now: std::sync::atomic::AtomicU64,
+        published: std::sync::Mutex<(String, String)>,
+        cached: std::sync::Mutex<BTreeMap<String, (u64, String)>>,
+    }
+
+    impl UpstreamFetch for Arc<CachedUpstream> {
+        fn fetch<'a>(
+            &'a self,
+            url: &'a str,
+        ) -> Pin<Box<dyn Future<Output = Result<String, FetchError>> + Send + 'a>> {
+            let now = self.now.load(std::sync::atomic::Ordering::SeqCst);
+            let mut cached = self.cached.lock().unwrap();
+            let fresh = cached.get(url).filter(|(at, _)| now - at < 60).cloned();
+            let body = match fresh {
+                Some((_, body)) => body,
+                None => {
+                    let (version, critical) = self.published.lock().unwrap().clone();
+                    let body = if url.ends_with("/version") { version } else { critical };
+                    cached.insert(url.to_owned(), (now, body.clone()));
+                    body
+                }
+            };
+            Box::pin(async move { Ok(body) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_forwarded_version_and_its_critical_flag_are_served_from_the_same_moment() {
+        let upstream = Arc::new(CachedUpstream::default());
+        let at = |t: u64| upstream.now.store(t, std::sync::atomic::Ordering::SeqCst);
+        *upstream.published.lock().unwrap() = ("v17.1.0".into(), "no".into());
+        let r = VersionResolver::new(
+            [(
+                "default".to_owned(),
+                ChannelSpec::Forward {
+                    url: "https://versions.example/ch".into(),
+                },
+            )]
+            .into(),
+            Version::new(17, 2, 0),
+            upstream.clone(),
+        );
+        // Updaters ask for the version at one moment and for the flag at another.
+        assert_eq!(r.version("default").await, Ok(Some(Version::new(17, 1, 0))));
+        at(30);
+        assert_eq!(r.critical("default").await, Ok(false));
+        // A critical update is published, and the cache's first answers expire.
+        at(40);
+        *upstream.published.lock().unwrap() = ("v17.1.1".into(), "yes".into());
+        at(65);
+        // Asked apart, the flag cached at 30 would still say "no" next to the new version.
+        for answer in [
+            r.resolve("default").await.unwrap(),
+            ChannelAnswer {
+                version: r.version("default").await.unwrap(),
+                critical: r.critical("default").await.unwrap(),
+            },
+        ] {
+            assert_eq!(
+                answer,
+                ChannelAnswer {
+                    version: Some(Version::new(17, 1, 1)),
+                    critical: true,
+                }
+            );
+        }
     }
 }
