@@ -60,6 +60,8 @@ macro_rules! push_packet {
 }
 
 mod channels;
+// svc: boxed message queues (SVC-PATCHES.md, change 3).
+mod queue;
 pub use channels::{Channel, ChannelMsg, ChannelReadHalf, ChannelStream, ChannelWriteHalf};
 
 mod parsing;
@@ -574,14 +576,14 @@ pub struct PendingChannelOpen {
 /// [`reject`](ChannelOpenHandle::reject) automatically sends an
 /// `AdministrativelyProhibited` rejection.
 pub struct ChannelOpenHandleInner<M: Send> {
-    sender: tokio::sync::mpsc::UnboundedSender<M>,
+    sender: crate::queue::UnboundedSender<M>,
     inner: Option<PendingChannelOpen>,
     make_msg: fn(PendingChannelOpen, Result<(), ChannelOpenFailure>) -> M,
 }
 
 impl<M: Send> ChannelOpenHandleInner<M> {
     pub(crate) fn new(
-        sender: tokio::sync::mpsc::UnboundedSender<M>,
+        sender: crate::queue::UnboundedSender<M>,
         pending: PendingChannelOpen,
         make_msg: fn(PendingChannelOpen, Result<(), ChannelOpenFailure>) -> M,
     ) -> Self {

@@ -151,7 +151,10 @@ impl<C> CommonSession<C> {
 
     pub fn newkeys(&mut self, newkeys: NewKeys) {
         if let Some(ref mut enc) = self.encrypted {
-            enc.exchange = Some(newkeys.exchange);
+            // svc: after a rekey nothing reads the exchange's messages again; keep the field
+            // set without them (SVC-PATCHES.md, change 4).
+            drop(newkeys.exchange);
+            enc.exchange = Some(Exchange::default());
             enc.kex = newkeys.kex;
             enc.key = newkeys.key;
             enc.client_mac = newkeys.names.client_mac;
@@ -165,6 +168,15 @@ impl<C> CommonSession<C> {
             enc.client_compression
                 .init_compress(self.packet_writer.compress());
             enc.server_compression.init_decompress(&mut enc.decompress);
+        }
+    }
+
+    /// svc: lets go of the initial key exchange's messages, which nothing reads once the
+    /// session's first keys are in use and the server has answered the client's extension
+    /// negotiation; the field stays set (SVC-PATCHES.md, change 4).
+    pub(crate) fn forget_exchange(&mut self) {
+        if let Some(ref mut enc) = self.encrypted {
+            enc.exchange = Some(Exchange::default());
         }
     }
 

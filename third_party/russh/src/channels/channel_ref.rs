@@ -1,4 +1,4 @@
-use tokio::sync::mpsc::Sender;
+use crate::queue::Sender;
 
 use super::WindowSizeRef;
 use crate::ChannelMsg;

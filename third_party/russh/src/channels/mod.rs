@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc::{Receiver, Sender};
+use crate::queue::{Receiver, Sender};
 use tokio::sync::{Mutex, Notify};
 
 use crate::{ChannelId, ChannelOpenFailure, Error, Pty, Sig};
@@ -468,7 +468,7 @@ impl<S: From<(ChannelId, ChannelMsg)> + Send + Sync + 'static> Channel<S> {
         window_size: u32,
         channel_buffer_size: usize,
     ) -> (Self, ChannelRef) {
-        let (tx, rx) = tokio::sync::mpsc::channel(channel_buffer_size);
+        let (tx, rx) = crate::queue::channel(channel_buffer_size);
         let window_size = WindowSizeRef::new(window_size);
         let read_half = ChannelReadHalf { receiver: rx };
         let write_half = ChannelWriteHalf {
@@ -701,7 +701,7 @@ impl<S: From<(ChannelId, ChannelMsg)> + Send + Sync + 'static> Channel<S> {
 
 #[cfg(test)]
 mod tests {
-    use tokio::sync::mpsc;
+    use crate::queue as mpsc;
 
     use super::*;
 

@@ -51,7 +51,7 @@ use ssh_encoding::{Decode, Encode};
 use ssh_key::{Algorithm, Certificate, HashAlg, PrivateKey, PublicKey};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::pin;
-use tokio::sync::mpsc::{
+use crate::queue::{
     Receiver, Sender, UnboundedReceiver, UnboundedSender, channel, unbounded_channel,
 };
 use tokio::sync::oneshot;
@@ -2087,6 +2087,7 @@ async fn reply<H: Handler>(
                         session
                             .common
                             .encrypted(initial_encrypted_state(session), newkeys);
+                        session.common.forget_exchange();
 
                         if let Some(sender) = kex_done_signal.take() {
                             sender.send(agent_session_binding).unwrap_or(());
@@ -2121,7 +2122,7 @@ mod tests {
     use std::sync::Arc;
 
     use ssh_encoding::Encode;
-    use tokio::sync::mpsc::{channel, unbounded_channel};
+    use crate::queue::{channel, unbounded_channel};
 
     use super::*;
     use crate::auth::{AuthRequest, Method};
@@ -2147,8 +2148,8 @@ mod tests {
 
     fn keyboard_interactive_session() -> (
         Session,
-        tokio::sync::mpsc::Sender<Msg>,
-        tokio::sync::mpsc::UnboundedReceiver<Reply>,
+        crate::queue::Sender<Msg>,
+        crate::queue::UnboundedReceiver<Reply>,
     ) {
         let config = Arc::new(Config::default());
         let (sender, receiver) = channel(config.channel_buffer_size);
@@ -2206,7 +2207,7 @@ mod tests {
     /// An authenticated session with one outstanding `hostkeys-prove-00` request.
     fn hostkeys_prove_session() -> (
         Session,
-        tokio::sync::mpsc::Sender<Msg>,
+        crate::queue::Sender<Msg>,
         oneshot::Receiver<Result<(), crate::Error>>,
         PrivateKey,
     ) {

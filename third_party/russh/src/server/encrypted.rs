@@ -753,7 +753,7 @@ mod tests {
                 session.common.config.window_size,
                 session.common.config.maximum_packet_size,
             );
-        let (sender, _receiver) = tokio::sync::mpsc::channel(1);
+        let (sender, _receiver) = crate::queue::channel(1);
         session
             .channels
             .insert(channel, crate::channels::ChannelRef::new(sender));
@@ -827,8 +827,8 @@ mod tests {
             compression: Cow::Owned(vec![compression::NONE]),
         };
         let config = Arc::new(config);
-        let (priority_sender, priority_receiver) = tokio::sync::mpsc::unbounded_channel();
-        let (sender, receiver) = tokio::sync::mpsc::channel(1);
+        let (priority_sender, priority_receiver) = crate::queue::unbounded_channel();
+        let (sender, receiver) = crate::queue::channel(1);
         let handle = Handle {
             priority_sender,
             sender,

@@ -1106,8 +1106,8 @@ where
 
     // Reading SSH id and allocating a session.
     let mut stream = SshRead::new(stream);
-    let (priority_sender, priority_receiver) = tokio::sync::mpsc::unbounded_channel();
-    let (sender, receiver) = tokio::sync::mpsc::channel(config.event_buffer_size);
+    let (priority_sender, priority_receiver) = crate::queue::unbounded_channel();
+    let (sender, receiver) = crate::queue::channel(config.event_buffer_size);
     let handle = server::session::Handle {
         priority_sender,
         sender,
@@ -1292,6 +1292,7 @@ async fn reply<H: Handler + Send>(
                         );
 
                         session.maybe_send_ext_info()?;
+                        session.common.forget_exchange();
                     }
 
                     session.kex = SessionKexState::Idle;

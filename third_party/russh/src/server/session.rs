@@ -7,7 +7,7 @@ use channels::WindowSizeRef;
 use kex::ServerKex;
 use log::debug;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc::{Receiver, Sender, UnboundedReceiver, UnboundedSender, channel};
+use crate::queue::{Receiver, Sender, UnboundedReceiver, UnboundedSender, channel};
 use tokio::sync::oneshot;
 
 use super::*;
@@ -1623,8 +1623,8 @@ mod tests {
 
     fn authenticated_session() -> Session {
         let config = Arc::new(crate::server::Config::default());
-        let (priority_sender, priority_receiver) = tokio::sync::mpsc::unbounded_channel();
-        let (sender, receiver) = tokio::sync::mpsc::channel(config.event_buffer_size);
+        let (priority_sender, priority_receiver) = crate::queue::unbounded_channel();
+        let (sender, receiver) = crate::queue::channel(config.event_buffer_size);
         let handle = Handle {
             priority_sender,
             sender,

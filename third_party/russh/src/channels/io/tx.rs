@@ -9,8 +9,7 @@ use std::task::{ready, Context, Poll};
 
 use futures::FutureExt;
 use tokio::io::AsyncWrite;
-use tokio::sync::mpsc::error::SendError;
-use tokio::sync::mpsc::{self, OwnedPermit};
+use crate::queue::{self as mpsc, OwnedPermit, SendError};
 use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
 
 use bytes::Bytes;
