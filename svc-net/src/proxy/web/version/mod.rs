@@ -272,7 +272,11 @@ mod tests {
                 Some((_, body)) => body,
                 None => {
                     let (version, critical) = self.published.lock().unwrap().clone();
-                    let body = if url.ends_with("/version") { version } else { critical };
+                    let body = if url.ends_with("/version") {
+                        version
+                    } else {
+                        critical
+                    };
                     cached.insert(url.to_owned(), (now, body.clone()));
                     body
                 }
