@@ -702,6 +702,15 @@ impl Encrypted {
         Ok(())
     }
 
+    /// svc: gives back the packet assembly buffer's memory if nothing waits in it
+    /// (SVC-PATCHES.md, change 5).
+    pub(crate) fn release_spare(&mut self) {
+        if self.write_cursor >= self.write.len() {
+            self.write_cursor = 0;
+            self.write = Vec::new();
+        }
+    }
+
     pub fn flush(
         &mut self,
         limits: &Limits,

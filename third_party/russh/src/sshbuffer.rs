@@ -399,6 +399,18 @@ pub(crate) struct PacketWriter {
     write_buffer: SSHBuffer,
 }
 
+impl PacketWriter {
+    /// svc: gives back the output buffers' memory if nothing waits in them (SVC-PATCHES.md,
+    /// change 5). They grow to the largest packets sent and would keep that size for the
+    /// session's life.
+    pub(crate) fn release_spare(&mut self) {
+        if self.write_buffer.buffer.is_empty() {
+            self.write_buffer.buffer = Vec::new();
+        }
+        self.packet_buffer = Vec::new();
+    }
+}
+
 impl Debug for PacketWriter {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
         f.debug_struct("PacketWriter").finish()

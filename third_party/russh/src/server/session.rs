@@ -660,6 +660,10 @@ impl Session {
         let reading = start_reading(stream_read, buffer, opening_cipher);
         pin!(reading);
         let mut is_reading = None;
+        // svc: set after a key exchange and a keepalive (the peer sent nothing for a
+        // keepalive interval): the output buffers' memory is given back once flushed
+        // (SVC-PATCHES.md, change 5).
+        let mut release_spare = false;
 
         #[allow(clippy::panic)] // false positive in macro
         while !self.common.disconnected {
@@ -752,6 +756,7 @@ impl Session {
 
                             if kex_was_active && !self.kex.active() {
                                 buffer.bytes = 0;
+                                release_spare = true;
                             } else if self.automatic_rekey_allowed()
                                 && buffer.bytes >= self.common.config.limits.rekey_read_limit
                             {
@@ -778,6 +783,7 @@ impl Session {
                         return Err(crate::Error::KeepaliveTimeout.into());
                     }
                     sent_keepalive = true;
+                    release_spare = true;
                     self.keepalive_request()?;
                 }
                 () = &mut inactivity_timer => {
@@ -818,6 +824,13 @@ impl Session {
                 inactivity_timer.as_mut(),
             )
             .await?;
+
+            if std::mem::take(&mut release_spare) {
+                self.common.packet_writer.release_spare();
+                if let Some(enc) = self.common.encrypted.as_mut() {
+                    enc.release_spare();
+                }
+            }
 
             if self.common.received_data {
                 // Reset the number of failed keepalive attempts. We don't
