@@ -212,10 +212,9 @@ impl Scene {
             .stdout
     }
 
-    /// Publishes `version` on the channel and waits until the cluster's proxy answers it (the
-    /// proxy caches a forwarded channel for a minute).
     /// Publishes `version` (critical or not) upstream and waits until the proxy serves both
-    /// answers: the updater run that follows must see the pair.
+    /// answers (it caches a forwarded channel for a minute): the updater run that follows must see
+    /// the pair.
     fn publish(&self, versions: &VersionServer, version: &str, critical: bool, ca: &Path) {
         versions.set(&format!("v{version}"), critical);
         let base = format!(

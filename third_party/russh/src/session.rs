@@ -153,7 +153,6 @@ impl<C> CommonSession<C> {
         if let Some(ref mut enc) = self.encrypted {
             // svc: after a rekey nothing reads the exchange's messages again; keep the field
             // set without them (SVC-PATCHES.md, change 4).
-            drop(newkeys.exchange);
             enc.exchange = Some(Exchange::default());
             enc.kex = newkeys.kex;
             enc.key = newkeys.key;
