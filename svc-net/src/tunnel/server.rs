@@ -588,30 +588,44 @@ impl TunnelServer {
         let result = tokio::select! {
             r = &mut session => r,
             _ = shutdown.cancelled() => {
-                // Drain: the agent is asked to reconnect (elsewhere: this proxy no longer
-                // accepts) and closes this tunnel once its sessions are done; past the bound
-                // the proxy closes it.
-                let asked = match handle_for_shutdown.channel_open_forwarded_streamlocal(RECONNECT_REQUEST).await {
-                    Ok(ch) => {
-                        let _ = ch.close().await;
-                        true
-                    }
-                    Err(_) => false,
-                };
-                tracing::info!(host_id = %host_id, asked, bound = ?inner.drain_timeout, "proxy shutting down: asked the agent to reconnect elsewhere; draining its tunnel");
-                let drained = asked
-                    && tokio::time::timeout(inner.drain_timeout, &mut session).await.is_ok();
-                if !drained {
-                    let _ = handle_for_shutdown
-                        .disconnect(russh::Disconnect::ByApplication, "the proxy is shutting down".into(), String::new())
-                        .await;
-                }
+                // Boxed: the drain's futures are larger than the wait above, and inline they
+                // would size every idle tunnel's task.
+                Box::pin(drain(inner, &mut session, &handle_for_shutdown, &host_id)).await;
                 Ok(())
             }
         };
         inner.registry.remove(&host_id, id);
         tracing::info!(host_id = %host_id, node = %node_name, "agent tunnel closed");
         result.map_err(Into::into)
+    }
+}
+
+/// Drains a registered tunnel as the proxy shuts down: the agent is asked to reconnect
+/// (elsewhere: this proxy no longer accepts) and closes the tunnel once its sessions are done;
+/// past the drain bound the proxy closes it.
+async fn drain(
+    inner: &Inner,
+    session: &mut russh::server::RunningSession<TunnelHandler>,
+    handle: &russh::server::Handle,
+    host_id: &str,
+) {
+    let asked = match handle.channel_open_forwarded_streamlocal(RECONNECT_REQUEST).await {
+        Ok(ch) => {
+            let _ = ch.close().await;
+            true
+        }
+        Err(_) => false,
+    };
+    tracing::info!(host_id = %host_id, asked, bound = ?inner.drain_timeout, "proxy shutting down: asked the agent to reconnect elsewhere; draining its tunnel");
+    let drained = asked && tokio::time::timeout(inner.drain_timeout, session).await.is_ok();
+    if !drained {
+        let _ = handle
+            .disconnect(
+                russh::Disconnect::ByApplication,
+                "the proxy is shutting down".into(),
+                String::new(),
+            )
+            .await;
     }
 }
 
@@ -996,7 +1010,9 @@ impl Service<Connection> for TlsService {
                 };
                 // Boxed for russh: its session future keeps its stream argument inline (the
                 // TLS session is over a kilobyte) besides the copy it reads from.
-                server.handshake(Box::new(tls) as BoxIo, peer, slot).await
+                server
+                    .handshake(Box::new(super::readbuf::IdleTls::new(tls)) as BoxIo, peer, slot)
+                    .await
             });
             let served = match handshake.await {
                 Ok(Some(registered)) => server.serve_registered(registered, conn.shutdown.clone()).await,
