@@ -66,7 +66,9 @@ pub(crate) struct CommonSession<Config> {
     pub remote_sshid: Vec<u8>,
     pub config: Config,
     pub encrypted: Option<Encrypted>,
-    pub auth_method: Option<auth::Method>,
+    // svc: boxed; the method is 0.5 KiB, kept in every session (the server's never sets it)
+    // (SVC-PATCHES.md, change 8).
+    pub auth_method: Option<Box<auth::Method>>,
     #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub(crate) auth_attempts: usize,
     pub packet_writer: PacketWriter,

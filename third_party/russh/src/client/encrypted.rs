@@ -252,7 +252,7 @@ impl Session {
                             }
 
                             // continue with userauth_pk_ok
-                            match self.common.auth_method.take() {
+                            match self.common.auth_method.take().map(|m| *m) {
                                 Some(auth_method @ auth::Method::PublicKey { .. }) => {
                                     self.common.buffer.clear();
                                     enc.client_send_signature(
@@ -1123,7 +1123,7 @@ impl Session {
         }
         self.common.auth_user.clear();
         self.common.auth_user.push_str(user);
-        self.common.auth_method = Some(meth);
+        self.common.auth_method = Some(Box::new(meth));
         Ok(is_waiting)
     }
 }

@@ -1344,49 +1344,55 @@ impl Session {
         }
     }
 
-    async fn run<H: Handler + Send, R: AsyncRead + AsyncWrite + Unpin + Send>(
+    // svc: a function returning an async block rather than an `async fn`: an `async fn` keeps
+    // its arguments twice in its future, as arguments and as the locals they are moved into,
+    // and the session is 3.2 KiB (SVC-PATCHES.md, change 7).
+    #[allow(clippy::manual_async_fn)]
+    fn run<H: Handler + Send, R: AsyncRead + AsyncWrite + Unpin + Send>(
         mut self,
         stream: SshRead<R>,
         mut handler: H,
         mut kex_done_signal: Option<
             oneshot::Sender<Option<crate::keys::agent::AgentSessionBinding>>,
         >,
-    ) -> Result<(), H::Error> {
-        let (stream_read, mut stream_write) = stream.split();
-        let result = self
-            .run_inner(
-                stream_read,
-                &mut stream_write,
-                &mut handler,
-                &mut kex_done_signal,
-            )
-            .await;
-        trace!("disconnected");
-        self.receiver.close();
-        self.priority_receiver.close();
-        self.inbound_channel_receiver.close();
-        map_err!(stream_write.shutdown().await)?;
-        match result {
-            Ok(v) => {
-                handler
-                    .disconnected(DisconnectReason::ReceivedDisconnect(v))
-                    .await?;
-                Ok(())
-            }
-            Err(e) => {
-                if kex_done_signal.is_some() {
-                    // The kex signal has not been consumed yet,
-                    // so we can send return the concrete error to be propagated
-                    // into the JoinHandle and returned from `connect_stream`
-                    debug!("disconnected during handshake {e:?}");
-                    Err(e)
-                } else {
-                    // The kex signal has been consumed, so no one is
-                    // awaiting the result of this coroutine
-                    // We're better off passing the error into the Handler
-                    debug!("disconnected {e:?}");
-                    handler.disconnected(DisconnectReason::Error(e)).await?;
-                    Err(H::Error::from(crate::Error::Disconnect))
+    ) -> impl std::future::Future<Output = Result<(), H::Error>> + Send {
+        async move {
+            let (stream_read, mut stream_write) = stream.split();
+            let result = self
+                .run_inner(
+                    stream_read,
+                    &mut stream_write,
+                    &mut handler,
+                    &mut kex_done_signal,
+                )
+                .await;
+            trace!("disconnected");
+            self.receiver.close();
+            self.priority_receiver.close();
+            self.inbound_channel_receiver.close();
+            map_err!(stream_write.shutdown().await)?;
+            match result {
+                Ok(v) => {
+                    handler
+                        .disconnected(DisconnectReason::ReceivedDisconnect(v))
+                        .await?;
+                    Ok(())
+                }
+                Err(e) => {
+                    if kex_done_signal.is_some() {
+                        // The kex signal has not been consumed yet,
+                        // so we can send return the concrete error to be propagated
+                        // into the JoinHandle and returned from `connect_stream`
+                        debug!("disconnected during handshake {e:?}");
+                        Err(e)
+                    } else {
+                        // The kex signal has been consumed, so no one is
+                        // awaiting the result of this coroutine
+                        // We're better off passing the error into the Handler
+                        debug!("disconnected {e:?}");
+                        handler.disconnected(DisconnectReason::Error(e)).await?;
+                        Err(H::Error::from(crate::Error::Disconnect))
+                    }
                 }
             }
         }
@@ -1892,7 +1898,7 @@ impl Session {
         );
 
         kex.kexinit(&mut self.common.packet_writer)?;
-        self.kex = SessionKexState::InProgress(kex);
+        self.kex = SessionKexState::InProgress(Box::new(kex));
         Ok(())
     }
 
@@ -2018,12 +2024,12 @@ async fn reply<H: Handler>(
     #[allow(clippy::collapsible_if)]
     if is_kex_msg {
         if let SessionKexState::InProgress(kex) = session.kex.take() {
-            let progress = kex.step(Some(pkt), &mut session.common.packet_writer)?;
+            let progress = (*kex).step(Some(pkt), &mut session.common.packet_writer)?;
 
             match progress {
                 KexProgress::NeedsReply { kex, reset_seqn } => {
                     debug!("kex impl continues: {kex:?}");
-                    session.kex = SessionKexState::InProgress(kex);
+                    session.kex = SessionKexState::InProgress(Box::new(kex));
                     if reset_seqn {
                         debug!("kex impl requests seqno reset");
                         session.common.reset_seqn();
@@ -2162,9 +2168,9 @@ mod tests {
             CommonSession {
                 auth_user: "user".to_owned(),
                 auth_attempts: 0,
-                auth_method: Some(Method::KeyboardInteractive {
+                auth_method: Some(Box::new(Method::KeyboardInteractive {
                     submethods: String::new(),
-                }),
+                })),
                 remote_to_local: Box::new(cipher::clear::Key),
                 encrypted: Some(Encrypted {
                     state: EncryptedState::WaitingAuthRequest(auth_request),

@@ -56,7 +56,9 @@ use crate::{CryptoVec, Error, cipher};
 #[derive(Debug)]
 pub(crate) enum SessionKexState<K> {
     Idle,
-    InProgress(K),
+    // svc: boxed; inline, every session kept the room of a key exchange in progress (about
+    // 0.8 KiB) while idle (SVC-PATCHES.md, change 8).
+    InProgress(Box<K>),
     Taken, // some async activity still going on such as host key checks
 }
 

@@ -1241,14 +1241,14 @@ async fn reply<H: Handler + Send>(
     #[allow(clippy::collapsible_if)]
     if is_kex_msg {
         if let SessionKexState::InProgress(kex) = session.kex.take() {
-            let progress = kex
+            let progress = (*kex)
                 .step(Some(pkt), &mut session.common.packet_writer, handler)
                 .await?;
 
             match progress {
                 KexProgress::NeedsReply { kex, reset_seqn } => {
                     debug!("kex impl continues: {kex:?}");
-                    session.kex = SessionKexState::InProgress(kex);
+                    session.kex = SessionKexState::InProgress(Box::new(kex));
                     if reset_seqn {
                         debug!("kex impl requests seqno reset");
                         session.common.reset_seqn();

@@ -629,261 +629,275 @@ impl Session {
         Ok(())
     }
 
-    pub(crate) async fn run<H, R>(
+    // svc: a function returning an async block rather than an `async fn`: an `async fn` keeps
+    // its arguments twice in its future, as arguments and as the locals they are moved into,
+    // and the session is 2.5 KiB (SVC-PATCHES.md, change 7).
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn run<H, R>(
         mut self,
         mut stream: SshRead<R>,
         mut handler: H,
-    ) -> Result<(), H::Error>
+    ) -> impl std::future::Future<Output = Result<(), H::Error>> + Send
     where
         H: Handler + Send + 'static,
         R: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        self.flush()?;
+        async move {
+            self.flush()?;
 
-        map_err!(self.common.packet_writer.flush_into(&mut stream).await)?;
+            map_err!(self.common.packet_writer.flush_into(&mut stream).await)?;
 
-        let (stream_read, mut stream_write) = stream.split();
-        let buffer = SSHBuffer::new();
+            let (stream_read, mut stream_write) = stream.split();
+            let buffer = SSHBuffer::new();
 
-        // Allow handing out references to the cipher
-        let mut opening_cipher = Box::new(clear::Key) as Box<dyn OpeningKey + Send>;
-        std::mem::swap(&mut opening_cipher, &mut self.common.remote_to_local);
+            // Allow handing out references to the cipher
+            let mut opening_cipher = Box::new(clear::Key) as Box<dyn OpeningKey + Send>;
+            std::mem::swap(&mut opening_cipher, &mut self.common.remote_to_local);
 
-        let keepalive_timer =
-            future_or_pending(self.common.config.keepalive_interval, tokio::time::sleep);
-        pin!(keepalive_timer);
+            let keepalive_timer =
+                future_or_pending(self.common.config.keepalive_interval, tokio::time::sleep);
+            pin!(keepalive_timer);
 
-        let inactivity_timer =
-            future_or_pending(self.common.config.inactivity_timeout, tokio::time::sleep);
-        pin!(inactivity_timer);
+            let inactivity_timer =
+                future_or_pending(self.common.config.inactivity_timeout, tokio::time::sleep);
+            pin!(inactivity_timer);
 
-        let reading = start_reading(stream_read, buffer, opening_cipher);
-        pin!(reading);
-        let mut is_reading = None;
-        // svc: set after a key exchange and a keepalive (the peer sent nothing for a
-        // keepalive interval): the output buffers' memory is given back once flushed
-        // (SVC-PATCHES.md, change 5).
-        let mut release_spare = false;
+            let reading = start_reading(stream_read, buffer, opening_cipher);
+            pin!(reading);
+            let mut is_reading = None;
+            // svc: set after a key exchange and a keepalive (the peer sent nothing for a
+            // keepalive interval): the output buffers' memory is given back once flushed
+            // (SVC-PATCHES.md, change 5).
+            let mut release_spare = false;
+            // svc: set when a keepalive is sent (the peer sent nothing for a keepalive interval):
+            // the read buffer, grown to the largest packet received, is given back before the
+            // next read starts (SVC-PATCHES.md, change 6).
+            let mut release_read_buffer = false;
 
-        #[allow(clippy::panic)] // false positive in macro
-        while !self.common.disconnected {
-            self.common.received_data = false;
-            let mut sent_keepalive = false;
+            #[allow(clippy::panic)] // false positive in macro
+            while !self.common.disconnected {
+                self.common.received_data = false;
+                let mut sent_keepalive = false;
 
-            // Drain messages already queued on the session channel (e.g. shell
-            // output pushed via `Handle::data()` from a spawned task) before
-            // blocking in `select!`. `select!` only handles one queued message
-            // per loop iteration, so a task producing faster than the loop
-            // drains falls behind. Capped so high-rate output can't starve
-            // client input (Ctrl+C, resize): once the cap is hit we fall through
-            // to `select!`, which picks up any client-side event first. Gated on
-            // `!kex.active()` to match the `select!` receiver arm.
-            const MAX_MESSAGES_PER_BATCH: usize = 64;
-            // Leave application messages in the bounded receiver once a peer's
-            // channel window is exhausted. Network reads remain active so a
-            // window adjustment can release the queued data.
-            if !self.kex.active() && !self.common.has_any_pending_data() {
-                let mut drained = 0;
-                while drained < MAX_MESSAGES_PER_BATCH {
-                    // Only Empty/Disconnected end the drain; both mean "nothing
-                    // more to hand off right now", so treat them the same.
-                    let msg = match self.priority_receiver.try_recv() {
-                        Ok(msg) => msg,
-                        Err(_) => match self.receiver.try_recv() {
+                // Drain messages already queued on the session channel (e.g. shell
+                // output pushed via `Handle::data()` from a spawned task) before
+                // blocking in `select!`. `select!` only handles one queued message
+                // per loop iteration, so a task producing faster than the loop
+                // drains falls behind. Capped so high-rate output can't starve
+                // client input (Ctrl+C, resize): once the cap is hit we fall through
+                // to `select!`, which picks up any client-side event first. Gated on
+                // `!kex.active()` to match the `select!` receiver arm.
+                const MAX_MESSAGES_PER_BATCH: usize = 64;
+                // Leave application messages in the bounded receiver once a peer's
+                // channel window is exhausted. Network reads remain active so a
+                // window adjustment can release the queued data.
+                if !self.kex.active() && !self.common.has_any_pending_data() {
+                    let mut drained = 0;
+                    while drained < MAX_MESSAGES_PER_BATCH {
+                        // Only Empty/Disconnected end the drain; both mean "nothing
+                        // more to hand off right now", so treat them the same.
+                        let msg = match self.priority_receiver.try_recv() {
                             Ok(msg) => msg,
-                            Err(_) => break,
-                        },
-                    };
-                    self.dispatch_msg(msg)?;
-                    drained += 1;
-                    if self.common.has_any_pending_data() {
+                            Err(_) => match self.receiver.try_recv() {
+                                Ok(msg) => msg,
+                                Err(_) => break,
+                            },
+                        };
+                        self.dispatch_msg(msg)?;
+                        drained += 1;
+                        if self.common.has_any_pending_data() {
+                            break;
+                        }
+                    }
+                    if drained > 0 {
+                        self.flush()?;
+                        crate::flush_or_timeout(
+                            &mut self.common.packet_writer,
+                            &mut stream_write,
+                            inactivity_timer.as_mut(),
+                        )
+                        .await?;
+                    }
+                    // A drained Disconnect sets this; don't block in `select!` after.
+                    if self.common.disconnected {
+                        continue;
+                    }
+                }
+
+                let rekey_timer = future_or_pending(self.rekey_time_remaining(), tokio::time::sleep);
+                pin!(rekey_timer);
+
+                tokio::select! {
+                    r = &mut reading => {
+                        let (stream_read, mut buffer, mut opening_cipher) = match r {
+                            Ok((_, stream_read, buffer, opening_cipher)) => (stream_read, buffer, opening_cipher),
+                            Err(e) => return Err(e.into())
+                        };
+                        if buffer.buffer.len() < 5 {
+                            is_reading = Some((stream_read, buffer, opening_cipher));
+                            break
+                        }
+
+                        let mut pkt = self.maybe_decompress(&buffer)?;
+
+                        match pkt.buffer.first() {
+                            None => (),
+                            Some(&crate::msg::DISCONNECT) => {
+                                debug!("break");
+                                is_reading = Some((stream_read, buffer, opening_cipher));
+                                break;
+                            }
+                            Some(_) => {
+                                self.common.received_data = true;
+                                // TODO it'd be cleaner to just pass cipher to reply()
+                                std::mem::swap(&mut opening_cipher, &mut self.common.remote_to_local);
+
+                                let kex_was_active = self.kex.active();
+                                // svc: boxed. Handling a packet (key exchange, channel messages,
+                                // the handler's callbacks) needs kilobytes of state, which an
+                                // inline await keeps in the loop's future for the connection's
+                                // whole life, idle or not (SVC-PATCHES.md).
+                                match Box::pin(reply(&mut self, &mut handler, &mut pkt)).await {
+                                    Ok(_) => {},
+                                    Err(e) => return Err(e),
+                                }
+                                buffer.seqn = pkt.seqn; // TODO reply changes seqn internall, find cleaner way
+
+                                if kex_was_active && !self.kex.active() {
+                                    buffer.bytes = 0;
+                                    release_spare = true;
+                                } else if self.automatic_rekey_allowed()
+                                    && buffer.bytes >= self.common.config.limits.rekey_read_limit
+                                {
+                                    debug!("rekey read limit reached after {} inbound bytes", buffer.bytes);
+                                    if let Some(enc) = self.common.encrypted.as_mut() {
+                                        // flush checks this
+                                        enc.rekey_wanted = true;
+                                    }
+                                }
+
+                                std::mem::swap(&mut opening_cipher, &mut self.common.remote_to_local);
+                            }
+                        }
+                        if std::mem::take(&mut release_read_buffer) {
+                            buffer.buffer = Vec::new();
+                        }
+                        reading.set(start_reading(stream_read, buffer, opening_cipher));
+                    }
+                    () = &mut rekey_timer => {
+                        // The flush after the select sees the elapsed limit.
+                        debug!("rekey time limit reached");
+                    }
+                    () = &mut keepalive_timer => {
+                        self.common.alive_timeouts = self.common.alive_timeouts.saturating_add(1);
+                        if self.common.config.keepalive_max != 0 && self.common.alive_timeouts > self.common.config.keepalive_max {
+                            debug!("Timeout, client not responding to keepalives");
+                            return Err(crate::Error::KeepaliveTimeout.into());
+                        }
+                        sent_keepalive = true;
+                        release_spare = true;
+                        release_read_buffer = true;
+                        self.keepalive_request()?;
+                    }
+                    () = &mut inactivity_timer => {
+                        debug!("timeout");
+                        return Err(crate::Error::InactivityTimeout.into());
+                    }
+                    msg = self.priority_receiver.recv(), if !self.kex.active() => {
+                        match msg {
+                            Some(msg) => self.dispatch_msg(msg)?,
+                            None => {
+                                debug!("self.priority_receiver: received None");
+                            }
+                        }
+                    }
+                    msg = self.receiver.recv(), if !self.kex.active() && !self.common.has_any_pending_data() => {
+                        // Channel open replies must be dispatched before any
+                        // channel traffic queued after them: `msg` may be data for
+                        // a channel whose confirmation is still sitting in the
+                        // priority queue, and dispatching that data first would
+                        // silently drop it (the channel is only registered when
+                        // its open reply is processed).
+                        while let Ok(reply) = self.priority_receiver.try_recv() {
+                            self.dispatch_msg(reply)?;
+                        }
+                        match msg {
+                            Some(msg) => self.dispatch_msg(msg)?,
+                            None => {
+                                debug!("self.receiver: received None");
+                            }
+                        }
+                    }
+                }
+                self.flush()?;
+
+                crate::flush_or_timeout(
+                    &mut self.common.packet_writer,
+                    &mut stream_write,
+                    inactivity_timer.as_mut(),
+                )
+                .await?;
+
+                if std::mem::take(&mut release_spare) {
+                    self.common.packet_writer.release_spare();
+                    if let Some(enc) = self.common.encrypted.as_mut() {
+                        enc.release_spare();
+                    }
+                }
+
+                if self.common.received_data {
+                    // Reset the number of failed keepalive attempts. We don't
+                    // bother detecting keepalive response messages specifically
+                    // (OpenSSH_9.6p1 responds with REQUEST_FAILURE aka 82). Instead
+                    // we assume that the client is still alive if we receive any
+                    // data from it.
+                    self.common.alive_timeouts = 0;
+                }
+                if (self.common.received_data || sent_keepalive)
+                    && let (futures::future::Either::Right(ref mut sleep), Some(d)) = (
+                        keepalive_timer.as_mut().as_pin_mut(),
+                        self.common.config.keepalive_interval,
+                    )
+                {
+                    sleep.as_mut().reset(tokio::time::Instant::now() + d);
+                }
+                if !sent_keepalive
+                    && let (futures::future::Either::Right(ref mut sleep), Some(d)) = (
+                        inactivity_timer.as_mut().as_pin_mut(),
+                        self.common.config.inactivity_timeout,
+                    )
+                {
+                    sleep.as_mut().reset(tokio::time::Instant::now() + d);
+                }
+            }
+            debug!("disconnected");
+            // Shutdown
+            map_err!(stream_write.shutdown().await)?;
+            loop {
+                if let Some((stream_read, buffer, opening_cipher)) = is_reading.take() {
+                    reading.set(start_reading(stream_read, buffer, opening_cipher));
+                }
+                tokio::select! {
+                    r = &mut reading => match r {
+                        Ok((0, _, _, _)) => break,
+                        Ok((_, r, b, opening_cipher)) => {
+                            is_reading = Some((r, b, opening_cipher));
+                        }
+                        // at this stage of session shutdown, EOF is not unexpected
+                        Err(Error::IO(ref e)) if e.kind() == ErrorKind::UnexpectedEof => break,
+                        Err(e) => return Err(e.into()),
+                    },
+                    // The client was told to disconnect and never closed its side;
+                    // dropping the stream closes it for them.
+                    () = &mut inactivity_timer => {
+                        debug!("timeout waiting for the client to close");
                         break;
                     }
                 }
-                if drained > 0 {
-                    self.flush()?;
-                    crate::flush_or_timeout(
-                        &mut self.common.packet_writer,
-                        &mut stream_write,
-                        inactivity_timer.as_mut(),
-                    )
-                    .await?;
-                }
-                // A drained Disconnect sets this; don't block in `select!` after.
-                if self.common.disconnected {
-                    continue;
-                }
             }
 
-            let rekey_timer = future_or_pending(self.rekey_time_remaining(), tokio::time::sleep);
-            pin!(rekey_timer);
-
-            tokio::select! {
-                r = &mut reading => {
-                    let (stream_read, mut buffer, mut opening_cipher) = match r {
-                        Ok((_, stream_read, buffer, opening_cipher)) => (stream_read, buffer, opening_cipher),
-                        Err(e) => return Err(e.into())
-                    };
-                    if buffer.buffer.len() < 5 {
-                        is_reading = Some((stream_read, buffer, opening_cipher));
-                        break
-                    }
-
-                    let mut pkt = self.maybe_decompress(&buffer)?;
-
-                    match pkt.buffer.first() {
-                        None => (),
-                        Some(&crate::msg::DISCONNECT) => {
-                            debug!("break");
-                            is_reading = Some((stream_read, buffer, opening_cipher));
-                            break;
-                        }
-                        Some(_) => {
-                            self.common.received_data = true;
-                            // TODO it'd be cleaner to just pass cipher to reply()
-                            std::mem::swap(&mut opening_cipher, &mut self.common.remote_to_local);
-
-                            let kex_was_active = self.kex.active();
-                            // svc: boxed. Handling a packet (key exchange, channel messages,
-                            // the handler's callbacks) needs kilobytes of state, which an
-                            // inline await keeps in the loop's future for the connection's
-                            // whole life, idle or not (SVC-PATCHES.md).
-                            match Box::pin(reply(&mut self, &mut handler, &mut pkt)).await {
-                                Ok(_) => {},
-                                Err(e) => return Err(e),
-                            }
-                            buffer.seqn = pkt.seqn; // TODO reply changes seqn internall, find cleaner way
-
-                            if kex_was_active && !self.kex.active() {
-                                buffer.bytes = 0;
-                                release_spare = true;
-                            } else if self.automatic_rekey_allowed()
-                                && buffer.bytes >= self.common.config.limits.rekey_read_limit
-                            {
-                                debug!("rekey read limit reached after {} inbound bytes", buffer.bytes);
-                                if let Some(enc) = self.common.encrypted.as_mut() {
-                                    // flush checks this
-                                    enc.rekey_wanted = true;
-                                }
-                            }
-
-                            std::mem::swap(&mut opening_cipher, &mut self.common.remote_to_local);
-                        }
-                    }
-                    reading.set(start_reading(stream_read, buffer, opening_cipher));
-                }
-                () = &mut rekey_timer => {
-                    // The flush after the select sees the elapsed limit.
-                    debug!("rekey time limit reached");
-                }
-                () = &mut keepalive_timer => {
-                    self.common.alive_timeouts = self.common.alive_timeouts.saturating_add(1);
-                    if self.common.config.keepalive_max != 0 && self.common.alive_timeouts > self.common.config.keepalive_max {
-                        debug!("Timeout, client not responding to keepalives");
-                        return Err(crate::Error::KeepaliveTimeout.into());
-                    }
-                    sent_keepalive = true;
-                    release_spare = true;
-                    self.keepalive_request()?;
-                }
-                () = &mut inactivity_timer => {
-                    debug!("timeout");
-                    return Err(crate::Error::InactivityTimeout.into());
-                }
-                msg = self.priority_receiver.recv(), if !self.kex.active() => {
-                    match msg {
-                        Some(msg) => self.dispatch_msg(msg)?,
-                        None => {
-                            debug!("self.priority_receiver: received None");
-                        }
-                    }
-                }
-                msg = self.receiver.recv(), if !self.kex.active() && !self.common.has_any_pending_data() => {
-                    // Channel open replies must be dispatched before any
-                    // channel traffic queued after them: `msg` may be data for
-                    // a channel whose confirmation is still sitting in the
-                    // priority queue, and dispatching that data first would
-                    // silently drop it (the channel is only registered when
-                    // its open reply is processed).
-                    while let Ok(reply) = self.priority_receiver.try_recv() {
-                        self.dispatch_msg(reply)?;
-                    }
-                    match msg {
-                        Some(msg) => self.dispatch_msg(msg)?,
-                        None => {
-                            debug!("self.receiver: received None");
-                        }
-                    }
-                }
-            }
-            self.flush()?;
-
-            crate::flush_or_timeout(
-                &mut self.common.packet_writer,
-                &mut stream_write,
-                inactivity_timer.as_mut(),
-            )
-            .await?;
-
-            if std::mem::take(&mut release_spare) {
-                self.common.packet_writer.release_spare();
-                if let Some(enc) = self.common.encrypted.as_mut() {
-                    enc.release_spare();
-                }
-            }
-
-            if self.common.received_data {
-                // Reset the number of failed keepalive attempts. We don't
-                // bother detecting keepalive response messages specifically
-                // (OpenSSH_9.6p1 responds with REQUEST_FAILURE aka 82). Instead
-                // we assume that the client is still alive if we receive any
-                // data from it.
-                self.common.alive_timeouts = 0;
-            }
-            if (self.common.received_data || sent_keepalive)
-                && let (futures::future::Either::Right(ref mut sleep), Some(d)) = (
-                    keepalive_timer.as_mut().as_pin_mut(),
-                    self.common.config.keepalive_interval,
-                )
-            {
-                sleep.as_mut().reset(tokio::time::Instant::now() + d);
-            }
-            if !sent_keepalive
-                && let (futures::future::Either::Right(ref mut sleep), Some(d)) = (
-                    inactivity_timer.as_mut().as_pin_mut(),
-                    self.common.config.inactivity_timeout,
-                )
-            {
-                sleep.as_mut().reset(tokio::time::Instant::now() + d);
-            }
+            Ok(())
         }
-        debug!("disconnected");
-        // Shutdown
-        map_err!(stream_write.shutdown().await)?;
-        loop {
-            if let Some((stream_read, buffer, opening_cipher)) = is_reading.take() {
-                reading.set(start_reading(stream_read, buffer, opening_cipher));
-            }
-            tokio::select! {
-                r = &mut reading => match r {
-                    Ok((0, _, _, _)) => break,
-                    Ok((_, r, b, opening_cipher)) => {
-                        is_reading = Some((r, b, opening_cipher));
-                    }
-                    // at this stage of session shutdown, EOF is not unexpected
-                    Err(Error::IO(ref e)) if e.kind() == ErrorKind::UnexpectedEof => break,
-                    Err(e) => return Err(e.into()),
-                },
-                // The client was told to disconnect and never closed its side;
-                // dropping the stream closes it for them.
-                () = &mut inactivity_timer => {
-                    debug!("timeout waiting for the client to close");
-                    break;
-                }
-            }
-        }
-
-        Ok(())
     }
 
     /// Get a handle to this session.
@@ -1588,7 +1602,7 @@ impl Session {
         );
 
         kex.kexinit(&mut self.common.packet_writer)?;
-        self.kex = SessionKexState::InProgress(kex);
+        self.kex = SessionKexState::InProgress(Box::new(kex));
         Ok(())
     }
 }
