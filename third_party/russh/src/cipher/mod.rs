@@ -300,7 +300,18 @@ pub(crate) async fn read<R: AsyncRead + Unpin>(
     if buffer.len == 0 {
         let mut len = vec![0; cipher.packet_length_to_read_for_block_length()];
 
-        stream.read_exact(&mut len).await?;
+        // svc: when the next packet's first block is not there yet, the connection is idle (or
+        // between bursts): the buffer, grown to the largest packet received, is given back
+        // while waiting; the packet allocates what it needs (SVC-PATCHES.md, change 6).
+        let mut first = std::pin::pin!(stream.read_exact(&mut len));
+        let first = match futures::poll!(first.as_mut()) {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => {
+                buffer.buffer = Vec::new();
+                first.await
+            }
+        };
+        first?;
         trace!("reading, len = {len:?}");
         {
             let seqn = buffer.seqn.0;

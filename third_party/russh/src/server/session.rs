@@ -665,14 +665,10 @@ impl Session {
             let reading = start_reading(stream_read, buffer, opening_cipher);
             pin!(reading);
             let mut is_reading = None;
-            // svc: set after a key exchange and a keepalive (the peer sent nothing for a
-            // keepalive interval): the output buffers' memory is given back once flushed
-            // (SVC-PATCHES.md, change 5).
+            // svc: set after a packet other than channel data and after a keepalive (the peer
+            // sent nothing for a keepalive interval): the output buffers' memory is given back
+            // once flushed (SVC-PATCHES.md, change 5).
             let mut release_spare = false;
-            // svc: set when a keepalive is sent (the peer sent nothing for a keepalive interval):
-            // the read buffer, grown to the largest packet received, is given back before the
-            // next read starts (SVC-PATCHES.md, change 6).
-            let mut release_read_buffer = false;
 
             #[allow(clippy::panic)] // false positive in macro
             while !self.common.disconnected {
@@ -753,6 +749,16 @@ impl Session {
                                 std::mem::swap(&mut opening_cipher, &mut self.common.remote_to_local);
 
                                 let kex_was_active = self.kex.active();
+                                // svc: after a packet that is not channel data (a key exchange,
+                                // an authentication, a channel opened or closed, a keepalive's
+                                // answer: the session is between transfers, or idle), the output
+                                // buffers are given back once flushed (SVC-PATCHES.md, change 5).
+                                if !matches!(
+                                    pkt.buffer.first(),
+                                    Some(&msg::CHANNEL_DATA | &msg::CHANNEL_EXTENDED_DATA | &msg::CHANNEL_WINDOW_ADJUST)
+                                ) {
+                                    release_spare = true;
+                                }
                                 // svc: boxed. Handling a packet (key exchange, channel messages,
                                 // the handler's callbacks) needs kilobytes of state, which an
                                 // inline await keeps in the loop's future for the connection's
@@ -765,7 +771,6 @@ impl Session {
 
                                 if kex_was_active && !self.kex.active() {
                                     buffer.bytes = 0;
-                                    release_spare = true;
                                 } else if self.automatic_rekey_allowed()
                                     && buffer.bytes >= self.common.config.limits.rekey_read_limit
                                 {
@@ -778,9 +783,6 @@ impl Session {
 
                                 std::mem::swap(&mut opening_cipher, &mut self.common.remote_to_local);
                             }
-                        }
-                        if std::mem::take(&mut release_read_buffer) {
-                            buffer.buffer = Vec::new();
                         }
                         reading.set(start_reading(stream_read, buffer, opening_cipher));
                     }
@@ -796,7 +798,6 @@ impl Session {
                         }
                         sent_keepalive = true;
                         release_spare = true;
-                        release_read_buffer = true;
                         self.keepalive_request()?;
                     }
                     () = &mut inactivity_timer => {
