@@ -20,7 +20,7 @@
 //! with no agent), then the CPU time of the proxy, the Auth Service and the simulator over
 //! `--idle-secs` with every agent idle (tunnel heartbeats, and the Auth API heartbeats every
 //! 30 s unless `--no-auth-link`), and the proxy's memory again at the end of that period (past
-//! the proxy's 30 s SSH keepalive, an idle session has given back its buffers); then the reconnect storm: the proxy is killed (SIGKILL) and
+//! the proxy's 30 s SSH keepalive); then the reconnect storm: the proxy is killed (SIGKILL) and
 //! started again on the same port under the same host ID, and the harness measures the time
 //! until every agent is registered again, until every agent's Auth API link has a heartbeat
 //! accepted again, the Auth Service's CPU and peak RSS meanwhile, and whether a sample of
@@ -221,8 +221,8 @@ async fn idle_and_storm(
         per(s1 - s0),
         sim::load()
     );
-    // Again after the idle period: once a tunnel has been silent for the proxy's SSH keepalive
-    // interval (30 s), the proxy's session gives back the buffers its last packets grew.
+    // Again after the idle period: every tunnel has been silent past the proxy's SSH keepalive
+    // interval (30 s), and a keepalive and its answer have crossed it.
     let rss = settle_rss(proxy.pid()).await?;
     println!(
         "  {n:>6} agents after {idle_secs} s idle: proxy RSS {:8.1} MiB, {:6.1} KiB per agent; simulator {:6.1} KiB per agent (load {})",
