@@ -13,6 +13,7 @@ use std::sync::Arc;
 use russh::ChannelMsg;
 use svc_core::identity::SystemRole;
 use svc_net::agent::ssh::{SshServer, SshServerConfig};
+use svc_net::tunnel::Tunables;
 use tunnel_support::*;
 
 async fn exec_through(separate: bool) {
@@ -37,6 +38,14 @@ async fn exec_through(separate: bool) {
     let info = proxy.tunnel.registry().get("node-1").unwrap();
     assert_eq!(info.host_id, node.host_id);
     assert_eq!(info.version.to_string(), "v17.0.0");
+    // Inside the proxy's TLS the SSH layer does not encrypt a second time; on the tunnel port
+    // it does.
+    let cipher = if separate {
+        "aes128-gcm@openssh.com"
+    } else {
+        "none"
+    };
+    assert_eq!(established_cipher(&agent).await, cipher);
 
     let out = ssh_exec(&proxy, &cluster, "node-1", "echo out; echo err >&2; exit 7").await;
     assert_eq!(out.stdout(), "out\n");
@@ -65,6 +74,133 @@ async fn exec_through_the_tunnel_with_tls_routing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_through_the_tunnel_on_separate_ports() {
     exec_through(true).await;
+}
+
+/// The SSH cipher of the agent's tunnel, once the agent counts it established (the proxy
+/// registers it a moment before).
+async fn established_cipher(agent: &svc_net::tunnel::RunningAgent) -> String {
+    agent
+        .wait_for(|s| s.established > 0)
+        .within("the agent counting its tunnel established")
+        .await;
+    agent.status().ssh_cipher.expect("the tunnel's cipher")
+}
+
+/// The agent's tunnel inside the proxy's TLS with `agent_tunables` and `proxy_tunables`
+/// (`insecure`: the agent accepts any proxy certificate): the SSH cipher it negotiated, after a
+/// command ran through it.
+async fn cipher_inside_tls(agent_tunables: Tunables, proxy_tunables: Tunables, insecure: bool) -> String {
+    let cluster = Cluster::new();
+    let proxy = start_proxy(
+        &cluster,
+        ProxyOpts {
+            tunables: proxy_tunables,
+            ..Default::default()
+        },
+    )
+    .await;
+    let node = cluster.host(&[SystemRole::Node], "node-c");
+    let mut config = agent_config(&cluster, proxy.web, &node, "17.0.0").with_tunables(agent_tunables);
+    if insecure {
+        config = config.with_insecure_proxy_tls();
+    }
+    let agent = start_agent_with(config, &cluster, &node);
+    proxy
+        .tunnel
+        .registry()
+        .wait_for("node-c", |a| a.is_some_and(|a| a.online))
+        .within("node-c online in the proxy's registry")
+        .await;
+    let out = ssh_exec(&proxy, &cluster, "node-c", "echo through").await;
+    assert_eq!(out.stdout(), "through\n");
+    let cipher = established_cipher(&agent).await;
+    agent.shutdown().await;
+    proxy.shutdown().await;
+    cipher
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ssh_encrypts_inside_tls_only_when_asked_or_when_the_proxy_certificate_goes_unchecked() {
+    init_tracing();
+    let encrypt = fast_tunables().with_encrypt_inside_tls(true);
+    // The agent's setting: it never asks for `none`.
+    assert_eq!(
+        cipher_inside_tls(encrypt.clone(), fast_tunables(), false).await,
+        "aes128-gcm@openssh.com"
+    );
+    // The proxy's setting: it does not accept `none`, and an agent that asks for it first gets
+    // the next cipher it offers.
+    assert_eq!(
+        cipher_inside_tls(fast_tunables(), encrypt, false).await,
+        "aes128-gcm@openssh.com"
+    );
+    // An agent that does not check the proxy's certificate cannot know who decrypts the TLS,
+    // so SSH keeps encrypting.
+    assert_eq!(
+        cipher_inside_tls(fast_tunables(), fast_tunables(), true).await,
+        "aes128-gcm@openssh.com"
+    );
+}
+
+/// A client of the plain tunnel port that offers only the `none` cipher (whatever it is) is
+/// cut off at the key exchange: outside TLS, SSH always encrypts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tunnel_port_refuses_the_none_cipher() {
+    init_tracing();
+    struct AnyKey;
+    impl russh::client::Handler for AnyKey {
+        type Error = russh::Error;
+        async fn check_server_key(
+            &mut self,
+            _key: &russh::keys::PublicKeyOrCertificate,
+        ) -> Result<bool, Self::Error> {
+            Ok(true)
+        }
+    }
+    let cluster = Cluster::new();
+    let proxy = start_proxy(
+        &cluster,
+        ProxyOpts {
+            separate: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let tunnel_addr = proxy.tunnel_addr.expect("the tunnel port in separate mode");
+    let offering = |cipher: russh::cipher::Name| async move {
+        let mut config = svc_net::ssh::client_config(&fast_tunables());
+        config.preferred.cipher = std::borrow::Cow::Owned(vec![cipher]);
+        let tcp = tokio::net::TcpStream::connect(tunnel_addr).await.unwrap();
+        russh::client::connect_stream(Arc::new(config), tcp, AnyKey)
+            .within("the key exchange with the tunnel port")
+            .await
+    };
+    // The same client offering AES-GCM only completes the key exchange: the cipher is the one
+    // difference.
+    assert!(offering(russh::cipher::AES_128_GCM).await.is_ok());
+    match offering(russh::cipher::NONE).await {
+        Err(russh::Error::NoCommonAlgo { kind, theirs, .. }) => {
+            assert!(matches!(kind, russh::AlgorithmKind::Cipher), "{kind:?}");
+            assert!(
+                !theirs.iter().any(|c| c == "none"),
+                "the proxy offered {theirs:?}"
+            );
+        }
+        Err(other) => panic!("expected no common cipher, got {other:?}"),
+        Ok(_) => panic!("the tunnel port accepted an SSH session without encryption"),
+    }
+    // The honest agent still comes up on the same port.
+    let node = cluster.host(&[SystemRole::Node], "node-n");
+    let agent = start_agent(&cluster, proxy.web, &node);
+    proxy
+        .tunnel
+        .registry()
+        .wait_for("node-n", |a| a.is_some_and(|a| a.online))
+        .within("node-n online in the proxy's registry")
+        .await;
+    assert_eq!(established_cipher(&agent).await, "aes128-gcm@openssh.com");
+    agent.shutdown().await;
+    proxy.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,9 @@
 //! run; then connection set-up through an established tunnel (connections/s, p50/p99) against
 //! the same two baselines, one connection at a time and `--concurrency` at a time, with the
 //! dial request in the channel-open message (one round trip) and, for comparison, an agent of
-//! the previous tunnel version on the 3024 proxy (request and answer on the opened channel).
+//! the previous tunnel version on the 3024 proxy (request and answer on the opened channel),
+//! and an agent on the TLS port that has SSH encrypt inside TLS too
+//! (`Tunables::encrypt_inside_tls`; the other agent there runs SSH's `none` cipher inside TLS).
 //! Alternating repetitions, medians, ratios.
 //!
 //! ```text
@@ -451,9 +453,27 @@ async fn main() -> anyhow::Result<()> {
     let (p_def, t_def) = start_proxy(&c, dir.path(), true, russh_defaults.clone()).await?;
     let a_sep = start_agent(&c, p_sep.addrs().web, "agent-3024", Tunables::default())?;
     let a_tls = start_agent(&c, p_tls.addrs().web, "agent-tls", Tunables::default())?;
+    // The same TLS port, the agent asking SSH to encrypt inside TLS too (as before SSH's `none`
+    // cipher inside TLS): the double encryption's cost in the same run.
+    let a_tls_enc = start_agent(
+        &c,
+        p_tls.addrs().web,
+        "agent-tls-enc",
+        Tunables::default().with_encrypt_inside_tls(true),
+    )?;
     let a_def = start_agent(&c, p_def.addrs().web, "agent-def", russh_defaults)?;
     t_sep.registry().wait_for("agent-3024", |a| a.is_some()).await;
     t_tls.registry().wait_for("agent-tls", |a| a.is_some()).await;
+    t_tls.registry().wait_for("agent-tls-enc", |a| a.is_some()).await;
+    for (name, agent) in [
+        ("agent-3024", &a_sep),
+        ("agent-tls", &a_tls),
+        ("agent-tls-enc", &a_tls_enc),
+    ] {
+        agent.wait_for(|s| s.established > 0).await;
+        let cipher = agent.status().ssh_cipher.unwrap_or_default();
+        println!("{name}: SSH cipher {cipher}");
+    }
     t_def.registry().wait_for("agent-def", |a| a.is_some()).await;
     // The previous dial path (request and answer on the opened channel), on the 3024 proxy.
     let a_old = start_agent_with(&c, p_sep.addrs().web, "agent-old", Tunables::default(), false)?;
@@ -468,12 +488,14 @@ async fn main() -> anyhow::Result<()> {
         bytes / 1024 / 1024
     );
     let (mut direct, mut sep, mut tls, mut ossh, mut def) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut tls_enc = vec![];
     for _ in 0..reps {
         let s = TcpStream::connect(sink).await?;
         s.set_nodelay(true)?;
         direct.push(bulk(s, bytes).await?);
         sep.push(bulk(d_sep.dial(req("agent-3024", sink)).await?, bytes).await?);
         tls.push(bulk(d_tls.dial(req("agent-tls", sink)).await?, bytes).await?);
+        tls_enc.push(bulk(d_tls.dial(req("agent-tls-enc", sink)).await?, bytes).await?);
         def.push(bulk(d_def.dial(req("agent-def", sink)).await?, bytes).await?);
         let s = TcpStream::connect(fwd_addr).await?;
         s.set_nodelay(true)?;
@@ -497,6 +519,12 @@ async fn main() -> anyhow::Result<()> {
         t / d,
         t / o
     );
+    let e = median(tls_enc);
+    println!(
+        "  svc TLS port, SSH enc {e:7.2} Gbit/s   {:.2} x direct   {:.2} x OpenSSH -R  (SSH encrypts inside TLS too)",
+        e / d,
+        e / o
+    );
     println!(
         "  svc, alternative      {f:7.2} Gbit/s   {:.2} x direct   {:.2} x OpenSSH -R  ({alt_label})",
         f / d,
@@ -513,6 +541,10 @@ async fn main() -> anyhow::Result<()> {
         (
             "svc tunnel (TLS port)",
             Path::Tunnel(d_tls.clone(), "agent-tls", sink),
+        ),
+        (
+            "svc TLS port, SSH enc",
+            Path::Tunnel(d_tls.clone(), "agent-tls-enc", sink),
         ),
         (
             "svc 3024, old dial",
@@ -560,6 +592,7 @@ async fn main() -> anyhow::Result<()> {
     p_def.shutdown().await;
     a_sep.shutdown().await;
     a_tls.shutdown().await;
+    a_tls_enc.shutdown().await;
     p_sep.shutdown().await;
     p_tls.shutdown().await;
     Ok(())

@@ -47,6 +47,15 @@ pub struct Tunables {
     pub idle_timeout: Option<Duration>,
     /// Ciphers offered, most preferred first (both ends; the client's order decides).
     pub ciphers: Cow<'static, [russh::cipher::Name]>,
+    /// Reverse tunnels inside TLS (the proxy's single port): encrypt the SSH layer too.
+    /// Off by default: the tunnel's SSH session then runs the `none` cipher inside the TLS
+    /// connection, which already encrypts and authenticates every byte, so each byte is
+    /// encrypted once instead of twice ([`client_config_inside_tls`],
+    /// [`server_config_inside_tls`]). SSH's key exchange and the agent's and the proxy's
+    /// certificates are checked as before. The agent decides (the client's order wins) and
+    /// offers `none` only when it verified the proxy's TLS certificate; the proxy accepts it
+    /// only inside TLS, never on the plain tunnel port.
+    pub encrypt_inside_tls: bool,
 }
 
 /// The cipher preference of svc's SSH ends: AES-GCM (hardware AES) ahead of
@@ -85,6 +94,7 @@ impl Default for Tunables {
             server_keepalive_max: SERVER_KEEPALIVE_MAX,
             idle_timeout: None,
             ciphers: Cow::Borrowed(CIPHERS),
+            encrypt_inside_tls: false,
         }
     }
 }
@@ -134,6 +144,12 @@ impl Tunables {
         self
     }
 
+    /// Sets [`Tunables::encrypt_inside_tls`].
+    pub fn with_encrypt_inside_tls(mut self, on: bool) -> Self {
+        self.encrypt_inside_tls = on;
+        self
+    }
+
     /// How long an agent may stay silent before it is marked offline.
     pub fn offline_after(&self) -> Duration {
         self.keepalive_interval * self.keepalive_count
@@ -147,7 +163,7 @@ impl Tunables {
 pub fn client_config(tunables: &Tunables) -> russh::client::Config {
     let preferred = russh::Preferred {
         host_key_certificates: std::borrow::Cow::Borrowed(&[russh::keys::Algorithm::Ed25519]),
-        cipher: tunables.ciphers.clone(),
+        cipher: without_none(tunables),
         ..Default::default()
     };
     russh::client::Config {
@@ -158,6 +174,49 @@ pub fn client_config(tunables: &Tunables) -> russh::client::Config {
         channel_buffer_size: tunables.channel_buffer_size,
         ..Default::default()
     }
+}
+
+/// [`client_config`] for an SSH session carried inside a TLS connection whose server
+/// certificate this end verified: the `none` cipher first (the TLS layer encrypts and
+/// authenticates), then [`Tunables::ciphers`] for servers that do not take it. With
+/// [`Tunables::encrypt_inside_tls`] set it is [`client_config`] unchanged.
+///
+/// Only for a verified TLS connection: over one that accepts any certificate, a machine in the
+/// middle would read and change the session.
+pub fn client_config_inside_tls(tunables: &Tunables) -> russh::client::Config {
+    let mut config = client_config(tunables);
+    if !tunables.encrypt_inside_tls {
+        config.preferred.cipher = with_none(true, &tunables.ciphers);
+    }
+    config
+}
+
+/// [`Tunables::ciphers`] without `none`: outside TLS an SSH session is always encrypted,
+/// whatever the list says.
+fn without_none(tunables: &Tunables) -> Cow<'static, [russh::cipher::Name]> {
+    let ciphers = &tunables.ciphers;
+    if ciphers.contains(&russh::cipher::NONE) {
+        Cow::Owned(
+            ciphers
+                .iter()
+                .copied()
+                .filter(|c| *c != russh::cipher::NONE)
+                .collect(),
+        )
+    } else {
+        ciphers.clone()
+    }
+}
+
+/// `ciphers` with `none` added first (`first`) or last.
+fn with_none(first: bool, ciphers: &[russh::cipher::Name]) -> Cow<'static, [russh::cipher::Name]> {
+    let rest = ciphers.iter().copied().filter(|c| *c != russh::cipher::NONE);
+    let none = std::iter::once(russh::cipher::NONE);
+    Cow::Owned(if first {
+        none.chain(rest).collect()
+    } else {
+        rest.chain(none).collect()
+    })
 }
 
 /// The russh server configuration every SSH server of this crate starts from (the tunnel server, the proxy's SSH entry, the SSH Service).
@@ -183,11 +242,27 @@ pub(crate) fn server_config(
         keepalive_max: tunables.server_keepalive_max,
         nodelay: true,
         preferred: russh::Preferred {
-            cipher: tunables.ciphers.clone(),
+            cipher: without_none(tunables),
             ..Default::default()
         },
         ..Default::default()
     }
+}
+
+/// [`server_config`] for SSH sessions that arrive inside TLS (the tunnel's ALPN route): the
+/// `none` cipher is accepted as well, last in the list, so only a client that asks for it gets
+/// it ([`client_config_inside_tls`]). With [`Tunables::encrypt_inside_tls`] set it is
+/// [`server_config`] unchanged. Never for a listener that takes plain TCP.
+pub(crate) fn server_config_inside_tls(
+    tunables: &Tunables,
+    key: PrivateKey,
+    cert: Option<Certificate>,
+) -> russh::server::Config {
+    let mut config = server_config(tunables, key, cert);
+    if !tunables.encrypt_inside_tls {
+        config.preferred.cipher = with_none(false, &tunables.ciphers);
+    }
+    config
 }
 
 #[cfg(test)]
@@ -218,6 +293,48 @@ mod tests {
         assert_eq!(
             client_config(&chacha_first).preferred.cipher.as_ref(),
             [russh::cipher::CHACHA20_POLY1305]
+        );
+    }
+
+    #[test]
+    fn the_none_cipher_is_offered_only_inside_tls() {
+        use russh::cipher::{AES_128_GCM, NONE};
+        let key = ssh_key::PrivateKey::from(ssh_key::private::Ed25519Keypair::from_seed(&[7; 32]));
+        // Even when the tunables list it, plain configurations never offer `none`.
+        let listed = Tunables::default().with_ciphers(vec![NONE, AES_128_GCM]);
+        assert_eq!(client_config(&listed).preferred.cipher.as_ref(), [AES_128_GCM]);
+        assert_eq!(
+            server_config(&listed, key.clone(), None)
+                .preferred
+                .cipher
+                .as_ref(),
+            [AES_128_GCM]
+        );
+        // Inside TLS the client asks for it first; the server takes it, last, so only a client
+        // that asks gets it.
+        let t = Tunables::default();
+        let client = client_config_inside_tls(&t).preferred.cipher;
+        assert_eq!(client.first(), Some(&NONE));
+        assert_eq!(&client[1..], CIPHERS);
+        let server = server_config_inside_tls(&t, key.clone(), None).preferred.cipher;
+        assert_eq!(server.last(), Some(&NONE));
+        assert_eq!(&server[..server.len() - 1], CIPHERS);
+        assert_eq!(
+            client_config_inside_tls(&listed).preferred.cipher.as_ref(),
+            [NONE, AES_128_GCM]
+        );
+        // `encrypt_inside_tls`: no `none` at either end.
+        let encrypt = t.with_encrypt_inside_tls(true);
+        assert_eq!(
+            client_config_inside_tls(&encrypt).preferred.cipher.as_ref(),
+            CIPHERS
+        );
+        assert_eq!(
+            server_config_inside_tls(&encrypt, key, None)
+                .preferred
+                .cipher
+                .as_ref(),
+            CIPHERS
         );
     }
 

@@ -18,11 +18,11 @@ mod config;
 mod deadline;
 
 pub use authz::{AuthNodeAuthorizer, NodeAuthorizer, NodeDecision, NodeDecisionFuture};
-pub(crate) use config::server_config;
 pub use config::{
     CIPHERS, DEFAULT_SERVER_KEEPALIVE, DEFAULT_SSH_AUTH_TIMEOUT, SERVER_KEEPALIVE_MAX, Tunables,
-    client_config,
+    client_config, client_config_inside_tls,
 };
+pub(crate) use config::{server_config, server_config_inside_tls};
 
 pub(crate) use deadline::{StartError, authenticate_before};
 

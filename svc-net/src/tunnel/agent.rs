@@ -186,6 +186,10 @@ pub struct AgentStatus {
     pub established: u64,
     /// The last failure, as logged.
     pub last_error: Option<String>,
+    /// The SSH cipher of the tunnel established last: `none` inside a TLS connection whose
+    /// certificate was verified (the TLS layer encrypts, [`Tunables::encrypt_inside_tls`]),
+    /// an AEAD cipher otherwise.
+    pub ssh_cipher: Option<String>,
 }
 
 /// Keeps an agent's reverse tunnels.
@@ -195,7 +199,12 @@ pub struct TunnelAgent {
 
 struct Shared {
     config: AgentConfig,
+    /// The tunnel's SSH client configuration on the tunnel port (plain TCP).
     ssh: Arc<russh::client::Config>,
+    /// The same inside a verified TLS connection: the `none` cipher first (the TLS layer
+    /// encrypts), unless [`Tunables::encrypt_inside_tls`] or the proxy's certificate goes
+    /// unchecked ([`AgentConfig::insecure_proxy_tls`]).
+    ssh_inside_tls: Arc<russh::client::Config>,
     tls: TlsConnector,
     /// The client of the proxy's `/webapi/ping` (same trust as the tunnel, same dialer).
     ping: crate::http::HttpClient,
@@ -283,8 +292,17 @@ impl TunnelAgent {
                 .with_root_certificates(roots)
                 .with_no_client_auth()
         };
+        let client_id = || russh::SshId::Standard(format!("SSH-2.0-svc_agent_{}", config.version).into());
         let mut ssh = crate::ssh::client_config(&config.tunables);
-        ssh.client_id = russh::SshId::Standard(format!("SSH-2.0-svc_agent_{}", config.version).into());
+        ssh.client_id = client_id();
+        // Without the proxy's certificate checked, TLS proves nothing about who is on the other
+        // end: SSH keeps encrypting.
+        let mut ssh_inside_tls = if config.insecure_proxy_tls {
+            crate::ssh::client_config(&config.tunables)
+        } else {
+            crate::ssh::client_config_inside_tls(&config.tunables)
+        };
+        ssh_inside_tls.client_id = client_id();
         let tls = Arc::new(tls);
         let after = config.tunables.handshake_timeout;
         // One ping before each dial: no connection is kept between them.
@@ -297,6 +315,7 @@ impl TunnelAgent {
             shared: Arc::new(Shared {
                 key: Arc::new(config.host_key.clone()),
                 ssh: Arc::new(ssh),
+                ssh_inside_tls: Arc::new(ssh_inside_tls),
                 tls: TlsConnector::from(tls),
                 ping,
                 config,
@@ -800,6 +819,7 @@ async fn run_tunnel(
         active: std::sync::atomic::AtomicUsize::new(0),
         idle: Notify::new(),
         applied: Mutex::new(0),
+        cipher: Mutex::new(None),
     });
     let result = run_tunnel_on(conn.clone(), shared, target, backoff, tracker, established).await;
     // The proxy's own words (a refusal such as an incompatible version) say more than the
@@ -836,7 +856,7 @@ async fn run_tunnel_on(
                     source,
                 })
         };
-        let io: BoxIo = if target.tls {
+        let (io, ssh): (BoxIo, _) = if target.tls {
             let mut tls_config = (**shared.tls.config()).clone();
             tls_config.alpn_protocols = vec![alpn::REVERSE_TUNNEL.as_bytes().to_vec()];
             // Behind a load balancer that terminates TLS the tunnel rides the connection
@@ -858,11 +878,11 @@ async fn run_tunnel_on(
             )
             .await
             .map_err(|source| TunnelError::Upgrade(Box::new(source)))?;
-            Box::new(tls)
+            (Box::new(tls), shared.ssh_inside_tls.clone())
         } else {
-            Box::new(dial().await?)
+            (Box::new(dial().await?), shared.ssh.clone())
         };
-        let mut handle = russh::client::connect_stream(shared.ssh.clone(), io, handler).await?;
+        let mut handle = russh::client::connect_stream(ssh, io, handler).await?;
         let auth = handle
             .authenticate_openssh_cert(cfg.host_id.clone(), shared.key.clone(), cfg.host_cert.clone())
             .await?;
@@ -965,11 +985,14 @@ async fn run_tunnel_on(
 
     backoff.reset();
     *came_up = true;
+    let cipher = conn.cipher.lock().ok().and_then(|c| *c);
+    let cipher = cipher.as_ref().map_or("unknown", AsRef::as_ref);
     shared.status.send_modify(|s| {
         s.connected.insert(proxy_id.clone());
         s.established += 1;
+        s.ssh_cipher = Some(cipher.to_owned());
     });
-    tracing::info!(proxy = %target.addr, %proxy_id, tls = target.tls, "reverse tunnel established");
+    tracing::info!(proxy = %target.addr, %proxy_id, tls = target.tls, ssh_cipher = cipher, "reverse tunnel established");
 
     let interval = cfg.tunables.keepalive_interval;
     let outcome = tokio::select! {
@@ -1030,6 +1053,8 @@ struct ConnShared {
     /// One more than the generation of the last list of proxies applied from a ping's answer
     /// or a push (0: none yet).
     applied: Mutex<u64>,
+    /// The SSH cipher the last key exchange chose.
+    cipher: Mutex<Option<russh::cipher::Name>>,
 }
 
 struct AgentHandler {
@@ -1056,6 +1081,18 @@ impl AgentHandler {
 
 impl russh::client::Handler for AgentHandler {
     type Error = russh::Error;
+
+    async fn kex_done(
+        &mut self,
+        _shared_secret: Option<&[u8]>,
+        names: &russh::Names,
+        _session: &mut russh::client::Session,
+    ) -> Result<(), Self::Error> {
+        if let Ok(mut cipher) = self.conn.cipher.lock() {
+            *cipher = Some(names.cipher);
+        }
+        Ok(())
+    }
 
     async fn check_server_key(&mut self, key: &PublicKeyOrCertificate) -> Result<bool, Self::Error> {
         let PublicKeyOrCertificate::Certificate(cert) = key else {
@@ -1302,6 +1339,7 @@ mod tests {
             reconnect: Notify::new(),
             proxy_id: Mutex::new(None),
             applied: Mutex::new(0),
+            cipher: Mutex::new(None),
         })
     }
 

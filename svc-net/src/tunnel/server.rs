@@ -151,7 +151,7 @@ impl TunnelServerConfig {
 
 struct Inner {
     /// Replaced when the proxy's host certificates are renewed ([`TunnelServer::set_host_key`]).
-    ssh: std::sync::RwLock<Arc<russh::server::Config>>,
+    ssh: std::sync::RwLock<SshConfigs>,
     verifier: Arc<Verifier>,
     cluster_version: Version,
     tls: Option<TlsAcceptor>,
@@ -166,6 +166,31 @@ struct Inner {
     registry: AgentRegistry,
     announce: watch::Sender<Announce>,
     peers: Arc<std::sync::RwLock<Option<PeerDialer>>>,
+}
+
+/// The tunnel's SSH server configurations: one for plain TCP (the tunnel port), one for
+/// sessions inside TLS (the single port's ALPN route), which also accepts the `none` cipher
+/// ([`crate::ssh::server_config_inside_tls`]).
+struct SshConfigs {
+    plain: Arc<russh::server::Config>,
+    inside_tls: Arc<russh::server::Config>,
+}
+
+impl SshConfigs {
+    fn new(tunables: &Tunables, host_key: PrivateKey, host_cert: Certificate) -> Self {
+        Self {
+            plain: Arc::new(crate::ssh::server_config(
+                tunables,
+                host_key.clone(),
+                Some(host_cert.clone()),
+            )),
+            inside_tls: Arc::new(crate::ssh::server_config_inside_tls(
+                tunables,
+                host_key,
+                Some(host_cert),
+            )),
+        }
+    }
 }
 
 /// What the discovery channel tells agents: the cluster's proxies, and how many of them each
@@ -217,9 +242,9 @@ impl TunnelServer {
     /// Builds the server and starts its offline sweeper (a task that ends with the server).
     /// Must be called inside a tokio runtime.
     pub fn new(config: TunnelServerConfig) -> Self {
-        let ssh = crate::ssh::server_config(&config.tunables, config.host_key, Some(config.host_cert));
+        let ssh = SshConfigs::new(&config.tunables, config.host_key, config.host_cert);
         let inner = Arc::new(Inner {
-            ssh: std::sync::RwLock::new(Arc::new(ssh)),
+            ssh: std::sync::RwLock::new(ssh),
             verifier: config.verifier,
             cluster_version: config.cluster_version,
             tls: config.tls.map(TlsAcceptor::from),
@@ -246,12 +271,12 @@ impl TunnelServer {
     /// Presents `host_key` and its certificate `host_cert` to agents from now on (the proxy's
     /// renewed host certificates); tunnels already up keep the session they have.
     pub fn set_host_key(&self, host_key: PrivateKey, host_cert: Certificate) {
-        let ssh = crate::ssh::server_config(&self.inner.tunables, host_key, Some(host_cert));
+        let ssh = SshConfigs::new(&self.inner.tunables, host_key, host_cert);
         *self
             .inner
             .ssh
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(ssh);
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = ssh;
     }
 
     /// The registry of connected agents.
@@ -446,7 +471,7 @@ impl TunnelServer {
         slot: HandshakeSlot,
     ) -> Result<(), TunnelError> {
         // Boxed: see [`Registered`].
-        match Box::pin(self.handshake(io, peer, slot)).await? {
+        match Box::pin(self.handshake(io, peer, slot, Transport::Plain)).await? {
             Some(registered) => self.serve_registered(registered, shutdown).await,
             None => Ok(()),
         }
@@ -460,6 +485,7 @@ impl TunnelServer {
         io: S,
         peer: SocketAddr,
         slot: HandshakeSlot,
+        transport: Transport,
     ) -> Result<Option<Registered>, TunnelError> {
         let inner = &self.inner;
         let state = ConnState::new();
@@ -477,11 +503,16 @@ impl TunnelServer {
             .tunables
             .auth_timeout
             .min(slot.deadline.saturating_duration_since(Instant::now()));
-        let ssh = inner
-            .ssh
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let ssh = {
+            let configs = inner
+                .ssh
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match transport {
+                Transport::Plain => configs.plain.clone(),
+                Transport::InsideTls => configs.inside_tls.clone(),
+            }
+        };
         let started = crate::ssh::authenticate_before(ssh, io, handler, auth_rx, auth_after).await;
         let (session, host) = match started {
             Ok(Some(started)) => started,
@@ -963,6 +994,15 @@ impl russh::server::Handler for TunnelHandler {
     }
 }
 
+/// What carries a tunnel's SSH session to the proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    /// Plain TCP (the tunnel port, [`TunnelServer::serve_stream`]): SSH encrypts.
+    Plain,
+    /// The proxy's TLS (ALPN `svc-reversetunnel`): the agent may ask for the `none` cipher.
+    InsideTls,
+}
+
 /// SSH inside TLS (ALPN `svc-reversetunnel`). Not [`TlsTerminate`](crate::tls::TlsTerminate):
 /// the TLS layer reads through a 64 KiB buffer while bytes flow ([`super::TLS_READ_BUFFER`]), which bulk
 /// transfers through the tunnel need, and the handshake deadline is the tunnel's own.
@@ -1010,9 +1050,8 @@ impl Service<Connection> for TlsService {
                 };
                 // Boxed for russh: its session future keeps its stream argument inline (the
                 // TLS session is over a kilobyte) besides the copy it reads from.
-                server
-                    .handshake(Box::new(super::readbuf::IdleTls::new(tls)) as BoxIo, peer, slot)
-                    .await
+                let io = Box::new(super::readbuf::IdleTls::new(tls)) as BoxIo;
+                server.handshake(io, peer, slot, Transport::InsideTls).await
             });
             let served = match handshake.await {
                 Ok(Some(registered)) => server.serve_registered(registered, conn.shutdown.clone()).await,
