@@ -348,12 +348,20 @@ impl Machine {
             .expect("starting systemd-nspawn");
         let pid = child.id();
         machine.nspawn = Some(child);
-        // The container's PID 1 is systemd-nspawn's child.
+        // The container's PID 1 is the child of systemd-nspawn in a PID namespace of its own.
+        // nspawn's first child is an intermediate process, in the host's namespace, that starts
+        // it and exits (its PID, taken for the container's, left nothing to enter on a loaded
+        // machine): wait for the one in the new namespace.
+        let host_pid_ns = std::fs::read_link("/proc/self/ns/pid").expect("this process's PID namespace");
         let deadline = Instant::now() + STEP;
         loop {
             let children =
                 std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-            if let Some(leader) = children.split_whitespace().next().and_then(|p| p.parse().ok()) {
+            let container_init = children
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .find(|p| std::fs::read_link(format!("/proc/{p}/ns/pid")).is_ok_and(|ns| ns != host_pid_ns));
+            if let Some(leader) = container_init {
                 machine.leader = leader;
                 break;
             }
