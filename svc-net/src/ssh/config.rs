@@ -50,8 +50,8 @@ pub struct Tunables {
     /// Reverse tunnels inside TLS (the proxy's single port): encrypt the SSH layer too.
     /// Off by default: the tunnel's SSH session then runs the `none` cipher inside the TLS
     /// connection, which already encrypts and authenticates every byte, so each byte is
-    /// encrypted once instead of twice ([`client_config_inside_tls`],
-    /// [`server_config_inside_tls`]). SSH's key exchange and the agent's and the proxy's
+    /// encrypted once instead of twice ([`client_config_inside_tls`]; the tunnel server's
+    /// configuration inside TLS likewise). SSH's key exchange and the agent's and the proxy's
     /// certificates are checked as before. The agent decides (the client's order wins) and
     /// offers `none` only when it verified the proxy's TLS certificate; the proxy accepts it
     /// only inside TLS, never on the plain tunnel port.
