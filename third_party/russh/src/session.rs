@@ -80,6 +80,9 @@ pub(crate) struct CommonSession<Config> {
     pub strict_kex: bool,
     pub alive_timeouts: usize,
     pub received_data: bool,
+    // svc: the packet being handled, so that its channel data is passed on as a part of it
+    // rather than copied; empty between packets (SVC-PATCHES.md, change 9).
+    pub(crate) packet: bytes::Bytes,
 }
 
 impl<C> Debug for CommonSession<C> {

@@ -385,10 +385,58 @@ impl PacketBytesWriter {
 
 /// Incoming SSH packet after decryption and optional decompression.
 /// Uses Vec<u8> (not CryptoVec/mlocked) because incoming network data is not secret.
+// svc: `Bytes`, the read buffer itself (handed over, not copied), so that channel data can be
+// passed on as a part of it (SVC-PATCHES.md, change 9).
 #[derive(Debug)]
 pub(crate) struct IncomingSshPacket {
-    pub buffer: Vec<u8>,
+    pub buffer: Bytes,
     pub seqn: Wrapping<u32>,
+}
+
+impl IncomingSshPacket {
+    /// svc: the packet read into `buffer` (`buffer.buffer[5..]`: after the length and the
+    /// padding length), decompressed by `decompress` when the session has keys. Uncompressed,
+    /// the read buffer itself becomes the packet, without a copy; the next read allocates
+    /// a buffer of its own (SVC-PATCHES.md, change 9).
+    pub(crate) fn take(
+        buffer: &mut SSHBuffer,
+        decompress: Option<&mut crate::compression::Decompress>,
+    ) -> Result<Self, crate::Error> {
+        let seqn = buffer.seqn;
+        let buffer = match decompress {
+            Some(decompress) if !matches!(decompress, crate::compression::Decompress::None) => {
+                let mut decomp = Vec::new();
+                #[allow(clippy::indexing_slicing)] // length checked by the caller
+                Bytes::copy_from_slice(decompress.decompress(&buffer.buffer[5..], &mut decomp)?)
+            }
+            _ => {
+                let mut packet = Bytes::from(std::mem::take(&mut buffer.buffer));
+                let header = 5.min(packet.len());
+                bytes::Buf::advance(&mut packet, header);
+                packet
+            }
+        };
+        Ok(Self { buffer, seqn })
+    }
+}
+
+/// svc: decodes an SSH `string` from `r` as a part of `packet` when `r` reads within it (no
+/// copy: the payload keeps the packet's buffer alive), otherwise as a copy
+/// (SVC-PATCHES.md, change 9).
+pub(crate) fn decode_shared(r: &mut &[u8], packet: &Bytes) -> Result<Bytes, ssh_encoding::Error> {
+    use ssh_encoding::Decode;
+    let len = u32::decode(r)? as usize;
+    if r.len() < len {
+        return Err(ssh_encoding::Error::Length);
+    }
+    let (data, rest) = r.split_at(len);
+    *r = rest;
+    let (start, base) = (data.as_ptr() as usize, packet.as_ptr() as usize);
+    if !data.is_empty() && start >= base && start + data.len() <= base + packet.len() {
+        Ok(packet.slice_ref(data))
+    } else {
+        Ok(Bytes::copy_from_slice(data))
+    }
 }
 
 /// Packet writer for constructing and encrypting outgoing SSH packets.
@@ -627,4 +675,80 @@ impl PacketWriter {
         }
         Ok(())
     }
+}
+
+// svc: change 9 (SVC-PATCHES.md): packets read in pieces, handed over without a copy, and
+// channel data taken as a part of the packet.
+#[cfg(test)]
+#[tokio::test]
+async fn a_packet_read_in_pieces_is_handed_over_without_a_copy() {
+    // A channel data message: type, channel 3, a string of 40 KiB.
+    let data: Vec<u8> = (0..40 * 1024).map(|i| (i % 251) as u8).collect();
+    let mut payload = vec![msg::CHANNEL_DATA, 0, 0, 0, 3];
+    payload.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    payload.extend_from_slice(&data);
+    let mut writer = PacketWriter::clear();
+    writer.packet_raw(&payload).unwrap();
+    let encoded = writer.buffer().buffer.clone();
+
+    // The reader gets at most 7 bytes per read: the packet arrives in thousands of pieces.
+    let (mut tx, mut rx) = tokio::io::duplex(64);
+    let feeder = tokio::spawn(async move {
+        for piece in encoded.chunks(7) {
+            tx.write_all(piece).await.unwrap();
+        }
+    });
+    let mut buffer = SSHBuffer::new();
+    let mut opening_key = cipher::clear::Key {};
+    let n = cipher::read(&mut rx, &mut buffer, &mut opening_key)
+        .await
+        .unwrap();
+    feeder.await.unwrap();
+    assert_eq!(n, buffer.buffer.len());
+    let before = buffer.buffer[5..].as_ptr();
+
+    let packet = IncomingSshPacket::take(&mut buffer, None).unwrap();
+    assert_eq!(&packet.buffer[..], &payload[..]);
+    assert_eq!(packet.buffer.as_ptr(), before, "the read buffer itself, not a copy");
+    assert!(buffer.buffer.is_empty() && buffer.buffer.capacity() == 0);
+
+    let mut r = &packet.buffer[5..];
+    let shared = decode_shared(&mut r, &packet.buffer).unwrap();
+    assert!(r.is_empty());
+    assert_eq!(&shared[..], &data[..]);
+    assert_eq!(shared.as_ptr(), packet.buffer[9..].as_ptr(), "a part of the packet");
+}
+
+#[cfg(test)]
+#[tokio::test]
+async fn a_packet_cut_short_is_an_unexpected_end() {
+    let mut writer = PacketWriter::clear();
+    writer.packet_raw(&[msg::IGNORE; 600]).unwrap();
+    let encoded = writer.buffer().buffer.clone();
+    let mut cut = &encoded[..encoded.len() - 10];
+    let mut buffer = SSHBuffer::new();
+    let mut opening_key = cipher::clear::Key {};
+    let err = cipher::read(&mut cut, &mut buffer, &mut opening_key)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::IO(e) if e.kind() == std::io::ErrorKind::UnexpectedEof),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_string_outside_the_packet_is_copied_and_bad_lengths_are_refused() {
+    let packet = Bytes::from_static(b"\x00\x00\x00\x02hi");
+    let other = b"\x00\x00\x00\x03abc".to_vec();
+    let mut r = &other[..];
+    let copied = decode_shared(&mut r, &packet).unwrap();
+    assert_eq!(&copied[..], b"abc");
+    assert!(r.is_empty());
+
+    let mut short = &b"\x00\x00\x00\x09abc"[..];
+    assert!(decode_shared(&mut short, &packet).is_err());
+
+    let mut empty = &b"\x00\x00\x00\x00"[..];
+    assert!(decode_shared(&mut empty, &packet).unwrap().is_empty());
 }

@@ -25,6 +25,26 @@ where
     }
 }
 
+impl<S> ChannelStream<S>
+where
+    S: From<(ChannelId, ChannelMsg)> + 'static + Send,
+{
+    /// svc: the next data received, as it arrived (no copy); `None` at the end of the stream.
+    /// Reads through `AsyncRead` and through this method may be mixed (SVC-PATCHES.md,
+    /// change 10).
+    pub fn poll_read_bytes(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<bytes::Bytes>>> {
+        self.rx.poll_read_bytes(cx)
+    }
+
+    /// svc: writes data already in `Bytes` without copying it; returns how many bytes of
+    /// `buf` were sent (after `Pending`, call again with the same bytes). Writes through
+    /// `AsyncWrite` and through this method may be mixed, each completed before the next
+    /// (SVC-PATCHES.md, change 10).
+    pub fn poll_write_bytes(&mut self, cx: &mut Context<'_>, buf: &bytes::Bytes) -> Poll<io::Result<usize>> {
+        self.tx.poll_write_bytes(cx, buf)
+    }
+}
+
 impl<S> AsyncRead for ChannelStream<S>
 where
     S: From<(ChannelId, ChannelMsg)> + Send,

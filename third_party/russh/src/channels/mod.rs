@@ -724,6 +724,60 @@ mod tests {
         )
     }
 
+    // svc: change 10 (SVC-PATCHES.md).
+    #[tokio::test]
+    async fn a_stream_sends_and_receives_bytes_without_copies() {
+        let window_size = WindowSizeRef::new(1024);
+        let (session_tx, mut session_rx) = mpsc::channel(8);
+        let (chan_tx, chan_rx) = mpsc::channel(8);
+        let channel = Channel {
+            read_half: ChannelReadHalf { receiver: chan_rx },
+            write_half: ChannelWriteHalf {
+                id: ChannelId(7),
+                sender: session_tx,
+                max_packet_size: 4,
+                window_size: window_size.clone(),
+            },
+        };
+        let mut stream: ChannelStream<(ChannelId, ChannelMsg)> = channel.into_stream();
+
+        // Writes: at most a packet's size per call, each a part of the caller's bytes.
+        let payload = Bytes::from_static(b"abcdefghij");
+        let mut sent = 0;
+        while sent < payload.len() {
+            let rest = payload.slice(sent..);
+            let n = std::future::poll_fn(|cx| stream.poll_write_bytes(cx, &rest))
+                .await
+                .unwrap();
+            match session_rx.recv().await.unwrap() {
+                (ChannelId(7), ChannelMsg::Data { data }) => {
+                    assert_eq!(data.len(), n);
+                    assert_eq!(data.as_ptr(), rest.as_ptr(), "a part of the caller's bytes");
+                }
+                msg => panic!("unexpected message: {msg:?}"),
+            }
+            sent += n;
+        }
+        assert_eq!(*window_size.value.lock().await, 1024 - 10);
+
+        // Reads: what arrived, as it arrived; a read through `AsyncRead` first takes a part.
+        let first = Bytes::from_static(b"0123456789");
+        let second = Bytes::from_static(b"second");
+        chan_tx.send(ChannelMsg::Data { data: first.clone() }).await.unwrap();
+        chan_tx.send(ChannelMsg::Data { data: Bytes::new() }).await.unwrap();
+        chan_tx.send(ChannelMsg::Data { data: second.clone() }).await.unwrap();
+        chan_tx.send(ChannelMsg::Eof).await.unwrap();
+        let mut three = [0u8; 3];
+        tokio::io::AsyncReadExt::read_exact(&mut stream, &mut three).await.unwrap();
+        assert_eq!(&three, b"012");
+        let rest = std::future::poll_fn(|cx| stream.poll_read_bytes(cx)).await.unwrap().unwrap();
+        assert_eq!(&rest[..], b"3456789");
+        assert_eq!(rest.as_ptr(), first.slice(3..).as_ptr());
+        let next = std::future::poll_fn(|cx| stream.poll_read_bytes(cx)).await.unwrap().unwrap();
+        assert_eq!(next.as_ptr(), second.as_ptr(), "the empty message between is skipped");
+        assert!(std::future::poll_fn(|cx| stream.poll_read_bytes(cx)).await.unwrap().is_none());
+    }
+
     #[tokio::test]
     async fn data_bytes_sends_one_owned_message_when_window_permits() {
         let payload = Bytes::from_static(b"owned data");

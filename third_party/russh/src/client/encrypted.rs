@@ -71,7 +71,11 @@ impl Session {
             pkt.buffer.len()
         );
 
-        self.process_packet(client, &pkt.buffer).await
+        // svc: channel data is passed on as a part of the packet (SVC-PATCHES.md, change 9).
+        self.common.packet = pkt.buffer.clone();
+        let handled = self.process_packet(client, &pkt.buffer).await;
+        self.common.packet = Bytes::new();
+        handled
     }
 
     pub(crate) async fn process_packet<H: Handler>(
@@ -596,7 +600,8 @@ impl Session {
             Some((&msg::CHANNEL_DATA, mut r)) => {
                 trace!("channel_data");
                 let channel_num = map_err!(ChannelId::decode(&mut r))?;
-                let data = map_err!(Bytes::decode(&mut r))?;
+                // svc: a part of the packet, not a copy (SVC-PATCHES.md, change 9).
+                let data = map_err!(crate::sshbuffer::decode_shared(&mut r, &self.common.packet))?;
                 map_err!(ensure_end(&r))?;
                 if !self.common.is_established_channel(channel_num) {
                     return Ok(());
@@ -623,7 +628,7 @@ impl Session {
                 debug!("channel_extended_data");
                 let channel_num = map_err!(ChannelId::decode(&mut r))?;
                 let extended_code = map_err!(u32::decode(&mut r))?;
-                let data = map_err!(Bytes::decode(&mut r))?;
+                let data = map_err!(crate::sshbuffer::decode_shared(&mut r, &self.common.packet))?;
                 map_err!(ensure_end(&r))?;
                 if !self.common.is_established_channel(channel_num) {
                     return Ok(());

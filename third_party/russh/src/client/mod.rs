@@ -1251,6 +1251,7 @@ where
             strict_kex: false,
             alive_timeouts: 0,
             received_data: false,
+            packet: bytes::Bytes::new(),
             remote_sshid: sshid.into(),
         },
         session_receiver,
@@ -1297,24 +1298,9 @@ async fn start_reading<R: AsyncRead + Unpin>(
 }
 
 impl Session {
-    fn maybe_decompress(&mut self, buffer: &SSHBuffer) -> Result<IncomingSshPacket, Error> {
-        if let Some(ref mut enc) = self.common.encrypted {
-            let mut decomp = Vec::new();
-            Ok(IncomingSshPacket {
-                #[allow(clippy::indexing_slicing)] // length checked
-                buffer: enc.decompress.decompress(
-                    &buffer.buffer[5..],
-                    &mut decomp,
-                )?.into(),
-                seqn: buffer.seqn,
-            })
-        } else {
-            Ok(IncomingSshPacket {
-                #[allow(clippy::indexing_slicing)] // length checked
-                buffer: buffer.buffer[5..].into(),
-                seqn: buffer.seqn,
-            })
-        }
+    fn maybe_decompress(&mut self, buffer: &mut SSHBuffer) -> Result<IncomingSshPacket, Error> {
+        // svc: the read buffer handed over, not copied (SVC-PATCHES.md, change 9).
+        IncomingSshPacket::take(buffer, self.common.encrypted.as_mut().map(|enc| &mut enc.decompress))
     }
 
     fn new(
@@ -1455,7 +1441,7 @@ impl Session {
                         break
                     }
 
-                    let mut pkt = self.maybe_decompress(&buffer)?;
+                    let mut pkt = self.maybe_decompress(&mut buffer)?;
                     if !pkt.buffer.is_empty() {
                         #[allow(clippy::indexing_slicing)] // length checked
                         if pkt.buffer[0] == crate::msg::DISCONNECT {
@@ -2199,6 +2185,7 @@ mod tests {
                 strict_kex: false,
                 alive_timeouts: 0,
                 received_data: false,
+                packet: bytes::Bytes::new(),
                 remote_sshid: b"SSH-2.0-test".to_vec(),
                 packet_writer: PacketWriter::clear(),
             },
@@ -2506,6 +2493,7 @@ mod tests {
                 strict_kex: false,
                 alive_timeouts: 0,
                 received_data: false,
+                packet: bytes::Bytes::new(),
                 remote_sshid: b"SSH-2.0-test".to_vec(),
                 packet_writer: PacketWriter::clear(),
             },
@@ -2571,8 +2559,8 @@ mod tests {
         let mut session = authenticated_session();
         let mut handler = TestHandler;
         let mut kex_done_signal = None;
-        let buffer = incoming_packet(compressed_debug_payload(200 * 1024));
-        let mut pkt: IncomingSshPacket = session.maybe_decompress(&buffer).unwrap();
+        let mut buffer = incoming_packet(compressed_debug_payload(200 * 1024));
+        let mut pkt: IncomingSshPacket = session.maybe_decompress(&mut buffer).unwrap();
 
         super::reply(&mut session, &mut handler, &mut kex_done_signal, &mut pkt)
             .await
@@ -2586,9 +2574,9 @@ mod tests {
     fn oversized_compressed_debug_is_rejected_before_client_ignores_it() {
         let mut session = authenticated_session();
         let oversized = crate::cipher::MAXIMUM_DECOMPRESSED_PACKET_LEN + 1024;
-        let buffer = incoming_packet(compressed_debug_payload(oversized));
+        let mut buffer = incoming_packet(compressed_debug_payload(oversized));
 
-        let err = session.maybe_decompress(&buffer).unwrap_err();
+        let err = session.maybe_decompress(&mut buffer).unwrap_err();
         assert!(
             matches!(err, crate::Error::PacketSize(len) if len > crate::cipher::MAXIMUM_DECOMPRESSED_PACKET_LEN)
         );

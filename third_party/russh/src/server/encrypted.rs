@@ -39,7 +39,11 @@ impl Session {
         handler: &mut H,
         pkt: &mut IncomingSshPacket,
     ) -> Result<(), H::Error> {
-        self.process_packet(handler, &pkt.buffer).await
+        // svc: channel data is passed on as a part of the packet (SVC-PATCHES.md, change 9).
+        self.common.packet = pkt.buffer.clone();
+        let handled = self.process_packet(handler, &pkt.buffer).await;
+        self.common.packet = Bytes::new();
+        handled
     }
 
     pub(crate) async fn process_packet<H: Handler + Send>(
@@ -851,6 +855,7 @@ mod tests {
                 strict_kex: false,
                 alive_timeouts: 0,
                 received_data: false,
+                packet: bytes::Bytes::new(),
                 remote_sshid: Vec::new(),
             },
             priority_receiver,
@@ -1433,11 +1438,11 @@ async fn reply_userauth_info_response(
 }
 
 impl Session {
-    async fn server_read_authenticated<H: Handler + Send, R: Reader>(
+    async fn server_read_authenticated<H: Handler + Send>(
         &mut self,
         handler: &mut H,
         msg: u8,
-        r: &mut R,
+        r: &mut &[u8],
     ) -> Result<(), H::Error> {
         match msg {
             msg::CHANNEL_OPEN => self.server_handle_channel_open(handler, r).await,
@@ -1491,7 +1496,8 @@ impl Session {
                     Some(map_err!(u32::decode(r))?)
                 };
                 trace!("handler.data {ext:?} {channel_num:?}");
-                let data = map_err!(Bytes::decode(r))?;
+                // svc: a part of the packet, not a copy (SVC-PATCHES.md, change 9).
+                let data = map_err!(crate::sshbuffer::decode_shared(r, &self.common.packet))?;
                 map_err!(ensure_end(r))?;
                 let target = self.target_window_size;
 

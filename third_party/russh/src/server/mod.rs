@@ -1162,6 +1162,7 @@ async fn read_ssh_id<R: AsyncRead + Unpin>(
         strict_kex: false,
         alive_timeouts: 0,
         received_data: false,
+        packet: bytes::Bytes::new(),
         remote_sshid: sshid.into(),
     };
     Ok(session)

@@ -472,24 +472,9 @@ impl Handle {
 }
 
 impl Session {
-    fn maybe_decompress(&mut self, buffer: &SSHBuffer) -> Result<IncomingSshPacket, Error> {
-        if let Some(ref mut enc) = self.common.encrypted {
-            let mut decomp = Vec::new();
-            Ok(IncomingSshPacket {
-                #[allow(clippy::indexing_slicing)] // length checked
-                buffer: enc.decompress.decompress(
-                    &buffer.buffer[5..],
-                    &mut decomp,
-                )?.into(),
-                seqn: buffer.seqn,
-            })
-        } else {
-            Ok(IncomingSshPacket {
-                #[allow(clippy::indexing_slicing)] // length checked
-                buffer: buffer.buffer[5..].into(),
-                seqn: buffer.seqn,
-            })
-        }
+    fn maybe_decompress(&mut self, buffer: &mut SSHBuffer) -> Result<IncomingSshPacket, Error> {
+        // svc: the read buffer handed over, not copied (SVC-PATCHES.md, change 9).
+        IncomingSshPacket::take(buffer, self.common.encrypted.as_mut().map(|enc| &mut enc.decompress))
     }
 
     /// Dispatch a single message received on the session's internal channel
@@ -734,7 +719,7 @@ impl Session {
                             break
                         }
 
-                        let mut pkt = self.maybe_decompress(&buffer)?;
+                        let mut pkt = self.maybe_decompress(&mut buffer)?;
 
                         match pkt.buffer.first() {
                             None => (),
@@ -1694,6 +1679,7 @@ mod tests {
                 strict_kex: false,
                 alive_timeouts: 0,
                 received_data: false,
+                packet: bytes::Bytes::new(),
             },
             sender: handle,
             priority_receiver,
@@ -1729,8 +1715,8 @@ mod tests {
     async fn compressed_debug_is_ignored_after_server_parses_it() {
         let mut session = authenticated_session();
         let mut handler = TestHandler;
-        let buffer = incoming_packet(compressed_debug_payload(200 * 1024));
-        let mut pkt: IncomingSshPacket = session.maybe_decompress(&buffer).unwrap();
+        let mut buffer = incoming_packet(compressed_debug_payload(200 * 1024));
+        let mut pkt: IncomingSshPacket = session.maybe_decompress(&mut buffer).unwrap();
 
         super::super::reply(&mut session, &mut handler, &mut pkt)
             .await
@@ -1742,11 +1728,11 @@ mod tests {
     #[test]
     fn oversized_compressed_debug_is_rejected_before_server_ignores_it() {
         let mut session = authenticated_session();
-        let buffer = incoming_packet(compressed_debug_payload(
+        let mut buffer = incoming_packet(compressed_debug_payload(
             crate::cipher::MAXIMUM_DECOMPRESSED_PACKET_LEN + 1024,
         ));
 
-        let err = session.maybe_decompress(&buffer).unwrap_err();
+        let err = session.maybe_decompress(&mut buffer).unwrap_err();
         assert!(
             matches!(err, crate::Error::PacketSize(len) if len > crate::cipher::MAXIMUM_DECOMPRESSED_PACKET_LEN)
         );

@@ -25,6 +25,42 @@ impl<R> ChannelRx<R> {
     }
 }
 
+impl<R> ChannelRx<R>
+where
+    R: BorrowMut<ChannelReadHalf> + Unpin,
+{
+    /// svc: the next data received (the rest of a message partly read, or the next message's
+    /// data) as it arrived, without copying it; `None` at the end of the stream
+    /// (SVC-PATCHES.md, change 10).
+    pub fn poll_read_bytes(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<bytes::Bytes>>> {
+        loop {
+            let (msg, idx) = match self.buffer.take() {
+                Some(msg) => msg,
+                None => match ready!(self.channel.borrow_mut().receiver.poll_recv(cx)) {
+                    Some(msg) => (msg, 0),
+                    None => return Poll::Ready(Ok(None)),
+                },
+            };
+            match (msg, self.ext) {
+                (ChannelMsg::Data { data }, None) if idx < data.len() => {
+                    return Poll::Ready(Ok(Some(data.slice(idx..))));
+                }
+                (ChannelMsg::ExtendedData { data, ext }, Some(target))
+                    if ext == target && idx < data.len() =>
+                {
+                    return Poll::Ready(Ok(Some(data.slice(idx..))));
+                }
+                (ChannelMsg::Eof, _) => {
+                    self.channel.borrow_mut().receiver.close();
+                    return Poll::Ready(Ok(None));
+                }
+                // Empty data and other messages are skipped, as `poll_read` does.
+                _ => {}
+            }
+        }
+    }
+}
+
 impl<R> AsyncRead for ChannelRx<R>
 where
     R: BorrowMut<ChannelReadHalf> + Unpin,

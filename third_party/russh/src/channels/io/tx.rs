@@ -109,12 +109,20 @@ where
     fn poll_mk_msg(
         &mut self,
         cx: &mut Context<'_>,
-        buf: &[u8],
+        buf: Payload<'_>,
     ) -> Poll<(ChannelMsg, NonZeroUsize)> {
-        let writable = ready!(self.poll_writable(cx, buf.len()));
+        let len = match buf {
+            Payload::Borrowed(b) => b.len(),
+            Payload::Shared(b) => b.len(),
+        };
+        let writable = ready!(self.poll_writable(cx, len));
 
+        // svc: data already in `Bytes` is sent as a part of it (SVC-PATCHES.md, change 10).
         #[allow(clippy::indexing_slicing)] // Clamped to maximum `buf.len()` with `.poll_writable`
-        let data = Bytes::copy_from_slice(&buf[..writable.into()]);
+        let data = match buf {
+            Payload::Borrowed(b) => Bytes::copy_from_slice(&b[..writable.into()]),
+            Payload::Shared(b) => b.slice(..usize::from(writable)),
+        };
 
         let msg = match self.ext {
             None => ChannelMsg::Data { data },
@@ -149,17 +157,30 @@ where
     }
 }
 
-impl<S> AsyncWrite for ChannelTx<S>
+/// What a write sends: borrowed bytes are copied into the message, shared ones are not.
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    Borrowed(&'a [u8]),
+    Shared(&'a Bytes),
+}
+
+impl<S> ChannelTx<S>
 where
     S: From<(ChannelId, ChannelMsg)> + 'static + Send,
 {
-    #[allow(clippy::too_many_lines)]
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<Result<usize, io::Error>> {
-        if buf.is_empty() {
+    /// svc: like `poll_write`, for data already in `Bytes`: the message sent holds a part of
+    /// `buf` rather than a copy. Returns how many bytes of `buf` were sent; after `Pending`,
+    /// call again with the same bytes (SVC-PATCHES.md, change 10).
+    pub fn poll_write_bytes(&mut self, cx: &mut Context<'_>, buf: &Bytes) -> Poll<Result<usize, io::Error>> {
+        self.poll_write_payload(cx, Payload::Shared(buf))
+    }
+
+    fn poll_write_payload(&mut self, cx: &mut Context<'_>, buf: Payload<'_>) -> Poll<Result<usize, io::Error>> {
+        let empty = match buf {
+            Payload::Borrowed(b) => b.is_empty(),
+            Payload::Shared(b) => b.is_empty(),
+        };
+        if empty {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::WriteZero,
                 "cannot send empty buffer",
@@ -173,6 +194,20 @@ where
         };
         let r = ready!(send_fut.as_mut().poll_unpin(cx));
         Poll::Ready(self.handle_write_result(r))
+    }
+}
+
+impl<S> AsyncWrite for ChannelTx<S>
+where
+    S: From<(ChannelId, ChannelMsg)> + 'static + Send,
+{
+    #[allow(clippy::too_many_lines)]
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<Result<usize, io::Error>> {
+        self.poll_write_payload(cx, Payload::Borrowed(buf))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
