@@ -5,6 +5,7 @@
 //! This module depends on nothing else in the crate: the accept loop (`listen`), the router
 //! (`route`), TLS termination and every handler build on it.
 
+pub mod relay;
 pub mod rewind;
 pub mod splice;
 

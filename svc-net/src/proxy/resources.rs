@@ -277,8 +277,7 @@ impl ResourceProxy {
             }
             mysql::write_packet(&mut tls, seq, &mysql::ok_payload()).await?;
             tracing::info!(%peer, user = %username, name = %name, db_user = %login.user, %agent, "database connection");
-            let _ =
-                tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
+            let _ = upstream.relay(&mut tls).await;
             return Ok(());
         };
         tracing::info!(%peer, user = %username, name = %name, reason = %msg, "database connection refused");
@@ -589,7 +588,7 @@ impl ResourceProxy {
             super::app_http::relay(tls, Box::new(upstream), redial, app_user, req.name.clone()).await;
             return Ok(());
         }
-        let _ = tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
+        let _ = upstream.relay(&mut tls).await;
         Ok(())
     }
 }
@@ -676,7 +675,7 @@ impl ResourceProxy {
             Err(DbDialError::Denied(msg) | DbDialError::Unreachable(msg)) => return refused(msg),
         };
         tracing::info!(%peer, user = %username, name = %name, db_user = %cert_route.user, %agent, "database connection");
-        let _ = tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
+        let _ = upstream.relay(&mut tls).await;
         Ok(())
     }
 
@@ -706,8 +705,7 @@ impl ResourceProxy {
             };
             upstream.write_all(&startup.raw).await?;
             tracing::info!(%peer, user = %username, name = %name, db_user = %startup.user, database = %startup.database, %agent, "database connection");
-            let _ =
-                tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut upstream, 64 * 1024, 64 * 1024).await;
+            let _ = upstream.relay(&mut tls).await;
             return Ok(());
         };
         tracing::info!(%peer, user = %username, name = %name, db_user = %startup.user, reason = %msg, "database connection refused");

@@ -1368,6 +1368,24 @@ impl StreamInner {
     }
 }
 
+impl TunnelStream {
+    /// Copies bytes both ways between `client` and this connection until both directions have
+    /// ended, like [`tokio::io::copy_bidirectional`]; returns the bytes copied from `client`
+    /// and to it. Through a tunnel's channel the payloads move without the copies of the
+    /// channel's `AsyncRead`/`AsyncWrite` ([`relay`](crate::io::relay::relay)).
+    pub async fn relay<S>(&mut self, client: &mut S) -> std::io::Result<(u64, u64)>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    {
+        match &mut self.inner {
+            StreamInner::Channel { stream, .. } => crate::io::relay::relay(client, &mut **stream).await,
+            StreamInner::Direct(io) => {
+                tokio::io::copy_bidirectional_with_sizes(client, io, 64 * 1024, 64 * 1024).await
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for TunnelStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("TunnelStream")
