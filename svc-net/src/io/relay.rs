@@ -26,27 +26,27 @@ const CHUNK: usize = 64 * 1024;
 /// its sending half.
 pub trait ByteChannel: Unpin {
     /// The next data received, as it arrived; `None` at the end of the stream.
-    fn poll_read_bytes(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>>;
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>>;
     /// Sends a part of `buf` without copying it; returns how many bytes were sent. After
     /// `Pending`, called again with the same bytes.
-    fn poll_write_bytes(&mut self, cx: &mut Context<'_>, buf: &Bytes) -> Poll<io::Result<usize>>;
+    fn poll_send(&mut self, cx: &mut Context<'_>, buf: &Bytes) -> Poll<io::Result<usize>>;
     /// Ends the sending half (SSH `EOF`).
-    fn poll_shutdown_bytes(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
 }
 
 impl<S> ByteChannel for russh::ChannelStream<S>
 where
     S: From<(russh::ChannelId, russh::ChannelMsg)> + Send + Sync + 'static,
 {
-    fn poll_read_bytes(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
-        russh::ChannelStream::poll_read_bytes(self, cx)
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
+        self.poll_read_bytes(cx)
     }
 
-    fn poll_write_bytes(&mut self, cx: &mut Context<'_>, buf: &Bytes) -> Poll<io::Result<usize>> {
-        russh::ChannelStream::poll_write_bytes(self, cx, buf)
+    fn poll_send(&mut self, cx: &mut Context<'_>, buf: &Bytes) -> Poll<io::Result<usize>> {
+        self.poll_write_bytes(cx, buf)
     }
 
-    fn poll_shutdown_bytes(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(self).poll_shutdown(cx)
     }
 }
@@ -96,7 +96,7 @@ impl Up {
         }
         loop {
             while !self.pending.is_empty() {
-                let n = ready!(channel.poll_write_bytes(cx, &self.pending))?;
+                let n = ready!(channel.poll_send(cx, &self.pending))?;
                 if n == 0 {
                     return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
                 }
@@ -104,7 +104,7 @@ impl Up {
                 self.amount += n as u64;
             }
             if self.read_done {
-                ready!(channel.poll_shutdown_bytes(cx))?;
+                ready!(channel.poll_finish(cx))?;
                 self.done = true;
                 // Nothing more is read: the buffer's memory goes now, not with the relay.
                 self.buf = BytesMut::new();
@@ -167,7 +167,7 @@ impl Down {
                 self.done = true;
                 return Poll::Ready(Ok(self.amount));
             }
-            match channel.poll_read_bytes(cx)? {
+            match channel.poll_recv(cx)? {
                 Poll::Ready(Some(data)) => self.pending = data,
                 Poll::Ready(None) => self.read_done = true,
                 Poll::Pending => {
@@ -203,11 +203,11 @@ mod tests {
     }
 
     impl ByteChannel for Memory {
-        fn poll_read_bytes(&mut self, _: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
+        fn poll_recv(&mut self, _: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
             Poll::Ready(Ok(self.incoming.pop_front()))
         }
 
-        fn poll_write_bytes(&mut self, cx: &mut Context<'_>, buf: &Bytes) -> Poll<io::Result<usize>> {
+        fn poll_send(&mut self, cx: &mut Context<'_>, buf: &Bytes) -> Poll<io::Result<usize>> {
             assert!(!self.eof_sent, "data after EOF");
             self.stall = !self.stall;
             if self.stall {
@@ -219,7 +219,7 @@ mod tests {
             Poll::Ready(Ok(n))
         }
 
-        fn poll_shutdown_bytes(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        fn poll_finish(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
             self.eof_sent = true;
             Poll::Ready(Ok(()))
         }
