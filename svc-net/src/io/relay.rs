@@ -34,6 +34,7 @@ pub trait ByteChannel: Unpin {
     fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
 }
 
+#[cfg(feature = "tunnel")]
 impl<S> ByteChannel for russh::ChannelStream<S>
 where
     S: From<(russh::ChannelId, russh::ChannelMsg)> + Send + Sync + 'static,
