@@ -652,6 +652,91 @@ async fn an_agent_of_the_previous_tunnel_version_still_serves_dials_on_separate_
     old_and_new_agents(true).await;
 }
 
+/// Megabytes both ways at once between a client and a TCP target, through the proxy's relay
+/// (`TunnelStream::relay`), the tunnel and the agent's relay, on `separate` or the TLS port:
+/// every byte arrives in order, each side's end reaches the other, and the relay counts both
+/// directions. The client's pipe is small, so the relays often wait on a full writer.
+async fn bulk_both_ways(separate: bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    init_tracing();
+    let cluster = Cluster::new();
+    let proxy = start_proxy(
+        &cluster,
+        ProxyOpts {
+            separate,
+            ..Default::default()
+        },
+    )
+    .await;
+    let host = cluster.host(&[SystemRole::Node], "node-bulk");
+    let agent = start_tcp_agent(&cluster, proxy.web, &host);
+    proxy
+        .tunnel
+        .registry()
+        .wait_for("node-bulk", |a| a.is_some_and(|a| a.online))
+        .within("the agent online in the proxy's registry")
+        .await;
+
+    let up: Vec<u8> = (0..3 * 1024 * 1024 + 17u32).map(|i| (i % 251) as u8).collect();
+    let down: Vec<u8> = (0..4 * 1024 * 1024 + 5u32).map(|i| (i % 241) as u8).collect();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = listener.local_addr().unwrap().to_string();
+    let down2 = down.clone();
+    let target_side = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let (mut r, mut w) = tcp.into_split();
+        let send = async {
+            w.write_all(&down2).await.unwrap();
+            w.shutdown().await.unwrap();
+        };
+        let mut got = Vec::new();
+        let ((), n) = tokio::join!(send, r.read_to_end(&mut got));
+        n.unwrap();
+        got
+    });
+
+    let mut req = app_dial("node-bulk");
+    req.address = target;
+    let mut tunnel = proxy
+        .tunnel
+        .dialer()
+        .dial(req)
+        .within("a dial through the tunnel")
+        .await
+        .unwrap();
+    let (mut client, mut relay_end) = tokio::io::duplex(16 * 1024);
+    let relay = tokio::spawn(async move { tunnel.relay(&mut relay_end).await });
+    let (mut r, mut w) = tokio::io::split(&mut client);
+    let up2 = up.clone();
+    let send = async {
+        w.write_all(&up2).await.unwrap();
+        w.shutdown().await.unwrap();
+    };
+    let mut got_down = Vec::new();
+    let ((), n) = async { tokio::join!(send, r.read_to_end(&mut got_down)) }
+        .within("7 MiB through the tunnel, both ways")
+        .await;
+    n.unwrap();
+    assert!(got_down == down, "the target's bytes arrive whole and in order");
+    let got_up = target_side.within("the target's end").await.unwrap();
+    assert!(got_up == up, "the client's bytes arrive whole and in order");
+    let counts = relay.within("the proxy's relay's end").await.unwrap().unwrap();
+    assert_eq!(counts, (up.len() as u64, down.len() as u64));
+
+    agent.shutdown().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_data_both_ways_arrives_whole_with_tls_routing() {
+    bulk_both_ways(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_data_both_ways_arrives_whole_on_separate_ports() {
+    bulk_both_ways(true).await;
+}
+
 /// This process's resident memory (`VmRSS`), in KiB.
 fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");

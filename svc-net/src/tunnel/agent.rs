@@ -1212,9 +1212,10 @@ impl russh::client::Handler for AgentHandler {
                         {
                             return;
                         }
+                        // The channel's data moves as `Bytes`, without the copies of its
+                        // `AsyncRead`/`AsyncWrite`.
                         let mut stream = channel.into_stream();
-                        let _ =
-                            copy_bidirectional_with_sizes(&mut stream, &mut io, 64 * 1024, 64 * 1024).await;
+                        let _ = crate::io::relay::relay(&mut io, &mut stream).await;
                     }
                     Err((failure, text)) if with_status => {
                         tracing::info!(error = %text, "refusing a dial request");
