@@ -43,7 +43,8 @@
 //!   member refused the request because it knows no leader (this backend asks for a leader on
 //!   every request). Every operation retries these, writes included: nothing was written.
 //! - *Ambiguous*: any other `Unavailable` (a stream broken mid-request, `etcdserver: leader
-//!   changed` or `request timed out` during an election): the request may or may not have been
+//!   changed` or `request timed out` during an election), and the `Unknown` "transport error"
+//!   tonic reports when a connection breaks under a request: the request may or may not have been
 //!   applied. Reads retry them. A plain `put` and a lease grant retry them too: a `put` is
 //!   last-writer-wins with the same bytes, so writing them twice leaves the store as a serial
 //!   execution of the unacknowledged `put` would (at worst one extra revision and watch event;
@@ -128,6 +129,8 @@ const CALL_RETRY_FIRST: Duration = Duration::from_millis(20);
 const CALL_RETRY_MAX: Duration = Duration::from_millis(500);
 /// gRPC's `Unavailable` status code.
 const GRPC_UNAVAILABLE: i32 = 14;
+/// gRPC's `Unknown` status code.
+const GRPC_UNKNOWN: i32 = 2;
 
 /// What a failed request proves about whether it was applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,10 +148,20 @@ fn classify(error: &etcd_client::Error) -> Failure {
     let etcd_client::Error::GRpcStatus(status) = error else {
         return Failure::Final;
     };
-    if i32::from(status.code()) != GRPC_UNAVAILABLE {
+    classify_status(i32::from(status.code()), status.message())
+}
+
+/// [`classify`] for a gRPC status's code and message.
+fn classify_status(code: i32, message: &str) -> Failure {
+    // tonic reports a connection that broke under a request (a member killed while the request
+    // was being sent: a broken pipe, a reset) as `Unknown` "transport error", not `Unavailable`:
+    // a stream broken mid-request, so ambiguous.
+    if code == GRPC_UNKNOWN && message == "transport error" {
+        return Failure::Ambiguous;
+    }
+    if code != GRPC_UNAVAILABLE {
         return Failure::Final;
     }
-    let message = status.message();
     let not_applied = [
         "tcp connect error",
         "error trying to connect",
@@ -877,5 +890,41 @@ impl WatchTask {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request on a connection that broke under it is retried as ambiguous (reads and
+    /// idempotent writes again, guarded writes decide again); other unknown errors are final;
+    /// refused connections and "no leader" were never applied.
+    #[test]
+    fn failures_are_classified_by_what_they_prove() {
+        assert_eq!(
+            classify_status(GRPC_UNKNOWN, "transport error"),
+            Failure::Ambiguous
+        );
+        assert_eq!(classify_status(GRPC_UNKNOWN, "something else"), Failure::Final);
+        assert_eq!(
+            classify_status(
+                GRPC_UNAVAILABLE,
+                "tcp connect error: Connection refused (os error 111)"
+            ),
+            Failure::NotApplied
+        );
+        assert_eq!(
+            classify_status(GRPC_UNAVAILABLE, "etcdserver: no leader"),
+            Failure::NotApplied
+        );
+        assert_eq!(
+            classify_status(GRPC_UNAVAILABLE, "etcdserver: leader changed"),
+            Failure::Ambiguous
+        );
+        assert_eq!(
+            classify_status(3, "etcdserver: key is not provided"),
+            Failure::Final
+        );
     }
 }
